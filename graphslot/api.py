@@ -1,0 +1,78 @@
+"""``build_registry``: from a spec and a param set to a live registry."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Dict, Mapping, Optional, Union
+
+import torch
+
+from .framework.errors import SpecError, SpecIssue
+from .framework.hooks import HOOK_SIGNATURES, HookError, bind_hook
+from .framework.loading import load_spec
+from .framework.model import RegistrySpec
+from .framework.pool import GLOBAL_POOL, BufferPool
+from .framework.registry import InterpretedRegistry, SlotRegistry
+from .framework.resolve import ResolvedSlot, resolve_params, resolve_slots
+
+
+def strict_from_env() -> bool:
+    return os.environ.get("GRAPHSLOT_STRICT", "") not in ("", "0")
+
+
+def bind_slot_hooks(
+    spec: RegistrySpec, slots: list, params: Mapping[str, Any], user_hooks: Mapping[str, Callable]
+) -> Dict[str, Dict[str, Callable]]:
+    """Each enabled slot's hooks as callables; a hook with nothing to do is left out."""
+    bound: Dict[str, Dict[str, Callable]] = {}
+    issues = []
+    for index, slot in enumerate(slots):
+        if not slot.enabled:
+            continue
+        for kind in HOOK_SIGNATURES:
+            ref = getattr(slot, kind)
+            if ref is None:
+                continue
+            try:
+                fn = bind_hook(ref, kind, slot.name, params, user_hooks)
+            except HookError as exc:
+                issues.append(SpecIssue(spec.source, spec.slot_line(index, kind), str(exc), slot.name))
+                continue
+            if fn is not None:
+                bound.setdefault(slot.name, {})[kind] = fn
+    if issues:
+        raise SpecError(issues)
+    return bound
+
+
+def build_registry(
+    spec: Union[RegistrySpec, str, os.PathLike],
+    max_bs: int,
+    max_num_tokens: int,
+    device: Union[str, torch.device] = "cpu",
+    params: Optional[Mapping[str, Any]] = None,
+    mode: Any = "generated",
+    share_pool: Union[bool, BufferPool] = False,
+    source: Any = None,
+    hooks: Optional[Mapping[str, Callable]] = None,
+    strict: bool = False,
+    preset: Optional[str] = None,
+) -> SlotRegistry:
+    """Allocate a registry's buffers and bind its ``fill_from`` / ``extract``.
+
+    ``mode`` is ``"generated"`` (specialised code compiled in process, the default),
+    ``"interpreted"`` (the reference semantics), or a checked-in generated module.
+    """
+    if not isinstance(spec, RegistrySpec):
+        spec = load_spec(spec)
+    resolved_params = resolve_params(spec, params, preset)
+    slots = resolve_slots(spec, resolved_params, max_bs, max_num_tokens)
+    bound = bind_slot_hooks(spec, slots, resolved_params, hooks or {})
+    pool = GLOBAL_POOL if share_pool is True else (share_pool or None)
+    kwargs = dict(max_bs=max_bs, max_num_tokens=max_num_tokens, device=torch.device(device), pool=pool,
+                  source=source, strict=strict or strict_from_env())
+    if mode == "interpreted":
+        return InterpretedRegistry(spec, slots, bound, resolved_params, **kwargs)
+    from .codegen.inprocess import build_generated_registry
+
+    return build_generated_registry(spec, slots, bound, resolved_params, mode=mode, **kwargs)

@@ -1,0 +1,251 @@
+"""Hooks: the code a spec names for what plain copying cannot express.
+
+A slot names a hook by one of three kinds of reference:
+
+* a name passed to ``build_registry(hooks={...})``,
+* a built-in hook name (below),
+* ``package.module:function``.
+
+Built-in hooks are *factories*: given the resolved params and the slot they return the
+callable to run, or ``None`` when, with these params, the hook has nothing to do. That
+is how generated code leaves out a hook call that could never do anything (the global
+token counts of a non-DP deployment, say) while the interpreter runs exactly the same
+callables.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Mapping, Optional
+
+import torch
+
+from .errors import did_you_mean
+
+# How each kind of hook is called; a user hook must accept these arguments.
+HOOK_SIGNATURES = {
+    "post_fill": ("buffer", "fb", "ctx"),
+    "source": ("fb", "ctx"),
+    "pre_capture": ("buffer", "ctx"),
+}
+
+
+@dataclass(frozen=True)
+class FillContext:
+    """What a ``post_fill`` / ``source`` hook learns about the step."""
+
+    raw_bs: int
+    padded_bs: int
+    raw_num_tokens: int
+    padded_num_tokens: int
+    params: Mapping[str, Any]
+    side_inputs: Any = None
+
+
+@dataclass(frozen=True)
+class CaptureContext:
+    """What a ``pre_capture`` hook learns about the graph about to be captured."""
+
+    bs: int
+    num_tokens: int
+    params: Mapping[str, Any]
+    side_inputs: Any = None
+
+
+HookFactory = Callable[[Mapping[str, Any], str], Optional[Callable]]
+
+
+@dataclass(frozen=True)
+class BuiltinHook:
+    kind: str
+    factory: HookFactory
+    doc: str
+
+
+BUILTIN_HOOKS: Dict[str, BuiltinHook] = {}
+
+
+def builtin_hook(name: str, kind: str, doc: str):
+    def register(factory: HookFactory) -> HookFactory:
+        BUILTIN_HOOKS[name] = BuiltinHook(kind, factory, doc)
+        return factory
+
+    return register
+
+
+class HookError(ValueError):
+    """A hook reference that cannot be used; wrapped into a SpecIssue by callers."""
+
+
+def is_import_reference(ref: str) -> bool:
+    return ":" in ref
+
+
+def import_hook(ref: str) -> Callable:
+    module_name, _, attr = ref.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise HookError(f"cannot import module '{module_name}' for hook '{ref}': {exc}") from None
+    target: Any = module
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            raise HookError(
+                f"module '{module_name}' has no attribute '{attr}' (hook '{ref}')"
+                + did_you_mean(part, dir(target))
+            )
+        target = getattr(target, part)
+    if not callable(target):
+        raise HookError(f"hook '{ref}' is not callable")
+    return target
+
+
+def check_signature(fn: Callable, kind: str, ref: str) -> None:
+    params = HOOK_SIGNATURES[kind]
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return  # builtins without a signature: trust them
+    try:
+        signature.bind(*params)
+    except TypeError:
+        raise HookError(
+            f"{kind} hook '{ref}' has signature {signature}, but {kind} hooks are "
+            f"called as ({', '.join(params)})"
+        ) from None
+
+
+def check_reference(ref: str, kind: str) -> None:
+    """What can be checked without the user's ``hooks=``: builtins and imports.
+
+    A plain name that is not built in is left to ``build_registry``, which is where
+    user hooks arrive.
+    """
+    if is_import_reference(ref):
+        check_signature(import_hook(ref), kind, ref)
+    elif ref in BUILTIN_HOOKS and BUILTIN_HOOKS[ref].kind != kind:
+        raise HookError(
+            f"built-in hook '{ref}' is a {BUILTIN_HOOKS[ref].kind} hook and cannot be "
+            f"used as {kind}"
+        )
+
+
+def bind_hook(
+    ref: str,
+    kind: str,
+    slot_name: str,
+    params: Mapping[str, Any],
+    user_hooks: Mapping[str, Callable],
+) -> Optional[Callable]:
+    """The callable a reference stands for with these params (None: nothing to do)."""
+    if ref in user_hooks:
+        fn = user_hooks[ref]
+        check_signature(fn, kind, ref)
+        return fn
+    if is_import_reference(ref):
+        fn = import_hook(ref)
+        check_signature(fn, kind, ref)
+        return fn
+    if ref in BUILTIN_HOOKS:
+        check_reference(ref, kind)
+        return BUILTIN_HOOKS[ref].factory(params, slot_name)
+    known = list(user_hooks) + [n for n, h in BUILTIN_HOOKS.items() if h.kind == kind]
+    raise HookError(
+        f"unknown {kind} hook '{ref}': pass it in build_registry(hooks={{'{ref}': fn}}), "
+        f"use a built-in {kind} hook, or write 'package.module:function'" + did_you_mean(ref, known)
+    )
+
+
+# --- built-in hooks -------------------------------------------------------------------
+
+
+@builtin_hook(
+    "local_num_token_non_padded",
+    "post_fill",
+    "With gathered (DP) buffers, replace the copied global count of real tokens by this "
+    "attention-TP rank's share of the padded tokens (params: require_gathered_buffer, "
+    "enable_prefill_cp, attn_tp_rank, attn_tp_size).",
+)
+def _local_num_token_non_padded(params, slot_name):
+    if not params.get("require_gathered_buffer") or params.get("enable_prefill_cp"):
+        return None
+    rank = int(params.get("attn_tp_rank", 0))
+    size = int(params.get("attn_tp_size", 1))
+
+    def post_fill(buffer, fb, ctx):
+        per_rank = ctx.padded_num_tokens // size
+        global_count = getattr(fb, "num_token_non_padded")
+        torch.clamp(global_count - rank * per_rank, 0, per_rank, out=buffer)
+
+    return post_fill
+
+
+@builtin_hook(
+    "count_non_padded_tokens",
+    "post_fill",
+    "Write the raw token count of the step (tokens of the padded bucket that are real).",
+)
+def _count_non_padded_tokens(params, slot_name):
+    def post_fill(buffer, fb, ctx):
+        buffer.fill_(ctx.raw_num_tokens)
+
+    return post_fill
+
+
+@builtin_hook(
+    "global_num_tokens",
+    "post_fill",
+    "With gathered (DP) buffers, every rank runs the padded token count: fill it. "
+    "Without, the buffer is left as initialised (param: require_gathered_buffer).",
+)
+def _global_num_tokens(params, slot_name):
+    if not params.get("require_gathered_buffer"):
+        return None
+
+    def post_fill(buffer, fb, ctx):
+        buffer.fill_(ctx.padded_num_tokens)
+
+    return post_fill
+
+
+@builtin_hook(
+    "dotted_field",
+    "source",
+    "Read a structured slot's dotted name off the batch (`a.b` → fb.a.b); None when any "
+    "part is missing.",
+)
+def _dotted_field(params, slot_name):
+    parts = slot_name.split(".")
+
+    def source(fb, ctx):
+        value = fb
+        for part in parts:
+            value = getattr(value, part, None)
+            if value is None:
+                return None
+        return value
+
+    return source
+
+
+@builtin_hook(
+    "register_swa_out_cache_loc",
+    "pre_capture",
+    "Register the static out_cache_loc_swa buffer with the KV pool "
+    "(side_inputs['token_to_kv_pool'].register_out_cache_loc_swa) so the capture "
+    "records the fast path that writes into it.",
+)
+def _register_swa_out_cache_loc(params, slot_name):
+    def pre_capture(buffer, ctx):
+        side = ctx.side_inputs or {}
+        pool = side.get("token_to_kv_pool") if isinstance(side, Mapping) else None
+        if pool is None or not hasattr(pool, "register_out_cache_loc_swa"):
+            raise RuntimeError(
+                f"slot '{slot_name}': pre_capture hook register_swa_out_cache_loc needs "
+                "side_inputs['token_to_kv_pool'] with a register_out_cache_loc_swa(buffer) method"
+            )
+        pool.register_out_cache_loc_swa(buffer)
+
+    return pre_capture

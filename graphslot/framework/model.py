@@ -1,0 +1,144 @@
+"""The typed model of a slot spec file (pydantic).
+
+This layer only knows the *shape* of a spec: which keys exist and which kinds of value
+they take. Rules that relate keys to each other (a policy that needs a ``pad_value``, an
+index slot that must pad with zeros, …) live in :mod:`.checks`, so that every problem in
+a file is reported at once with its line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Dict, List, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictFloat, StrictInt
+
+from .yaml_loader import Locations
+
+AXES = ("bs", "tokens", "none")
+PADDINGS = ("zero", "fill_sentinel", "keep_pad", "foreach_copy", "fill_once")
+PARAM_TYPES = ("int", "float", "bool", "dtype", "str")
+HOOK_FIELDS = ("post_fill", "source", "pre_capture")
+
+Axis = Literal["bs", "tokens", "none"]
+Padding = Literal["zero", "fill_sentinel", "keep_pad", "foreach_copy", "fill_once"]
+ParamType = Literal["int", "float", "bool", "dtype", "str"]
+# A literal, or a string holding an expression over params (for str/dtype params a
+# string default is the value itself).
+Scalar = Union[StrictBool, StrictInt, StrictFloat, str]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ParamSpec(_Strict):
+    type: ParamType = Field(description="Value type of the param.")
+    default: Scalar = Field(
+        description="A literal, or an expression over other params (int/float/bool params)."
+    )
+    description: str = ""
+    runtime: StrictBool = Field(
+        False,
+        description=(
+            "A numeric value generated code keeps as an argument instead of baking it in. "
+            "Only pad values may use runtime params."
+        ),
+    )
+
+
+class SlotSpec(_Strict):
+    name: str = Field(
+        description="The batch attribute the slot mirrors; a dotted name is a structured slot and needs `source`."
+    )
+    shape: List[Union[StrictInt, str]] = Field(
+        min_length=1,
+        description="Extents: ints or expressions over max_bs, max_num_tokens and params.",
+    )
+    dtype: str = Field(description="A torch dtype name (int64, bfloat16, …) or a dtype-typed param.")
+    axis: Axis = Field(description="bs: sliced by batch size; tokens: by token count; none: never sliced.")
+    slice_dim: StrictInt = Field(0, description="The dimension the axis slices.")
+    device: Optional[Literal["cpu"]] = Field(
+        None, description="Omitted: the registry's device. cpu: a host buffer (e.g. seq_lens_cpu)."
+    )
+    padding: Optional[Padding] = Field(
+        None, description="How the padded tail is made safe; required for bs/tokens axes."
+    )
+    pad_value: Optional[Scalar] = Field(
+        None, description="Literal or expression; required by fill_sentinel and fill_once."
+    )
+    index: StrictBool = Field(
+        False, description="Values index the KV pool, request pool or rope table: padding must be zero."
+    )
+    optional: StrictBool = Field(
+        False, description="The batch field may be None (or absent) on a step: the copy is then skipped."
+    )
+    enabled_if: Optional[Union[StrictBool, str]] = Field(
+        None, description="Boolean expression over params; a disabled slot is not allocated."
+    )
+    copy_from_fb: StrictBool = Field(
+        True, description="False for computed or reset-only slots."
+    )
+    post_fill: Optional[str] = Field(None, description="Hook (buffer, fb, ctx) run after the copies.")
+    source: Optional[str] = Field(None, description="Hook (fb, ctx) -> tensor or None: the copy source.")
+    pre_capture: Optional[str] = Field(None, description="Hook (buffer, ctx) run before graph capture.")
+    description: str = ""
+
+    @property
+    def is_structured(self) -> bool:
+        return "." in self.name
+
+    @property
+    def is_computed(self) -> bool:
+        return self.post_fill is not None or not self.copy_from_fb
+
+
+class RegistrySpec(_Strict):
+    """A whole spec file: one registry."""
+
+    name: str
+    description: str = ""
+    params: Dict[str, ParamSpec] = Field(default_factory=dict)
+    presets: Dict[str, Dict[str, Any]] = Field(
+        default_factory=dict, description="Named param sets, e.g. `eager`."
+    )
+    slots: List[SlotSpec] = Field(min_length=1)
+
+    _source: str = PrivateAttr("<string>")
+    _text: str = PrivateAttr("")
+    _locations: Optional[Locations] = PrivateAttr(None)
+
+    @property
+    def source(self) -> str:
+        """The file (or label) the spec was read from; errors name it."""
+        return self._source
+
+    @property
+    def text(self) -> str:
+        return self._text
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self._text.encode()).hexdigest()
+
+    @property
+    def locations(self) -> Locations:
+        return self._locations or Locations(self._source)
+
+    def slot_spec(self, name: str) -> SlotSpec:
+        for slot in self.slots:
+            if slot.name == name:
+                return slot
+        raise KeyError(name)
+
+    def slot_line(self, index: int, key: Optional[str] = None) -> Optional[int]:
+        path = ("slots", index) if key is None else ("slots", index, key)
+        return self.locations.line(path)
+
+    def param_line(self, name: str) -> Optional[int]:
+        return self.locations.line(("params", name))
+
+
+SLOT_KEYS = tuple(SlotSpec.model_fields)
+PARAM_KEYS = tuple(ParamSpec.model_fields)
+TOP_KEYS = tuple(RegistrySpec.model_fields)

@@ -1,0 +1,199 @@
+"""From a validated spec and a param set to concrete slots.
+
+``resolve_params`` turns defaults, a preset and explicit overrides into one value per
+param; ``resolve_slots`` evaluates every shape, dtype, pad value and ``enabled_if``
+against them. Both the interpreter and the code generator start from the result, so
+they cannot disagree about what a spec means.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import torch
+
+from .dtypes import parse_dtype
+from .errors import ExprError, SpecError, SpecIssue, did_you_mean
+from .expr import Expr
+from .model import RegistrySpec, SlotSpec
+
+CAPACITY_NAMES = ("max_bs", "max_num_tokens")
+AXIS_CAPACITY = {"bs": "max_bs", "tokens": "max_num_tokens"}
+
+
+@dataclass(frozen=True)
+class ResolvedSlot:
+    """One slot with every expression evaluated for a param set and capacities."""
+
+    name: str
+    shape: Tuple[int, ...]
+    dtype: torch.dtype
+    axis: str
+    slice_dim: int
+    host: bool  # ``device: cpu``: a host buffer whatever the registry's device
+    padding: str
+    pad_value: Any
+    index: bool
+    optional: bool
+    enabled: bool
+    copy_from_fb: bool
+    post_fill: Optional[str]
+    source: Optional[str]
+    pre_capture: Optional[str]
+    line: Optional[int]
+
+    @property
+    def structured(self) -> bool:
+        return "." in self.name
+
+    @property
+    def computed(self) -> bool:
+        return self.post_fill is not None or not self.copy_from_fb
+
+    @property
+    def plain_copy(self) -> bool:
+        """Copied straight from the same-named batch field (the None-carry rule)."""
+        return self.copy_from_fb and self.source is None and self.post_fill is None
+
+    @property
+    def resets_tail(self) -> bool:
+        return self.axis != "none" and self.padding in ("zero", "fill_sentinel")
+
+    @property
+    def tail_value(self) -> Any:
+        return 0 if self.padding == "zero" else self.pad_value
+
+    @property
+    def fills_at_allocation(self) -> bool:
+        return self.padding in ("fill_sentinel", "fill_once")
+
+
+def coerce_param(name: str, ptype: str, value: Any) -> Any:
+    """``value`` as a ``ptype`` param, or raise ValueError saying what was expected."""
+    if ptype == "dtype":
+        dtype = parse_dtype(value)
+        if dtype is None:
+            raise ValueError(f"param '{name}' is a dtype: pass torch.int64 or 'int64', got {value!r}")
+        return dtype
+    ok = {
+        "bool": isinstance(value, bool),
+        "int": isinstance(value, int) and not isinstance(value, bool),
+        "float": isinstance(value, (int, float)) and not isinstance(value, bool),
+        "str": isinstance(value, str),
+    }[ptype]
+    if not ok:
+        raise ValueError(f"param '{name}' is {ptype}, got {type(value).__name__} {value!r}")
+    return float(value) if ptype == "float" else value
+
+
+def _default_is_expression(ptype: str, default: Any) -> bool:
+    return isinstance(default, str) and ptype in ("int", "float", "bool")
+
+
+def resolve_params(
+    spec: RegistrySpec, overrides: Optional[Mapping[str, Any]] = None, preset: Optional[str] = None
+) -> Dict[str, Any]:
+    """Every param's value: explicit override, else preset, else (evaluated) default."""
+    file, issues = spec.source, []
+    explicit: Dict[str, Any] = {}
+    if preset is not None:
+        if preset not in spec.presets:
+            raise SpecError(
+                [SpecIssue(file, None, f"unknown preset '{preset}' (presets: "
+                           f"{', '.join(sorted(spec.presets)) or 'none'})" + did_you_mean(preset, spec.presets))]
+            )
+        explicit.update(spec.presets[preset])
+    explicit.update(overrides or {})
+
+    values: Dict[str, Any] = {}
+    for name, value in explicit.items():
+        if name not in spec.params:
+            issues.append(SpecIssue(file, None, f"unknown param '{name}'" + did_you_mean(name, spec.params)))
+            continue
+        try:
+            values[name] = coerce_param(name, spec.params[name].type, value)
+        except ValueError as exc:
+            issues.append(SpecIssue(file, spec.param_line(name), str(exc)))
+    if issues:
+        raise SpecError(issues)
+
+    def evaluate(name: str, stack: Tuple[str, ...]) -> Any:
+        if name in values:
+            return values[name]
+        if name in stack:
+            cycle = " -> ".join(stack[stack.index(name):] + (name,))
+            raise SpecError([SpecIssue(file, spec.param_line(name), f"param defaults form a cycle: {cycle}")])
+        param = spec.params[name]
+        if _default_is_expression(param.type, param.default):
+            expr = Expr.parse(param.default)
+            env = {dep: evaluate(dep, stack + (name,)) for dep in expr.names if dep in spec.params}
+            try:
+                value = expr.evaluate(env)
+            except ExprError as exc:
+                raise SpecError([SpecIssue(file, spec.param_line(name), f"param '{name}': {exc}")]) from None
+        else:
+            value = param.default
+        values[name] = coerce_param(name, param.type, value)
+        return values[name]
+
+    for name in spec.params:
+        evaluate(name, ())
+    return {name: values[name] for name in spec.params}
+
+
+def evaluate_field(value: Any, env: Mapping[str, Any]) -> Any:
+    """A spec value that is a literal or an expression string."""
+    return Expr.parse(value).evaluate(env) if isinstance(value, str) else value
+
+
+def slot_dtype(slot: SlotSpec, params: Mapping[str, Any]) -> torch.dtype:
+    return params[slot.dtype] if slot.dtype in params else parse_dtype(slot.dtype)
+
+
+def resolve_slot(
+    slot: SlotSpec, params: Mapping[str, Any], max_bs: int, max_num_tokens: int, line: Optional[int] = None
+) -> ResolvedSlot:
+    env = dict(params, max_bs=max_bs, max_num_tokens=max_num_tokens)
+    enabled = True if slot.enabled_if is None else bool(evaluate_field(slot.enabled_if, params))
+    padding = slot.padding or "keep_pad"
+    pad_value = None if slot.pad_value is None else evaluate_field(slot.pad_value, params)
+    return ResolvedSlot(
+        name=slot.name,
+        shape=tuple(int(evaluate_field(extent, env)) for extent in slot.shape),
+        dtype=slot_dtype(slot, params),
+        axis=slot.axis,
+        slice_dim=slot.slice_dim,
+        host=slot.device == "cpu",
+        padding=padding,
+        pad_value=pad_value,
+        index=slot.index,
+        optional=slot.optional,
+        enabled=enabled,
+        copy_from_fb=slot.copy_from_fb,
+        post_fill=slot.post_fill,
+        source=slot.source,
+        pre_capture=slot.pre_capture,
+        line=line,
+    )
+
+
+def resolve_slots(
+    spec: RegistrySpec, params: Mapping[str, Any], max_bs: int, max_num_tokens: int
+) -> List[ResolvedSlot]:
+    """Concrete slots; extents that come out non-positive are errors naming the slot."""
+    if max_bs < 1 or max_num_tokens < 1:
+        raise ValueError(f"max_bs and max_num_tokens must be >= 1, got {max_bs} and {max_num_tokens}")
+    resolved, issues = [], []
+    for i, slot in enumerate(spec.slots):
+        r = resolve_slot(slot, params, max_bs, max_num_tokens, spec.slot_line(i))
+        bad = [(d, n) for d, n in enumerate(r.shape) if n < 1]
+        if r.enabled and bad:
+            d, n = bad[0]
+            issues.append(SpecIssue(spec.source, spec.slot_line(i, "shape"),
+                                    f"shape[{d}] = {slot.shape[d]!r} evaluates to {n}; extents must be positive",
+                                    slot.name))
+        resolved.append(r)
+    if issues:
+        raise SpecError(issues)
+    return resolved
