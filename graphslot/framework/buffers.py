@@ -3,7 +3,7 @@ generated ``allocate`` functions, so both own bit-identical buffers."""
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Tuple, Union
 
 import torch
 
@@ -28,30 +28,40 @@ def adoptable(source: Any, name: str) -> Any:
     return value
 
 
-def allocate_slot_buffer(
-    slot: ResolvedSlot,
-    device: torch.device,
+def allocate_buffer(
+    name: str,
+    shape: Tuple[int, ...],
+    dtype: torch.dtype,
+    device: Union[str, torch.device],
+    init_value: Any = None,
     pool: Optional[BufferPool] = None,
     source: Any = None,
 ) -> torch.Tensor:
-    """The slot's full-capacity buffer; its address never changes afterwards."""
-    where = torch.device("cpu") if slot.host else device
+    """A full-capacity buffer, adopted from ``source`` or pooled when asked; filled with
+    ``init_value`` when it is fresh. Its address never changes afterwards."""
     if source is not None:
-        tensor = adoptable(source, slot.name)
+        tensor = adoptable(source, name)
         if tensor is _MISSING:
-            raise SlotError(f"slot '{slot.name}': source= has no tensor '{slot.name}' to adopt; "
+            raise SlotError(f"slot '{name}': source= has no tensor '{name}' to adopt; "
                             "give it one, or build the registry without source=")
         if not isinstance(tensor, torch.Tensor):
-            raise SlotError(f"slot '{slot.name}': source= holds {type(tensor).__name__}, expected a torch.Tensor")
-        if tuple(tensor.shape) != slot.shape or tensor.dtype != slot.dtype:
-            raise SlotError(f"slot '{slot.name}': cannot adopt source tensor: expected shape "
-                            f"{list(slot.shape)} dtype {slot.dtype}, got shape {list(tensor.shape)} "
+            raise SlotError(f"slot '{name}': source= holds {type(tensor).__name__}, expected a torch.Tensor")
+        if tuple(tensor.shape) != tuple(shape) or tensor.dtype != dtype:
+            raise SlotError(f"slot '{name}': cannot adopt source tensor: expected shape "
+                            f"{list(shape)} dtype {dtype}, got shape {list(tensor.shape)} "
                             f"dtype {tensor.dtype}")
         return tensor  # adopted tensors are already initialised by their owner
-    buffer = torch.zeros(slot.shape, dtype=slot.dtype, device=where)
+    buffer = torch.zeros(shape, dtype=dtype, device=device)
     fresh = True
     if pool is not None:
-        buffer, fresh = pool.share(slot.name, buffer)
-    if fresh and slot.fills_at_allocation:
-        buffer.fill_(slot.pad_value)
+        buffer, fresh = pool.share(name, buffer)
+    if fresh and init_value is not None:
+        buffer.fill_(init_value)
     return buffer
+
+
+def allocate_slot_buffer(slot: ResolvedSlot, device: torch.device, pool=None, source=None) -> torch.Tensor:
+    return allocate_buffer(
+        slot.name, slot.shape, slot.dtype, "cpu" if slot.host else device,
+        slot.pad_value if slot.fills_at_allocation else None, pool, source,
+    )

@@ -1,0 +1,337 @@
+"""Decide what generated code does for one (spec, params): the emitter layer.
+
+Everything is computed here — names, slice expressions, which copies share one
+``_foreach_copy_``, which branches exist — and handed to a thin template as lists of
+statements. The plan for a spec with default decode params is, per step:
+
+* one ``_foreach_copy_`` per (device kind, dtype) group that copies every dense head
+  *and* resets every 1-D tail, the tail's source being a slice of a constant pad
+  tensor (so "zero the tail" and "copy the head" ride in the same kernel);
+* a separate op only where fusion is impossible (a strided tail such as
+  ``mrope_positions[:, raw:padded]``, a multi-dimensional tail);
+* slice views computed once per step size and cached, so a replay slices nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+
+from ..framework.dtypes import dtype_name
+from ..framework.expr import Expr
+from ..framework.hooks import BUILTIN_HOOKS, HOOK_SIGNATURES, is_import_reference
+from ..framework.model import RegistrySpec
+from ..framework.resolve import ResolvedSlot, resolve_slots
+
+COUNTS = {"bs": ("raw_bs", "padded_bs"), "tokens": ("raw_num_tokens", "padded_num_tokens")}
+CAPACITY = {"bs": "max_bs", "tokens": "max_num_tokens"}
+PLAN_CACHE_LIMIT = 4096  # distinct step sizes kept; a server sees ~one per captured size
+
+
+def structural_params(spec: RegistrySpec, params: Mapping[str, Any]) -> Dict[str, Any]:
+    """The params baked into generated code (everything but ``runtime`` ones)."""
+    return {k: v for k, v in params.items() if not spec.params[k].runtime}
+
+
+def params_literal(params: Mapping[str, Any]) -> str:
+    """Byte-stable source for a params dict (dtypes by name, keys sorted)."""
+    items = (f"{k!r}: {dtype_name(v)!r}" if isinstance(v, torch.dtype) else f"{k!r}: {v!r}"
+             for k, v in sorted(params.items()))
+    return "{" + ", ".join(items) + "}"
+
+
+def _ident(name: str) -> str:
+    return re.sub(r"\W", "_", name.replace(".", "__"))
+
+
+@dataclass
+class SlotNames:
+    """The generated identifiers of one slot (prefixed so no slot name can collide
+    with a generated local such as ``fb`` or ``plan``)."""
+
+    slot: ResolvedSlot
+    ident: str
+
+    @property
+    def buf(self) -> str:
+        return f"buf_{self.ident}"
+
+    @property
+    def counts(self) -> Optional[Tuple[str, str]]:
+        return COUNTS.get(self.slot.axis)
+
+    def narrow(self, start: Optional[str], stop: str) -> str:
+        index = f"{start or ''}:{stop}"
+        return f"{self.buf}[{':, ' * self.slot.slice_dim}{index}]"
+
+    def head(self) -> str:
+        return self.buf if self.counts is None else self.narrow(None, self.counts[0])
+
+    def tail(self) -> str:
+        raw, padded = self.counts
+        return self.narrow(raw, padded)
+
+    def padded_view(self) -> str:
+        return self.buf if self.counts is None else self.narrow(None, self.counts[1])
+
+    @property
+    def dense_narrow(self) -> bool:
+        """Slicing a contiguous buffer gives a dense view only along its outermost
+        non-trivial dimension; ``_foreach_copy_``'s fast path needs dense tensors."""
+        return all(n == 1 for n in self.slot.shape[: self.slot.slice_dim])
+
+    def source_expr(self) -> str:
+        name = self.slot.name
+        return f"getattr(fb, {name!r}, None)" if self.slot.optional else f"fb.{name}"
+
+
+@dataclass
+class CopyGroup:
+    """One ``_foreach_copy_`` call: heads then 1-D tails, all one dtype on one device."""
+
+    name: str
+    host: bool
+    dtype: torch.dtype
+    heads: List[SlotNames] = field(default_factory=list)
+    optional_heads: List[SlotNames] = field(default_factory=list)
+    tails: List[Tuple[SlotNames, str]] = field(default_factory=list)  # (slot, pad constant)
+
+
+@dataclass
+class PadConstant:
+    name: str
+    host: bool
+    dtype: torch.dtype
+    value: str  # source of the value (a literal or a runtime param name)
+    length: str  # source of the length (a capacity expression)
+
+
+@dataclass
+class Emission:
+    """Everything the template lays out."""
+
+    spec_name: str
+    spec_source: str
+    spec_sha256: str
+    version: str
+    params: Dict[str, Any]
+    runtime_params: List[str]
+    used_runtime_params: List[str]
+    slot_names: List[str]
+    allocations: List[Tuple[str, str, str, str, str]]  # name, shape, dtype, device, init
+    bind_lines: List[str]
+    plan_lines: List[str]
+    plan_fields: List[str]
+    fill_lines: List[str]
+    view_fields: List[Tuple[str, str]]  # (local, expression)
+    extract_lines: List[str]
+    needs_ctx: bool
+
+
+def _dtype_src(dtype: torch.dtype) -> str:
+    return f"torch.{dtype_name(dtype)}"
+
+
+class Emitter:
+    def __init__(self, spec: RegistrySpec, params: Mapping[str, Any], version: str, source_label: str):
+        self.spec, self.params, self.version, self.source_label = spec, dict(params), version, source_label
+        self.runtime = [n for n, p in spec.params.items() if p.runtime]
+        # Capacities stay symbolic: one generated module serves every max_bs.
+        self.slots = [s for s in resolve_slots(spec, params, 64, 128) if s.enabled]
+        self.names = self._unique_names()
+        self.hooks = {n.slot.name: self._expected_hooks(n.slot) for n in self.names}
+
+    def _unique_names(self) -> List[SlotNames]:
+        names, seen = [], set()
+        for i, slot in enumerate(self.slots):
+            ident = _ident(slot.name)
+            if ident in seen:
+                ident = f"{ident}_{i}"
+            seen.add(ident)
+            names.append(SlotNames(slot, ident))
+        return names
+
+    def _expected_hooks(self, slot: ResolvedSlot) -> List[str]:
+        """Hook kinds this slot will have bound; a built-in that has nothing to do
+        with these params is left out of the generated code altogether."""
+        kinds = []
+        for kind in HOOK_SIGNATURES:
+            ref = getattr(slot, kind)
+            if ref is None:
+                continue
+            if ref in BUILTIN_HOOKS and not is_import_reference(ref):
+                if BUILTIN_HOOKS[ref].factory(self.params, slot.name) is None:
+                    continue
+            kinds.append(kind)
+        return kinds
+
+    # -- pieces ------------------------------------------------------------------------
+    def _spec_expr(self, value: Any, keep: Sequence[str]) -> str:
+        if isinstance(value, str):
+            baked = {k: v for k, v in self.params.items() if k not in self.runtime}
+            return Expr.parse(value).to_python(baked, keep=list(keep) + self.runtime)
+        return repr(value)
+
+    def _shape_src(self, slot_spec) -> str:
+        extents = [self._spec_expr(e, CAPACITY.values()) for e in slot_spec.shape]
+        return "(" + ", ".join(extents) + ("," if len(extents) == 1 else "") + ")"
+
+    def _pad_src(self, slot: ResolvedSlot) -> str:
+        if slot.padding == "zero":
+            return "0"
+        return self._spec_expr(self.spec.slot_spec(slot.name).pad_value, ())
+
+    def _used_runtime_params(self) -> List[str]:
+        """Runtime params some enabled slot's pad value reads (others are not bound)."""
+        used = set()
+        for n in self.names:
+            pad_value = self.spec.slot_spec(n.slot.name).pad_value
+            if isinstance(pad_value, str) and n.slot.padding in ("fill_sentinel", "fill_once"):
+                used |= Expr.parse(pad_value).names
+        return [name for name in self.runtime if name in used]
+
+    def allocations(self) -> List[Tuple[str, str, str, str, str]]:
+        rows = []
+        for n in self.names:
+            s = n.slot
+            init = self._pad_src(s) if s.fills_at_allocation else "None"
+            rows.append((s.name, self._shape_src(self.spec.slot_spec(s.name)), _dtype_src(s.dtype),
+                         "'cpu'" if s.host else "device", init))
+        return rows
+
+    def emit(self) -> Emission:
+        groups: Dict[Tuple[bool, torch.dtype], CopyGroup] = {}
+        constants: Dict[Tuple[bool, torch.dtype, str], PadConstant] = {}
+        separate_resets: List[SlotNames] = []
+        separate_copies: List[SlotNames] = []
+        source_copies: List[SlotNames] = []
+
+        def group_for(s: ResolvedSlot) -> CopyGroup:
+            key = (s.host, s.dtype)
+            if key not in groups:
+                where = "host" if s.host else "dev"
+                groups[key] = CopyGroup(f"{where}_{dtype_name(s.dtype)}", s.host, s.dtype)
+            return groups[key]
+
+        for n in self.names:
+            s = n.slot
+            if s.resets_tail:
+                if len(s.shape) == 1:
+                    value = self._pad_src(s)
+                    key = (s.host, s.dtype, value)
+                    if key not in constants:
+                        constants[key] = PadConstant(f"pad{len(constants)}_{dtype_name(s.dtype)}", s.host,
+                                                     s.dtype, value, CAPACITY[s.axis])
+                    else:
+                        const = constants[key]
+                        if const.length != CAPACITY[s.axis]:
+                            const.length = f"max({const.length}, {CAPACITY[s.axis]})"
+                    group_for(s).tails.append((n, constants[key].name))
+                else:
+                    separate_resets.append(n)
+            if not s.copy_from_fb:
+                continue
+            if s.source is not None:
+                source_copies.append(n)
+            elif n.dense_narrow:
+                group = group_for(s)
+                (group.optional_heads if s.optional else group.heads).append(n)
+            else:
+                separate_copies.append(n)
+
+        used = self._used_runtime_params()
+        bind_lines = [f"{name} = params[{name!r}]" for name in used]
+        bind_lines += [f"{n.buf} = buffers[{n.slot.name!r}]" for n in self.names]
+        for n in self.names:
+            for kind in self.hooks[n.slot.name]:
+                bind_lines.append(f"hook_{kind}_{n.ident} = __gs_hook(hooks, {n.slot.name!r}, {kind!r})")
+        for c in constants.values():
+            device = "'cpu'" if c.host else "device"
+            bind_lines.append(f"{c.name} = torch.full(({c.length},), {c.value}, dtype={_dtype_src(c.dtype)}, "
+                              f"device={device})")
+        for n in separate_resets:
+            if n.slot.padding == "fill_sentinel":
+                bind_lines.append(f"padval_{n.ident} = {self._pad_src(n.slot)}")
+
+        # make_plan: every slice a step of this size needs, computed once per size.
+        plan_lines: List[str] = []
+        plan_fields: List[str] = []
+        for g in groups.values():
+            dsts = [n.head() for n in g.heads] + [n.tail() for n, _ in g.tails]
+            srcs = [f"{const}[:{n.counts[1]} - {n.counts[0]}]" for n, const in g.tails]
+            plan_lines.append(f"dsts_{g.name} = [{', '.join(dsts)}]")
+            plan_lines.append(f"pads_{g.name} = [{', '.join(srcs)}]")
+            plan_fields += [f"dsts_{g.name}", f"pads_{g.name}"]
+            for n in g.optional_heads:
+                plan_lines.append(f"head_{n.ident} = {n.head()}")
+                plan_fields.append(f"head_{n.ident}")
+        for n in separate_resets:
+            raw, padded = n.counts
+            plan_lines.append(f"tail_{n.ident} = {n.tail()} if {raw} < {padded} else None")
+            plan_fields.append(f"tail_{n.ident}")
+        for n in separate_copies:
+            plan_lines.append(f"head_{n.ident} = {n.head()}")
+            plan_fields.append(f"head_{n.ident}")
+
+        needs_ctx = any(self.hooks[n.slot.name] for n in self.names if set(self.hooks[n.slot.name]) - {"pre_capture"})
+        fill_lines: List[str] = []
+        if needs_ctx:
+            fill_lines.append("ctx = __gs_FillContext(raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, "
+                              "params, side_inputs)")
+        for n in separate_resets:
+            op = "zero_()" if n.slot.padding == "zero" else f"fill_(padval_{n.ident})"
+            fill_lines += [f"if tail_{n.ident} is not None:", f"    tail_{n.ident}.{op}"]
+        for g in groups.values():
+            fields = ", ".join(n.source_expr() for n in g.heads)
+            if not g.optional_heads:
+                srcs = f"[{fields}] + pads_{g.name}" if g.tails else f"[{fields}]"
+                fill_lines.append(f"__gs_foreach_copy(dsts_{g.name}, {srcs})")
+                continue
+            fill_lines.append(f"dsts = dsts_{g.name}")
+            fill_lines.append(f"srcs = [{fields}] + pads_{g.name}" if g.tails else f"srcs = [{fields}]")
+            for n in g.optional_heads:
+                fill_lines += [f"src = {n.source_expr()}", "if isinstance(src, __gs_Tensor):",
+                               f"    dsts = dsts + [head_{n.ident}]", "    srcs.append(src)"]
+            if not g.heads and not g.tails:
+                fill_lines += ["if dsts:", "    __gs_foreach_copy(dsts, srcs)"]
+            else:
+                fill_lines.append("__gs_foreach_copy(dsts, srcs)")
+        for n in separate_copies:
+            if n.slot.optional:
+                fill_lines += [f"src = {n.source_expr()}", "if isinstance(src, __gs_Tensor):",
+                               f"    head_{n.ident}.copy_(src)"]
+            else:
+                fill_lines.append(f"head_{n.ident}.copy_({n.source_expr()})")
+        for n in source_copies:
+            if "source" not in self.hooks[n.slot.name]:
+                continue
+            d = n.slot.slice_dim
+            fill_lines += [f"src = hook_source_{n.ident}(fb, ctx)", "if isinstance(src, __gs_Tensor):",
+                           f"    {n.buf}.narrow({d}, 0, src.shape[{d}]).copy_(src)"]
+        for n in self.names:
+            if "post_fill" in self.hooks[n.slot.name]:
+                fill_lines.append(f"hook_post_fill_{n.ident}({n.buf}, fb, ctx)")
+
+        view_fields, extract_lines = [], ["view.batch_size = padded_bs"]
+        for n in self.names:
+            s = n.slot
+            if s.structured:
+                continue
+            view_fields.append((f"view_{n.ident}", n.padded_view()))
+            if s.plain_copy and s.optional:
+                extract_lines += [f"if getattr(fb, {s.name!r}, None) is not None:",
+                                  f"    view.{s.name} = view_{n.ident}"]
+            else:
+                extract_lines.append(f"view.{s.name} = view_{n.ident}")
+
+        return Emission(
+            spec_name=self.spec.name, spec_source=self.source_label, spec_sha256=self.spec.sha256,
+            version=self.version, params=structural_params(self.spec, self.params),
+            runtime_params=self.runtime, used_runtime_params=used, slot_names=[n.slot.name for n in self.names],
+            allocations=self.allocations(), bind_lines=bind_lines, plan_lines=plan_lines,
+            plan_fields=plan_fields, fill_lines=fill_lines, view_fields=view_fields,
+            extract_lines=extract_lines, needs_ctx=needs_ctx,
+        )
