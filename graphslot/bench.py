@@ -1,0 +1,155 @@
+"""``graphslot bench``: generated vs interpreted vs hand-written fill_from + extract.
+
+Everything is measured in one run on this machine: per-call time of ``fill_from`` +
+``extract`` for the shipped decode spec at a few (raw, padded) batch sizes, and the
+number of mutating ATen ops one padded fill issues (on a GPU each is a kernel launch).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from types import SimpleNamespace
+from typing import Callable, Dict, List
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .api import build_registry
+from .framework.registry import shallow_copy
+
+SIZES = ((3, 4), (30, 32), (200, 256))
+MAX_BS = 256
+TARGET_SPEEDUP = 2.5
+TARGET_OPS = 5
+
+
+def decode_batch(n: int, device: str = "cpu") -> SimpleNamespace:
+    """A decode batch of ``n`` requests with the fields the decode spec mirrors."""
+    ar = torch.arange(n, device=device)
+    return SimpleNamespace(batch_size=n, input_ids=ar + 10, positions=ar + 3, out_cache_loc=ar + 7,
+                           req_pool_indices=ar + 1, seq_lens=ar + 4, seq_lens_cpu=(ar + 4).cpu(),
+                           mrope_positions=None)
+
+
+class HandWrittenDecode:
+    """What an engine writes by hand for the same slots (sglang's legacy
+    populate_from_forward_batch style): per-field slicing, fills and a grouped copy."""
+
+    def __init__(self, max_bs: int, max_num_tokens: int, device: str = "cpu", seq_len_fill_value: int = 1):
+        def z(n, **kw):
+            return torch.zeros(n, dtype=torch.int64, device=device, **kw)
+
+        self.fill_value = seq_len_fill_value
+        self.input_ids, self.positions, self.out_cache_loc = z(max_num_tokens), z(max_num_tokens), z(max_num_tokens)
+        self.req_pool_indices = z(max_bs)
+        self.seq_lens = z(max_bs).fill_(seq_len_fill_value)
+        self.seq_lens_cpu = torch.full((max_bs,), seq_len_fill_value, dtype=torch.int64)
+        self.mrope_positions = torch.zeros(3, max_num_tokens, dtype=torch.int64, device=device)
+        self.global_num_tokens_gpu = torch.zeros(1, dtype=torch.int32, device=device)
+        self.global_num_tokens_for_logprob_gpu = torch.zeros(1, dtype=torch.int32, device=device)
+
+    def fill_from(self, fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs=None):
+        if raw_bs < padded_bs:
+            self.req_pool_indices[raw_bs:padded_bs].zero_()
+            self.seq_lens[raw_bs:padded_bs].fill_(self.fill_value)
+            self.seq_lens_cpu[raw_bs:padded_bs].fill_(self.fill_value)
+        if raw_num_tokens < padded_num_tokens:
+            self.positions[raw_num_tokens:padded_num_tokens].zero_()
+            self.out_cache_loc[raw_num_tokens:padded_num_tokens].zero_()
+            self.mrope_positions[:, raw_num_tokens:padded_num_tokens].zero_()
+        torch._foreach_copy_(
+            [self.input_ids[:raw_num_tokens], self.positions[:raw_num_tokens], self.out_cache_loc[:raw_num_tokens],
+             self.req_pool_indices[:raw_bs], self.seq_lens[:raw_bs]],
+            [fb.input_ids, fb.positions, fb.out_cache_loc, fb.req_pool_indices, fb.seq_lens])
+        self.seq_lens_cpu[:raw_bs].copy_(fb.seq_lens_cpu)
+        if fb.mrope_positions is not None:
+            self.mrope_positions[:, :raw_num_tokens].copy_(fb.mrope_positions)
+
+    def extract(self, fb, padded_bs, padded_num_tokens):
+        view = shallow_copy(fb)
+        view.batch_size = padded_bs
+        view.input_ids = self.input_ids[:padded_num_tokens]
+        view.positions = self.positions[:padded_num_tokens]
+        view.out_cache_loc = self.out_cache_loc[:padded_num_tokens]
+        view.req_pool_indices = self.req_pool_indices[:padded_bs]
+        view.seq_lens = self.seq_lens[:padded_bs]
+        view.seq_lens_cpu = self.seq_lens_cpu[:padded_bs]
+        if fb.mrope_positions is not None:
+            view.mrope_positions = self.mrope_positions[:, :padded_num_tokens]
+        view.global_num_tokens_gpu = self.global_num_tokens_gpu
+        view.global_num_tokens_for_logprob_gpu = self.global_num_tokens_for_logprob_gpu
+        return view
+
+
+class MutatingOpCounter(TorchDispatchMode):
+    """Counts ATen ops that write into a tensor argument (in-place or out=)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: List[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func._schema.is_mutable:
+            self.ops.append(str(func.overloadpacket.__name__))
+        return func(*args, **(kwargs or {}))
+
+
+def count_mutating_ops(fill: Callable, fb, raw: int, padded: int) -> List[str]:
+    with MutatingOpCounter() as counter:
+        fill(fb, raw, padded, raw, padded)
+    return counter.ops
+
+
+def time_per_call(fill: Callable, extract: Callable, fb, raw: int, padded: int,
+                  iters: int = 2000, repeats: int = 7) -> float:
+    """Median over ``repeats`` of the mean µs of one fill_from + extract."""
+    for _ in range(200):
+        fill(fb, raw, padded, raw, padded)
+        extract(fb, padded, padded)
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(iters):
+            fill(fb, raw, padded, raw, padded)
+            extract(fb, padded, padded)
+        samples.append((time.perf_counter() - start) / iters * 1e6)
+    return statistics.median(samples)
+
+
+def run_bench(iters: int = 2000, repeats: int = 7, device: str = "cpu") -> Dict:
+    runners = {
+        "generated": build_registry("decode", MAX_BS, MAX_BS, device=device, mode="generated"),
+        "interpreted": build_registry("decode", MAX_BS, MAX_BS, device=device, mode="interpreted"),
+        "hand_written": HandWrittenDecode(MAX_BS, MAX_BS, device=device),
+    }
+    rows = []
+    for raw, padded in SIZES:
+        fb = decode_batch(raw, device)
+        row = {"raw": raw, "padded": padded}
+        for name, r in runners.items():
+            row[f"{name}_us"] = time_per_call(r.fill_from, r.extract, fb, raw, padded, iters, repeats)
+            row[f"{name}_ops"] = len(count_mutating_ops(r.fill_from, fb, raw, padded))
+        row["speedup_vs_interpreted"] = row["interpreted_us"] / row["generated_us"]
+        row["speedup_vs_hand_written"] = row["hand_written_us"] / row["generated_us"]
+        rows.append(row)
+    met = all(r["speedup_vs_interpreted"] >= TARGET_SPEEDUP and r["generated_ops"] <= TARGET_OPS for r in rows)
+    return {"device": device, "torch": torch.__version__, "max_bs": MAX_BS, "rows": rows,
+            "targets": {"speedup_vs_interpreted": TARGET_SPEEDUP, "max_ops": TARGET_OPS}, "targets_met": met}
+
+
+def format_report(result: Dict) -> str:
+    lines = [f"fill_from + extract, shipped decode spec, max_bs {result['max_bs']}, device {result['device']}, "
+             f"torch {result['torch']}",
+             f"{'raw/padded':>10}  {'generated':>10}  {'interpreted':>11}  {'hand-written':>12}  "
+             f"{'vs interp':>9}  {'vs hand':>7}  {'ops gen/int/hand':>16}"]
+    for r in result["rows"]:
+        lines.append(
+            f"{r['raw']:>4}/{r['padded']:<5}  {r['generated_us']:>8.2f}µs  {r['interpreted_us']:>9.2f}µs  "
+            f"{r['hand_written_us']:>10.2f}µs  {r['speedup_vs_interpreted']:>8.2f}x  "
+            f"{r['speedup_vs_hand_written']:>6.2f}x  "
+            f"{r['generated_ops']:>6}/{r['interpreted_ops']}/{r['hand_written_ops']}")
+    t = result["targets"]
+    lines.append(f"targets: generated >= {t['speedup_vs_interpreted']}x the interpreter at every size, "
+                 f"<= {t['max_ops']} mutating ops per padded fill: {'met' if result['targets_met'] else 'NOT met'}")
+    return "\n".join(lines)

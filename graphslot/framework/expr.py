@@ -1,0 +1,348 @@
+"""Small expressions in slot specs: shapes, pad values, ``enabled_if``, param defaults.
+
+The text is parsed with :func:`ast.parse` and then walked by the methods of
+:class:`Expr`. User text is never given to ``eval``/``compile``: a spec can compute a
+number from params, it cannot run code. Every construct outside the small language is
+rejected when the expression is parsed, so a bad spec fails on load, not on first use.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import operator
+from typing import Any, Collection, Mapping, Optional
+
+import torch
+
+from graphslot.framework.errors import ExprError, did_you_mean
+
+TYPES = ("int", "float", "bool", "str", "dtype")
+_NUMERIC = ("int", "float")
+
+# What the language has, for error messages and docs ("expressions may use ...").
+ALLOWED = "names, int/float/bool literals, + - * // %, comparisons, and/or/not, 'a if c else b', max(), min()"
+
+# YAML people write true/false; they read as the bools, never as params.
+_BOOL_NAMES = {"true": True, "false": False}
+_FUNCS = {"max": max, "min": min}
+_UNARY = {ast.USub: ("-", operator.neg), ast.UAdd: ("+", operator.pos), ast.Not: ("not", operator.not_)}
+_BINOPS = {ast.Add: ("+", operator.add), ast.Sub: ("-", operator.sub), ast.Mult: ("*", operator.mul),
+           ast.FloorDiv: ("//", operator.floordiv), ast.Mod: ("%", operator.mod)}
+_COMPARE = {ast.Eq: ("==", operator.eq), ast.NotEq: ("!=", operator.ne), ast.Lt: ("<", operator.lt),
+            ast.LtE: ("<=", operator.le), ast.Gt: (">", operator.gt), ast.GtE: (">=", operator.ge)}
+
+# Python's precedence levels, lowest first: to_python adds only the parentheses needed.
+_P_IF, _P_OR, _P_AND, _P_NOT, _P_CMP, _P_ADD, _P_MUL, _P_UNARY, _P_ATOM = range(9)
+_NOT_CONSTANT = object()
+
+
+class _ZeroDivision(ExprError):
+    """Kept apart so to_python can leave an unreachable ``x // 0`` to the generated code."""
+
+
+def is_expression_text(value: Any) -> bool:
+    """A YAML string is an expression; numbers and bools are literal values."""
+    return isinstance(value, str)
+
+
+def python_type_name(value: Any) -> Optional[str]:
+    """The name in :data:`TYPES` of a param value, or None when it is none of them."""
+    if isinstance(value, bool):  # before int: bool is a subclass of int
+        return "bool"
+    for kind, name in ((int, "int"), (float, "float"), (str, "str"), (torch.dtype, "dtype")):
+        if isinstance(value, kind):
+            return name
+    return None
+
+
+def _free_names(node: ast.AST) -> frozenset[str]:
+    if isinstance(node, ast.Name):
+        return frozenset() if node.id in _BOOL_NAMES else frozenset({node.id})
+    children = node.args if isinstance(node, ast.Call) else ast.iter_child_nodes(node)
+    return frozenset().union(*(_free_names(c) for c in children))
+
+
+def _literal(value: Any) -> tuple[str, int]:
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"float('{value}')", _P_ATOM  # repr gives 'inf', which is not Python source
+    src = repr(value)  # torch.int64 -> 'torch.int64'
+    return src, _P_UNARY if src.startswith("-") else _P_ATOM
+
+
+class Expr:
+    """A parsed expression; equal and hashed by its text."""
+
+    __slots__ = ("text", "names", "_source", "_tree")
+
+    def __init__(self, text: str):
+        if not isinstance(text, str):
+            raise ExprError(f"expression must be a string, got {type(text).__name__} {text!r}")
+        self.text = text
+        self._source = text.strip()  # YAML may leave spaces around it; ast rejects a leading one
+        try:
+            self._tree = ast.parse(self._source, mode="eval").body
+        except (SyntaxError, ValueError) as e:  # ValueError: e.g. a NUL byte
+            raise ExprError(f"invalid expression '{text}': {getattr(e, 'msg', e)}") from None
+        self._check_syntax(self._tree)
+        self.names: frozenset[str] = _free_names(self._tree)
+
+    @classmethod
+    def parse(cls, text: str) -> "Expr":
+        return cls(text)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Expr) and other.text == self.text
+
+    def __hash__(self) -> int:
+        return hash(self.text)
+
+    def __repr__(self) -> str:
+        return f"Expr({self.text!r})"
+
+    def infer_type(self, types: Mapping[str, str]) -> str:
+        """The type in :data:`TYPES` of the value, given the type of every name."""
+        return self._infer(self._tree, types)
+
+    def evaluate(self, env: Mapping[str, Any]) -> Any:
+        return self._eval(self._tree, env)
+
+    def to_python(self, env: Mapping[str, Any], keep: Collection[str] = ()) -> str:
+        """Python source for the expression: names in ``keep`` stay names, every other
+        name is replaced by its value in ``env``, and what is then constant is folded."""
+        keep = frozenset(keep)
+        if not self.names & keep:
+            return _literal(self.evaluate(env))[0]
+        return self._emit(self._tree, env, keep)[0]
+
+    # -- errors -----------------------------------------------------------------
+
+    def _fragment(self, node: ast.AST) -> str:
+        return ast.get_source_segment(self._source, node) or ast.unparse(node)
+
+    def _fail(self, node: ast.AST, reason: str) -> ExprError:
+        return ExprError(f"'{self._fragment(node)}' in expression '{self.text}': {reason}")
+
+    def _unsupported(self, node: ast.AST, allowed: str) -> ExprError:
+        fragment = self._fragment(node)
+        return ExprError(f"unsupported syntax '{fragment}' in expression '{self.text}': {allowed}")
+
+    def _unknown(self, name: str, known: Collection[str]) -> ExprError:
+        return ExprError(f"unknown name '{name}' in expression '{self.text}'{did_you_mean(name, known)}")
+
+    # -- syntax -----------------------------------------------------------------
+
+    def _check_syntax(self, node: ast.AST) -> None:
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCS:
+            if node.keywords or len(node.args) < 2 or any(isinstance(a, ast.Starred) for a in node.args):
+                raise self._unsupported(node, f"{node.func.id}() takes two or more positional arguments")
+            children = node.args
+        elif (
+            isinstance(node, (ast.Name, ast.BoolOp, ast.IfExp))
+            or (isinstance(node, ast.Constant) and type(node.value) in (int, float, bool, str))
+            or (isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY)
+            or (isinstance(node, ast.BinOp) and type(node.op) in _BINOPS)
+            or (isinstance(node, ast.Compare) and all(type(op) in _COMPARE for op in node.ops))
+        ):
+            children = [c for c in ast.iter_child_nodes(node) if isinstance(c, ast.expr)]
+        else:
+            raise self._unsupported(node, f"expressions may use {ALLOWED}")
+        for child in children:
+            self._check_syntax(child)
+
+    # -- type rules, shared by infer_type (static) and evaluate (on the values) --
+
+    def _arith_type(self, node: ast.AST, sym: str, a: str, b: str) -> str:
+        if a in _NUMERIC and b in _NUMERIC:
+            return "float" if "float" in (a, b) else "int"
+        raise self._fail(node, f"cannot apply '{sym}' to {a} and {b}")
+
+    def _unary_type(self, node: ast.AST, sym: str, a: str) -> str:
+        if sym == "not" and a == "bool":
+            return "bool"
+        if sym != "not" and a in _NUMERIC:
+            return a
+        what = "'not'" if sym == "not" else f"unary '{sym}'"
+        raise self._fail(node, f"cannot apply {what} to {a}")
+
+    def _compare_type(self, node: ast.AST, sym: str, a: str, b: str) -> None:
+        numeric = a in _NUMERIC and b in _NUMERIC
+        if not (numeric or (sym in ("==", "!=") and a == b)):
+            raise self._fail(node, f"cannot compare {a} and {b} with '{sym}'")
+
+    def _bool_operand(self, node: ast.BoolOp, a: str) -> None:
+        if a != "bool":
+            word = "and" if isinstance(node.op, ast.And) else "or"
+            raise self._fail(node, f"cannot apply '{word}' to {a}")
+
+    def _condition(self, node: ast.IfExp, a: str) -> None:
+        if a != "bool":
+            raise self._fail(node, f"condition must be bool, got {a}")
+
+    def _call_type(self, node: ast.Call, args: list[str]) -> str:
+        bad = [a for a in args if a not in _NUMERIC]
+        if bad:
+            raise self._fail(node, f"{node.func.id}() needs int or float arguments, got {bad[0]}")
+        return "float" if "float" in args else "int"
+
+    # -- walkers ----------------------------------------------------------------
+
+    def _infer(self, node: ast.AST, types: Mapping[str, str]) -> str:
+        match node:
+            case ast.Constant(value=value):
+                return python_type_name(value)
+            case ast.Name(id=name) if name in _BOOL_NAMES:
+                return "bool"
+            case ast.Name(id=name):
+                if name not in types:
+                    raise self._unknown(name, types.keys())
+                return types[name]
+            case ast.UnaryOp(op=op, operand=x):
+                return self._unary_type(node, _UNARY[type(op)][0], self._infer(x, types))
+            case ast.BinOp(left=left, op=op, right=right):
+                a, b = self._infer(left, types), self._infer(right, types)
+                return self._arith_type(node, _BINOPS[type(op)][0], a, b)
+            case ast.Compare(left=left, ops=ops, comparators=rest):
+                kinds = [self._infer(x, types) for x in (left, *rest)]
+                for op, a, b in zip(ops, kinds, kinds[1:]):
+                    self._compare_type(node, _COMPARE[type(op)][0], a, b)
+                return "bool"
+            case ast.BoolOp(values=values):
+                for value in values:
+                    self._bool_operand(node, self._infer(value, types))
+                return "bool"
+            case ast.IfExp(test=test, body=body, orelse=orelse):
+                self._condition(node, self._infer(test, types))
+                a, b = self._infer(body, types), self._infer(orelse, types)
+                if a == b:
+                    return a
+                if a in _NUMERIC and b in _NUMERIC:
+                    return "float"
+                raise self._fail(node, f"branches have different types {a} and {b}")
+            case ast.Call(args=args):
+                return self._call_type(node, [self._infer(a, types) for a in args])
+        raise AssertionError(f"unchecked node {ast.dump(node)}")  # _check_syntax let it through
+
+    def _eval(self, node: ast.AST, env: Mapping[str, Any]) -> Any:
+        typ = python_type_name
+        match node:
+            case ast.Constant(value=value):
+                return value
+            case ast.Name(id=name) if name in _BOOL_NAMES:
+                return _BOOL_NAMES[name]
+            case ast.Name(id=name):
+                if name not in env:
+                    raise self._unknown(name, env.keys())
+                value = env[name]
+                if typ(value) is None:
+                    kind, allowed = type(value).__name__, ", ".join(TYPES)
+                    raise self._fail(node, f"value {value!r} has type {kind}, not one of {allowed}")
+                return value
+            case ast.UnaryOp(op=op, operand=x):
+                sym, fn = _UNARY[type(op)]
+                value = self._eval(x, env)
+                self._unary_type(node, sym, typ(value))
+                return fn(value)
+            case ast.BinOp(left=left, op=op, right=right):
+                sym, fn = _BINOPS[type(op)]
+                a, b = self._eval(left, env), self._eval(right, env)
+                self._arith_type(node, sym, typ(a), typ(b))
+                try:
+                    return fn(a, b)
+                except ZeroDivisionError:
+                    raise _ZeroDivision(f"division by zero in expression '{self.text}'") from None
+                except OverflowError as e:
+                    raise self._fail(node, str(e)) from None
+            case ast.Compare(left=left, ops=ops, comparators=rest):
+                a = self._eval(left, env)
+                for op, right in zip(ops, rest):  # like Python: stop at the first false link
+                    sym, fn = _COMPARE[type(op)]
+                    b = self._eval(right, env)
+                    self._compare_type(node, sym, typ(a), typ(b))
+                    if not fn(a, b):
+                        return False
+                    a = b
+                return True
+            case ast.BoolOp(op=op, values=values):
+                decides = isinstance(op, ast.Or)  # the operand value that ends the chain
+                for value in values:
+                    result = self._eval(value, env)
+                    self._bool_operand(node, typ(result))
+                    if result == decides:
+                        return result
+                return result
+            case ast.IfExp(test=test, body=body, orelse=orelse):
+                cond = self._eval(test, env)
+                self._condition(node, typ(cond))
+                return self._eval(body if cond else orelse, env)
+            case ast.Call(func=ast.Name(id=fn), args=args):
+                values = [self._eval(a, env) for a in args]
+                self._call_type(node, [typ(v) for v in values])
+                return _FUNCS[fn](*values)
+        raise AssertionError(f"unchecked node {ast.dump(node)}")
+
+    def _fold(self, node: ast.AST, env: Mapping[str, Any], keep: frozenset[str]) -> Any:
+        """The value of a sub-expression without kept names, else _NOT_CONSTANT."""
+        if _free_names(node) & keep:
+            return _NOT_CONSTANT
+        try:
+            return self._eval(node, env)
+        except _ZeroDivision:
+            # It may sit in a branch that is never taken; the generated code then
+            # fails exactly when evaluate would.
+            return _NOT_CONSTANT
+
+    def _emit(self, node: ast.AST, env: Mapping[str, Any], keep: frozenset[str]) -> tuple[str, int]:
+        """(source, precedence) of a sub-expression."""
+        value = self._fold(node, env, keep)
+        if value is not _NOT_CONSTANT:
+            return _literal(value)
+
+        def sub(child: ast.AST, min_prec: int) -> str:
+            src, prec = self._emit(child, env, keep)
+            return f"({src})" if prec < min_prec else src
+
+        match node:
+            case ast.Name(id=name):  # only a kept name gets here
+                return name, _P_ATOM
+            case ast.UnaryOp(op=ast.Not(), operand=x):
+                return f"not {sub(x, _P_NOT)}", _P_NOT
+            case ast.UnaryOp(op=op, operand=x):
+                return f"{_UNARY[type(op)][0]}{sub(x, _P_UNARY)}", _P_UNARY
+            case ast.BinOp(left=left, op=op, right=right):
+                prec = _P_ADD if isinstance(op, (ast.Add, ast.Sub)) else _P_MUL
+                return f"{sub(left, prec)} {_BINOPS[type(op)][0]} {sub(right, prec + 1)}", prec
+            case ast.Compare(left=left, ops=ops, comparators=rest):
+                parts = [sub(left, _P_CMP + 1)]
+                for op, right in zip(ops, rest):
+                    parts += [_COMPARE[type(op)][0], sub(right, _P_CMP + 1)]
+                return " ".join(parts), _P_CMP
+            case ast.BoolOp(op=op, values=values):
+                word, prec = ("or", _P_OR) if isinstance(op, ast.Or) else ("and", _P_AND)
+                parts: list[tuple[str, int]] = []
+                for child in values:
+                    value = self._fold(child, env, keep)
+                    if value is _NOT_CONSTANT:
+                        parts.append(self._emit(child, env, keep))
+                        continue
+                    self._bool_operand(node, python_type_name(value))
+                    if value == (word == "or"):  # decides the result once reached
+                        if not parts:
+                            return _literal(value)
+                        parts.append(_literal(value))
+                        break
+                    # Any other constant drops out: for a bool x, `x and True` is x.
+                if len(parts) == 1:
+                    return parts[0]
+                return f" {word} ".join(f"({s})" if p <= prec else s for s, p in parts), prec
+            case ast.IfExp(test=test, body=body, orelse=orelse):
+                cond = self._fold(test, env, keep)
+                if cond is not _NOT_CONSTANT:
+                    self._condition(node, python_type_name(cond))
+                    return self._emit(body if cond else orelse, env, keep)
+                # `a if b else c if d else e` needs no parentheses; a nested one in front does.
+                src = f"{sub(body, _P_IF + 1)} if {sub(test, _P_IF + 1)} else {sub(orelse, _P_IF)}"
+                return src, _P_IF
+            case ast.Call(func=ast.Name(id=fn), args=args):
+                return f"{fn}({', '.join(sub(a, _P_IF) for a in args)})", _P_ATOM
+        raise AssertionError(f"unchecked node {ast.dump(node)}")
