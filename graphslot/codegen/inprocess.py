@@ -48,13 +48,19 @@ def check_module(module: Any, spec: RegistrySpec, params: Mapping[str, Any]) -> 
         problems.append(f"generated module '{name}' was generated from another version of {spec.source} "
                         f"(sha256 {str(getattr(module, 'SPEC_SHA256', '?'))[:12]}…, the spec is now "
                         f"{spec.sha256[:12]}…); run `graphslot generate`")
-    expected = params_literal(structural_params(spec, params))
-    got = params_literal(getattr(module, "PARAMS", {}))
-    if got != expected:
-        problems.append(f"generated module '{name}' was generated for params {got}, but the registry is "
-                        f"built with {expected}; generate an output for these params")
+    expected = {k: params_literal({k: v}) for k, v in structural_params(spec, params).items()}
+    got = {k: params_literal({k: v}) for k, v in getattr(module, "PARAMS", {}).items()}
+    differing = sorted(k for k in expected.keys() | got.keys() if expected.get(k) != got.get(k))
+    if differing:
+        shown = ", ".join(f"{k} (module: {_value(got, k)}, registry: {_value(expected, k)})" for k in differing)
+        problems.append(f"generated module '{name}' was generated for other params: {shown}; "
+                        "declare an output with these params and run `graphslot generate`")
     if problems:
         raise SpecError([SpecIssue(spec.source, None, p) for p in problems])
+
+
+def _value(literals: Mapping[str, str], key: str) -> str:
+    return literals[key].split(": ", 1)[1].rstrip("}") if key in literals else "absent"
 
 
 class GeneratedRegistry(SlotRegistry):
