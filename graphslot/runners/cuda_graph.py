@@ -1,0 +1,85 @@
+"""The ``cuda`` graph backend: ``torch.cuda.CUDAGraph`` with one shared pool.
+
+All graphs of one backend draw from one memory pool, so a runner capturing
+several batch sizes pays for the largest one only -- provided it captures the
+largest size first (the runner's job). Nothing here touches CUDA at import or
+construction time, so the module is safe on a CPU-only build of torch.
+"""
+
+from __future__ import annotations
+
+import gc
+from typing import Any, Callable, Optional
+
+import torch
+
+from graphslot.runners.graph_backend import GraphCaptureError
+
+_CAPTURE_HINT = (
+    "common causes are a host sync (.item(), .tolist(), bool(tensor)), a data-dependent "
+    "shape (nonzero, x[mask]) or a host<->device copy inside the captured function; "
+    "capture it with the 'cpu' graph backend to get the offending op named"
+)
+
+
+class CudaGraphWrapper:
+    """A captured ``torch.cuda.CUDAGraph`` and the static tensors it returned."""
+
+    def __init__(self, graph: "torch.cuda.CUDAGraph", output: Any, pool: Any) -> None:
+        self.graph = graph
+        self.output = output
+        self.pool = pool
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
+class CudaGraphBackend:
+    """Graph backend ``cuda``; owns the memory pool and side stream of its graphs."""
+
+    name = "cuda"
+
+    def __init__(self, device: torch.device | str = "cuda") -> None:
+        self.device = torch.device(device)
+        if self.device.type != "cuda":
+            raise ValueError(f"the 'cuda' graph backend needs a CUDA device, got {self.device}")
+        self._pool: Optional[Any] = None
+        self._stream: Optional["torch.cuda.Stream"] = None
+
+    @property
+    def pool(self) -> Any:
+        """The shared pool handle, or None before the first capture."""
+        return self._pool
+
+    def capture(self, fn: Callable[[], Any], *, warmup: int = 1) -> CudaGraphWrapper:
+        with torch.cuda.device(self.device):
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+                self._stream = torch.cuda.Stream()
+            stream = self._stream
+            # Warm up on the capture stream: lazy inits (cuBLAS handles, autotuning)
+            # must happen outside the graph, on the stream the graph will use.
+            torch.cuda.synchronize()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(warmup):
+                    fn()
+            torch.cuda.current_stream().wait_stream(stream)
+            torch.cuda.synchronize()
+
+            graph = torch.cuda.CUDAGraph()
+            # A collection during capture walks every Python object (slow) and may run
+            # finalizers that call into CUDA; freeze what exists and collect only new garbage.
+            gc.collect()
+            gc.freeze()
+            try:
+                with torch.cuda.graph(graph, pool=self._pool, stream=stream):
+                    output = fn()
+            except RuntimeError as e:
+                if isinstance(e, GraphCaptureError) or "captur" not in str(e).lower():
+                    raise
+                raise GraphCaptureError(f"CUDA graph capture failed: {e}; {_CAPTURE_HINT}") from e
+            finally:
+                gc.unfreeze()
+            torch.cuda.synchronize()
+        return CudaGraphWrapper(graph, output, self._pool)

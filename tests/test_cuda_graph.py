@@ -1,0 +1,67 @@
+"""The ``cuda`` graph backend: real CUDA graphs sharing one memory pool."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+from graphslot.runners.cuda_graph import CudaGraphBackend, CudaGraphWrapper
+from graphslot.runners.graph_backend import get_graph_backend
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+def make_mlp(batch: int):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8)).cuda()
+    x = torch.zeros(batch, 16, device="cuda")
+    return model, x
+
+
+@torch.inference_mode()
+def test_capture_and_replay_match_eager():
+    backend = get_graph_backend("auto", "cuda")
+    assert isinstance(backend, CudaGraphBackend) and backend.pool is None
+    model, x = make_mlp(4)
+    calls = []
+
+    def fn():
+        calls.append(1)
+        return torch.softmax(model(x), dim=-1)
+
+    frozen = gc.get_freeze_count()
+    graph = backend.capture(fn, warmup=2)
+    assert isinstance(graph, CudaGraphWrapper)
+    assert len(calls) == 3 and gc.get_freeze_count() == frozen
+    out, ptr = graph.output, graph.output.data_ptr()
+    for _ in range(3):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert graph.output is out and out.data_ptr() == ptr
+        assert len(calls) == 3
+        torch.testing.assert_close(out, torch.softmax(model(x), dim=-1))
+
+
+@torch.inference_mode()
+def test_graphs_of_one_backend_share_one_pool():
+    backend = get_graph_backend("cuda", "cuda")
+    model, x = make_mlp(8)
+    big = backend.capture(lambda: model(x))  # largest batch first
+    small = backend.capture(lambda: model(x[:2]))
+    assert backend.pool is not None and big.pool is backend.pool and small.pool is backend.pool
+    assert get_graph_backend("cuda", "cuda").pool is None  # a new backend, a new pool later
+
+    x.copy_(torch.randn_like(x))
+    big.replay()
+    torch.testing.assert_close(big.output, model(x))
+    # The graphs share scratch memory in the pool, but a graph's output is a live
+    # allocation: replaying the other graph leaves it alone.
+    small.replay()
+    torch.testing.assert_close(small.output, model(x[:2]))
+    torch.testing.assert_close(big.output, model(x))
