@@ -247,3 +247,41 @@ def test_config_errors(tmp_path, table, message):
     with pytest.raises(ConfigError) as info:
         plan_outputs(tmp_path, table)
     assert message in str(info.value)
+
+
+# --- the command line -----------------------------------------------------------------
+
+
+def test_cli_check_fails_with_diff_and_fix_command_then_generate_fixes(project, monkeypatch, capsys):
+    from graphslot.cli import main
+
+    monkeypatch.chdir(project)
+    assert main(["generate", "--check"]) == 1
+    out, err = capsys.readouterr()
+    assert "missing: pkg/gen/tiny_default.py" in out
+    assert "run `graphslot generate` and commit the result" in err
+    assert main(["generate"]) == 0
+    assert "wrote    pkg/gen/tiny_default.py" in capsys.readouterr().out
+    (project / "specs" / "tiny.yaml").write_text(SPEC.replace("default: 1", "default: 5"))
+    assert main(["generate", "--check"]) == 1
+    out, _ = capsys.readouterr()
+    assert out.startswith("--- pkg/gen/tiny_default.py (on disk)") and "stale: pkg/gen/tiny_default.py" in out
+    assert main(["generate"]) == 0 and main(["generate", "--check"]) == 0
+
+
+def test_cli_generate_without_outputs_says_what_to_add(tmp_path, monkeypatch, capsys):
+    from graphslot.cli import main
+
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["generate"]) == 1
+    assert "declares no [[tool.graphslot.outputs]]" in capsys.readouterr().err
+
+
+def test_cli_generate_reports_spec_errors_with_location(project, monkeypatch, capsys):
+    from graphslot.cli import main
+
+    (project / "specs" / "tiny.yaml").write_text(SPEC.replace("padding: fill_sentinel", "padding: fill_sentinal"))
+    monkeypatch.chdir(project)
+    assert main(["generate"]) == 1
+    assert "specs/tiny.yaml:6: slot 'seq_lens': 'fill_sentinal' is not a valid padding" in capsys.readouterr().err

@@ -1,0 +1,226 @@
+"""The ``graphslot`` command line: exit statuses and what users read."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+
+import pytest
+
+from graphslot.cli import SUBCOMMANDS, human_bytes, main
+from graphslot.framework.loading import SHIPPED_DIR, shipped_spec_names
+from graphslot.project import load_project_config
+
+BAD_SPEC = textwrap.dedent("""\
+    name: bad
+    slots:
+      - name: input_ids
+        shape: [max_num_tokens]
+        dtype: int64
+        axis: tokens
+        padding: foreach_copy
+      - name: positions
+        shape: [max_num_tokens]
+        dtype: int64
+        axis: tokens
+        padding: keep_pad
+        index: true
+      - name: lora_ids
+        shape: [max_bs]
+        dtype: int32
+        axis: batch
+        padding: zero
+    """)
+
+
+def run(capsys, *argv):
+    status = main(list(argv))
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    return status, out, err
+
+
+def table_row(out: str, slot: str) -> list:
+    for line in out.splitlines():
+        cells = re.split(r"\s{2,}", line.strip())
+        if cells[0] == slot:
+            return cells
+    raise AssertionError(f"no row for {slot!r} in:\n{out}")
+
+
+def test_subcommands_are_registered():
+    assert {"validate", "show", "schema"} <= set(SUBCOMMANDS)
+
+
+def test_no_command_is_a_usage_error(capsys):
+    status, _, err = run(capsys)
+    assert status == 2 and "usage: graphslot" in err
+
+
+def test_validate_shipped_specs(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    status, out, _ = run(capsys, "validate")
+    assert status == 0
+    lines = out.splitlines()
+    assert len(lines) == len(shipped_spec_names())
+    assert re.fullmatch(r"ok  .*decode\.yaml \(14 slots\)", lines[0])
+    assert re.fullmatch(r"ok  .*prefill\.yaml \(10 slots\)", lines[1])
+
+
+def test_validate_by_name(capsys):
+    status, out, _ = run(capsys, "validate", "decode")
+    assert status == 0 and out.startswith("ok  ") and "(14 slots)" in out
+
+
+def test_validate_bad_file(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bad.yaml").write_text(BAD_SPEC)
+    status, out, err = run(capsys, "validate", "bad.yaml", "decode")
+    assert status == 1
+    lines = out.splitlines()
+    assert lines[:2] == [
+        "bad.yaml:13: slot 'positions': index slots must use padding 'zero' (got 'keep_pad'): "
+        "a stale or sentinel tail would index out of the pool",
+        "bad.yaml:17: slot 'lora_ids': 'batch' is not a valid axis (one of: bs, tokens, none)",
+    ]
+    assert lines[2].startswith("ok  ") and lines[2].endswith("decode.yaml (14 slots)")
+    assert "2 error(s) in 1 of 2 spec file(s)" in err
+
+
+def test_validate_yaml_syntax_error(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "broken.yaml").write_text("name: x\nslots: [\n")
+    status, out, _ = run(capsys, "validate", "broken.yaml")
+    assert status == 1 and out.startswith("broken.yaml:")
+
+
+def test_validate_missing_file(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    status, out, _ = run(capsys, "validate", "nope.yaml")
+    assert status == 1
+    assert out.splitlines() == ["nope.yaml: no such spec file; shipped specs are: decode, prefill"]
+
+
+def test_validate_project_specs(capsys, tmp_path, monkeypatch):
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "specs" / "mine.yaml").write_text((SHIPPED_DIR / "prefill.yaml").read_text())
+    (tmp_path / "specs" / "bad.yaml").write_text(BAD_SPEC)
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.graphslot]\nspecs = ["specs/mine.yaml", "specs/bad.yaml", "specs/gone.yaml"]\n')
+    monkeypatch.chdir(tmp_path)
+    status, out, _ = run(capsys, "validate")
+    assert status == 1
+    assert "ok  specs/mine.yaml (10 slots)" in out.splitlines()
+    assert "specs/bad.yaml:17: slot 'lora_ids': 'batch' is not a valid axis (one of: bs, tokens, none)" in out
+    assert ("specs/gone.yaml: no such spec file (listed in pyproject.toml [tool.graphslot] specs)"
+            in out.splitlines())
+    assert sum(line.startswith("ok  ") for line in out.splitlines()) == len(shipped_spec_names()) + 1
+
+
+def test_validate_project_specs_from_subdirectory(capsys, tmp_path, monkeypatch):
+    (tmp_path / "mine.yaml").write_text((SHIPPED_DIR / "decode.yaml").read_text())
+    (tmp_path / "pyproject.toml").write_text('[tool.graphslot]\nspecs = ["mine.yaml"]\n')
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    status, out, _ = run(capsys, "validate")
+    assert status == 0 and out.splitlines()[-1].endswith("mine.yaml (14 slots)")
+
+
+def test_validate_malformed_pyproject(capsys, tmp_path, monkeypatch):
+    (tmp_path / "pyproject.toml").write_text('[tool.graphslot]\nspecs = "mine.yaml"\n')
+    monkeypatch.chdir(tmp_path)
+    status, _, err = run(capsys, "validate")
+    assert status == 1 and "[tool.graphslot] specs must be a list" in err
+
+
+def test_project_config(tmp_path):
+    (tmp_path / "pyproject.toml").write_text('[tool.graphslot]\nspecs = ["a.yaml"]\nout = "gen"\n')
+    config = load_project_config(tmp_path)
+    assert config.root == tmp_path.resolve()
+    assert config.specs == [tmp_path.resolve() / "a.yaml"]
+    assert config.raw == {"specs": ["a.yaml"], "out": "gen"}
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n')
+    assert load_project_config(tmp_path).specs == [] and load_project_config(tmp_path).raw == {}
+
+
+def test_show_decode_defaults(capsys):
+    status, out, _ = run(capsys, "show", "decode")
+    assert status == 0
+    assert table_row(out, "slot") == ["slot", "shape", "dtype", "axis", "padding", "device", "bytes", "enabled"]
+    assert table_row(out, "input_ids") == ["input_ids", "[256]", "int64", "tokens", "foreach_copy", "cpu",
+                                           "2048", "yes"]
+    assert table_row(out, "seq_lens")[4] == "fill_sentinel (1)"
+    assert table_row(out, "seq_lens_cpu")[5] == "cpu (host)"
+    assert table_row(out, "mrope_positions")[1:4] == ["[3, 256]", "int64", "tokens (dim 1)"]
+    assert table_row(out, "encoder_lens")[1:] == ["[256]", "int32", "bs", "fill_once (0)", "cpu", "-", "no"]
+    assert table_row(out, "global_num_tokens_gpu")[1] == "[1]"
+    # 6 slots of 256 int64 + mrope [3, 256] int64 + two [1] int32
+    total = 6 * 2048 + 3 * 2048 + 2 * 4
+    assert f"total: {total} bytes (18.0 KiB) in 9 of 14 slots enabled" in out
+
+
+def test_show_with_params(capsys):
+    status, out, _ = run(capsys, "show", "decode", "--param", "dp_size=4", "--param", "require_mlp_tp_gather=true",
+                         "--param", "cache_loc_dtype=int32", "--max-bs", "8", "--max-num-tokens", "16")
+    assert status == 0
+    assert table_row(out, "global_num_tokens_gpu")[1:3] == ["[4]", "int32"]
+    assert table_row(out, "out_cache_loc")[1:3] == ["[16]", "int32"]
+    assert table_row(out, "req_pool_indices")[1] == "[8]"
+    assert "params: cache_loc_dtype=int32, require_mlp_tp_gather=true, dp_size=4" in out
+
+
+def test_show_preset_and_enabled_slots(capsys):
+    status, out, _ = run(capsys, "show", "decode", "--preset", "eager", "--param", "is_encoder_decoder=true")
+    assert status == 0
+    assert table_row(out, "seq_lens")[4] == "fill_sentinel (0)"
+    assert table_row(out, "global_num_tokens_gpu")[-2:] == ["-", "no"]
+    assert table_row(out, "encoder_lens")[-2:] == ["1024", "yes"]
+
+
+@pytest.mark.parametrize("argv, status, message", [
+    (["--param", "dp_size=many"], 1, "param 'dp_size' is int, got str 'many'"),
+    (["--param", "dp_sise=4"], 1, "unknown param 'dp_sise'; did you mean 'dp_size'?"),
+    (["--preset", "eagr"], 1, "unknown preset 'eagr'"),
+    (["--param", "dp_size"], 2, "expected NAME=VALUE, got 'dp_size'"),
+    (["--param", "dp_size=[1, 2]"], 2, "must be a scalar"),
+    (["--max-bs", "0"], 2, "expected a positive integer"),
+])
+def test_show_errors(capsys, argv, status, message):
+    got, out, err = run(capsys, "show", "decode", *argv)
+    assert got == status and message in err and out == ""
+
+
+def test_show_missing_spec(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    status, _, err = run(capsys, "show", "nope.yaml")
+    assert status == 1 and "nope.yaml: no such spec file" in err
+
+
+def test_show_spec_with_engine_hooks(capsys, tmp_path, monkeypatch):
+    # Hooks an engine passes to build_registry(hooks=) do not stop `show`.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.yaml").write_text(textwrap.dedent("""\
+        name: s
+        slots:
+          - name: lora_ids
+            shape: [max_bs]
+            dtype: int32
+            axis: bs
+            padding: zero
+            post_fill: my_lora_hook
+        """))
+    status, out, _ = run(capsys, "show", "s.yaml", "--max-bs", "4")
+    assert status == 0 and table_row(out, "lora_ids")[1:] == ["[4]", "int32", "bs", "zero", "cpu", "16", "yes"]
+
+
+def test_schema_command(capsys, tmp_path):
+    status, out, _ = run(capsys, "schema")
+    assert status == 0 and '"title": "graphslot slot spec"' in out
+    target = tmp_path / "schema.json"
+    assert run(capsys, "schema", "--output", str(target))[0] == 0
+    assert target.read_text(encoding="utf-8") == out
+
+
+@pytest.mark.parametrize("n, text", [(0, "0 B"), (1023, "1023 B"), (12800, "12.5 KiB"), (3 << 20, "3.0 MiB")])
+def test_human_bytes(n, text):
+    assert human_bytes(n) == text
