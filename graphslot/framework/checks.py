@@ -59,14 +59,16 @@ def check_spec(
 def _check_params(params: Dict[str, ParamSpec], types: Dict[str, str], report: _Reporter) -> None:
     for name, param in params.items():
         path = ("params", name)
+        if not isinstance(name, str):
+            continue  # YAML read the key as a bool or number: reported by the structural check
         if not _IDENT.match(name) or keyword.iskeyword(name) or name in CAPACITY_NAMES + ("true", "false"):
             report.add(path, f"param name '{name}' must be an identifier other than "
                              f"{', '.join(CAPACITY_NAMES)}, true and false")
             continue
         default = param.default
         if isinstance(default, str) and param.type in ("int", "float", "bool"):
-            others = {k: v for k, v in types.items() if k != name}
-            _check_expr(default, others, (param.type,), path + ("default",), report, f"default of param '{name}'")
+            # A default naming its own param is a cycle (reported with the others), not an unknown name.
+            _check_expr(default, types, (param.type,), path + ("default",), report, f"default of param '{name}'")
         else:
             try:
                 coerce_param(name, param.type, default)
@@ -80,6 +82,8 @@ def _check_params(params: Dict[str, ParamSpec], types: Dict[str, str], report: _
 def _check_presets(params: Dict[str, ParamSpec], presets: Dict[str, Dict[str, Any]], report: _Reporter) -> None:
     for preset, values in presets.items():
         for name, value in values.items():
+            if not isinstance(name, str):
+                continue  # reported by the structural check
             path = ("presets", preset, name)
             if name not in params:
                 report.add(path, f"preset '{preset}' sets unknown param '{name}'" + did_you_mean(name, params))
@@ -166,12 +170,25 @@ class _SlotChecker:
             self.add("dtype", f"unknown dtype '{dtype}': use a torch dtype name (int64, int32, bool, "
                               f"float32, bfloat16, …) or a dtype param" + did_you_mean(dtype, list(DTYPES) + dtype_params))
 
+    def uses_runtime(self, text: str, key: str, what: str) -> bool:
+        """Report (and say whether) an expression that must be baked names a runtime param."""
+        try:
+            used = sorted(Expr.parse(text).names & self.runtime)
+        except ExprError:
+            return False  # _check_expr reports the syntax
+        if used:
+            self.add(key, f"{what} uses runtime param '{used[0]}': runtime params are passed at fill time, "
+                          "so only pad values may use them")
+        return bool(used)
+
     def shape(self) -> None:
         slot = self.slot
         types = dict(self.structural_types(), **{n: "int" for n in CAPACITY_NAMES})
         for d, extent in enumerate(slot.shape):
             where = ("shape",)
             if isinstance(extent, str):
+                if self.uses_runtime(extent, "shape", f"shape[{d}]"):
+                    continue
                 expr = _check_expr(extent, types, ("int",), self.path + where, self.report,
                                    f"shape[{d}]", slot.name)
                 if expr is None or expr.names & set(CAPACITY_NAMES):
@@ -232,7 +249,7 @@ class _SlotChecker:
 
     def enabled_if(self) -> None:
         cond = self.slot.enabled_if
-        if isinstance(cond, str):
+        if isinstance(cond, str) and not self.uses_runtime(cond, "enabled_if", "enabled_if"):
             _check_expr(cond, self.structural_types(), ("bool",), self.path + ("enabled_if",), self.report,
                         "enabled_if", self.slot.name)
 

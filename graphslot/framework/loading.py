@@ -123,7 +123,10 @@ def _structural_issues(exc: ValidationError, data: Any, locations: Locations) ->
     for error in exc.errors():
         path, rest = _document_path(error["loc"], data)
         kind = error["type"]
-        if kind == "missing":
+        if rest[-1:] == ("[key]",):
+            message = (f"key {error['input']!r} is not a string: YAML reads unquoted on/off/yes/no/true/false "
+                       "and numbers as such; quote it")
+        elif kind == "missing":
             key = rest[0] if rest else "?"
             message = f"missing required key '{key}'"
         elif kind == "extra_forbidden":

@@ -39,5 +39,8 @@ class BufferPool:
     def __len__(self) -> int:
         return len(self._buffers)
 
+    def __bool__(self) -> bool:
+        return True  # an empty pool is still a pool (``share_pool=BufferPool()`` must share)
+
 
 GLOBAL_POOL = BufferPool()

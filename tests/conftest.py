@@ -1,0 +1,97 @@
+"""Shared helpers for the test suite (kept small; add fixtures freely)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, List, Optional
+
+import pytest
+
+import graphslot as gs
+
+TESTS_DIR = Path(__file__).resolve().parent
+# Specs in the tests name hooks as 'hooks_for_tests:fn'. Make that module importable
+# whatever pytest's import mode (prepend puts this folder on sys.path, importlib does not).
+if str(TESTS_DIR) not in sys.path:
+    sys.path.insert(0, str(TESTS_DIR))
+
+SPEC_FILE = "spec.yaml"  # the source label error lines name
+
+
+def parse(text: str, source: str = SPEC_FILE) -> gs.RegistrySpec:
+    """Parse (dedented) spec text."""
+    return gs.parse_spec(textwrap.dedent(text), source=source)
+
+
+def spec_error(text: str, source: str = SPEC_FILE) -> List[str]:
+    """The error lines parsing ``text`` gives (the test fails if it parses cleanly)."""
+    with pytest.raises(gs.SpecError) as info:
+        parse(text, source)
+    return str(info.value).splitlines()
+
+
+def build_error(spec: Any, **kwargs: Any) -> List[str]:
+    """The error lines ``gs.build_registry(spec, ...)`` raises (interpreted mode)."""
+    kwargs.setdefault("max_bs", 4)
+    kwargs.setdefault("max_num_tokens", 8)
+    with pytest.raises(gs.SpecError) as info:
+        gs.build_registry(spec, mode="interpreted", **kwargs)
+    return str(info.value).splitlines()
+
+
+# The one-slot spec of make_slot_yaml: key -> value, in the order (and on the lines) written.
+DEFAULT_SLOT = {"name": "x", "shape": ["max_bs"], "dtype": "int64", "axis": "bs", "padding": "zero"}
+
+
+def make_slot_yaml(*, params: Optional[dict] = None, **keys: Any) -> str:
+    """A spec with one slot: ``DEFAULT_SLOT`` updated by ``keys`` (``None`` drops a key).
+
+    Without ``params`` the lines are fixed: 1 ``name: t``, 2 ``slots:``, 3 ``- name:``,
+    4 shape, 5 dtype, 6 axis, 7 padding, then new keys from line 8 in the order given.
+    ``params`` (a mapping) is written before ``slots`` as one flow mapping per param.
+    """
+    slot = dict(DEFAULT_SLOT)
+    slot.update(keys)
+    lines = ["name: t"]
+    if params:
+        lines.append("params:")
+        lines += [f"  {name}: {json.dumps(value)}" for name, value in params.items()]
+    lines.append("slots:")
+    first = True
+    for key, value in slot.items():
+        if value is None:
+            continue
+        lines.append(f"{'  - ' if first else '    '}{key}: {json.dumps(value)}")
+        first = False
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class Batch:
+    """A minimal forward batch: the fields the shipped specs and the tests use."""
+
+    batch_size: int = 0
+    input_ids: Any = None
+    positions: Any = None
+    out_cache_loc: Any = None
+    req_pool_indices: Any = None
+    seq_lens: Any = None
+    seq_lens_cpu: Any = None
+    mrope_positions: Any = None
+    num_token_non_padded: Any = None
+    global_num_tokens_gpu: Any = None
+    global_num_tokens_for_logprob_gpu: Any = None
+    x: Any = None
+    y: Any = None
+    z: Any = None
+    extra: Any = None
+
+
+def build(text_or_spec: Any, max_bs: int = 4, max_num_tokens: int = 8, **kwargs: Any) -> gs.SlotRegistry:
+    """An interpreted registry from spec text (dedented) or a RegistrySpec."""
+    spec = parse(text_or_spec) if isinstance(text_or_spec, str) else text_or_spec
+    return gs.build_registry(spec, max_bs=max_bs, max_num_tokens=max_num_tokens, mode="interpreted", **kwargs)
