@@ -229,7 +229,11 @@ class TorchAttentionBackend:
         values = values.masked_fill(~mask[:, :, None, None], 0.0)
 
         qg = q.reshape(num_tokens, hkv, group, d).float()
-        scores = torch.einsum("thgd,tchd->thgc", qg, keys) * self.scaling
+        # Heads before context, materialised: on the strided layout CPU bmm picks another
+        # kernel for one token than for several, so a raw run and its padded graph
+        # would differ in the last bit.
+        keys_hc = keys.transpose(1, 2).contiguous()
+        scores = torch.einsum("thgd,thcd->thgc", qg, keys_hc) * self.scaling
         key_mask = mask[:, None, None, :]
         # A finite fill keeps a fully masked row (only possible in padded rows) NaN-free.
         scores = scores.masked_fill(~key_mask, torch.finfo(torch.float32).min)

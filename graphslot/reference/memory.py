@@ -127,6 +127,8 @@ class PagedKVCache:
         ``index_copy_`` keeps this free of host syncs; duplicate indices only occur for
         the dummy slot 0 (padded rows), where the winner does not matter.
         """
+        if loc.dtype != torch.int64:
+            loc = loc.long()  # index_copy_ takes int64 only; slot specs may narrow (int32 SWA slots)
         self.k_buffer[layer].index_copy_(0, loc, k.to(self.dtype))
         self.v_buffer[layer].index_copy_(0, loc, v.to(self.dtype))
 
@@ -210,8 +212,14 @@ class SWAKVCache(PagedKVCache):
     def swa_loc(self, out_cache_loc: torch.Tensor) -> torch.Tensor:
         """SWA slots of ``out_cache_loc``, in the registered buffer when there is one."""
         buffer = self._out_cache_loc_swa
-        if buffer is None:
+        n = out_cache_loc.shape[0]
+        # A batch larger than the buffer (an eager prefill) gets a fresh tensor: an out=
+        # view that is too short would be resized, moving the buffer a graph reads.
+        if buffer is None or n > buffer.shape[0]:
             return self.translate_to_swa(out_cache_loc)
-        out = buffer[: out_cache_loc.shape[0]]
-        torch.index_select(self.full_to_swa_index_mapping, 0, out_cache_loc, out=out)
+        out = buffer[:n]
+        if out.dtype == self.full_to_swa_index_mapping.dtype:
+            torch.index_select(self.full_to_swa_index_mapping, 0, out_cache_loc, out=out)
+        else:  # index_select(out=) needs matching dtypes; the decode spec's buffer is int32
+            out.copy_(self.full_to_swa_index_mapping.index_select(0, out_cache_loc))
         return out

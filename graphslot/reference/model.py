@@ -36,6 +36,23 @@ class TinyConfig:
     rms_norm_eps: float = 1e-6
 
 
+class RowLinear(nn.Linear):
+    """``nn.Linear`` whose rows do not depend on how many rows there are (on the CPU).
+
+    CPU GEMM (MKL) picks kernels by the row count, so a row's result changes in the
+    last bit between a raw batch and the same batch padded to a captured size; one
+    matrix-vector product per row (a batched matmul) keeps eager and graph runs
+    bit-identical. GPUs are compared with a tolerance and keep the plain GEMM.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type != "cpu" or x.dim() != 2:
+            return super().forward(x)
+        w = self.weight.t().expand(x.shape[0], -1, -1)
+        out = torch.bmm(x[:, None, :], w)[:, 0]
+        return out if self.bias is None else out + self.bias
+
+
 class RMSNorm(nn.Module):
     def __init__(self, hidden_size: int, eps: float):
         super().__init__()
@@ -73,8 +90,8 @@ class Attention(nn.Module):
         self.head_dim = config.head_dim
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=False)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.qkv_proj = RowLinear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=False)
+        self.o_proj = RowLinear(self.q_size, config.hidden_size, bias=False)
         self.rotary = rotary
         self.backend = backend  # shared, not a submodule
 
@@ -90,8 +107,8 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config: TinyConfig):
         super().__init__()
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_up_proj = RowLinear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = RowLinear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -120,7 +137,7 @@ class TinyLlama(nn.Module):
         self.rotary = RotaryEmbedding(config.head_dim, config.max_context_len, config.rope_theta)
         self.layers = nn.ModuleList(DecoderLayer(config, i, self.rotary, backend) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = RowLinear(config.hidden_size, config.vocab_size, bias=False)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids)

@@ -1,0 +1,176 @@
+"""``graphslot demo``: the decode graph runner against eager, on the reference model.
+
+Continuous batching (requests arrive and finish, so the batch size changes every few
+steps) decodes through graphs captured for a handful of sizes; every step's logits are
+checked against the eager forward of the same step. Both run inside one ``decode_fn``:
+they write identical K/V into the same slots, so each sees the cache the other left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from typing import Any, Dict, List
+
+import torch
+from tqdm import tqdm
+
+from .api import build_registry
+from .reference import Scheduler, TinyConfig, build_reference_model
+from .reference.adapter import ReferenceDecodeAdapter
+from .runners.decode import DecodeGraphRunner, DecodeRunnerConfig
+
+FILL_REPEATS = 2000
+
+
+@contextlib.contextmanager
+def _single_thread():
+    """A model this small gains nothing from intra-op threads, and on a busy machine
+    spinning OpenMP workers make every step several times slower."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _fill_us(registry, fb, raw_bs: int, padded_bs: int) -> float:
+    """Median per-call time of ``fill_from`` over a few rounds (µs)."""
+    rounds = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(FILL_REPEATS // 5):
+            registry.fill_from(fb, raw_bs, padded_bs, raw_bs, padded_bs)
+        rounds.append((time.perf_counter() - start) / (FILL_REPEATS // 5) * 1e6)
+    return statistics.median(rounds)
+
+
+def _fill_timings(runner: DecodeGraphRunner, fb) -> Dict[str, Any]:
+    """Generated vs interpreted ``fill_from`` on one real batch, padded as the runner would."""
+    raw_bs, padded_bs = fb.batch_size, runner.padded_bs(fb)
+    reg = runner.registry
+    out: Dict[str, Any] = {"fill_batch": f"{raw_bs} -> {padded_bs}"}
+    for mode in ("generated", "interpreted"):
+        fresh = build_registry("decode", reg.max_bs, reg.max_num_tokens, reg.device, params=reg.params, mode=mode)
+        out[f"fill_us_{mode}"] = _fill_us(fresh, fb, raw_bs, padded_bs)
+    return out
+
+
+def _representative(batches: List[Any], runner: DecodeGraphRunner):
+    """A batch that needs padding, of middling size (the common case of a server)."""
+    padded = [b for b in batches if b.batch_size not in runner.graphs] or batches
+    padded.sort(key=lambda b: b.batch_size)
+    return padded[len(padded) // 2]
+
+
+def run_demo(
+    steps: int = 300,
+    backend: str = "auto",
+    mode: str = "generated",
+    max_bs: int = 16,
+    seed: int = 0,
+    progress: bool = True,
+) -> Dict[str, Any]:
+    """Capture, decode ``steps`` scheduler steps graph-vs-eager, and report figures."""
+    with _single_thread():
+        return _run(steps, backend, mode, max_bs, seed, progress)
+
+
+def _run(steps: int, backend: str, mode: str, max_bs: int, seed: int, progress: bool) -> Dict[str, Any]:
+    device = torch.device("cuda" if backend == "cuda" else "cpu")
+    started = time.perf_counter()
+    config = TinyConfig()
+    runtime = build_reference_model(config, device=device, dtype=torch.float32, seed=seed,
+                                     max_num_reqs=max(max_bs, 8))
+    runner = DecodeGraphRunner(ReferenceDecodeAdapter(runtime), DecodeRunnerConfig(
+        max_bs=max_bs, backend=backend, mode=mode, progress=None if progress else False))
+    exact = runner.backend.name == "cpu"
+
+    # Long generations and frequent arrivals keep the running set between 1 and max_bs.
+    sched = Scheduler(runtime, seed=seed, num_requests=steps, max_running=max_bs,
+                      max_new_tokens=(1, 4 * max_bs), max_arrival_gap=2)
+    graph_s: List[float] = []
+    eager_s: List[float] = []
+    mismatches: List[int] = []
+    batches: List[Any] = []
+
+    def decode_fn(fb):
+        _sync(device)
+        t0 = time.perf_counter()
+        graph = runner.replay(fb)
+        _sync(device)
+        t1 = time.perf_counter()
+        eager = runtime.forward(fb)
+        _sync(device)
+        t2 = time.perf_counter()
+        graph_s.append(t1 - t0)
+        eager_s.append(t2 - t1)
+        same = torch.equal(graph, eager) if exact else torch.allclose(graph, eager, atol=1e-4, rtol=1e-4)
+        if not same:
+            mismatches.append(sched.step_idx)
+        batches.append(fb)
+        return eager
+
+    bar = tqdm(range(steps), desc="Decoding", unit="step", leave=False, disable=None if progress else True)
+    for _ in bar:
+        if sched.done:
+            break
+        sched.step(decode_fn)
+        bar.set_postfix(bs=len(sched.running), mismatches=len(mismatches))
+
+    sizes = sorted({b.batch_size for b in batches})
+    result: Dict[str, Any] = {
+        "backend": runner.backend.name,
+        "device": str(device),
+        "registry_mode": runner.registry.mode,
+        "check": "torch.equal" if exact else "allclose",
+        "captured_sizes": list(runner.captured_sizes),
+        "capture_seconds": runner.capture_seconds,
+        "steps": sched.step_idx,
+        "decode_steps": len(batches),
+        "batch_sizes": sizes,
+        "mismatching_steps": len(mismatches),
+        "mismatch_step_ids": mismatches[:20],
+        "eager_step_ms": 1e3 * statistics.fmean(eager_s) if eager_s else 0.0,
+        "graph_step_ms": 1e3 * statistics.fmean(graph_s) if graph_s else 0.0,
+        "static_bytes": runner.static_bytes,
+    }
+    if batches:
+        result.update(_fill_timings(runner, _representative(batches, runner)))
+    result["seconds"] = time.perf_counter() - started
+    return result
+
+
+def _bytes(n: int) -> str:
+    return f"{n} B" if n < 1024 else f"{n / 1024:.1f} KiB"
+
+
+def format_demo_table(result: Dict[str, Any]) -> str:
+    backend = result["backend"] + (" (tape)" if result["backend"] == "cpu" else "")
+    sizes = result["batch_sizes"]
+    span = f"{sizes[0]}-{sizes[-1]}, {len(sizes)} distinct" if sizes else "none"
+    rows = [
+        ("backend", f"{backend}, registry {result['registry_mode']}"),
+        ("captured sizes", ", ".join(map(str, result["captured_sizes"]))),
+        ("capture time", f"{result['capture_seconds']:.2f} s"),
+        ("steps", f"{result['steps']} ({result['decode_steps']} decode; batch sizes {span})"),
+        ("mismatching steps", f"{result['mismatching_steps']} ({result['check']} vs eager)"),
+        ("eager step", f"{result['eager_step_ms']:.3f} ms"),
+        ("graph step", f"{result['graph_step_ms']:.3f} ms (fill + metadata + replay)"),
+    ]
+    if "fill_us_generated" in result:
+        batch = f"bs {result['fill_batch']}"
+        rows += [("fill_from generated", f"{result['fill_us_generated']:.1f} µs ({batch})"),
+                 ("fill_from interpreted", f"{result['fill_us_interpreted']:.1f} µs ({batch})")]
+    rows.append(("static buffers", _bytes(result["static_bytes"])))
+    width = max(len(r[0]) for r in rows + [("metric", "")])
+    lines = [f"{'metric':<{width}}  value", f"{'-' * width}  {'-' * 5}"]
+    lines += [f"{name:<{width}}  {value}" for name, value in rows]
+    return "\n".join(lines)

@@ -1,0 +1,194 @@
+"""The decode graph runner: one graph per captured batch size, inputs staged by slots.
+
+Generic over model, batch type and attention backend through a
+:class:`~graphslot.runners.adapter.DecodeAdapter`; the static inputs are the decode
+spec's registry, so what is copied and how padded rows look is the spec's business,
+not this module's.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+import torch
+from tqdm import tqdm
+
+from ..api import build_registry
+from .adapter import DecodeAdapter
+from .graph_backend import get_graph_backend
+
+
+def default_capture_schedule(max_bs: int) -> List[int]:
+    """sglang's schedule: 1, 2, 4, 8, then every 8th size up to ``max_bs``."""
+    return [bs for bs in [1, 2, 4, 8] + list(range(16, max_bs + 1, 8)) if bs <= max_bs]
+
+
+def capture_sizes(
+    max_bs: int,
+    explicit: Optional[Sequence[int]] = None,
+    multiple: Optional[int] = None,
+    max_requests: Optional[int] = None,
+) -> List[int]:
+    """Sizes to capture, largest first (so the largest graph sizes the shared pool).
+
+    A default schedule also gets its cap itself, so every batch up to the cap runs;
+    sizes beyond the request pool can never be filled and are dropped.
+    """
+    cap = max_bs if max_requests is None else min(max_bs, max_requests)
+    if explicit is None:
+        sizes = default_capture_schedule(cap)
+        if cap >= 1 and cap not in sizes:
+            sizes.append(cap)
+    else:
+        sizes = [bs for bs in explicit if 1 <= bs <= cap]
+    if multiple:
+        sizes = [bs for bs in sizes if bs % multiple == 0]
+    if not sizes:
+        raise ValueError(f"no batch size to capture (max_bs={max_bs}, capture_bs={explicit}, "
+                         f"capture_bs_multiple={multiple}, request pool={max_requests})")
+    return sorted(set(sizes), reverse=True)
+
+
+@dataclass
+class DecodeRunnerConfig:
+    max_bs: int = 32
+    #: Explicit sizes; None takes :func:`default_capture_schedule`.
+    capture_bs: Optional[Sequence[int]] = None
+    capture_bs_multiple: Optional[int] = None
+    #: > 1: speculative target-verify, k tokens per request.
+    num_tokens_per_bs: int = 1
+    backend: str = "auto"
+    #: Registry mode: "generated", "interpreted" or a generated module.
+    mode: Any = "generated"
+    #: Decode spec params, over the adapter's :meth:`~DecodeAdapter.spec_params`.
+    params: Mapping[str, Any] = field(default_factory=dict)
+    #: Run only batches whose size was captured exactly.
+    disable_padding: bool = False
+    #: Progress bar over capture; None shows it on a TTY only.
+    progress: Optional[bool] = None
+    warmup: int = 1
+
+
+class DecodeGraphRunner:
+    """Captures on construction; :meth:`replay` runs a batch :meth:`can_run` accepts."""
+
+    def __init__(self, adapter: DecodeAdapter, config: Optional[DecodeRunnerConfig] = None, **overrides: Any):
+        config = dataclasses.replace(config or DecodeRunnerConfig(), **overrides)
+        self.adapter, self.config = adapter, config
+        self.k = int(config.num_tokens_per_bs)
+        self.captured_sizes = capture_sizes(config.max_bs, config.capture_bs, config.capture_bs_multiple,
+                                            adapter.max_requests)
+        self._ascending = sorted(self.captured_sizes)
+        max_bs = self.captured_sizes[0]
+        self.registry = build_registry("decode", max_bs, max_bs * self.k, adapter.device,
+                                       params={**adapter.spec_params(), **config.params}, mode=config.mode)
+        p = self.registry.params
+        self.gathered = bool(p.get("require_gathered_buffer"))
+        self._dp_ranks = int(p.get("dp_size", 1)) if p.get("require_mlp_tp_gather") else 1
+        self.backend = get_graph_backend(config.backend, adapter.device)
+        self._side = adapter.side_inputs()
+        self.graphs: Dict[int, Any] = {}
+        self.capture_seconds = self._capture_all()
+
+    # -- capture ---------------------------------------------------------------------
+    def _capture_all(self) -> float:
+        max_bs = self.captured_sizes[0]
+        self.adapter.init_graph_state(max_bs, max_bs * self.k)
+        show = self.config.progress
+        start = time.perf_counter()
+        bar = tqdm(self.captured_sizes, desc="Capturing decode graphs", unit="graph", leave=False,
+                   disable=None if show is None else not show)
+        for bs in bar:
+            bar.set_postfix(bs=bs)
+            self.graphs[bs] = self._capture_one(bs)
+        return time.perf_counter() - start
+
+    def _capture_one(self, bs: int) -> Any:
+        adapter, reg, n = self.adapter, self.registry, bs * self.k
+        reg.run_pre_capture(bs, n, self._side)
+        dummy = adapter.make_dummy_batch(bs, n)
+        # Raw size 0: every row is a padded row, exactly as the spec pads at replay.
+        reg.fill_from(dummy, 0, bs, 0, n, self._side)
+        view = reg.extract(dummy, bs, n)
+        self._set_dp(view, n)
+        adapter.init_capture_metadata(bs, n, view)
+
+        def run():
+            with torch.no_grad():
+                return adapter.forward(view)
+
+        return self.backend.capture(run, warmup=self.config.warmup)
+
+    def _set_dp(self, view: Any, num_tokens: int) -> None:
+        """Gathered (DP) buffers: every rank runs the padded count; size the gather."""
+        if not self.gathered:
+            return
+        counts = [num_tokens] * self._dp_ranks
+        if hasattr(view, "global_num_tokens_cpu"):
+            view.global_num_tokens_cpu = counts
+        self.adapter.set_dp_buffer_len(counts, sum(counts))
+
+    # -- replay ----------------------------------------------------------------------
+    def _needed_bs(self, fb: Any, raw_bs: int) -> int:
+        """Rows the graph must have: with MLP gather, the busiest rank decides."""
+        if self.gathered and self._dp_ranks > 1:
+            counts = self.adapter.global_num_tokens_cpu(fb)
+            if counts:
+                return max(raw_bs, -(-max(counts) // self.k))
+        return raw_bs
+
+    def can_run(self, fb: Any) -> bool:
+        raw_bs = self.adapter.batch_size(fb)
+        if raw_bs < 1 or self.adapter.tokens_per_bs(fb) != self.k:
+            return False
+        needed = self._needed_bs(fb, raw_bs)
+        if self.config.disable_padding:
+            return needed in self.graphs
+        return needed <= self.captured_sizes[0]
+
+    def padded_bs(self, fb: Any) -> int:
+        needed = self._needed_bs(fb, self.adapter.batch_size(fb))
+        return self._ascending[bisect.bisect_left(self._ascending, needed)]
+
+    def replay(self, fb: Any) -> Any:
+        """Outputs for ``fb``'s rows: views of the graph's static outputs, valid until
+        the next replay of the same size (clone to keep them)."""
+        adapter, reg, k = self.adapter, self.registry, self.k
+        raw_bs = adapter.batch_size(fb)
+        bs = self.padded_bs(fb)
+        reg.fill_from(fb, raw_bs, bs, raw_bs * k, bs * k, self._side)
+        view = reg.extract(fb, bs, bs * k)
+        self._set_dp(view, bs * k)
+        with torch.no_grad():
+            adapter.init_replay_metadata(bs, view, fb)
+        graph = self.graphs[bs]
+        graph.replay()
+        return adapter.slice_output(graph.output, raw_bs, raw_bs * k)
+
+    def __call__(self, fb: Any) -> Any:
+        """Replay when a graph fits, else the eager forward."""
+        return self.replay(fb) if self.can_run(fb) else self.adapter.forward_eager(fb)
+
+    # -- figures ---------------------------------------------------------------------
+    @property
+    def static_bytes(self) -> int:
+        return self.registry.nbytes
+
+    def external_inputs(self, bs: int) -> List[torch.Tensor]:
+        """Tensors the graph of size ``bs`` reads that nothing keeps current: not a slot
+        buffer, not declared static by the adapter, not made by the graph (tape only)."""
+        graph = self.graphs[bs]
+        if not hasattr(graph, "external_inputs"):
+            raise NotImplementedError(f"the {self.backend.name!r} graph backend cannot list its inputs; "
+                                      "capture with backend='cpu' to check")
+        statics = [s.buffer for s in self.registry.active]
+        statics += list(self.adapter.static_tensors())
+        return graph.external_inputs(statics)
+
+    def __repr__(self) -> str:
+        return (f"<DecodeGraphRunner backend={self.backend.name} sizes={self.captured_sizes} "
+                f"k={self.k} registry={self.registry.mode}>")

@@ -1,0 +1,193 @@
+"""The decode graph runner replays exactly what eager computes, whatever the batch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from graphslot.reference import Scheduler, TinyConfig, build_reference_model, make_decode_batch, make_extend_batch
+from graphslot.reference.adapter import ReferenceDecodeAdapter
+from graphslot.runners.decode import DecodeGraphRunner, DecodeRunnerConfig, capture_sizes
+
+SWA_CONFIG = TinyConfig(sliding_window=4, swa_layers=(0,))
+DP_PARAMS = {"require_gathered_buffer": True, "require_mlp_tp_gather": True, "dp_size": 2}
+
+
+def make_runner(config=None, max_num_reqs=16, device="cpu", **runner_kwargs):
+    rt = build_reference_model(config, device=device, max_num_reqs=max_num_reqs)
+    adapter = ReferenceDecodeAdapter(rt)
+    runner_kwargs.setdefault("progress", False)
+    return rt, adapter, DecodeGraphRunner(adapter, DecodeRunnerConfig(**runner_kwargs))
+
+
+def decode_against_eager(rt, runner, steps=60, same=torch.equal, **sched_kwargs):
+    """Drive the scheduler with graph-then-eager decodes; the batch sizes seen."""
+    sizes = []
+
+    def decode_fn(fb):
+        assert runner.can_run(fb)
+        graph = runner.replay(fb).clone()
+        eager = rt.forward(fb)
+        assert graph.shape == eager.shape
+        assert same(graph, eager), f"step with bs={fb.batch_size} differs from eager"
+        sizes.append(fb.batch_size)
+        return eager
+
+    sched_kwargs.setdefault("num_requests", 24)
+    sched_kwargs.setdefault("max_new_tokens", (1, 24))
+    Scheduler(rt, seed=1, max_running=runner.captured_sizes[0], **sched_kwargs).run(decode_fn, max_steps=steps)
+    return sizes
+
+
+def prefill(rt, prompts):
+    rpi = rt.req_to_token_pool.alloc(len(prompts))
+    rt.forward(make_extend_batch(rt, rpi, [0] * len(prompts), prompts))
+    return rpi
+
+
+# ------------------------------------------------------------------- graph == eager
+
+
+@pytest.mark.parametrize("mode", ["generated", "interpreted"])
+def test_decode_equals_eager_across_batch_sizes_and_padding(mode):
+    rt, _, runner = make_runner(max_bs=8, mode=mode)
+    assert runner.captured_sizes == [8, 4, 2, 1] and runner.registry.mode == mode
+    sizes = decode_against_eager(rt, runner)
+    assert len(set(sizes)) >= 5
+    assert set(sizes) - set(runner.captured_sizes), "no step needed padding"
+
+
+def test_padding_to_a_larger_graph_for_a_single_request_is_exact():
+    rt, _, runner = make_runner(max_bs=8, capture_bs_multiple=4)
+    assert runner.captured_sizes == [8, 4]
+    assert 1 in decode_against_eager(rt, runner, steps=40)
+
+
+def test_speculative_verify_with_two_tokens_per_request():
+    rt, _, runner = make_runner(max_bs=8, num_tokens_per_bs=2)
+    assert runner.registry.max_num_tokens == 16
+    prompts = [[(7 * i + j) % 100 + 1 for j in range(3 + i % 4)] for i in range(8)]
+    rpi = prefill(rt, prompts)
+    lens = [len(p) for p in prompts]
+    for step, bs in enumerate([3, 1, 8, 5, 2, 7, 4, 6]):
+        drafts = [[(step + i) % 90 + 1, (step * i) % 90 + 2] for i in range(bs)]
+        fb = make_decode_batch(rt, rpi[:bs], lens[:bs], drafts)
+        assert runner.can_run(fb)
+        graph = runner.replay(fb)
+        assert graph.shape[0] == bs * 2
+        graph = graph.clone()
+        assert torch.equal(graph, rt.forward(fb))
+        lens[:bs] = [n + 2 for n in lens[:bs]]
+    decode = make_decode_batch(rt, rpi[:2], lens[:2], [1, 2])
+    assert not runner.can_run(decode)  # k=1 batch, k=2 graphs
+
+
+def test_hybrid_swa_registers_its_slot_before_capture():
+    rt, _, runner = make_runner(SWA_CONFIG, max_bs=8)
+    reg = runner.registry
+    assert reg.params["is_hybrid_swa"] and reg.has_slot("out_cache_loc_swa")
+    assert rt.token_to_kv_pool._out_cache_loc_swa is reg.slot("out_cache_loc_swa").buffer
+    sizes = decode_against_eager(rt, runner, steps=50)
+    assert max(sizes) > 4
+
+
+def test_dp_gathered_buffers():
+    rt, adapter, runner = make_runner(max_bs=8, params=DP_PARAMS)
+    sizes = runner.captured_sizes
+    captured = adapter.dp_buffer_lens[: len(sizes)]
+    assert captured == [([bs, bs], 2 * bs) for bs in sizes]
+
+    rpi = prefill(rt, [[1, 2, 3], [4, 5]])
+    fb = make_decode_batch(rt, rpi, [3, 2], [6, 7])
+    fb.global_num_tokens_cpu = [2, 5]  # the other rank is busier: every rank runs 8
+    assert runner.padded_bs(fb) == 8
+    graph = runner.replay(fb).clone()
+    for name in ("global_num_tokens_gpu", "global_num_tokens_for_logprob_gpu"):
+        assert runner.registry.slot(name).buffer.tolist() == [8, 8]
+    assert adapter.dp_buffer_lens[-1] == ([8, 8], 16)
+    assert torch.equal(graph, rt.forward(fb))
+    fb.global_num_tokens_cpu = [2, 9]
+    assert not runner.can_run(fb)
+
+
+# -------------------------------------------------------------------------- sizes
+
+
+def test_capture_schedule():
+    assert capture_sizes(40) == [40, 32, 24, 16, 8, 4, 2, 1]
+    assert capture_sizes(12) == [12, 8, 4, 2, 1]  # the cap itself is captured
+    assert capture_sizes(40, multiple=4) == [40, 32, 24, 16, 8, 4]
+    assert capture_sizes(40, max_requests=20) == [20, 16, 8, 4, 2, 1]
+    assert capture_sizes(16, explicit=[3, 1, 7, 30]) == [7, 3, 1]
+    with pytest.raises(ValueError, match="no batch size"):
+        capture_sizes(3, multiple=4)
+
+
+def test_runner_captures_largest_first_within_the_request_pool():
+    order = []
+
+    class Recording(ReferenceDecodeAdapter):
+        def init_capture_metadata(self, bs, num_tokens, view):
+            order.append(bs)
+            super().init_capture_metadata(bs, num_tokens, view)
+
+    rt = build_reference_model(max_num_reqs=6)
+    runner = DecodeGraphRunner(Recording(rt), max_bs=16, progress=False)
+    assert runner.captured_sizes == order == [6, 4, 2, 1]
+    assert runner.registry.max_bs == 6 and runner.static_bytes == runner.registry.nbytes > 0
+    assert runner.capture_seconds > 0
+
+
+def test_can_run():
+    rt, _, runner = make_runner(max_bs=4)
+    rpi = prefill(rt, [[i + 1, i + 2] for i in range(6)])
+    assert runner.can_run(make_decode_batch(rt, rpi[:3], [2] * 3, [1] * 3))
+    too_big = make_decode_batch(rt, rpi, [2] * 6, [1] * 6)
+    assert not runner.can_run(too_big)
+    assert torch.equal(runner(too_big), rt.forward(too_big))  # __call__ falls back to eager
+    extend = make_extend_batch(rt, rpi[:1], [3], [[5, 6]])
+    assert not runner.can_run(extend)
+
+    _, _, exact = make_runner(max_bs=4, disable_padding=True)
+    fb = make_decode_batch(rt, rpi[:3], [5] * 3, [1] * 3)
+    assert not exact.can_run(fb) and exact.can_run(make_decode_batch(rt, rpi[:4], [6] * 4, [1] * 4))
+
+
+# ----------------------------------------------------------------- external inputs
+
+
+def test_reference_model_reads_no_external_inputs():
+    _, _, runner = make_runner(SWA_CONFIG, max_bs=4)
+    for bs in runner.captured_sizes:
+        assert runner.external_inputs(bs) == []
+
+
+def test_a_batch_tensor_outside_the_slots_is_reported():
+    class ReadsExtra(ReferenceDecodeAdapter):
+        def make_dummy_batch(self, bs, num_tokens):
+            fb = super().make_dummy_batch(bs, num_tokens)
+            fb.logit_bias = torch.zeros(self.runtime.config.vocab_size)
+            self.bias = fb.logit_bias
+            return fb
+
+        def forward(self, fb):
+            return super().forward(fb) + fb.logit_bias  # not a slot: baked in at capture
+
+    rt = build_reference_model()
+    runner = DecodeGraphRunner(ReadsExtra(rt), max_bs=2, progress=False)
+    found = runner.external_inputs(1)
+    assert len(found) == 1
+    assert found[0].untyped_storage().data_ptr() == runner.adapter.bias.untyped_storage().data_ptr()
+
+
+# --------------------------------------------------------------------------- CUDA
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("config", [None, SWA_CONFIG], ids=["full", "swa"])
+def test_cuda_graphs_match_eager(config):
+    rt, _, runner = make_runner(config, device="cuda", max_bs=8)
+    assert runner.backend.name == "cuda"
+    close = lambda a, b: torch.allclose(a, b, atol=1e-4, rtol=1e-4)  # noqa: E731
+    assert len(set(decode_against_eager(rt, runner, same=close))) >= 5
