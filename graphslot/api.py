@@ -8,7 +8,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Union
 import torch
 
 from .framework.errors import SpecError, SpecIssue
-from .framework.hooks import HOOK_SIGNATURES, HookError, bind_hook
+from .framework.hooks import BUILTIN_HOOKS, HOOK_SIGNATURES, HookError, bind_hook
 from .framework.loading import load_spec
 from .framework.model import RegistrySpec
 from .framework.pool import GLOBAL_POOL, BufferPool
@@ -25,7 +25,9 @@ def bind_slot_hooks(
 ) -> Dict[str, Dict[str, Callable]]:
     """Each enabled slot's hooks as callables; a hook with nothing to do is left out."""
     bound: Dict[str, Dict[str, Callable]] = {}
-    issues = []
+    issues = [SpecIssue("<hooks=>", None, f"hook name '{name}' passed in build_registry(hooks=...) is the name "
+                        f"of a built-in hook; rename yours (e.g. 'my_{name}') and use that name in the spec")
+              for name in sorted(set(user_hooks) & set(BUILTIN_HOOKS))]
     for index, slot in enumerate(slots):
         if not slot.enabled:
             continue

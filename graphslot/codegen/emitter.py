@@ -14,7 +14,11 @@ statements. The plan for a spec with default decode params is, per step:
 
 from __future__ import annotations
 
+import builtins
+import io
+import keyword
 import re
+import tokenize
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -45,6 +49,55 @@ def params_literal(params: Mapping[str, Any]) -> str:
 
 def _ident(name: str) -> str:
     return re.sub(r"\W", "_", name.replace(".", "__"))
+
+
+def _by_name(name: str) -> bool:
+    """Whether ``obj.name`` is not valid source: a slot may be called ``class`` (the
+    interpreter reads and sets it with getattr/setattr), or ``__debug__``."""
+    return keyword.iskeyword(name) or name == "__debug__"
+
+
+def _get(obj: str, name: str) -> str:
+    """Source reading attribute ``name`` of ``obj``."""
+    return f"getattr({obj}, {name!r})" if _by_name(name) else f"{obj}.{name}"
+
+
+def _set(obj: str, name: str, value: str) -> str:
+    """Source setting attribute ``name`` of ``obj`` to ``value``."""
+    return f"setattr({obj}, {name!r}, {value})" if _by_name(name) else f"{obj}.{name} = {value}"
+
+
+# Names the generated module binds or calls in the scopes where runtime params are
+# bound (allocate, bind and the closures bind returns). A runtime param named like one
+# of them (or like a generated prefix) is bound to ``rt_<name>`` instead, so it can
+# neither shadow them nor be shadowed.
+_MODULE_NAMES = frozenset({
+    "torch", "max_bs", "max_num_tokens", "device", "params", "pool", "source", "buffers", "hooks",
+    "plans", "views", "make_plan", "fill_from", "make_views", "extract", "allocate", "bind",
+}) | frozenset(dir(builtins))
+_GENERATED_PREFIXES = ("rt_", "buf_", "hook_", "pad", "__gs_")
+
+
+def runtime_local(name: str) -> str:
+    """The local a runtime param is bound to in generated code."""
+    if name in _MODULE_NAMES or name.startswith(_GENERATED_PREFIXES):
+        return f"rt_{name}"
+    return name
+
+
+def _rename(source: str, names: Mapping[str, str]) -> str:
+    """``source`` (one line of Python) with the names in ``names`` renamed; a name
+    called as a function (``max(...)``) is left alone."""
+    if not any(old != new for old, new in names.items()):
+        return source
+    tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    edits = []
+    for tok, nxt in zip(tokens, tokens[1:] + [None]):
+        if tok.type == tokenize.NAME and tok.string in names and not (nxt and nxt.string == "("):
+            edits.append((tok.start[1], tok.end[1], names[tok.string]))
+    for start, end, new in reversed(edits):
+        source = source[:start] + new + source[end:]
+    return source
 
 
 @dataclass
@@ -85,7 +138,7 @@ class SlotNames:
 
     def source_expr(self) -> str:
         name = self.slot.name
-        return f"getattr(fb, {name!r}, None)" if self.slot.optional else f"fb.{name}"
+        return f"getattr(fb, {name!r}, None)" if self.slot.optional else _get("fb", name)
 
 
 @dataclass
@@ -119,7 +172,7 @@ class Emission:
     version: str
     params: Dict[str, Any]
     runtime_params: List[str]
-    used_runtime_params: List[str]
+    used_runtime_params: List[Tuple[str, str]]  # (local, param name)
     slot_names: List[str]
     allocations: List[Tuple[str, str, str, str, str]]  # name, shape, dtype, device, init
     bind_lines: List[str]
@@ -145,11 +198,16 @@ class Emitter:
         self.hooks = {n.slot.name: self._expected_hooks(n.slot) for n in self.names}
 
     def _unique_names(self) -> List[SlotNames]:
-        names, seen = [], set()
+        # Slots keep their own identifiers; one that mangles to an identifier already
+        # taken gets a suffix — and never one that another slot's name mangles to.
+        names, taken = [], {_ident(slot.name) for slot in self.slots}
+        seen = set()
         for i, slot in enumerate(self.slots):
             ident = _ident(slot.name)
             if ident in seen:
                 ident = f"{ident}_{i}"
+                while ident in taken or ident in seen:
+                    ident += "_"
             seen.add(ident)
             names.append(SlotNames(slot, ident))
         return names
@@ -172,7 +230,8 @@ class Emitter:
     def _spec_expr(self, value: Any, keep: Sequence[str]) -> str:
         if isinstance(value, str):
             baked = {k: v for k, v in self.params.items() if k not in self.runtime}
-            return Expr.parse(value).to_python(baked, keep=list(keep) + self.runtime)
+            source = Expr.parse(value).to_python(baked, keep=list(keep) + self.runtime)
+            return _rename(source, {name: runtime_local(name) for name in self.runtime})
         return repr(value)
 
     def _shape_src(self, slot_spec) -> str:
@@ -243,7 +302,7 @@ class Emitter:
                 separate_copies.append(n)
 
         used = self._used_runtime_params()
-        bind_lines = [f"{name} = params[{name!r}]" for name in used]
+        bind_lines = [f"{runtime_local(name)} = params[{name!r}]" for name in used]
         bind_lines += [f"{n.buf} = buffers[{n.slot.name!r}]" for n in self.names]
         for n in self.names:
             for kind in self.hooks[n.slot.name]:
@@ -323,14 +382,15 @@ class Emitter:
             view_fields.append((f"view_{n.ident}", n.padded_view()))
             if s.plain_copy and s.optional:
                 extract_lines += [f"if getattr(fb, {s.name!r}, None) is not None:",
-                                  f"    view.{s.name} = view_{n.ident}"]
+                                  f"    {_set('view', s.name, f'view_{n.ident}')}"]
             else:
-                extract_lines.append(f"view.{s.name} = view_{n.ident}")
+                extract_lines.append(_set("view", s.name, f"view_{n.ident}"))
 
         return Emission(
             spec_name=self.spec.name, spec_source=self.source_label, spec_sha256=self.spec.sha256,
             version=self.version, params=structural_params(self.spec, self.params),
-            runtime_params=self.runtime, used_runtime_params=used, slot_names=[n.slot.name for n in self.names],
+            runtime_params=self.runtime, used_runtime_params=[(runtime_local(n), n) for n in used],
+            slot_names=[n.slot.name for n in self.names],
             allocations=self.allocations(), bind_lines=bind_lines, plan_lines=plan_lines,
             plan_fields=plan_fields, fill_lines=fill_lines, view_fields=view_fields,
             extract_lines=extract_lines, needs_ctx=needs_ctx,
