@@ -428,3 +428,8 @@ def test_is_expression_text():
 def test_python_type_name(value, name):
     assert python_type_name(value) == name
     assert name is None or name in TYPES
+
+
+def test_to_python_mapping_keep_renames_kept_names():
+    expr = Expr.parse("max(device, 2) * scale")
+    assert expr.to_python({"scale": 3}, keep={"device": "rt_device"}) == "max(rt_device, 2) * 3"

@@ -15,10 +15,8 @@ statements. The plan for a spec with default decode params is, per step:
 from __future__ import annotations
 
 import builtins
-import io
 import keyword
 import re
-import tokenize
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -83,21 +81,6 @@ def runtime_local(name: str) -> str:
     if name in _MODULE_NAMES or name.startswith(_GENERATED_PREFIXES):
         return f"rt_{name}"
     return name
-
-
-def _rename(source: str, names: Mapping[str, str]) -> str:
-    """``source`` (one line of Python) with the names in ``names`` renamed; a name
-    called as a function (``max(...)``) is left alone."""
-    if not any(old != new for old, new in names.items()):
-        return source
-    tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
-    edits = []
-    for tok, nxt in zip(tokens, tokens[1:] + [None]):
-        if tok.type == tokenize.NAME and tok.string in names and not (nxt and nxt.string == "("):
-            edits.append((tok.start[1], tok.end[1], names[tok.string]))
-    for start, end, new in reversed(edits):
-        source = source[:start] + new + source[end:]
-    return source
 
 
 @dataclass
@@ -230,8 +213,9 @@ class Emitter:
     def _spec_expr(self, value: Any, keep: Sequence[str]) -> str:
         if isinstance(value, str):
             baked = {k: v for k, v in self.params.items() if k not in self.runtime}
-            source = Expr.parse(value).to_python(baked, keep=list(keep) + self.runtime)
-            return _rename(source, {name: runtime_local(name) for name in self.runtime})
+            names = {name: name for name in keep}
+            names.update({name: runtime_local(name) for name in self.runtime})
+            return Expr.parse(value).to_python(baked, keep=names)
         return repr(value)
 
     def _shape_src(self, slot_spec) -> str:

@@ -109,9 +109,10 @@ class Expr:
 
     def to_python(self, env: Mapping[str, Any], keep: Collection[str] = ()) -> str:
         """Python source for the expression: names in ``keep`` stay names, every other
-        name is replaced by its value in ``env``, and what is then constant is folded."""
-        keep = frozenset(keep)
-        if not self.names & keep:
+        name is replaced by its value in ``env``, and what is then constant is folded.
+        A mapping ``keep`` also renames: ``{"device": "rt_device"}`` emits ``rt_device``."""
+        keep = dict(keep) if isinstance(keep, Mapping) else {name: name for name in keep}
+        if not self.names & keep.keys():
             return _literal(self.evaluate(env))[0]
         return self._emit(self._tree, env, keep)[0]
 
@@ -281,9 +282,9 @@ class Expr:
                 return _FUNCS[fn](*values)
         raise AssertionError(f"unchecked node {ast.dump(node)}")
 
-    def _fold(self, node: ast.AST, env: Mapping[str, Any], keep: frozenset[str]) -> Any:
+    def _fold(self, node: ast.AST, env: Mapping[str, Any], keep: Mapping[str, str]) -> Any:
         """The value of a sub-expression without kept names, else _NOT_CONSTANT."""
-        if _free_names(node) & keep:
+        if _free_names(node) & keep.keys():
             return _NOT_CONSTANT
         try:
             return self._eval(node, env)
@@ -292,7 +293,7 @@ class Expr:
             # fails exactly when evaluate would.
             return _NOT_CONSTANT
 
-    def _emit(self, node: ast.AST, env: Mapping[str, Any], keep: frozenset[str]) -> tuple[str, int]:
+    def _emit(self, node: ast.AST, env: Mapping[str, Any], keep: Mapping[str, str]) -> tuple[str, int]:
         """(source, precedence) of a sub-expression."""
         value = self._fold(node, env, keep)
         if value is not _NOT_CONSTANT:
@@ -304,7 +305,7 @@ class Expr:
 
         match node:
             case ast.Name(id=name):  # only a kept name gets here
-                return name, _P_ATOM
+                return keep[name], _P_ATOM
             case ast.UnaryOp(op=ast.Not(), operand=x):
                 return f"not {sub(x, _P_NOT)}", _P_NOT
             case ast.UnaryOp(op=op, operand=x):
