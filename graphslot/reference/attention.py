@@ -121,6 +121,36 @@ class TorchAttentionBackend:
             torch.tensor(q_pos, dtype=torch.int64, device=dev),
         )
 
+    def init_forward_metadata_extend_padded(self, fb: Optional[ForwardBatch], num_tokens: int) -> None:
+        """Extend metadata for ``fb``'s tokens padded to ``num_tokens`` rows, into the
+        static buffers (prefill graph runners). ``fb`` None: every row is padding.
+
+        Eager only (host-side lengths). Padded rows query request slot 0 at position 0,
+        so they see only the dummy KV slot 0.
+        """
+        ext = list(fb.extend_seq_lens_cpu) if fb is not None else []
+        seq = [int(s) for s in fb.seq_lens_cpu.tolist()] if fb is not None else []
+        raw = sum(ext)
+        if raw > num_tokens:
+            raise ValueError(f"{raw} tokens do not fit {num_tokens} padded rows")
+        token_req: List[int] = []
+        q_pos: List[int] = []
+        for i, (n, s) in enumerate(zip(ext, seq)):
+            token_req += [i] * n
+            q_pos += range(s - n, s)
+        bs = len(ext)
+        token_req += [bs] * (num_tokens - raw)  # the extra row below: request slot 0
+        q_pos += [0] * (num_tokens - raw)
+        dev = self.device
+        rpi = torch.zeros(bs + 1, dtype=torch.int64, device=dev)
+        if bs:
+            rpi[:bs] = fb.req_pool_indices[:bs]
+        self._write_static(self._build(
+            rpi,
+            torch.tensor(token_req, dtype=torch.int64, device=dev),
+            torch.tensor(q_pos, dtype=torch.int64, device=dev),
+        ))
+
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         """Eager path: fresh metadata tensors for ``fb``."""
         if fb.forward_mode == ForwardMode.EXTEND:

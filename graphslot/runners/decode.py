@@ -56,6 +56,8 @@ def capture_sizes(
 @dataclass
 class DecodeRunnerConfig:
     max_bs: int = 32
+    #: The decode slot spec: a shipped name, a YAML path or a loaded RegistrySpec.
+    spec: Any = "decode"
     #: Explicit sizes; None takes :func:`default_capture_schedule`.
     capture_bs: Optional[Sequence[int]] = None
     capture_bs_multiple: Optional[int] = None
@@ -84,7 +86,7 @@ class DecodeGraphRunner:
                                             adapter.max_requests)
         self._ascending = sorted(self.captured_sizes)
         max_bs = self.captured_sizes[0]
-        self.registry = build_registry("decode", max_bs, max_bs * self.k, adapter.device,
+        self.registry = build_registry(config.spec, max_bs, max_bs * self.k, adapter.device,
                                        params={**adapter.spec_params(), **config.params}, mode=config.mode)
         p = self.registry.params
         self.gathered = bool(p.get("require_gathered_buffer"))
