@@ -14,7 +14,6 @@ import argparse
 import inspect
 import os
 import sys
-import warnings
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -56,9 +55,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    # torch warns on import of its dispatch machinery when NumPy is absent; graphslot
-    # never uses NumPy, so the warning would only confuse a user of the CLI.
-    warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -1,0 +1,151 @@
+"""The prefill runners' adapter for the reference model.
+
+The layer stack (``TinyLlama.layers`` run in order) is the capture boundary; attention
+is the eager break: its extend metadata depends on per-request lengths, so
+:func:`reference_attention` is marked :func:`~graphslot.runners.breakable.eager_on_graph`
+and the attention modules call it through :class:`BreakingAttentionBackend`, a thin
+proxy over the shared backend. Outside a breakable capture the proxy is a plain call,
+so installing it changes nothing for eager runs or the decode runner.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterable, Mapping
+
+import torch
+from torch import nn
+
+from ..runners.breakable import eager_on_graph
+from ..runners.prefill_adapter import PrefillAdapter
+from .attention import TorchAttentionBackend
+from .forward_batch import ForwardBatch, ForwardMode
+from .memory import SWAKVCache
+from .model import Attention, ReferenceRuntime
+
+
+@eager_on_graph
+def reference_attention(backend: TorchAttentionBackend, q, k, v, layer_id: int, fb: ForwardBatch):
+    return backend.forward(q, k, v, layer_id, fb)
+
+
+class BreakingAttentionBackend:
+    """Delegates to the real backend; ``forward`` goes through :func:`reference_attention`."""
+
+    def __init__(self, inner: TorchAttentionBackend):
+        self.inner = inner
+
+    def forward(self, q, k, v, layer, fb):
+        return reference_attention(self.inner, q, k, v, int(getattr(layer, "layer_id", layer)), fb)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def install_attention_breaks(model: nn.Module) -> int:
+    """Route every reference attention module through :func:`reference_attention`."""
+    count = 0
+    for m in model.modules():
+        if isinstance(m, Attention):
+            if not isinstance(m.backend, BreakingAttentionBackend):
+                m.backend = BreakingAttentionBackend(m.backend)
+            count += 1
+    return count
+
+
+class ReferenceLayerStack(nn.Module):
+    """``TinyLlama.layers`` run in order: ``(positions, hidden, fb) -> hidden``."""
+
+    def __init__(self, layers: nn.ModuleList):
+        super().__init__()
+        self.layers = layers
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        for layer in self.layers:
+            hidden = layer(positions, hidden, fb)
+        return hidden
+
+
+class ReferencePrefillAdapter(PrefillAdapter):
+    def __init__(self, runtime: ReferenceRuntime, *, install_breaks: bool = True):
+        self.runtime = runtime
+        self.device = runtime.device
+        if install_breaks:
+            install_attention_breaks(runtime.model)
+
+    @property
+    def model(self) -> nn.Module:
+        return self.runtime.model
+
+    def layer_stack(self, model: nn.Module) -> nn.Module:
+        return ReferenceLayerStack(model.layers)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.runtime.config.hidden_size
+
+    @property
+    def hidden_dtype(self) -> torch.dtype:
+        return self.runtime.dtype
+
+    def embed(self, fb: ForwardBatch) -> torch.Tensor:
+        if fb.input_embeds is not None:
+            return fb.input_embeds
+        return self.runtime.model.embed(fb.input_ids)
+
+    def logits(self, hidden: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        return self.runtime.model.logits(hidden)
+
+    def forward_eager(self, fb: ForwardBatch) -> torch.Tensor:
+        return self.runtime.forward(fb)
+
+    def init_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        backend = self.runtime.attn_backend
+        meta = backend.cuda_graph_metadata
+        # Shared with a decode runner: grow, never shrink, the static metadata.
+        if meta is None or meta.kv_indices.shape[0] < max_num_tokens:
+            backend.init_cuda_graph_state(max_bs, max_num_tokens)
+
+    def init_capture_metadata(self, num_tokens: int, view: ForwardBatch) -> None:
+        self.runtime.attn_backend.init_forward_metadata_extend_padded(None, num_tokens)
+
+    def init_replay_metadata(self, num_tokens: int, view: ForwardBatch, raw_fb: ForwardBatch) -> None:
+        self.runtime.attn_backend.init_forward_metadata_extend_padded(raw_fb, num_tokens)
+
+    def make_dummy_batch(self, num_tokens: int) -> ForwardBatch:
+        dev = self.device
+
+        def empty(device=dev):
+            return torch.zeros(0, dtype=torch.int64, device=device)
+
+        return ForwardBatch(
+            forward_mode=ForwardMode.EXTEND, batch_size=0, input_ids=empty(), req_pool_indices=empty(),
+            seq_lens=empty(), out_cache_loc=empty(), seq_lens_cpu=empty("cpu"), positions=empty(),
+            extend_seq_lens_cpu=[],
+        )
+
+    def spec_params(self) -> Mapping[str, Any]:
+        kv = self.runtime.token_to_kv_pool
+        return {"is_hybrid_swa": isinstance(kv, SWAKVCache) and bool(kv.swa_layers)}
+
+    def side_inputs(self) -> Mapping[str, Any]:
+        rt = self.runtime
+        return {"token_to_kv_pool": rt.token_to_kv_pool, "req_to_token_pool": rt.req_to_token_pool,
+                "attn_backend": rt.attn_backend}
+
+    def static_tensors(self) -> Iterable[torch.Tensor]:
+        rt = self.runtime
+        kv = rt.token_to_kv_pool
+        yield from rt.model.parameters()
+        yield from rt.model.buffers()
+        yield from kv.k_buffer
+        yield from kv.v_buffer
+        if isinstance(kv, SWAKVCache):
+            yield kv.full_to_swa_index_mapping
+        yield rt.req_to_token_pool.req_to_token
+        meta = rt.attn_backend.cuda_graph_metadata
+        if meta is not None:
+            for f in dataclasses.fields(meta):
+                t = getattr(meta, f.name)
+                if isinstance(t, torch.Tensor):
+                    yield t
