@@ -28,7 +28,6 @@ live batch, and the attention metadata hook runs on the live batch at every repl
 from __future__ import annotations
 
 import bisect
-import contextlib
 import dataclasses
 import functools
 import threading
@@ -74,69 +73,14 @@ def is_eager_on_graph(fn: Callable) -> bool:
 # ------------------------------------------------------------------ segment capture
 
 
-class _TapeSegment:
-    """An open tape capture: the recorder and the host-read guard, entered by hand."""
-
-    def __init__(self) -> None:
-        from .tape import _host_reads_forbidden, _Recorder
-
-        self.recorder = _Recorder()
-        self._stack = contextlib.ExitStack()
-        self._stack.enter_context(_host_reads_forbidden(self.recorder))
-        self._stack.enter_context(self.recorder)
-
-    def end(self, output: Any) -> Any:
-        from .tape import TapeGraph
-
-        self._stack.close()
-        if self.recorder.error is not None:
-            raise self.recorder.error
-        return TapeGraph(self.recorder.records, output)
-
-    def abort(self) -> None:
-        self._stack.close()
-
-
-class _CudaSegment:
-    """An open ``torch.cuda.graph`` capture into the backend's shared pool."""
-
-    def __init__(self, backend: Any) -> None:
-        if backend._pool is None:  # the backend's own lazy init, as in its capture()
-            with torch.cuda.device(backend.device):
-                backend._pool = torch.cuda.graph_pool_handle()
-                backend._stream = torch.cuda.Stream()
-        self.backend = backend
-        self.graph = torch.cuda.CUDAGraph()
-        self._cm = torch.cuda.graph(self.graph, pool=backend._pool, stream=backend._stream)
-        self._cm.__enter__()
-
-    def end(self, output: Any) -> Any:
-        from .cuda_graph import CudaGraphWrapper
-
-        self._cm.__exit__(None, None, None)
-        return CudaGraphWrapper(self.graph, output, self.backend._pool)
-
-    def abort(self) -> None:
-        with contextlib.suppress(Exception):
-            self._cm.__exit__(RuntimeError, RuntimeError("aborted"), None)
-
-
 def begin_segment(backend: Any) -> Any:
     """Open a capture on ``backend``; the handle's ``end(output)`` returns its Graph."""
     begin = getattr(backend, "begin_capture", None)
-    if callable(begin):
-        return begin()
-    from .tape import TapeBackend
-
-    if isinstance(backend, TapeBackend):
-        return _TapeSegment()
-    from .cuda_graph import CudaGraphBackend
-
-    if isinstance(backend, CudaGraphBackend):
-        return _CudaSegment(backend)
-    raise GraphCaptureError(
-        f"graph backend {getattr(backend, 'name', type(backend).__name__)!r} cannot capture "
-        "segments; give it begin_capture() returning a handle with end(output) and abort()")
+    if not callable(begin):
+        raise GraphCaptureError(
+            f"graph backend {getattr(backend, 'name', type(backend).__name__)!r} cannot capture "
+            "segments; give it begin_capture() returning a handle with end(output) and abort()")
+    return begin()
 
 
 def _fn_name(fn: Callable) -> str:

@@ -51,11 +51,21 @@ class CudaGraphBackend:
         """The shared pool handle, or None before the first capture."""
         return self._pool
 
-    def capture(self, fn: Callable[[], Any], *, warmup: int = 1) -> CudaGraphWrapper:
-        with torch.cuda.device(self.device):
-            if self._pool is None:
+    def _ensure_pool(self) -> None:
+        if self._pool is None:
+            with torch.cuda.device(self.device):
                 self._pool = torch.cuda.graph_pool_handle()
                 self._stream = torch.cuda.Stream()
+
+    def begin_capture(self) -> "OpenCudaCapture":
+        """Start capturing into the shared pool now; ``end(output)`` returns the graph.
+        For runners that cut one run of Python code into several graphs."""
+        self._ensure_pool()
+        return OpenCudaCapture(self)
+
+    def capture(self, fn: Callable[[], Any], *, warmup: int = 1) -> CudaGraphWrapper:
+        self._ensure_pool()
+        with torch.cuda.device(self.device):
             stream = self._stream
             # Warm up on the capture stream: lazy inits (cuBLAS handles, autotuning)
             # must happen outside the graph, on the stream the graph will use.
@@ -83,3 +93,23 @@ class CudaGraphBackend:
                 gc.unfreeze()
             torch.cuda.synchronize()
         return CudaGraphWrapper(graph, output, self._pool)
+
+
+class OpenCudaCapture:
+    """A ``torch.cuda.graph`` capture in progress on the backend's pool and stream."""
+
+    def __init__(self, backend: CudaGraphBackend) -> None:
+        self.backend = backend
+        self.graph = torch.cuda.CUDAGraph()
+        self._cm = torch.cuda.graph(self.graph, pool=backend.pool, stream=backend._stream)
+        self._cm.__enter__()
+
+    def end(self, output: Any) -> CudaGraphWrapper:
+        self._cm.__exit__(None, None, None)
+        return CudaGraphWrapper(self.graph, output, self.backend.pool)
+
+    def abort(self) -> None:
+        try:
+            self._cm.__exit__(RuntimeError, RuntimeError("aborted"), None)
+        except Exception:  # the capture is being abandoned; its own error is not the news
+            pass

@@ -40,6 +40,10 @@ class GraphBackend(Protocol):
 
     def capture(self, fn: Callable[[], Any], *, warmup: int = 1) -> Graph: ...
 
+    # Backends also offer ``begin_capture()``: a capture left open while Python code
+    # runs on, whose ``end(output)`` returns the Graph (``abort()`` abandons it). The
+    # breakable runner cuts one run of a model into segments with it.
+
 
 def get_graph_backend(name: str, device: torch.device | str) -> GraphBackend:
     """A new backend; ``"auto"`` picks ``cuda`` for CUDA devices, else ``cpu``."""

@@ -344,9 +344,34 @@ class TapeBackend:
     def capture(self, fn: Callable[[], Any], *, warmup: int = 1) -> TapeGraph:
         for _ in range(warmup):
             fn()
-        recorder = _Recorder()
-        with _host_reads_forbidden(recorder), recorder:
+        capture = self.begin_capture()
+        try:
             output = fn()
-        if recorder.error is not None:
-            raise recorder.error
-        return TapeGraph(recorder.records, output)
+        except BaseException:
+            capture.abort()
+            raise
+        return capture.end(output)
+
+    def begin_capture(self) -> "OpenTapeCapture":
+        """Start recording now; ``end(output)`` returns the graph. For runners that cut
+        one run of Python code into several graphs (breakable capture)."""
+        return OpenTapeCapture()
+
+
+class OpenTapeCapture:
+    """A tape capture in progress: the recorder and the host-read guard are entered."""
+
+    def __init__(self) -> None:
+        self.recorder = _Recorder()
+        self._stack = contextlib.ExitStack()
+        self._stack.enter_context(_host_reads_forbidden(self.recorder))
+        self._stack.enter_context(self.recorder)
+
+    def end(self, output: Any) -> TapeGraph:
+        self._stack.close()
+        if self.recorder.error is not None:
+            raise self.recorder.error
+        return TapeGraph(self.recorder.records, output)
+
+    def abort(self) -> None:
+        self._stack.close()
