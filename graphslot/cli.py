@@ -339,26 +339,54 @@ def setup_bench(parser: argparse.ArgumentParser) -> Runner:
 
 @subcommand("demo")
 def setup_demo(parser: argparse.ArgumentParser) -> Runner:
-    """Decode the reference model through the graph runner and check it against eager.
+    """Run the reference model through the graph runners and check it against eager.
 
-    Builds the tiny paged-KV model, generates the decode registry code, captures the
-    decode sizes, runs a continuous-batching decode whose batch size changes step to
-    step, and compares every step's logits with eager (exactly on the CPU tape). Exit 1
-    when any step differs.
+    --mode decode (default): builds the tiny paged-KV model, generates the decode
+    registry code, captures the decode sizes, runs a continuous-batching decode whose
+    batch size changes step to step, and compares every step's logits with eager.
+
+    --mode prefill: captures the prefill runners per token bucket (the breakable
+    runner, and the piecewise runner when graphslot.runners.piecewise provides one),
+    runs seeded prefill batches of 1..max-bs requests with mixed prompt lengths (some
+    continuing a cached prefix), and compares every batch's logits with eager.
+
+    Exact (torch.equal) on the CPU tape, allclose on CUDA. Exit 1 when any step or
+    batch differs.
     """
-    parser.add_argument("--steps", type=positive_int, default=300, help="scheduler steps (default 300)")
-    parser.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto", help="graph backend")
-    parser.add_argument("--mode", choices=("generated", "interpreted"), default="generated",
+    parser.add_argument("--mode", choices=("decode", "prefill"), default="decode",
+                        help="what to run (default decode)")
+    parser.add_argument("--registry", choices=("generated", "interpreted"), default="generated",
                         help="registry code (default generated)")
-    parser.add_argument("--max-bs", type=positive_int, default=16, help="largest captured batch size")
+    parser.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto", help="graph backend")
+    parser.add_argument("--steps", type=positive_int, default=300, help="decode: scheduler steps (default 300)")
+    parser.add_argument("--batches", type=positive_int, default=50, help="prefill: batches (default 50)")
+    parser.add_argument("--runner", choices=("all", "breakable", "piecewise"), default="all",
+                        help="prefill: runner(s) to run (default: every one available)")
+    parser.add_argument("--max-bs", type=positive_int, default=None,
+                        help="largest batch size: captured (decode, default 16) or per prefill batch "
+                             "(prefill, default 8)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
 
     def run(args: argparse.Namespace) -> int:
         import json
 
+        if args.mode == "prefill":
+            from .demo_prefill import format_prefill_table, run_prefill_demo
+
+            try:
+                result = run_prefill_demo(batches=args.batches, backend=args.backend, mode=args.registry,
+                                          max_bs=args.max_bs or 8,
+                                          runners=None if args.runner == "all" else [args.runner],
+                                          progress=not args.json)
+            except (RuntimeError, ValueError) as exc:
+                print(f"graphslot demo: error: {exc}", file=sys.stderr)
+                return 1
+            print(json.dumps(result, indent=2) if args.json else format_prefill_table(result))
+            return 0 if result["mismatching_batches"] == 0 else 1
+
         from .demo import format_demo_table, run_demo
 
-        result = run_demo(steps=args.steps, backend=args.backend, mode=args.mode, max_bs=args.max_bs,
+        result = run_demo(steps=args.steps, backend=args.backend, mode=args.registry, max_bs=args.max_bs or 16,
                           progress=not args.json)
         print(json.dumps(result, indent=2) if args.json else format_demo_table(result))
         return 0 if result["mismatching_steps"] == 0 else 1

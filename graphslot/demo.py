@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List
 
 import torch
 from tqdm import tqdm
@@ -41,15 +41,20 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _fill_us(registry, fb, raw_bs: int, padded_bs: int) -> float:
-    """Median per-call time of ``fill_from`` over a few rounds (µs)."""
+def _median_us(call: Callable[[], Any], repeats: int = FILL_REPEATS) -> float:
+    """Median per-call time of ``call()`` over five rounds (µs)."""
     rounds = []
     for _ in range(5):
         start = time.perf_counter()
-        for _ in range(FILL_REPEATS // 5):
-            registry.fill_from(fb, raw_bs, padded_bs, raw_bs, padded_bs)
-        rounds.append((time.perf_counter() - start) / (FILL_REPEATS // 5) * 1e6)
+        for _ in range(repeats // 5):
+            call()
+        rounds.append((time.perf_counter() - start) / (repeats // 5) * 1e6)
     return statistics.median(rounds)
+
+
+def _fill_us(registry, fb, raw_bs: int, padded_bs: int) -> float:
+    """Median per-call time of a decode ``fill_from`` (µs)."""
+    return _median_us(lambda: registry.fill_from(fb, raw_bs, padded_bs, raw_bs, padded_bs))
 
 
 def _fill_timings(runner: DecodeGraphRunner, fb) -> Dict[str, Any]:

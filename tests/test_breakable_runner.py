@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-import random
+import functools
 
 import pytest
 import torch
 from torch import nn
+
+from prefill_cases import BUCKETS, against_eager, make_prefill_runner, mixed_batches
 
 from graphslot.reference import TinyConfig, build_reference_model, make_decode_batch, make_extend_batch
 from graphslot.reference.prefill_adapter import (
@@ -16,53 +18,18 @@ from graphslot.reference.prefill_adapter import (
 )
 from graphslot.runners.breakable import (
     BreakableGraphRunner,
-    EagerStep,
     capture_breakable,
-    default_token_buckets,
     eager_on_graph,
     is_eager_on_graph,
-    token_buckets,
 )
 from graphslot.runners.graph_backend import GraphCaptureError
+from graphslot.runners.prefill import default_token_buckets, token_buckets
+from graphslot.runners.segments import EagerStep
 from graphslot.runners.prefill_adapter import LayerStackError
 from graphslot.runners.tape import TapeBackend
 
-BUCKETS = [16, 32, 64]
-
-
-def make_runner(config=None, runner_cls=BreakableGraphRunner, adapter_cls=ReferencePrefillAdapter, **kwargs):
-    rt = build_reference_model(config, max_num_reqs=64)
-    adapter = adapter_cls(rt)
-    kwargs.setdefault("progress", False)
-    kwargs.setdefault("token_buckets", BUCKETS)
-    return rt, adapter, runner_cls(adapter, **kwargs)
-
-
-def mixed_batches(rt, seed=0, sizes=(1, 2, 3, 4, 5, 6, 7, 8), max_len=8):
-    """Extend batches of 1..8 requests with mixed lengths; half of them continue the
-    previous batch's requests after their cached prefix (chunked prefill)."""
-    rng = random.Random(seed)
-    for bs in sizes:
-        rpi = rt.req_to_token_pool.alloc(bs)
-        lens = [rng.randint(1, max_len) for _ in range(bs)]
-        prompts = [[rng.randrange(1, 128) for _ in range(n)] for n in lens]
-        yield make_extend_batch(rt, rpi, [0] * bs, prompts)
-        if bs % 2 == 0:
-            more = [[rng.randrange(1, 128) for _ in range(rng.randint(1, 4))] for _ in range(bs)]
-            yield make_extend_batch(rt, rpi, lens, more)
-
-
-def against_eager(rt, runner, batches):
-    """Runner first, then eager (both write identical K/V); the buckets used."""
-    used = []
-    for fb in batches:
-        assert runner.can_run(fb)
-        out = runner(fb).clone()
-        eager = rt.forward(fb)
-        assert out.shape == eager.shape == (fb.num_tokens, rt.config.vocab_size)
-        assert torch.equal(out, eager), f"bs={fb.batch_size} tokens={fb.num_tokens} differs from eager"
-        used.append((fb.num_tokens, runner.bucket(fb)))
-    return used
+make_runner = functools.partial(make_prefill_runner, runner_cls=BreakableGraphRunner,
+                                adapter_cls=ReferencePrefillAdapter)
 
 
 # ------------------------------------------------------------------- graph == eager

@@ -1,8 +1,16 @@
-"""The demo decodes through graphs with no step differing from eager."""
+"""The demos: decode and prefill through graphs, with no step or batch differing from eager."""
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
+from graphslot import demo_prefill
+from graphslot.cli import main
 from graphslot.demo import format_demo_table, run_demo
+from graphslot.demo_prefill import format_prefill_table, run_prefill_demo
+from graphslot.runners.breakable import BreakableGraphRunner
 
 
 def test_short_demo_matches_eager_and_prints_a_table():
@@ -18,3 +26,74 @@ def test_short_demo_matches_eager_and_prints_a_table():
     assert "metric" in header and "value" in header
     for row in ("captured sizes", "mismatching steps", "fill_from generated", "static buffers"):
         assert row in table
+
+
+# ------------------------------------------------------------------------ prefill
+
+PREFILL_KEYS = {"backend", "check", "registry_mode", "batches", "requests_per_batch", "request_counts",
+                "tokens_per_batch", "mismatching_batches", "fill_us_generated", "fill_us_interpreted", "runners"}
+RUNNER_KEYS = {"runner", "buckets", "capture_seconds", "segments_per_graph", "eager_steps_per_graph",
+               "mismatching_batches", "eager_batch_ms", "graph_batch_ms", "static_bytes"}
+
+
+def test_prefill_demo_matches_eager_and_prints_a_table():
+    result = run_prefill_demo(batches=10, progress=False)
+    assert PREFILL_KEYS <= set(result)
+    assert result["backend"] == "cpu" and result["check"] == "torch.equal"
+    assert result["batches"] == 10 and result["mismatching_batches"] == 0
+    assert len(result["request_counts"]) >= 3 and result["requests_per_batch"][1] <= 8
+    assert result["tokens_per_batch"][1] <= 64 and result["chunked_batches"] > 0
+    assert result["fill_us_generated"] > 0 and result["fill_us_interpreted"] > 0
+    assert [row["runner"] for row in result["runners"]] == ["breakable", "piecewise"]
+    for row in result["runners"]:
+        assert RUNNER_KEYS <= set(row)
+        assert row["mismatching_batches"] == 0
+        assert row["buckets"] == sorted(row["buckets"], reverse=True) and len(row["buckets"]) >= 3
+        assert row["static_bytes"] > 0 and row["capture_seconds"] > 0
+    for row in result["runners"]:  # two layers: each attention call is an eager step between segments
+        assert (row["segments_per_graph"], row["eager_steps_per_graph"]) == (3, 2)
+    table = format_prefill_table(result)
+    header = table.splitlines()[0]
+    assert "metric" in header and "value" in header
+    for row in ("requests per batch", "tokens per batch", "mismatching batches", "fill_from generated",
+                "fill_from interpreted", "buckets captured", "segments per graph", "graph batch", "static buffers"):
+        assert row in table
+    assert table.count("runner ") == len(result["runners"])
+
+
+def test_prefill_demo_rejects_an_unknown_runner():
+    with pytest.raises(ValueError, match="unknown prefill runner 'fused'; choose from: breakable, piecewise"):
+        run_prefill_demo(batches=3, runners=["fused"], progress=False)
+
+
+def test_prefill_demo_catches_a_broken_runner(monkeypatch):
+    # Attention metadata written at capture and never on replay: silently wrong logits
+    # (one bucket, so the stale metadata has the right shape and nothing raises).
+    monkeypatch.setattr(BreakableGraphRunner, "prepare_replay", lambda self, n, view, fb: None)
+    result = run_prefill_demo(batches=6, runners=["breakable"], token_buckets=[64], progress=False)
+    assert result["mismatching_batches"] > 0
+    assert result["runners"][0]["mismatch_batch_ids"]
+
+
+def test_cli_prefill_demo_json(capsys):
+    assert main(["demo", "--mode", "prefill", "--json", "--batches", "6", "--runner", "breakable"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert PREFILL_KEYS <= set(result) and result["mismatching_batches"] == 0
+    assert [row["runner"] for row in result["runners"]] == ["breakable"]
+    assert RUNNER_KEYS <= set(result["runners"][0])
+
+
+def test_cli_prefill_demo_exits_1_on_a_mismatch(monkeypatch, capsys):
+    monkeypatch.setattr(BreakableGraphRunner, "prepare_replay", lambda self, n, view, fb: None)
+    monkeypatch.setattr(demo_prefill, "DEFAULT_BUCKETS", (64,))
+    assert main(["demo", "--mode", "prefill", "--json", "--batches", "6", "--runner", "breakable"]) == 1
+    assert json.loads(capsys.readouterr().out)["mismatching_batches"] > 0
+
+
+def test_cli_demo_registry_option(capsys):
+    assert main(["demo", "--mode", "prefill", "--registry", "interpreted", "--json", "--batches", "3",
+                 "--runner", "breakable"]) == 0
+    assert json.loads(capsys.readouterr().out)["registry_mode"] == "interpreted"
+    assert main(["demo", "--mode", "generated"]) == 2  # the registry choice is --registry now
+    assert main(["demo", "--mode", "prefill", "--max-bs", "99"]) == 1
+    assert "max_bs must be" in capsys.readouterr().err

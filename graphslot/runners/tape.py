@@ -239,7 +239,8 @@ class TapeGraph:
         self.output = output
         self.ops: list[str] = [str(r.func) for r in records]
         self._records = [self._pin_metadata(r) for r in records]
-        self._produced = self._produced_storages()
+        #: Storages the graph allocates or writes: its own, never a stale input.
+        self.produced: set[int] = self._produced_storages()
         self._steps = [s for s in map(self._step, self._records) if s is not None]
 
     @property
@@ -315,7 +316,7 @@ class TapeGraph:
         In-place targets count as reads; write-only ``out=`` arguments do not.
         One tensor per storage, in the order the graph first reads them.
         """
-        known = self._produced | {_storage(t) for t in statics}
+        known = self.produced | {_storage(t) for t in statics}
         found: dict[int, torch.Tensor] = {}
         for rec in self._records:
             if rec.info.kind in ("alloc", "const"):

@@ -1,0 +1,167 @@
+"""What the prefill graph runners share: token buckets, capture loop, replay.
+
+A prefill runner captures the adapter's layer stack once per token bucket over the
+prefill spec's token-padded buffers. The batch size is not padded: the stack never
+sees it, so one graph serves batches of any number of requests. The embedding head and
+the logits tail run eagerly on the live batch, and the attention metadata hook runs on
+the live batch at every replay. Subclasses say only how one bucket's stack run becomes
+a :class:`~graphslot.runners.segments.SegmentedGraph` (:meth:`PrefillGraphRunner.capture_stack`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+import torch
+from tqdm import tqdm
+
+from ..api import build_registry
+from .graph_backend import GraphCaptureError, get_graph_backend
+from .prefill_adapter import PrefillAdapter, resolve_layer_stack
+from .segments import SegmentedGraph
+
+
+def default_token_buckets(max_num_tokens: int) -> List[int]:
+    """sglang-like piecewise schedule: fine steps for small counts, coarser above."""
+    sched = (list(range(4, 33, 4)) + list(range(48, 257, 16)) + list(range(288, 513, 32))
+             + list(range(576, 1025, 64)) + list(range(1280, 4097, 256)) + list(range(4608, 1 << 20, 512)))
+    return [n for n in sched if n <= max_num_tokens]
+
+
+def token_buckets(max_num_tokens: int, explicit: Optional[Sequence[int]] = None) -> List[int]:
+    """Buckets to capture, largest first; a default schedule also gets its cap."""
+    if explicit is None:
+        sizes = default_token_buckets(max_num_tokens)
+        if max_num_tokens >= 1 and max_num_tokens not in sizes:
+            sizes.append(max_num_tokens)
+    else:
+        sizes = [n for n in explicit if n >= 1]
+    if not sizes:
+        raise ValueError(f"no token bucket to capture (max_num_tokens={max_num_tokens}, buckets={explicit})")
+    return sorted(set(int(n) for n in sizes), reverse=True)
+
+
+@dataclass
+class PrefillRunnerConfig:
+    #: Most requests one prefill batch may hold (the batch size is not padded).
+    max_bs: int = 8
+    #: Cap of the default bucket schedule.
+    max_num_tokens: int = 256
+    #: Explicit token buckets; None takes :func:`default_token_buckets`.
+    token_buckets: Optional[Sequence[int]] = None
+    backend: str = "auto"
+    #: Registry mode: "generated", "interpreted" or a generated module.
+    mode: Any = "generated"
+    #: Prefill spec params, over the adapter's :meth:`~PrefillAdapter.spec_params`.
+    params: Mapping[str, Any] = field(default_factory=dict)
+    #: Progress bar over capture; None shows it on a TTY only.
+    progress: Optional[bool] = None
+    #: Warm-up runs before each capture.
+    warmup: int = 1
+
+
+class PrefillGraphRunner:
+    """Captures the layer stack per token bucket on construction (largest first)."""
+
+    config_class = PrefillRunnerConfig
+    #: Progress-bar title.
+    kind = "prefill"
+
+    def __init__(self, adapter: PrefillAdapter, config: Optional[PrefillRunnerConfig] = None, **overrides: Any):
+        config = dataclasses.replace(config or self.config_class(), **overrides)
+        self.adapter, self.config = adapter, config
+        self.stack = resolve_layer_stack(adapter)
+        self.buckets = token_buckets(config.max_num_tokens, config.token_buckets)
+        self._ascending = sorted(self.buckets)
+        self.max_bs = int(config.max_bs)
+        # The stack's hidden input is a reset-only slot, so its address is fixed too.
+        params = {**adapter.spec_params(), **config.params, "register_input_embeds": True,
+                  "hidden_size": adapter.hidden_size, "embed_dtype": adapter.hidden_dtype}
+        self.registry = build_registry("prefill", self.max_bs, self.buckets[0], adapter.device,
+                                       params=params, mode=config.mode)
+        self.backend = get_graph_backend(config.backend, adapter.device)
+        self._side = adapter.side_inputs()
+        self.setup()
+        self.graphs: Dict[int, SegmentedGraph] = {}
+        self.capture_seconds = self._capture_all()
+
+    def setup(self) -> None:
+        """Subclass hook: runs once, after the registry and backend exist, before capture."""
+
+    def capture_stack(self, n: int, hidden: torch.Tensor, view: Any) -> SegmentedGraph:
+        """Capture one run of the layer stack on ``hidden`` (``[n, H]``) and ``view``."""
+        raise NotImplementedError
+
+    # -- capture ---------------------------------------------------------------------
+    def _capture_all(self) -> float:
+        self.adapter.init_graph_state(self.max_bs, self.buckets[0])
+        show = self.config.progress
+        start = time.perf_counter()
+        bar = tqdm(self.buckets, desc=f"Capturing {self.kind} prefill graphs", unit="graph", leave=False,
+                   disable=None if show is None else not show)
+        for n in bar:
+            bar.set_postfix(tokens=n)
+            self.graphs[n] = self._capture_one(n)
+        return time.perf_counter() - start
+
+    def _capture_one(self, n: int) -> SegmentedGraph:
+        adapter, reg = self.adapter, self.registry
+        reg.run_pre_capture(0, n, self._side)
+        dummy = adapter.make_dummy_batch(n)
+        reg.fill_from(dummy, 0, 0, 0, n, self._side)  # every token row is padding
+        view = reg.extract(dummy, 0, n)
+        adapter.init_capture_metadata(n, view)
+        try:
+            return self.capture_stack(n, view.input_embeds, view)
+        except GraphCaptureError as e:
+            raise GraphCaptureError(f"token bucket {n}: {e}") from e
+
+    # -- replay ----------------------------------------------------------------------
+    def can_run(self, fb: Any) -> bool:
+        if not self.adapter.is_prefill(fb):
+            return False
+        bs, n = self.adapter.batch_size(fb), self.adapter.num_tokens(fb)
+        return 1 <= bs <= self.max_bs and 1 <= n <= self.buckets[0]
+
+    def bucket(self, fb: Any) -> int:
+        n = self.adapter.num_tokens(fb)
+        return self._ascending[bisect.bisect_left(self._ascending, n)]
+
+    def prepare_replay(self, n: int, view: Any, fb: Any) -> None:
+        """The per-replay metadata hook on the live batch (runs at EVERY replay)."""
+        self.adapter.init_replay_metadata(n, view, fb)
+
+    def replay(self, fb: Any) -> Any:
+        """The eager tail's result for ``fb`` (e.g. logits ``[raw_tokens, vocab]``)."""
+        adapter, reg = self.adapter, self.registry
+        bs, raw = adapter.batch_size(fb), adapter.num_tokens(fb)
+        n = self.bucket(fb)
+        with torch.no_grad():
+            reg.fill_from(fb, bs, bs, raw, n, self._side)
+            view = reg.extract(fb, bs, n)
+            view.input_embeds[:raw].copy_(adapter.embed(fb))
+            self.prepare_replay(n, view, fb)
+            graph = self.graphs[n]
+            graph.replay()
+            return adapter.logits(graph.output[:raw], fb)
+
+    def __call__(self, fb: Any) -> Any:
+        """Replay when a bucket fits, else the eager forward."""
+        return self.replay(fb) if self.can_run(fb) else self.adapter.forward_eager(fb)
+
+    # -- figures ---------------------------------------------------------------------
+    @property
+    def static_bytes(self) -> int:
+        return self.registry.nbytes
+
+    def external_inputs(self, n: int) -> List[torch.Tensor]:
+        """Tensors bucket ``n``'s segments read that nothing keeps current (tape only)."""
+        statics = [s.buffer for s in self.registry.active] + list(self.adapter.static_tensors())
+        return self.graphs[n].external_inputs(statics)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} backend={self.backend.name} buckets={self.buckets}>"
