@@ -357,7 +357,8 @@ def setup_demo(parser: argparse.ArgumentParser) -> Runner:
                         help="what to run (default decode)")
     parser.add_argument("--registry", choices=("generated", "interpreted"), default="generated",
                         help="registry code (default generated)")
-    parser.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto", help="graph backend")
+    parser.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="graph backend (auto: cuda on a GPU machine, else the cpu tape)")
     parser.add_argument("--steps", type=positive_int, default=300, help="decode: scheduler steps (default 300)")
     parser.add_argument("--batches", type=positive_int, default=50, help="prefill: batches (default 50)")
     parser.add_argument("--runner", choices=("all", "breakable", "piecewise"), default="all",

@@ -23,8 +23,9 @@ import torch
 from tqdm import tqdm
 
 from .api import build_registry
-from .demo import _bytes, _median_us, _single_thread, _sync
+from .demo import _bytes, _median_us, _single_thread, _sync, demo_device
 from .reference import TinyConfig, build_reference_model, make_extend_batch
+from .reference.numerics import output_check
 
 DEFAULT_BUCKETS = (64, 48, 32, 16, 8)
 #: Request slots of the demo runtime; a batch plus the cached requests must fit.
@@ -178,18 +179,18 @@ def run_prefill_demo(
 
 def _run(names: List[str], count: int, backend: str, mode: str, max_bs: int, buckets: Tuple[int, ...],
          seed: int, progress: bool) -> Dict[str, Any]:
-    device = torch.device("cuda" if backend == "cuda" else "cpu")
+    device = demo_device(backend)
     started = time.perf_counter()
     max_tokens = max(buckets)
     options = dict(max_bs=max_bs, token_buckets=buckets, backend=backend, mode=mode,
                    progress=None if progress else False)
+    check = output_check(device)
     rows: List[Dict[str, Any]] = []
     shared: Dict[str, Any] = {}
     for name in names:
         runtime, twin = (build_reference_model(TinyConfig(), device=device, dtype=torch.float32, seed=seed,
                                                max_num_reqs=MAX_NUM_REQS) for _ in range(2))
         runner = RUNNERS[name](runtime, dict(options))
-        exact = runner.backend.name == "cpu"
         graph_s: List[float] = []
         eager_s: List[float] = []
         mismatches: List[int] = []
@@ -215,9 +216,7 @@ def _run(names: List[str], count: int, backend: str, mode: str, max_bs: int, buc
             t2 = time.perf_counter()
             graph_s.append(t1 - t0)
             eager_s.append(t2 - t1)
-            same = graph.shape == eager.shape and (
-                torch.equal(graph, eager) if exact else torch.allclose(graph, eager, atol=1e-4, rtol=1e-4))
-            if not same:
+            if not check(graph, eager):
                 mismatches.append(i)
             bucket = runner.bucket(fb)
             used[bucket] = used.get(bucket, 0) + 1
@@ -243,7 +242,7 @@ def _run(names: List[str], count: int, backend: str, mode: str, max_bs: int, buc
                 "backend": runner.backend.name,
                 "device": str(device),
                 "registry_mode": runner.registry.mode,
-                "check": "torch.equal" if exact else "allclose",
+                "check": check.name,
                 "batches": len(seen),
                 "requests_per_batch": [min(reqs), max(reqs)] if reqs else [],
                 "request_counts": sorted(set(reqs)),

@@ -34,10 +34,9 @@ def test_capture_and_replay_match_eager():
         calls.append(1)
         return torch.softmax(model(x), dim=-1)
 
-    frozen = gc.get_freeze_count()
     graph = backend.capture(fn, warmup=2)
     assert isinstance(graph, CudaGraphWrapper)
-    assert len(calls) == 3 and gc.get_freeze_count() == frozen
+    assert len(calls) == 3
     out, ptr = graph.output, graph.output.data_ptr()
     for _ in range(3):
         x.copy_(torch.randn_like(x))
@@ -46,6 +45,31 @@ def test_capture_and_replay_match_eager():
         assert graph.output is out and out.data_ptr() == ptr
         assert len(calls) == 3
         torch.testing.assert_close(out, torch.softmax(model(x), dim=-1))
+
+
+@pytest.mark.parametrize("engine_froze", [False, True])
+def test_capture_leaves_the_collector_as_it_found_it(engine_froze):
+    backend = get_graph_backend("cuda", "cuda")
+    model, x = make_mlp(4)
+    seen = []
+
+    def fn():
+        seen.append((gc.isenabled(), gc.get_freeze_count()))
+        return model(x)
+
+    if engine_froze:
+        gc.freeze()  # an engine's start-up freeze is not ours to undo
+    try:
+        before = (gc.isenabled(), gc.get_freeze_count())
+        with torch.inference_mode():
+            backend.capture(fn, warmup=1)
+        assert (gc.isenabled(), gc.get_freeze_count()) == before
+    finally:
+        if engine_froze:
+            gc.unfreeze()
+    warm, captured = seen
+    assert warm[0] and not captured[0], "no automatic collection during capture"
+    assert captured[1] > 0
 
 
 @torch.inference_mode()

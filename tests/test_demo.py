@@ -8,14 +8,15 @@ import pytest
 
 from graphslot import demo_prefill
 from graphslot.cli import main
-from graphslot.demo import format_demo_table, run_demo
+from graphslot.demo import demo_device, format_demo_table, run_demo
 from graphslot.demo_prefill import format_prefill_table, run_prefill_demo
+from graphslot.reference.numerics import output_check
 from graphslot.runners.breakable import BreakableGraphRunner
 
 
 def test_short_demo_matches_eager_and_prints_a_table():
-    result = run_demo(steps=30, progress=False)
-    assert result["backend"] == "cpu" and result["check"] == "torch.equal"
+    result = run_demo(steps=30, backend="cpu", progress=False)
+    assert result["backend"] == "cpu" and result["check"] == output_check("cpu").name
     assert result["mismatching_steps"] == 0
     assert result["decode_steps"] >= 25 and len(result["batch_sizes"]) >= 4
     assert result["captured_sizes"] == sorted(result["captured_sizes"], reverse=True)
@@ -32,14 +33,15 @@ def test_short_demo_matches_eager_and_prints_a_table():
 
 PREFILL_KEYS = {"backend", "check", "registry_mode", "batches", "requests_per_batch", "request_counts",
                 "tokens_per_batch", "mismatching_batches", "fill_us_generated", "fill_us_interpreted", "runners"}
+PREFILL_CLI = ["demo", "--mode", "prefill", "--backend", "cpu", "--json"]
 RUNNER_KEYS = {"runner", "buckets", "capture_seconds", "segments_per_graph", "eager_steps_per_graph",
                "mismatching_batches", "eager_batch_ms", "graph_batch_ms", "static_bytes"}
 
 
 def test_prefill_demo_matches_eager_and_prints_a_table():
-    result = run_prefill_demo(batches=10, progress=False)
+    result = run_prefill_demo(batches=10, backend="cpu", progress=False)
     assert PREFILL_KEYS <= set(result)
-    assert result["backend"] == "cpu" and result["check"] == "torch.equal"
+    assert result["backend"] == "cpu" and result["check"] == output_check("cpu").name
     assert result["batches"] == 10 and result["mismatching_batches"] == 0
     assert len(result["request_counts"]) >= 3 and result["requests_per_batch"][1] <= 8
     assert result["tokens_per_batch"][1] <= 64 and result["chunked_batches"] > 0
@@ -70,13 +72,14 @@ def test_prefill_demo_catches_a_broken_runner(monkeypatch):
     # Attention metadata written at capture and never on replay: silently wrong logits
     # (one bucket, so the stale metadata has the right shape and nothing raises).
     monkeypatch.setattr(BreakableGraphRunner, "prepare_replay", lambda self, n, view, fb: None)
-    result = run_prefill_demo(batches=6, runners=["breakable"], token_buckets=[64], progress=False)
+    result = run_prefill_demo(batches=6, backend="cpu", runners=["breakable"], token_buckets=[64],
+                              progress=False)
     assert result["mismatching_batches"] > 0
     assert result["runners"][0]["mismatch_batch_ids"]
 
 
 def test_cli_prefill_demo_json(capsys):
-    assert main(["demo", "--mode", "prefill", "--json", "--batches", "6", "--runner", "breakable"]) == 0
+    assert main([*PREFILL_CLI, "--batches", "6", "--runner", "breakable"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert PREFILL_KEYS <= set(result) and result["mismatching_batches"] == 0
     assert [row["runner"] for row in result["runners"]] == ["breakable"]
@@ -86,14 +89,21 @@ def test_cli_prefill_demo_json(capsys):
 def test_cli_prefill_demo_exits_1_on_a_mismatch(monkeypatch, capsys):
     monkeypatch.setattr(BreakableGraphRunner, "prepare_replay", lambda self, n, view, fb: None)
     monkeypatch.setattr(demo_prefill, "DEFAULT_BUCKETS", (64,))
-    assert main(["demo", "--mode", "prefill", "--json", "--batches", "6", "--runner", "breakable"]) == 1
+    assert main([*PREFILL_CLI, "--batches", "6", "--runner", "breakable"]) == 1
     assert json.loads(capsys.readouterr().out)["mismatching_batches"] > 0
 
 
 def test_cli_demo_registry_option(capsys):
-    assert main(["demo", "--mode", "prefill", "--registry", "interpreted", "--json", "--batches", "3",
+    assert main([*PREFILL_CLI, "--registry", "interpreted", "--batches", "3",
                  "--runner", "breakable"]) == 0
     assert json.loads(capsys.readouterr().out)["registry_mode"] == "interpreted"
     assert main(["demo", "--mode", "generated"]) == 2  # the registry choice is --registry now
     assert main(["demo", "--mode", "prefill", "--max-bs", "99"]) == 1
     assert "max_bs must be" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("gpu", [False, True])
+def test_auto_backend_runs_the_demo_on_the_gpu_when_there_is_one(monkeypatch, gpu):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: gpu)
+    assert demo_device("auto").type == ("cuda" if gpu else "cpu")
+    assert demo_device("cpu").type == "cpu" and demo_device("cuda").type == "cuda"

@@ -8,8 +8,9 @@ construction time, so the module is safe on a CPU-only build of torch.
 
 from __future__ import annotations
 
+import contextlib
 import gc
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
@@ -20,6 +21,30 @@ _CAPTURE_HINT = (
     "shape (nonzero, x[mask]) or a host<->device copy inside the captured function; "
     "capture it with the 'cpu' graph backend to get the offending op named"
 )
+
+
+@contextlib.contextmanager
+def no_collection() -> Iterator[None]:
+    """No garbage collection while a graph is captured: a collection walks every Python
+    object (slow) and may run finalizers that call into CUDA mid-capture.
+
+    What exists now is frozen, so that a collection someone forces anyway stays cheap,
+    unless the process froze objects itself (engines do, at start-up): ``gc.unfreeze``
+    cannot tell our objects from theirs, so then automatic collection is only paused.
+    """
+    gc.collect()
+    owns_freeze = gc.get_freeze_count() == 0
+    if owns_freeze:
+        gc.freeze()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+        if owns_freeze:
+            gc.unfreeze()
 
 
 class CudaGraphWrapper:
@@ -78,19 +103,13 @@ class CudaGraphBackend:
             torch.cuda.synchronize()
 
             graph = torch.cuda.CUDAGraph()
-            # A collection during capture walks every Python object (slow) and may run
-            # finalizers that call into CUDA; freeze what exists and collect only new garbage.
-            gc.collect()
-            gc.freeze()
             try:
-                with torch.cuda.graph(graph, pool=self._pool, stream=stream):
+                with no_collection(), torch.cuda.graph(graph, pool=self._pool, stream=stream):
                     output = fn()
             except RuntimeError as e:
                 if isinstance(e, GraphCaptureError) or "captur" not in str(e).lower():
                     raise
                 raise GraphCaptureError(f"CUDA graph capture failed: {e}; {_CAPTURE_HINT}") from e
-            finally:
-                gc.unfreeze()
             torch.cuda.synchronize()
         return CudaGraphWrapper(graph, output, self._pool)
 
@@ -101,15 +120,16 @@ class OpenCudaCapture:
     def __init__(self, backend: CudaGraphBackend) -> None:
         self.backend = backend
         self.graph = torch.cuda.CUDAGraph()
-        self._cm = torch.cuda.graph(self.graph, pool=backend.pool, stream=backend._stream)
-        self._cm.__enter__()
+        self._open = contextlib.ExitStack()
+        self._open.enter_context(no_collection())
+        self._open.enter_context(torch.cuda.graph(self.graph, pool=backend.pool, stream=backend._stream))
 
     def end(self, output: Any) -> CudaGraphWrapper:
-        self._cm.__exit__(None, None, None)
+        self._open.close()
         return CudaGraphWrapper(self.graph, output, self.backend.pool)
 
     def abort(self) -> None:
         try:
-            self._cm.__exit__(RuntimeError, RuntimeError("aborted"), None)
+            self._open.__exit__(RuntimeError, RuntimeError("aborted"), None)
         except Exception:  # the capture is being abandoned; its own error is not the news
             pass
