@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, List, Optional
 
 import pytest
+import torch
 
 import graphslot as gs
 
@@ -18,6 +19,12 @@ TESTS_DIR = Path(__file__).resolve().parent
 # whatever pytest's import mode (prepend puts this folder on sys.path, importlib does not).
 if str(TESTS_DIR) not in sys.path:
     sys.path.insert(0, str(TESTS_DIR))
+
+# One intra-op thread, as in `graphslot demo`: the models here are tiny, and with
+# several threads CPU kernels split work by size, so graph-vs-eager outputs could
+# differ in the last bit (graphslot/reference/numerics.py) and no longer be compared
+# with torch.equal.
+torch.set_num_threads(1)
 
 SPEC_FILE = "spec.yaml"  # the source label error lines name
 
