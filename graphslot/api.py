@@ -13,7 +13,7 @@ from .framework.loading import load_spec
 from .framework.model import RegistrySpec
 from .framework.pool import GLOBAL_POOL, BufferPool
 from .framework.registry import InterpretedRegistry, SlotRegistry
-from .framework.resolve import ResolvedSlot, resolve_params, resolve_slots
+from .framework.resolve import resolve_params, resolve_slots
 
 
 def strict_from_env() -> bool:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import random
 
-from graphslot.reference import build_reference_model, make_extend_batch
+import torch
+
+from graphslot.reference import build_reference_model, make_decode_batch, make_extend_batch
 from graphslot.reference.numerics import output_check
 
 BUCKETS = [16, 32, 64]
@@ -46,3 +48,39 @@ def against_eager(rt, runner, batches):
         assert check(out, eager), f"bs={fb.batch_size} tokens={fb.num_tokens} differs from eager ({check.name})"
         used.append((fb.num_tokens, runner.bucket(fb)))
     return used
+
+
+def agreement_with_a_twin(rt, runner, seed=4, sizes=(2, 4, 6)):
+    """Per batch, whether ``runner`` equals eager on a twin runtime (same weights, same
+    slots), so a buggy runner's K/V cannot leak into the reference, and vice versa."""
+    twin = build_reference_model(rt.config, max_num_reqs=64)
+    return [torch.equal(runner(fb), twin.forward(twin_fb))
+            for fb, twin_fb in zip(mixed_batches(rt, seed=seed, sizes=sizes, max_len=4),
+                                   mixed_batches(twin, seed=seed, sizes=sizes, max_len=4))]
+
+
+def replay_metadata_calls(rt, adapter, runner):
+    """Run a few batches; ``(calls of init_replay_metadata, what they should have been)``."""
+    calls = []
+    original = adapter.init_replay_metadata
+    adapter.init_replay_metadata = lambda n, view, fb: (calls.append((n, fb.batch_size)), original(n, view, fb))
+    try:
+        batches = list(mixed_batches(rt, seed=2, sizes=(3, 1, 3)))
+        against_eager(rt, runner, batches)
+    finally:
+        del adapter.init_replay_metadata
+    return calls, [(runner.bucket(fb), fb.batch_size) for fb in batches]
+
+
+def assert_falls_back_to_eager(rt, runner):
+    """More tokens than the largest bucket, more requests than ``max_bs``, or no prefill
+    at all: the runner declines, and calling it runs eager."""
+    per_request = runner.buckets[0] // 3 + 1
+    rpi = rt.req_to_token_pool.alloc(3)
+    big = make_extend_batch(rt, rpi, [0] * 3, [[5 + i] * per_request for i in range(3)])
+    many = make_extend_batch(rt, rt.req_to_token_pool.alloc(runner.max_bs + 1), [0] * (runner.max_bs + 1),
+                             [[1]] * (runner.max_bs + 1))
+    for fb in (big, many):
+        assert not runner.can_run(fb)
+        assert torch.equal(runner(fb), rt.forward(fb))
+    assert not runner.can_run(make_decode_batch(rt, rpi, [per_request] * 3, [1, 2, 3]))

@@ -8,9 +8,17 @@ import pytest
 import torch
 from torch import nn
 
-from prefill_cases import BUCKETS, against_eager, make_prefill_runner, mixed_batches
+from prefill_cases import (
+    BUCKETS,
+    against_eager,
+    agreement_with_a_twin,
+    assert_falls_back_to_eager,
+    make_prefill_runner,
+    mixed_batches,
+    replay_metadata_calls,
+)
 
-from graphslot.reference import TinyConfig, build_reference_model, make_decode_batch, make_extend_batch
+from graphslot.reference import TinyConfig, build_reference_model, make_extend_batch
 from graphslot.reference.prefill_adapter import (
     ReferencePrefillAdapter,
     install_attention_breaks,
@@ -113,25 +121,15 @@ class CaptureOnlyHookRunner(BreakableGraphRunner):
 
 def test_metadata_hook_runs_on_every_replay():
     rt, adapter, runner = make_runner()
-    calls = []
-    original = adapter.init_replay_metadata
-    adapter.init_replay_metadata = lambda n, view, fb: (calls.append((n, fb.batch_size)), original(n, view, fb))
-    batches = list(mixed_batches(rt, seed=2, sizes=(3, 1, 3)))
-    against_eager(rt, runner, batches)
-    assert calls == [(runner.bucket(fb), fb.batch_size) for fb in batches]
+    calls, expected = replay_metadata_calls(rt, adapter, runner)
+    assert calls == expected
 
 
 @pytest.mark.parametrize("runner_cls", [BreakableGraphRunner, CaptureOnlyHookRunner])
 def test_a_capture_only_metadata_hook_gives_wrong_output(runner_cls):
-    # One bucket, so the capture's metadata has the right shape: the output is silently
-    # wrong. Eager runs on a twin runtime (same weights, same slots), so the buggy
-    # runner's K/V cannot leak into the reference, and vice versa.
+    # One bucket, so the capture's metadata has the right shape: the output is silently wrong.
     rt, _, runner = make_runner(runner_cls=runner_cls, token_buckets=[32])
-    twin = build_reference_model(max_num_reqs=64)
-    same = []
-    for fb, twin_fb in zip(mixed_batches(rt, seed=4, sizes=(2, 4, 6), max_len=4),
-                           mixed_batches(twin, seed=4, sizes=(2, 4, 6), max_len=4)):
-        same.append(torch.equal(runner(fb), twin.forward(twin_fb)))
+    same = agreement_with_a_twin(rt, runner)
     if runner_cls is BreakableGraphRunner:
         assert all(same)
     else:
@@ -184,15 +182,7 @@ def test_host_sync_inside_a_segment_names_the_op():
 
 def test_batch_beyond_the_largest_bucket_falls_back_to_eager():
     rt, _, runner = make_runner(token_buckets=[8, 16], max_bs=4)
-    rpi = rt.req_to_token_pool.alloc(3)
-    big = make_extend_batch(rt, rpi, [0] * 3, [[5] * 6, [6] * 6, [7] * 6])  # 18 tokens
-    assert not runner.can_run(big)
-    assert torch.equal(runner(big), rt.forward(big))
-    many = make_extend_batch(rt, rt.req_to_token_pool.alloc(5), [0] * 5, [[1]] * 5)  # bs 5 > max_bs
-    assert not runner.can_run(many)
-    assert torch.equal(runner(many), rt.forward(many))
-    decode = make_decode_batch(rt, rpi, [6, 6, 6], [1, 2, 3])
-    assert not runner.can_run(decode)
+    assert_falls_back_to_eager(rt, runner)
 
 
 # ------------------------------------------------------------- the break itself

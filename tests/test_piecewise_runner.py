@@ -8,9 +8,17 @@ import pytest
 import torch
 from torch import nn
 
-from prefill_cases import BUCKETS, against_eager, make_prefill_runner, mixed_batches
+from prefill_cases import (
+    BUCKETS,
+    against_eager,
+    agreement_with_a_twin,
+    assert_falls_back_to_eager,
+    make_prefill_runner,
+    mixed_batches,
+    replay_metadata_calls,
+)
 
-from graphslot.reference import TinyConfig, build_reference_model, make_decode_batch, make_extend_batch
+from graphslot.reference import TinyConfig, build_reference_model, make_extend_batch
 from graphslot.reference.piecewise_ops import (
     ATTENTION_OP,
     CustomOpAttentionBackend,
@@ -144,24 +152,13 @@ class CaptureOnlyHookRunner(PiecewiseGraphRunner):
 
 def test_metadata_hook_runs_on_every_replay(shared):
     rt, adapter, runner = shared
-    calls = []
-    original = adapter.init_replay_metadata
-    adapter.init_replay_metadata = lambda n, view, fb: (calls.append((n, fb.batch_size)), original(n, view, fb))
-    try:
-        batches = list(mixed_batches(rt, seed=2, sizes=(3, 1, 3)))
-        against_eager(rt, runner, batches)
-    finally:
-        del adapter.init_replay_metadata
-    assert calls == [(runner.bucket(fb), fb.batch_size) for fb in batches]
+    calls, expected = replay_metadata_calls(rt, adapter, runner)
+    assert calls == expected
 
 
 def test_a_capture_only_metadata_hook_gives_wrong_output():
     rt, _, runner = make_runner(runner_cls=CaptureOnlyHookRunner, token_buckets=[32])
-    twin = build_reference_model(max_num_reqs=64)
-    same = [torch.equal(runner(fb), twin.forward(twin_fb))
-            for fb, twin_fb in zip(mixed_batches(rt, seed=4, sizes=(2, 4, 6), max_len=4),
-                                   mixed_batches(twin, seed=4, sizes=(2, 4, 6), max_len=4))]
-    assert not any(same), "skipping the replay metadata hook went unnoticed"
+    assert not any(agreement_with_a_twin(rt, runner)), "skipping the replay metadata hook went unnoticed"
 
 
 # ----------------------------------------------------------------------- fallback
@@ -169,15 +166,7 @@ def test_a_capture_only_metadata_hook_gives_wrong_output():
 
 def test_batch_beyond_the_largest_bucket_falls_back_to_eager(shared):
     rt, _, runner = shared
-    rpi = rt.req_to_token_pool.alloc(3)
-    big = make_extend_batch(rt, rpi, [0] * 3, [[5] * 22, [6] * 22, [7] * 22])  # 66 tokens > 64
-    assert not runner.can_run(big)
-    assert torch.equal(runner(big), rt.forward(big))
-    many = make_extend_batch(rt, rt.req_to_token_pool.alloc(9), [0] * 9, [[1]] * 9)  # bs 9 > max_bs
-    assert not runner.can_run(many)
-    assert torch.equal(runner(many), rt.forward(many))
-    decode = make_decode_batch(rt, rpi, [23, 23, 23], [1, 2, 3])
-    assert not runner.can_run(decode)
+    assert_falls_back_to_eager(rt, runner)
 
 
 # ----------------------------------------------------------------------- errors

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import linecache
 import types
-from typing import Any, Callable, Dict, List, Mapping
+from typing import Any, Dict, List, Mapping
 
 import torch
 
