@@ -199,6 +199,28 @@ def test_a_graph_break_is_a_clear_error():
         make_runner(adapter_cls=Adapter, token_buckets=[16])
 
 
+def test_an_op_that_cannot_be_captured_names_the_bucket_piece_and_op():
+    class Syncing(nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, positions, hidden, fb):
+            hidden = self.inner(positions, hidden, fb)
+            return hidden * (hidden.abs().max().item() > 0)  # a host read after the last layer
+
+    class Adapter(PiecewiseReferencePrefillAdapter):
+        def layer_stack(self, model):
+            return Syncing(super().layer_stack(model))
+
+    # Dynamo would graph-break on .item(); told to keep it, the read lands in a piece.
+    with torch._dynamo.config.patch(capture_scalar_outputs=True), pytest.raises(GraphCaptureError) as info:
+        make_runner(adapter_cls=Adapter, token_buckets=[16])
+    msg = str(info.value)
+    assert msg.startswith("token bucket 16: piece 2 (submod_4, after graphslot_ref::attention): host sync")
+    assert "aten._local_scalar_dense" in msg and "While executing" not in msg
+
+
 # ------------------------------------------------------------- the op itself
 
 

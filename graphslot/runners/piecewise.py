@@ -84,6 +84,7 @@ class _PieceRunner(torch.fx.Interpreter):
 
     def __init__(self, split_gm: torch.fx.GraphModule, split_names: Mapping[str, str], rec: _Recording):
         super().__init__(split_gm, garbage_collect_values=False)
+        self.extra_traceback = False  # our errors name the piece; FX would append its node dump
         self.split_names, self.rec = split_names, rec
 
     def call_module(self, target, args, kwargs):
