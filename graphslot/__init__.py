@@ -4,7 +4,15 @@ YAML specs declare each batch field ("slot"); pydantic validates them; a generat
 straight-line ``fill_from`` / ``extract`` code; graph runners consume it.
 """
 
-from ._version import __version__
+import warnings
+
+# A torch without NumPy beside it warns on import; graphslot never uses NumPy. Silence
+# that one message for this import only (the filter is restored on leaving the block).
+with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+    import torch  # noqa: F401
+
+from ._version import __version__  # noqa: E402
 from .api import build_registry
 from .framework.errors import SlotError, SpecError, SpecIssue
 from .framework.hooks import BUILTIN_HOOKS, CaptureContext, FillContext
