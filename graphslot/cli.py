@@ -345,13 +345,12 @@ def setup_demo(parser: argparse.ArgumentParser) -> Runner:
     registry code, captures the decode sizes, runs a continuous-batching decode whose
     batch size changes step to step, and compares every step's logits with eager.
 
-    --mode prefill: captures the prefill runners per token bucket (the breakable
-    runner, and the piecewise runner when graphslot.runners.piecewise provides one),
-    runs seeded prefill batches of 1..max-bs requests with mixed prompt lengths (some
-    continuing a cached prefix), and compares every batch's logits with eager.
+    --mode prefill: captures the breakable and the piecewise prefill runners per token
+    bucket, runs seeded prefill batches of 1..max-bs requests with mixed prompt lengths
+    (some continuing a cached prefix), and compares every batch's logits with eager.
 
-    Exact (torch.equal) on the CPU tape, allclose on CUDA. Exit 1 when any step or
-    batch differs.
+    Exact (torch.equal) on the CPU tape, allclose on CUDA (reference/numerics.py says
+    when exactness is a fair ask). Exit 1 when any step or batch differs.
     """
     parser.add_argument("--mode", choices=("decode", "prefill"), default="decode",
                         help="what to run (default decode)")

@@ -217,4 +217,4 @@ class PiecewiseGraphRunner(PrefillGraphRunner):
         return SegmentedGraph(rec.steps, output)
 
     def __repr__(self) -> str:
-        return f"{super().__repr__()[:-1]} split_ops={self.split_ops}>"
+        return f"<PiecewiseGraphRunner backend={self.backend.name} buckets={self.buckets} split_ops={self.split_ops}>"
