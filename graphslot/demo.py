@@ -59,26 +59,22 @@ def _median_us(call: Callable[[], Any], repeats: int = FILL_REPEATS) -> float:
     return statistics.median(rounds)
 
 
-def _fill_us(registry, fb, raw_bs: int, padded_bs: int) -> float:
-    """Median per-call time of a decode ``fill_from`` (µs)."""
-    return _median_us(lambda: registry.fill_from(fb, raw_bs, padded_bs, raw_bs, padded_bs))
-
-
-def _fill_timings(runner: DecodeGraphRunner, fb) -> Dict[str, Any]:
-    """Generated vs interpreted ``fill_from`` on one real batch, padded as the runner would."""
-    raw_bs, padded_bs = fb.batch_size, runner.padded_bs(fb)
-    reg = runner.registry
-    out: Dict[str, Any] = {"fill_batch": f"{raw_bs} -> {padded_bs}"}
+def fill_timings(spec: str, registry: Any, fill: Callable[[Any], Any], label: str) -> Dict[str, Any]:
+    """Generated vs interpreted ``fill(registry)`` on one real batch, into fresh registries
+    shaped like ``registry`` (the runner's own buffers stay as they are)."""
+    out: Dict[str, Any] = {"fill_batch": label}
     for mode in ("generated", "interpreted"):
-        fresh = build_registry("decode", reg.max_bs, reg.max_num_tokens, reg.device, params=reg.params, mode=mode)
-        out[f"fill_us_{mode}"] = _fill_us(fresh, fb, raw_bs, padded_bs)
+        fresh = build_registry(spec, registry.max_bs, registry.max_num_tokens, registry.device,
+                               params=registry.params, mode=mode)
+        out[f"fill_us_{mode}"] = _median_us(lambda: fill(fresh))
     return out
 
 
-def _representative(batches: List[Any], runner: DecodeGraphRunner):
-    """A batch that needs padding, of middling size (the common case of a server)."""
-    padded = [b for b in batches if b.batch_size not in runner.graphs] or batches
-    padded.sort(key=lambda b: b.batch_size)
+def representative(batches: List[Any], graphs: Dict[int, Any], size: Callable[[Any], int]) -> Any:
+    """A batch that needs padding (no graph of its own size), of middling size: the
+    common case of a server."""
+    padded = [b for b in batches if size(b) not in graphs] or list(batches)
+    padded.sort(key=lambda b: (b.batch_size, size(b)))
     return padded[len(padded) // 2]
 
 
@@ -154,7 +150,10 @@ def _run(steps: int, backend: str, mode: str, max_bs: int, seed: int, progress: 
         "static_bytes": runner.static_bytes,
     }
     if batches:
-        result.update(_fill_timings(runner, _representative(batches, runner)))
+        fb = representative(batches, runner.graphs, lambda b: b.batch_size)
+        raw, padded = fb.batch_size, runner.padded_bs(fb)
+        result.update(fill_timings("decode", runner.registry, lambda reg: reg.fill_from(fb, raw, padded, raw, padded),
+                                   f"{raw} -> {padded}"))
     result["seconds"] = time.perf_counter() - started
     return result
 

@@ -22,8 +22,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import torch
 from tqdm import tqdm
 
-from .api import build_registry
-from .demo import _bytes, _median_us, _single_thread, _sync, demo_device
+from .demo import _bytes, _single_thread, _sync, demo_device, fill_timings, representative
 from .reference import TinyConfig, build_reference_model, make_extend_batch
 from .reference.numerics import output_check
 
@@ -126,23 +125,12 @@ def _one_or_all(values: Sequence[int]) -> Any:
 
 
 def _prefill_fill_timings(runner: Any, fb: Any) -> Dict[str, Any]:
-    """Generated vs interpreted prefill ``fill_from`` on one real batch, token-padded as
-    the runner pads it, into fresh registries (the runner's own buffers stay as they are)."""
-    adapter, reg = runner.adapter, runner.registry
+    """``fill_from`` of ``fb``, token-padded as the runner pads it."""
+    adapter = runner.adapter
     bs, raw, n = adapter.batch_size(fb), adapter.num_tokens(fb), runner.bucket(fb)
     side = adapter.side_inputs()
-    out: Dict[str, Any] = {"fill_batch": f"{bs} reqs, {raw} -> {n} tokens"}
-    for mode in ("generated", "interpreted"):
-        fresh = build_registry("prefill", reg.max_bs, reg.max_num_tokens, reg.device, params=reg.params, mode=mode)
-        out[f"fill_us_{mode}"] = _median_us(lambda: fresh.fill_from(fb, bs, bs, raw, n, side))
-    return out
-
-
-def _representative(batches: List[Any], runner: Any) -> Any:
-    """A batch that needs token padding, of middling size."""
-    padded = [b for b in batches if b.num_tokens not in runner.graphs] or list(batches)
-    padded.sort(key=lambda b: (b.batch_size, b.num_tokens))
-    return padded[len(padded) // 2]
+    return fill_timings("prefill", runner.registry, lambda reg: reg.fill_from(fb, bs, bs, raw, n, side),
+                        f"{bs} reqs, {raw} -> {n} tokens")
 
 
 # ------------------------------------------------------------------------------ run
@@ -250,7 +238,8 @@ def _run(names: List[str], count: int, backend: str, mode: str, max_bs: int, buc
                 "chunked_batches": sum(1 for b in seen if int(b.extend_prefix_lens.max()) > 0),
             }
             if seen:
-                shared.update(_prefill_fill_timings(runner, _representative(seen, runner)))
+                shared.update(_prefill_fill_timings(runner, representative(seen, runner.graphs,
+                                                                           lambda b: b.num_tokens)))
     result: Dict[str, Any] = {"mode": "prefill", **shared, "runners": rows,
                               "mismatching_batches": sum(r["mismatching_batches"] for r in rows)}
     result["seconds"] = time.perf_counter() - started
