@@ -180,6 +180,15 @@ def test_no_split_ops_is_a_clear_error():
         PiecewiseGraphRunner(ReferencePrefillAdapter(rt), token_buckets=[16], progress=False)
 
 
+def test_a_mistyped_split_op_is_a_clear_error():
+    with pytest.raises(GraphCaptureError) as info:
+        make_runner(token_buckets=[16], split_ops=("graphslot_ref::atention",))
+    assert str(info.value) == (
+        "token bucket 16: none of the split ops ['graphslot_ref::atention'] occurs in the compiled layer stack, "
+        "so nothing would run eagerly between pieces; custom ops it calls: graphslot_ref::attention. Name the "
+        'op as torch.library registered it ("namespace::name")')
+
+
 def test_a_graph_break_is_a_clear_error():
     class Breaking(nn.Module):
         def __init__(self, inner):

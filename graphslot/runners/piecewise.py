@@ -66,6 +66,7 @@ class _Recording:
         self.backend, self.warmup = backend, warmup
         self.steps: List[Any] = []
         self.calls = 0
+        self.module: Optional["PiecewiseModule"] = None  # the Dynamo graph that ran
 
 
 @contextlib.contextmanager
@@ -114,8 +115,11 @@ class PiecewiseModule:
     """What the graphslot backend returns for one Dynamo graph: the split module, run
     plainly, or piece by piece while a capture pass is recording."""
 
-    def __init__(self, split_gm: torch.fx.GraphModule, split_names: Mapping[str, str], num_pieces: int):
+    def __init__(self, split_gm: torch.fx.GraphModule, split_names: Mapping[str, str], num_pieces: int,
+                 custom_ops: Sequence[str] = ()):
         self.split_gm, self.split_names, self.num_pieces = split_gm, dict(split_names), num_pieces
+        #: Non-aten ops the Dynamo graph calls: what a mistyped split op should have named.
+        self.custom_ops = tuple(custom_ops)
 
     @property
     def num_split_ops(self) -> int:
@@ -126,6 +130,7 @@ class PiecewiseModule:
         if rec is None:
             return self.split_gm(*args)
         rec.calls += 1
+        rec.module = self
         return _PieceRunner(self.split_gm, self.split_names, rec).run(*args)
 
 
@@ -134,11 +139,14 @@ def split_graph(gm: torch.fx.GraphModule, split_ops: Sequence[str]) -> Piecewise
     wanted = set(split_ops)
     part: Dict[torch.fx.Node, int] = {}
     split_parts: Dict[int, str] = {}
+    custom_ops: Dict[str, None] = {}
     pid = 0
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "output"):
             continue
         name = op_name(node.target) if node.op == "call_function" else None
+        if name is not None and not name.startswith(("aten::", "prims::")):
+            custom_ops[name] = None
         if name in wanted:
             pid += 1
             part[node] = pid
@@ -149,7 +157,7 @@ def split_graph(gm: torch.fx.GraphModule, split_ops: Sequence[str]) -> Piecewise
     split_gm = split_module(gm, None, lambda n: part[n], keep_original_order=True)
     names = {f"submod_{p}": n for p, n in split_parts.items()}
     submods = [n.target for n in split_gm.graph.nodes if n.op == "call_module"]
-    return PiecewiseModule(split_gm, names, sum(t not in names for t in submods))
+    return PiecewiseModule(split_gm, names, sum(t not in names for t in submods), list(custom_ops))
 
 
 def make_graphslot_backend(split_ops: Sequence[str], compiled: Optional[list] = None):
@@ -214,6 +222,12 @@ class PiecewiseGraphRunner(PrefillGraphRunner):
                 f"the compiled layer stack ran {rec.calls} Dynamo graphs, not 1 (a graph break, or Dynamo "
                 "skipped the frame); code between graphs would not be replayed. Make the stack traceable, "
                 "with only the split ops opaque")
+        if not rec.module.split_names:
+            found = ", ".join(rec.module.custom_ops) or "none"
+            raise GraphCaptureError(
+                f"none of the split ops {list(self.split_ops)} occurs in the compiled layer stack, so nothing "
+                f"would run eagerly between pieces; custom ops it calls: {found}. Name the op as "
+                "torch.library registered it (\"namespace::name\")")
         return SegmentedGraph(rec.steps, output)
 
     def __repr__(self) -> str:
