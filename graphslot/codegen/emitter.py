@@ -75,6 +75,13 @@ _MODULE_NAMES = frozenset({
 }) | frozenset(dir(builtins))
 _GENERATED_PREFIXES = ("rt_", "buf_", "hook_", "pad", "__gs_")
 
+# graphslot.codegen.runtime helpers a module may use, with the mangled names it binds
+# them under. The template itself always calls the last two.
+RUNTIME_HELPERS = (("FillContext", "__gs_FillContext"), ("Tensor", "__gs_Tensor"),
+                   ("foreach_copy", "__gs_foreach_copy"), ("hook", "__gs_hook"),
+                   ("allocate_buffer", "__gs_allocate"), ("shallow_copy", "__gs_shallow_copy"))
+_TEMPLATE_HELPERS = frozenset({"__gs_allocate", "__gs_shallow_copy"})
+
 
 def runtime_local(name: str) -> str:
     """The local a runtime param is bound to in generated code."""
@@ -165,6 +172,7 @@ class Emission:
     view_fields: List[Tuple[str, str]]  # (local, expression)
     extract_lines: List[str]
     needs_ctx: bool
+    runtime_imports: List[Tuple[str, str]]  # (helper, mangled name), only those used
 
 
 def _dtype_src(dtype: torch.dtype) -> str:
@@ -370,6 +378,9 @@ class Emitter:
             else:
                 extract_lines.append(_set("view", s.name, f"view_{n.ident}"))
 
+        emitted = bind_lines + plan_lines + fill_lines + extract_lines
+        runtime_imports = sorted((helper, alias) for helper, alias in RUNTIME_HELPERS
+                                 if alias in _TEMPLATE_HELPERS or any(alias in line for line in emitted))
         return Emission(
             spec_name=self.spec.name, spec_source=self.source_label, spec_sha256=self.spec.sha256,
             version=self.version, params=structural_params(self.spec, self.params),
@@ -377,5 +388,5 @@ class Emitter:
             slot_names=[n.slot.name for n in self.names],
             allocations=self.allocations(), bind_lines=bind_lines, plan_lines=plan_lines,
             plan_fields=plan_fields, fill_lines=fill_lines, view_fields=view_fields,
-            extract_lines=extract_lines, needs_ctx=needs_ctx,
+            extract_lines=extract_lines, needs_ctx=needs_ctx, runtime_imports=runtime_imports,
         )

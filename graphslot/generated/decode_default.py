@@ -10,11 +10,9 @@
 import torch
 
 from graphslot.codegen.runtime import (
-    FillContext as __gs_FillContext,
     Tensor as __gs_Tensor,
     allocate_buffer as __gs_allocate,
     foreach_copy as __gs_foreach_copy,
-    hook as __gs_hook,
     shallow_copy as __gs_shallow_copy,
 )
 
