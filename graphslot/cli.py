@@ -361,7 +361,7 @@ def setup_demo(parser: argparse.ArgumentParser) -> Runner:
     parser.add_argument("--steps", type=positive_int, default=300, help="decode: scheduler steps (default 300)")
     parser.add_argument("--batches", type=positive_int, default=50, help="prefill: batches (default 50)")
     parser.add_argument("--runner", choices=("all", "breakable", "piecewise"), default="all",
-                        help="prefill: runner(s) to run (default: every one available)")
+                        help="prefill: runner(s) to run (default: both)")
     parser.add_argument("--max-bs", type=positive_int, default=None,
                         help="largest batch size: captured (decode, default 16) or per prefill batch "
                              "(prefill, default 8)")
