@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Tuple
 
 import torch
 from tqdm import tqdm
@@ -46,6 +46,15 @@ def demo_device(backend: str) -> torch.device:
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def timed(device: torch.device, fn: Callable[[], Any]) -> Tuple[Any, float]:
+    """``fn()`` and its wall time in seconds, the device's queue drained on both ends."""
+    _sync(device)
+    start = time.perf_counter()
+    result = fn()
+    _sync(device)
+    return result, time.perf_counter() - start
 
 
 def _median_us(call: Callable[[], Any], repeats: int = FILL_REPEATS) -> float:
@@ -110,16 +119,10 @@ def _run(steps: int, backend: str, mode: str, max_bs: int, seed: int, progress: 
     batches: List[Any] = []
 
     def decode_fn(fb):
-        _sync(device)
-        t0 = time.perf_counter()
-        graph = runner.replay(fb)
-        _sync(device)
-        t1 = time.perf_counter()
-        eager = runtime.forward(fb)
-        _sync(device)
-        t2 = time.perf_counter()
-        graph_s.append(t1 - t0)
-        eager_s.append(t2 - t1)
+        graph, seconds = timed(device, lambda: runner.replay(fb))
+        graph_s.append(seconds)
+        eager, seconds = timed(device, lambda: runtime.forward(fb))
+        eager_s.append(seconds)
         if not check(graph, eager):
             mismatches.append(sched.step_idx)
         batches.append(fb)

@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import torch
 from tqdm import tqdm
 
-from .demo import _bytes, _single_thread, _sync, demo_device, fill_timings, representative
+from .demo import _bytes, _single_thread, demo_device, fill_timings, representative, timed
 from .reference import TinyConfig, build_reference_model, make_extend_batch
 from .reference.numerics import output_check
 
@@ -194,16 +194,10 @@ def _run(names: List[str], count: int, backend: str, mode: str, max_bs: int, buc
             if not (torch.equal(fb.input_ids, twin_fb.input_ids)
                     and torch.equal(fb.out_cache_loc, twin_fb.out_cache_loc)):
                 raise RuntimeError(f"batch {i}: the twin runtime's batch differs (tokens or KV slots)")
-            _sync(device)
-            t0 = time.perf_counter()
-            graph = runner.replay(fb)
-            _sync(device)
-            t1 = time.perf_counter()
-            eager = twin.forward(twin_fb)
-            _sync(device)
-            t2 = time.perf_counter()
-            graph_s.append(t1 - t0)
-            eager_s.append(t2 - t1)
+            graph, seconds = timed(device, lambda: runner.replay(fb))
+            graph_s.append(seconds)
+            eager, seconds = timed(device, lambda: twin.forward(twin_fb))
+            eager_s.append(seconds)
             if not check(graph, eager):
                 mismatches.append(i)
             bucket = runner.bucket(fb)
