@@ -169,18 +169,19 @@ def test_capture_with_grad_enabled_and_under_inference_mode():
         assert torch.equal(graph.output, lin(y).relu())
 
 
-def test_constants_made_inside_capture_are_reset_each_replay():
+def test_tensors_and_scalars_made_inside_capture_are_reset_each_replay():
     x = torch.ones(3)
 
     def fn():
-        acc = torch.tensor([0.0, 0.0, 0.0])
+        acc = torch.zeros(3)  # a device allocation: zero-filled on every replay
+        acc[0] = 5.0  # a 0-dim host scalar: a constant of the graph
         acc.add_(x)
         return acc
 
     graph = capture(fn)
     graph.replay()
     graph.replay()
-    assert torch.equal(graph.output, torch.ones(3))
+    assert torch.equal(graph.output, torch.tensor([6.0, 1.0, 1.0]))
 
 
 def test_random_ops_draw_again_on_replay():
@@ -290,6 +291,8 @@ def test_a_swallowed_capture_error_still_fails_the_capture():
 
 
 mask = torch.tensor([True, False, True])
+index = torch.tensor([2, 0])
+counts = torch.tensor([1, 2])
 
 
 @pytest.mark.parametrize(
@@ -311,11 +314,10 @@ def test_data_dependent_shape_is_a_capture_error(fn, op):
 
 
 def test_fixed_shape_alternatives_capture_fine():
-    counts = torch.tensor([1, 2])
     graph = capture(lambda: (
         torch.where(mask, x_sync, 0.0),
         x_sync.masked_fill(~mask, 0.0),
-        x_sync[torch.tensor([2, 0])],
+        x_sync[index],
         torch.repeat_interleave(counts, output_size=3),
     ))
     graph.replay()
@@ -333,7 +335,7 @@ def test_external_inputs_are_tensors_neither_static_nor_made_by_the_graph():
 
     def fn():
         h = lin(x)  # parameters: static
-        h = h + torch.tensor([1.0, 2.0, 3.0, 4.0])  # constant: made by the graph
+        h = h + torch.arange(1.0, 5.0)  # allocated and filled by the graph
         return h * stale + stale_view_base.view(2, 4)  # intermediates: made by the graph
 
     with torch.no_grad():

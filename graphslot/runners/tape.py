@@ -6,30 +6,106 @@ those same tensors and writes each result into the tensor the op produced at
 capture, so every address stays fixed and Python control flow, Python scalars
 and shapes are frozen at capture -- exactly what a CUDA graph does. It is not a
 re-run of the Python function, so runner bugs that only a GPU graph would show
-(stale inputs, values read on the host, data-dependent shapes) show up in CPU
-tests too.
+(stale inputs, values read on the host, data-dependent shapes, host data copied
+in) show up in CPU tests too.
 
-Differences from a GPU that cannot be helped, since every tensor here lives on
-the "device":
+Host data and device values
+---------------------------
 
-* ``.tolist()`` and ``.numpy()`` do not reach the dispatcher on a CPU tensor
-  (on a GPU ``.tolist()`` is an ``aten._to_copy`` to the host), so capture
-  patches both methods on ``torch.Tensor`` for its duration; a tensor meant to
-  stay on the host cannot be read either, and other threads see the patch.
-* ``.cpu()`` / ``.to("cpu")`` are no-ops here, not device-to-host copies.
-* Some CPU kernels sync where their CUDA kernels do not (``F.one_hot`` with a
-  given ``num_classes`` checks its indices with ``.item()`` on the CPU only).
-* Nothing is freed during capture, so intermediates never share memory.
+Everything lives on the CPU here, so the tape models the two sides of a GPU by
+where a tensor's data comes from, not by its device:
+
+* every tensor an op reads or writes during capture is a *device value*: the
+  static buffers, the parameters, and whatever the graph allocates
+  (``torch.zeros/empty/full/arange``, op results, device-to-device copies);
+* data made from Python during capture is *host data*: ``torch.tensor``,
+  ``torch.as_tensor``, ``torch.from_numpy``, ``Tensor.new_tensor`` and an index
+  given as a Python list all reach ATen as ``aten.lift_fresh``, which is
+  therefore a host-to-device copy and is rejected -- unless it is 0-dim: a host
+  scalar (``x[i] = 0.0`` makes one too) is a constant of the graph, as CUDA
+  reads a 0-dim CPU operand at capture;
+* ``.item()``, ``bool(t)``, ``.tolist()``, ``.numpy()``, ``.cpu()`` and
+  ``.to("cpu")`` are *host reads* of a device value and are rejected. The last
+  four do not reach the dispatcher on a CPU tensor, so while any capture is open
+  they are patched on ``torch.Tensor`` (once for the whole process, reference
+  counted); the patched methods fail only in a thread that has a capture open.
+
+Differences from CUDA graphs
+----------------------------
+
+Every row is checked by a test in ``tests/test_tape_cuda_fidelity.py`` marked
+``@difference("<id>")``; a test there checks that rows and tests match.
+
+======================  =========================================  ==========================================
+id                      CUDA graph capture                         tape (this module)
+======================  =========================================  ==========================================
+host-to-device          torch.tensor / as_tensor / from_numpy /    rejected at ``aten.lift_fresh``:
+                        new_tensor / ``x[[0, 1]]`` data copied     GraphCaptureError naming the op, saying
+                        in: "Cannot copy between CPU and CUDA      to allocate the tensor before capture
+                        tensors during CUDA graph capture"         (same as CUDA)
+host-scalar-tensor      a 0-dim CPU tensor operand (``x *          0-dim host data is a constant of the
+                        torch.tensor(2.0)``) is read at capture    graph, restored on every replay; it
+                        and frozen; ``torch.tensor(2.0,            cannot tell the ``device=`` spelling
+                        device="cuda")`` is a copy and fails       from the host one: allowed (laxer)
+device-to-host          ``.cpu()``, ``.to("cpu")`` copy to the     ``Tensor.cpu()`` and ``Tensor.to()`` with
+                        host: a sync, the capture fails            the device spelled ``"cpu"`` rejected
+                                                                   (same as CUDA)
+device-object-to        ``.to(torch.device("cpu"))`` is a          a ``torch.device`` target is taken for the
+                        device-to-host copy and fails              device (``x.to(x.device)`` is a no-op on a
+                                                                   GPU): allowed (laxer)
+host-sync               ``.item()``, ``bool(t)``, ``if t:``,       rejected, naming the op or method
+                        ``.tolist()``, ``.numpy()``,               (same as CUDA)
+                        ``torch.equal`` sync: the capture fails
+dynamic-shape           ``nonzero``, ``x[mask]``, ``unique``...    rejected, naming the op (same as CUDA)
+                        sync for their output size
+host-tensor-reads       reading a tensor that lives on the host    rejected: every tensor is a device
+                        (``seq_lens_cpu.tolist()``) is no sync     value (stricter)
+host-tensor-unseen      a host tensor made before capture, used    not seen: a tensor made before capture
+                        with device tensors, fails (device         or by a path that does not dispatch
+                        mismatch or host-to-device copy)           (``torch.frombuffer``) reads as a device
+                                                                   value (laxer); ``external_inputs()``
+                                                                   lists it when it is not declared static
+hidden-host-read        a host read by any means fails or reads    only the patched methods are caught: a
+                        stale data                                 method saved before capture, a
+                                                                   ``memoryview`` or ``data_ptr()`` read
+                                                                   passes (laxer)
+cpu-kernel-sync         CUDA kernels of some ops do not sync       their CPU kernels do (``F.one_hot`` with
+                                                                   ``num_classes`` checks indices with
+                                                                   ``.item()``): rejected (stricter)
+overlapping-captures    work goes to the capture of the current    work goes to the innermost open capture
+                        stream; captures on one stream cannot      of the thread; captures overlap and end
+                        overlap and ``torch.cuda.graph`` restores  in any order, in any threads; host reads
+                        streams last-in-first-out                  fail only in a capturing thread
+other-threads           in the default "global" capture mode,      other threads are not checked: their
+                        unsafe CUDA calls from other threads       host reads work (laxer)
+                        fail while a capture is open
+unsupported-op          sparse and other layouts may capture       any op on a tensor that is not dense and
+                                                                   strided, or that the tape cannot record,
+                                                                   raises GraphCaptureError naming the op
+                                                                   (stricter)
+memory-pool             the graphs of a backend share one pool:    nothing is freed or shared: every tensor
+                        memory freed during capture is reused,     keeps its own memory, so a replay never
+                        so replaying one graph may overwrite       overwrites another graph's tensors
+                        what another graph keeps there             (laxer)
+streams                 replay is queued on a stream: reading an   no streams: replay runs to completion
+                        output or writing a static input before    before it returns; nothing races (laxer)
+                        a sync races with it
+rng                     random ops use the seed and offset the     random ops re-run on the global CPU
+                        graph registered, advanced per replay:     generator: new numbers each replay, the
+                        new numbers each replay, not the ones      very ones eager code would have drawn
+                        eager code would have drawn                next
+======================  =========================================  ==========================================
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
+import torch.utils._python_dispatch as _python_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from graphslot.runners.graph_backend import GraphCaptureError
@@ -42,6 +118,19 @@ _SHAPE_HINT = (
     "a CUDA graph needs every shape fixed at capture; use a fixed-shape form (a mask with "
     "torch.where/masked_fill, integer index tensors, nonzero_static, "
     "repeat_interleave(output_size=...)) or do it before capture"
+)
+_H2D_HINT = (
+    "a CUDA graph cannot copy host data to the device during capture; allocate the tensor "
+    "before capture (a static buffer filled before each replay), build it on the device "
+    "(torch.zeros/full/arange) or use a Python scalar"
+)
+_D2H_HINT = (
+    "a CUDA graph cannot copy device values to the host during capture (the copy syncs); "
+    "keep the value on the device or read the graph's output after replay"
+)
+_UNSUPPORTED_HINT = (
+    "run it outside the graph (before capture, or in an eager segment) or use dense "
+    "strided tensors"
 )
 # Explicit lists back up the tags, which older torch versions lack on some ops.
 _HOST_SYNC_OPS = frozenset({
@@ -68,11 +157,12 @@ _ALLOC_OPS = frozenset({
     "aten.empty.memory_format", "aten.empty_like.default", "aten.empty_strided.default",
     "aten.new_empty.default", "aten.new_empty_strided.default",
 })
-# torch.tensor(data) inside capture: a host constant copied in (a memcpy node on a GPU).
-_CONST_OPS = frozenset({"aten.lift_fresh.default", "aten.lift_fresh_copy.default"})
+# Python data turned into a tensor: torch.tensor, as_tensor, from_numpy, new_tensor, x[[0, 1]].
+_HOST_DATA_OPS = frozenset({"aten.lift_fresh.default", "aten.lift_fresh_copy.default"})
 _SYNC_SOURCES = {
     "aten._local_scalar_dense.default": " (from .item(), bool(t), int(t), float(t) or `if t:`)",
 }
+_HOST_DATA_SOURCE = " (torch.tensor, torch.as_tensor, torch.from_numpy, Tensor.new_tensor or a list index)"
 _TAG_SYNC = getattr(torch.Tag, "data_dependent_output", None)
 _TAG_SHAPE = getattr(torch.Tag, "dynamic_output_shape", None)
 
@@ -85,11 +175,29 @@ def _shape_error(what: str) -> GraphCaptureError:
     return GraphCaptureError(f"data-dependent output shape during graph capture: {what}; {_SHAPE_HINT}")
 
 
+def _host_to_device_error(what: str) -> GraphCaptureError:
+    return GraphCaptureError(f"host-to-device copy during graph capture: {what}; {_H2D_HINT}")
+
+
+def _device_to_host_error(what: str) -> GraphCaptureError:
+    return GraphCaptureError(f"device-to-host copy during graph capture: {what}; {_D2H_HINT}")
+
+
+def _unsupported_error(op: str, why: str) -> GraphCaptureError:
+    return GraphCaptureError(f"the cpu graph backend cannot record {op}: {why}; {_UNSUPPORTED_HINT}")
+
+
 def _check_index(name: str, args: tuple, kwargs: dict) -> Optional[GraphCaptureError]:
     indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
     if any(t is not None and t.dtype in (torch.bool, torch.uint8) for t in indices):
         return _shape_error(f"{name} with a boolean mask (x[mask] / x[mask] = v)")
     return None
+
+
+def _check_host_data(name: str, args: tuple, kwargs: dict) -> Optional[GraphCaptureError]:
+    # A 0-dim host tensor is a scalar operand, which CUDA reads at capture; x[i] = 0.0
+    # makes one too.
+    return _host_to_device_error(name + _HOST_DATA_SOURCE) if args[0].dim() > 0 else None
 
 
 def _check_repeat(name: str, args: tuple, kwargs: dict) -> Optional[GraphCaptureError]:
@@ -98,28 +206,33 @@ def _check_repeat(name: str, args: tuple, kwargs: dict) -> Optional[GraphCapture
 
 @dataclass(frozen=True)
 class _OpInfo:
-    kind: str  # "alloc" | "const" | "view" | "mutate" | "compute"
+    kind: str  # "alloc" | "scalar" | "view" | "mutate" | "compute"
     check: Optional[Callable[[str, tuple, dict], Optional[GraphCaptureError]]]
     out_kwargs: frozenset  # write-only out= arguments: not inputs of the graph
+
+
+def _op_check(name: str, tags: set) -> Optional[Callable[[str, tuple, dict], Optional[GraphCaptureError]]]:
+    if name in _HOST_DATA_OPS:
+        return _check_host_data
+    if name in _HOST_SYNC_OPS or _TAG_SYNC in tags:
+        return lambda n, a, k: _sync_error(n + _SYNC_SOURCES.get(n, ""))
+    if name in _INDEX_OPS:
+        return _check_index
+    if name == "aten.repeat_interleave.Tensor":
+        return _check_repeat
+    if name in _DYNAMIC_SHAPE_OPS or _TAG_SHAPE in tags:
+        return lambda n, a, k: _shape_error(n)
+    return None
 
 
 @functools.lru_cache(maxsize=None)
 def _op_info(func: torch._ops.OpOverload) -> _OpInfo:
     name, tags, schema = str(func), set(func.tags), func._schema
-    check = None
-    if name in _HOST_SYNC_OPS or _TAG_SYNC in tags:
-        check = lambda n, a, k: _sync_error(n + _SYNC_SOURCES.get(n, ""))
-    elif name in _INDEX_OPS:
-        check = _check_index
-    elif name == "aten.repeat_interleave.Tensor":
-        check = _check_repeat
-    elif name in _DYNAMIC_SHAPE_OPS or _TAG_SHAPE in tags:
-        check = lambda n, a, k: _shape_error(n)
     writes = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
     if name in _ALLOC_OPS:
         kind = "alloc"
-    elif name in _CONST_OPS:
-        kind = "const"
+    elif name in _HOST_DATA_OPS:
+        kind = "scalar"  # only 0-dim host data gets past the check
     elif torch.Tag.inplace_view in tags:
         kind = "view"  # squeeze_, t_, as_strided_ ...: metadata only, no kernel
     elif writes:
@@ -129,7 +242,7 @@ def _op_info(func: torch._ops.OpOverload) -> _OpInfo:
     else:
         kind = "compute"
     out_kwargs = frozenset(a.name for a in schema.arguments if getattr(a, "is_out", False))
-    return _OpInfo(kind, check, out_kwargs)
+    return _OpInfo(kind, _op_check(name, tags), out_kwargs)
 
 
 def _tensors(x: Any) -> Iterator[torch.Tensor]:
@@ -154,12 +267,22 @@ def _swap(x: Any, new: dict[int, torch.Tensor]) -> Any:
     return x
 
 
-def _meta(t: torch.Tensor) -> Optional[tuple]:
-    return (t.size(), t.stride(), t.storage_offset()) if t.layout is torch.strided else None
+def _meta(t: torch.Tensor) -> tuple:
+    return (t.size(), t.stride(), t.storage_offset())
 
 
 def _storage(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
+
+
+def _unrecordable(args: Any) -> Optional[str]:
+    """Why the tape cannot record an op on these tensors (arguments and results), or None."""
+    for t in _tensors(args):
+        if t.is_nested:
+            return "it touches a nested tensor"
+        if t.layout is not torch.strided:
+            return f"it touches a {str(t.layout).removeprefix('torch.')} tensor"
+    return None
 
 
 @dataclass
@@ -170,12 +293,13 @@ class _Record:
     kwargs: dict
     out: Any
     metas: list  # (tensor, metadata right after the op) for every tensor it touched
-    const: Optional[torch.Tensor] = None  # value of a host constant at capture
+    value: Optional[torch.Tensor] = None  # a host scalar's value at capture
 
 
-class _Recorder(TorchDispatchMode):
+class _Capture:
+    """The ops of one open capture, and the first error it met."""
+
     def __init__(self) -> None:
-        super().__init__()
         self.records: list[_Record] = []
         self.error: Optional[GraphCaptureError] = None
 
@@ -185,41 +309,163 @@ class _Recorder(TorchDispatchMode):
         self.error = self.error or error
         return error
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        info = _op_info(func)
-        if info.check is not None:
-            error = info.check(str(func), args, kwargs)
-            if error is not None:
-                raise self.fail(error)
+    def record(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
+        info, name = _op_info(func), str(func)
+        error = info.check(name, args, kwargs) if info.check is not None else None
+        if error is not None:
+            raise self.fail(error)
         out = func(*args, **kwargs)
-        metas = [(t, _meta(t)) for t in _tensors((args, kwargs, out))]
-        const = out.clone() if info.kind == "const" else None
-        self.records.append(_Record(func, info, args, kwargs, out, metas, const))
+        why = _unrecordable((args, kwargs, out))
+        if why is None:
+            try:
+                metas = [(t, _meta(t)) for t in _tensors((args, kwargs, out))]
+            except Exception as e:  # a tensor the checks above let through
+                why = f"{type(e).__name__}: {e}"
+        if why is not None:
+            raise self.fail(_unsupported_error(name, why))
+        value = out.clone() if info.kind == "scalar" else None
+        self.records.append(_Record(func, info, args, kwargs, out, metas, value))
         return out
 
 
-@contextlib.contextmanager
-def _host_reads_forbidden(recorder: _Recorder) -> Iterator[None]:
-    """Make ``.tolist()``/``.numpy()`` fail: they read CPU storage without dispatching."""
-    saved = {name: torch.Tensor.__dict__.get(name) for name in ("tolist", "numpy")}
+class _ThreadRecorder(TorchDispatchMode):
+    """One per thread with captures open: records each op into the innermost one
+    (the one begun last), as a GPU records into the capture of the current stream."""
 
-    def forbid(name: str) -> Callable:
-        def method(self, *args, **kwargs):
-            raise recorder.fail(_sync_error(
-                f"Tensor.{name}() (a device-to-host copy, aten._to_copy to cpu on a GPU)"))
-        return method
+    def __init__(self) -> None:
+        super().__init__()
+        self.captures: list[_Capture] = []
 
-    for name in saved:
-        setattr(torch.Tensor, name, forbid(name))
-    try:
-        yield
-    finally:
-        for name, old in saved.items():
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return self.captures[-1].record(func, args, kwargs or {})
+
+
+_thread = threading.local()  # .recorder: this thread's _ThreadRecorder while it captures
+
+
+def _current_capture() -> Optional[_Capture]:
+    recorder = getattr(_thread, "recorder", None)
+    return recorder.captures[-1] if recorder is not None and recorder.captures else None
+
+
+# -- host reads that do not dispatch: patched on torch.Tensor while any capture is open -------
+
+
+def _check_to(args: tuple, kwargs: dict) -> Optional[GraphCaptureError]:
+    # Only a device spelled as a string is taken for the host: x.to(x.device) is a
+    # no-op on a GPU, and on the tape every device is the CPU.
+    target = kwargs.get("device", args[0] if args else None)
+    if isinstance(target, str) and torch.device(target).type == "cpu":
+        return _device_to_host_error(f"Tensor.to({target!r})")
+    return None
+
+
+_ON_A_GPU = "(a device-to-host copy, aten._to_copy to cpu on a GPU)"
+_HOST_READS: dict[str, Callable[[tuple, dict], Optional[GraphCaptureError]]] = {
+    "tolist": lambda a, k: _sync_error(f"Tensor.tolist() {_ON_A_GPU}"),
+    "numpy": lambda a, k: _sync_error(f"Tensor.numpy() {_ON_A_GPU}"),
+    "cpu": lambda a, k: _device_to_host_error("Tensor.cpu()"),
+    "to": _check_to,
+}
+
+
+def _guarded(original: Callable, check: Callable[[tuple, dict], Optional[GraphCaptureError]]) -> Callable:
+    @functools.wraps(original)
+    def method(self, *args, **kwargs):
+        capture = _current_capture()
+        error = check(args, kwargs) if capture is not None else None
+        if error is not None:
+            raise capture.fail(error)
+        return original(self, *args, **kwargs)
+
+    return method
+
+
+# torch keeps "is a dispatch mode on?" in module globals that each mode saves and
+# restores on enter/exit; threads interleaving captures would leave them set for
+# good (and Dynamo would then stop compiling), so the guard restores them too.
+_DISPATCH_FLAGS = ("_is_in_torch_dispatch_mode", "_is_in_non_infra_torch_dispatch_mode",
+                   "_is_in_any_mode_without_ignore_compile_internals")
+
+
+class _HostReadGuard:
+    """Reference counted: the first capture to open patches, the last to close restores."""
+
+    lock = threading.Lock()
+    users = 0
+    saved_methods: dict[str, Any] = {}  # torch.Tensor.__dict__ entries; None: inherited
+    saved_flags: dict[str, Any] = {}
+
+    @classmethod
+    def acquire(cls) -> None:
+        with cls.lock:
+            if cls.users == 0:
+                cls.saved_flags = {n: getattr(_python_dispatch, n) for n in _DISPATCH_FLAGS
+                                   if hasattr(_python_dispatch, n)}
+                for name, check in _HOST_READS.items():
+                    cls.saved_methods[name] = torch.Tensor.__dict__.get(name)
+                    setattr(torch.Tensor, name, _guarded(getattr(torch.Tensor, name), check))
+            cls.users += 1
+
+    @classmethod
+    def release(cls) -> None:
+        with cls.lock:
+            cls.users -= 1
+            if cls.users == 0:
+                cls._restore()
+
+    @classmethod
+    def _restore(cls) -> None:
+        for name, old in cls.saved_methods.items():
             if old is None:
                 delattr(torch.Tensor, name)
             else:
                 setattr(torch.Tensor, name, old)
+        for name, value in cls.saved_flags.items():
+            setattr(_python_dispatch, name, value)
+        setter = getattr(_python_dispatch, "set_is_in_mode_without_ignore_compile_internals", None)
+        if setter is not None and _DISPATCH_FLAGS[2] in cls.saved_flags:
+            setter(cls.saved_flags[_DISPATCH_FLAGS[2]])
+
+
+def _open(capture: _Capture) -> None:
+    recorder = getattr(_thread, "recorder", None)
+    if recorder is None:
+        _HostReadGuard.acquire()
+        try:
+            recorder = _ThreadRecorder()
+            recorder.__enter__()
+        except BaseException:
+            _HostReadGuard.release()
+            raise
+        _thread.recorder = recorder
+    recorder.captures.append(capture)
+
+
+def _close(capture: _Capture) -> None:
+    recorder = getattr(_thread, "recorder", None)
+    if recorder is None or capture not in recorder.captures:
+        raise GraphCaptureError("a tape capture must end (or abort) in the thread that began it")
+    recorder.captures.remove(capture)
+    if not recorder.captures:
+        _thread.recorder = None
+        try:
+            recorder.__exit__(None, None, None)
+        finally:
+            _HostReadGuard.release()
+
+
+# -- replay ------------------------------------------------------------------------------------
+
+
+def _naming_op(rec: _Record, build: Callable[[_Record], Any]) -> Any:
+    """``build(rec)``, any failure turned into a GraphCaptureError naming the op."""
+    try:
+        return build(rec)
+    except GraphCaptureError:
+        raise
+    except Exception as e:
+        raise _unsupported_error(str(rec.func), f"{type(e).__name__}: {e}") from e
 
 
 def _copy_into(dst: torch.Tensor, call: Callable[[], torch.Tensor]) -> None:
@@ -238,10 +484,11 @@ class TapeGraph:
     def __init__(self, records: list[_Record], output: Any) -> None:
         self.output = output
         self.ops: list[str] = [str(r.func) for r in records]
-        self._records = [self._pin_metadata(r) for r in records]
+        self._records = [_naming_op(r, self._pin_metadata) for r in records]
         #: Storages the graph allocates or writes: its own, never a stale input.
         self.produced: set[int] = self._produced_storages()
-        self._steps = [s for s in map(self._step, self._records) if s is not None]
+        steps = (_naming_op(r, self._step) for r in self._records)
+        self._steps = [s for s in steps if s is not None]
 
     @property
     def num_replay_ops(self) -> int:
@@ -264,7 +511,7 @@ class TapeGraph:
         """
         new = {}
         for t, meta in rec.metas:
-            if meta is not None and _meta(t) != meta and id(t) not in new:
+            if _meta(t) != meta and id(t) not in new:
                 with torch.no_grad():
                     new[id(t)] = t.as_strided(*meta)
         if new:
@@ -285,7 +532,7 @@ class TapeGraph:
         for rec in self._records:
             if rec.info.kind == "alloc":
                 produced.update(_storage(t) for t in _tensors(rec.out))
-            elif rec.info.kind == "const":  # the host constant is the graph's own too
+            elif rec.info.kind == "scalar":  # a host scalar is the graph's own too
                 produced.update(_storage(t) for t in _tensors((rec.args, rec.out)))
             elif rec.info.kind == "compute":
                 produced.update(_storage(t) for _, t in self._fresh_outputs(rec))
@@ -295,8 +542,8 @@ class TapeGraph:
         kind = rec.info.kind
         if kind in ("alloc", "view"):
             return None  # no kernel; views alias storage that replay updates
-        if kind == "const":
-            return functools.partial(rec.out.copy_, rec.const)
+        if kind == "scalar":
+            return functools.partial(rec.out.copy_, rec.value)
         call = functools.partial(rec.func, *rec.args, **rec.kwargs)
         if kind == "mutate":
             return call
@@ -319,8 +566,8 @@ class TapeGraph:
         known = self.produced | {_storage(t) for t in statics}
         found: dict[int, torch.Tensor] = {}
         for rec in self._records:
-            if rec.info.kind in ("alloc", "const"):
-                continue  # empty_like(t) reads no data; constants are the graph's own
+            if rec.info.kind in ("alloc", "scalar"):
+                continue  # empty_like(t) reads no data; host scalars are the graph's own
             reads = [rec.args] + [v for k, v in rec.kwargs.items() if k not in rec.info.out_kwargs]
             for t in _tensors(reads):
                 ptr = _storage(t)
@@ -360,19 +607,30 @@ class TapeBackend:
 
 
 class OpenTapeCapture:
-    """A tape capture in progress: the recorder and the host-read guard are entered."""
+    """A tape capture in progress: its thread records into it and cannot read the host.
+
+    Captures may overlap, in one thread or several, and end in any order; ``end`` and
+    ``abort`` belong to the thread that began the capture.
+    """
 
     def __init__(self) -> None:
-        self.recorder = _Recorder()
-        self._stack = contextlib.ExitStack()
-        self._stack.enter_context(_host_reads_forbidden(self.recorder))
-        self._stack.enter_context(self.recorder)
+        self._capture: Optional[_Capture] = _Capture()
+        _open(self._capture)
 
     def end(self, output: Any) -> TapeGraph:
-        self._stack.close()
-        if self.recorder.error is not None:
-            raise self.recorder.error
-        return TapeGraph(self.recorder.records, output)
+        capture = self._finish()
+        if capture.error is not None:
+            raise capture.error
+        return TapeGraph(capture.records, output)
 
     def abort(self) -> None:
-        self._stack.close()
+        if self._capture is not None:
+            self._finish()
+
+    def _finish(self) -> _Capture:
+        capture = self._capture
+        if capture is None:
+            raise GraphCaptureError("this tape capture has already ended")
+        _close(capture)
+        self._capture = None
+        return capture
