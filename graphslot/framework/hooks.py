@@ -161,23 +161,86 @@ def bind_hook(
 # --- built-in hooks -------------------------------------------------------------------
 
 
+def _attn_tp_shard(params):
+    """``(sharded, rank, size)``: whether this rank's share of the padded tokens is a
+    slice of them (sglang's ``not enable_prefill_cp and attn_tp_sharded_fn(n)``).
+
+    ``attn_tp_sharded`` stands for sglang's per-bucket predicate, whose default
+    (``ModelRunner.attn_tp_sequence_sharded``) is ``require_gathered_buffer()`` for
+    every bucket; a spec without the param falls back to ``require_gathered_buffer``.
+    """
+    sharded = params.get("attn_tp_sharded")
+    if sharded is None:
+        sharded = params.get("require_gathered_buffer", False)
+    sharded = bool(sharded) and not params.get("enable_prefill_cp")
+    rank = int(params.get("attn_tp_rank", 0))
+    size = int(params.get("attn_tp_size", 1))
+    if sharded and not (size >= 1 and 0 <= rank < size):
+        raise HookError(f"attn_tp_rank={rank} must lie in [0, attn_tp_size={size}) when the "
+                        "non-padded count is sharded (attn_tp_sharded)")
+    return sharded, rank, size
+
+
+def _local_bounds(sharded, rank, size, padded_num_tokens):
+    """``(tokens_per_rank, rank_offset)`` of this rank's contiguous slice of the padded
+    bucket; a replicated forward owns the whole bucket."""
+    if not sharded:
+        return padded_num_tokens, 0
+    per_rank = padded_num_tokens // size
+    return per_rank, per_rank * rank
+
+
 @builtin_hook(
     "local_num_token_non_padded",
     "post_fill",
-    "With gathered (DP) buffers, replace the copied global count of real tokens by this "
-    "attention-TP rank's share of the padded tokens (params: require_gathered_buffer, "
-    "enable_prefill_cp, attn_tp_rank, attn_tp_size).",
+    "Real tokens of the step, from the batch: fb.global_num_token_non_padded (a tensor) "
+    "clamped to this attention-TP rank's slice of the padded tokens when sharded "
+    "(params: attn_tp_sharded, enable_prefill_cp, attn_tp_rank, attn_tp_size), else to "
+    "the padded count; without it fb.num_token_non_padded is copied; without both the "
+    "buffer is left as it is.",
 )
 def _local_num_token_non_padded(params, slot_name):
-    if not params.get("require_gathered_buffer") or params.get("enable_prefill_cp"):
-        return None
-    rank = int(params.get("attn_tp_rank", 0))
-    size = int(params.get("attn_tp_size", 1))
+    sharded, rank, size = _attn_tp_shard(params)
 
     def post_fill(buffer, fb, ctx):
-        per_rank = ctx.padded_num_tokens // size
-        global_count = getattr(fb, "num_token_non_padded")
-        torch.clamp(global_count - rank * per_rank, 0, per_rank, out=buffer)
+        global_count = getattr(fb, "global_num_token_non_padded", None)
+        if global_count is None:
+            # Batches that bypass the global count (sub-batches, dense drafts) carry the
+            # local one themselves; without either the buffer keeps its last value.
+            local = getattr(fb, "num_token_non_padded", None)
+            if isinstance(local, torch.Tensor):
+                buffer.copy_(local.reshape(buffer.shape))
+            elif local is not None:
+                buffer.fill_(int(local))
+            return
+        per_rank, offset = _local_bounds(sharded, rank, size, ctx.padded_num_tokens)
+        if isinstance(global_count, torch.Tensor):
+            # Never `out=buffer`: a 0-d count would resize the static [1] buffer.
+            buffer.copy_(torch.clamp(global_count - offset, 0, per_rank).reshape(buffer.shape))
+        else:
+            buffer.fill_(min(max(int(global_count) - offset, 0), per_rank))
+
+    return post_fill
+
+
+@builtin_hook(
+    "local_num_token_non_padded_cpu",
+    "post_fill",
+    "Real tokens of the padded bucket, from the host int fb.global_num_token_non_padded_cpu "
+    "clamped to this attention-TP rank's slice of the bucket when sharded (params: "
+    "attn_tp_sharded, enable_prefill_cp, attn_tp_rank, attn_tp_size), else to the "
+    "bucket; without it, the raw token count of the step.",
+)
+def _local_num_token_non_padded_cpu(params, slot_name):
+    sharded, rank, size = _attn_tp_shard(params)
+
+    def post_fill(buffer, fb, ctx):
+        global_count = getattr(fb, "global_num_token_non_padded_cpu", None)
+        if global_count is None:
+            buffer.fill_(ctx.raw_num_tokens)
+            return
+        per_rank, offset = _local_bounds(sharded, rank, size, ctx.padded_num_tokens)
+        buffer.fill_(min(max(int(global_count) - offset, 0), per_rank))
 
     return post_fill
 
