@@ -20,12 +20,13 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import yaml
 
 from . import __version__
-from .api import build_registry
-from .framework.errors import SpecError, SpecIssue
-from .framework.hooks import BUILTIN_HOOKS, HOOK_SIGNATURES, is_import_reference
+from .framework.checks import DEFAULT_MAX_BYTES
+from .framework.dtypes import dtype_name
+from .framework.errors import SpecError, SpecIssue, shorten
+from .framework.hooks import HOOK_SIGNATURES, is_import_reference
 from .framework.loading import load_spec, shipped_spec_names, spec_path
 from .framework.model import RegistrySpec
-from .framework.resolve import resolve_params
+from .framework.resolve import ResolvedSlot, resolve_params, resolve_slots
 from .framework.schema import schema_text
 from .project import ProjectConfigError, load_project_config
 
@@ -66,7 +67,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(exc, file=sys.stderr)
     except (ProjectConfigError, OSError) as exc:
         print(f"graphslot {args.command}: error: {exc}", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 - the spec-reading commands never end in a traceback
+        if args.command not in SPEC_READING_COMMANDS:
+            raise
+        print(f"graphslot {args.command}: error: {type(exc).__name__}: {shorten(str(exc), 200, quote=False)}",
+              file=sys.stderr)
     return 1
+
+
+# Commands that read untrusted spec files: every failure is a message and exit 1.
+SPEC_READING_COMMANDS = ("validate", "show", "schema")
 
 
 def display_path(path: Path) -> str:
@@ -89,16 +99,53 @@ def default_targets() -> List[Tuple[Any, Optional[Path]]]:
     return targets
 
 
-def check_target(target: Any, listed_in: Optional[Path]) -> Tuple[Optional[RegistrySpec], List[SpecIssue]]:
+def check_target(target: Any, listed_in: Optional[Path], import_hooks: bool = False,
+                 max_bytes: Optional[int] = None) -> Tuple[Optional[RegistrySpec], List[SpecIssue]]:
+    """Load one spec; whatever goes wrong comes back as issues, never as an exception."""
     if listed_in is not None and not Path(target).is_file():
         where = f"listed in {display_path(listed_in)} [tool.graphslot] specs"
         return None, [SpecIssue(display_path(target), None, f"no such spec file ({where})")]
     try:
-        return load_spec(target), []
+        return load_spec(target, import_hooks=import_hooks, max_bytes=max_bytes), []
     except SpecError as exc:
         return None, exc.issues
-    except (OSError, UnicodeDecodeError) as exc:
-        return None, [SpecIssue(str(target), None, f"cannot read: {exc}")]
+    except OSError as exc:
+        return None, [SpecIssue(str(target), None, f"cannot read: {shorten(str(exc), 200, quote=False)}")]
+    except Exception as exc:  # noqa: BLE001 - one bad file must not hide the others
+        return None, [SpecIssue(str(target), None, f"internal error while checking the spec: "
+                                                   f"{type(exc).__name__}: {shorten(str(exc), 200, quote=False)}")]
+
+
+def unchecked_hook_imports(spec: RegistrySpec) -> int:
+    """Distinct ``module:function`` hook references (imported only with --import-hooks)."""
+    return len({ref for slot in spec.slots for kind in HOOK_SIGNATURES
+                if (ref := getattr(slot, kind)) and is_import_reference(ref)})
+
+
+def import_hooks_wanted(args: argparse.Namespace, strict: bool = True) -> bool:
+    """--import-hooks, or ``import_hooks = true`` in the project's [tool.graphslot].
+
+    ``strict=False``: an unreadable pyproject.toml means no (the safe answer) instead of
+    an error, for commands that do not otherwise need the project's configuration.
+    """
+    if args.import_hooks:
+        return True
+    try:
+        config = load_project_config(Path.cwd())
+    except ProjectConfigError:
+        if strict:
+            raise
+        return False
+    return bool(getattr(config, "import_hooks", False))
+
+
+def add_spec_reading_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--import-hooks", action="store_true",
+                        help="import 'module:function' hooks and check their signatures (runs that code; "
+                             "also: import_hooks = true under [tool.graphslot]); off, only their form is checked")
+    parser.add_argument("--max-bytes", type=non_negative_int, default=DEFAULT_MAX_BYTES, metavar="N",
+                        help="largest total of bytes a spec may declare at max_bs = max_num_tokens = 256, "
+                             f"under its defaults and every preset (default {DEFAULT_MAX_BYTES})")
 
 
 @subcommand("validate")
@@ -110,14 +157,21 @@ def setup_validate(parser: argparse.ArgumentParser) -> Runner:
     clean, 1 otherwise.
     """
     parser.add_argument("specs", nargs="*", metavar="SPEC", help="a shipped spec name or a YAML file")
+    add_spec_reading_options(parser)
 
     def run(args: argparse.Namespace) -> int:
         targets = [(spec, None) for spec in args.specs] or default_targets()
+        import_hooks = import_hooks_wanted(args, strict=not args.specs)
         failed = errors = 0
         for target, listed_in in targets:
-            spec, issues = check_target(target, listed_in)
+            spec, issues = check_target(target, listed_in, import_hooks, args.max_bytes)
             if spec is not None:
-                print(f"ok  {spec.source} ({len(spec.slots)} slots)")
+                note = ""
+                unchecked = 0 if import_hooks else unchecked_hook_imports(spec)
+                if unchecked:
+                    note = (f"; {unchecked} hook import{'s' if unchecked > 1 else ''} not checked: "
+                            "pass --import-hooks")
+                print(f"ok  {spec.source} ({len(spec.slots)} slots{note})")
             for issue in issues:
                 print(issue)
             failed, errors = failed + bool(issues), errors + len(issues)
@@ -135,23 +189,32 @@ def param_arg(text: str) -> Tuple[str, Any]:
     """``NAME=VALUE`` with VALUE read as a YAML scalar (4, int32, true)."""
     name, sep, value = text.partition("=")
     if not sep or not name.strip().isidentifier():
-        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {shorten(text)}")
     try:
         parsed = yaml.safe_load(value)
-    except yaml.YAMLError:
-        raise argparse.ArgumentTypeError(f"cannot read the value of {text!r} as a YAML scalar") from None
+    except (yaml.YAMLError, ValueError):
+        raise argparse.ArgumentTypeError(f"cannot read the value of {shorten(text)} as a YAML scalar") from None
     if isinstance(parsed, (list, dict)):
-        raise argparse.ArgumentTypeError(f"the value of {text!r} must be a scalar (a number, true/false or a name)")
+        raise argparse.ArgumentTypeError(f"the value of {shorten(text)} must be a scalar "
+                                         "(a number, true/false or a name)")
     return name.strip(), parsed
 
 
 def positive_int(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    if not (text.isascii() and text.isdigit()) or len(text) > 19 or not 1 <= int(text) < 2**63:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {shorten(text)}")
+    return int(text)
+
+
+def non_negative_int(text: str) -> int:
+    if not (text.isascii() and text.isdigit()) or len(text) > 19 or int(text) >= 2**63:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {shorten(text)}")
     return int(text)
 
 
 def human_bytes(n: float) -> str:
+    if n >= 1 << 60:  # beyond any machine; floats may not even hold it
+        return f"about 2**{int(n).bit_length() - 1} B"
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024:
             return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
@@ -165,28 +228,25 @@ def format_value(value: Any) -> str:
     return str(value).removeprefix("torch.")
 
 
-def stand_in_hooks(spec: RegistrySpec) -> Dict[str, Callable]:
-    """Stand-ins for hooks an engine passes to build_registry(hooks=...): `show` only
-    allocates, and the engine's hooks are not available from the command line."""
-    def unused(*args):
-        return None
-
-    refs = {getattr(slot, kind) for slot in spec.slots for kind in HOOK_SIGNATURES}
-    return {ref: unused for ref in refs if ref and ref not in BUILTIN_HOOKS and not is_import_reference(ref)}
+def slot_bytes(r: ResolvedSlot) -> int:
+    """The bytes a resolved slot's buffer takes, computed (nothing is allocated)."""
+    numel = 1
+    for extent in r.shape:
+        numel *= extent
+    return numel * r.dtype.itemsize
 
 
-def show_rows(registry) -> List[List[str]]:
+def show_rows(spec: RegistrySpec, resolved: Sequence[ResolvedSlot], device: str = "cpu") -> List[List[str]]:
     rows = []
-    for slot in registry.all_slots():
-        r = slot.spec
-        padding = registry.spec.slot_spec(r.name).padding or "-"
+    for slot, r in zip(spec.slots, resolved):  # resolve_slots keeps spec order
+        padding = slot.padding or "-"
         if r.pad_value is not None and r.fills_at_allocation:
             padding += f" ({format_value(r.pad_value)})"
         axis = r.axis + (f" (dim {r.slice_dim})" if r.slice_dim else "")
-        device = "cpu (host)" if r.host else str(registry.device)
-        nbytes = str(slot.buffer.numel() * slot.buffer.element_size()) if slot.enabled else "-"
-        rows.append([r.name, str(list(r.shape)), format_value(r.dtype), axis, padding, device, nbytes,
-                     "yes" if r.enabled else "no"])
+        host = "cpu (host)" if r.host else device
+        nbytes = str(slot_bytes(r)) if r.enabled else "-"
+        rows.append([shorten(r.name, quote=False), str(list(r.shape)), dtype_name(r.dtype), axis, padding, host,
+                     nbytes, "yes" if r.enabled else "no"])
     return rows
 
 
@@ -203,8 +263,9 @@ def format_table(header: List[str], rows: List[List[str]], right: Sequence[int] 
 def setup_show(parser: argparse.ArgumentParser) -> Runner:
     """Print the buffers a spec allocates for a param set.
 
-    Builds the registry as an engine would (interpreted, on the CPU) and prints each
-    slot's resolved shape, dtype, axis, padding, device and size; disabled slots are
+    Resolves the spec for the params and capacities as build_registry would and prints
+    each slot's shape, dtype, axis, padding, device and size (computed: nothing is
+    allocated, and hooks are not imported unless --import-hooks); disabled slots are
     listed with their shape and no bytes.
     """
     parser.add_argument("spec", metavar="SPEC", help="a shipped spec name or a YAML file")
@@ -213,23 +274,28 @@ def setup_show(parser: argparse.ArgumentParser) -> Runner:
     parser.add_argument("--preset", metavar="NAME", help="start from one of the spec's presets")
     parser.add_argument("--max-bs", type=positive_int, default=256, metavar="N", help="batch capacity (default 256)")
     parser.add_argument("--max-num-tokens", type=positive_int, default=256, metavar="N", help="token capacity (default 256)")
+    add_spec_reading_options(parser)
 
     def run(args: argparse.Namespace) -> int:
-        spec = load_spec(args.spec)
+        import_hooks = import_hooks_wanted(args, strict=False)
+        spec = load_spec(args.spec, import_hooks=import_hooks, max_bytes=args.max_bytes)
         overrides = dict(args.param)
-        registry = build_registry(spec, args.max_bs, args.max_num_tokens, device="cpu", params=overrides,
-                                  mode="interpreted", preset=args.preset, hooks=stand_in_hooks(spec))
+        params = resolve_params(spec, overrides, preset=args.preset)
+        resolved = resolve_slots(spec, params, args.max_bs, args.max_num_tokens)
         defaults = resolve_params(spec)
-        changed = [f"{k}={format_value(v)}" for k, v in registry.params.items() if v != defaults[k]]
-        print(f"{spec.name} ({spec.source}): max_bs={args.max_bs} max_num_tokens={args.max_num_tokens}"
-              + (f" preset={args.preset}" if args.preset else ""))
+        changed = [f"{k}={shorten(format_value(v), quote=False)}" for k, v in params.items() if v != defaults[k]]
+        preset = f" preset={shorten(args.preset, quote=False)}" if args.preset else ""
+        print(f"{spec.name} ({spec.source}): max_bs={args.max_bs} max_num_tokens={args.max_num_tokens}{preset}")
         print(f"params: {', '.join(changed) or 'defaults'}")
         print()
         header = ["slot", "shape", "dtype", "axis", "padding", "device", "bytes", "enabled"]
-        print(format_table(header, show_rows(registry), right=(6,)))
+        print(format_table(header, show_rows(spec, resolved), right=(6,)))
         print()
-        print(f"total: {registry.nbytes} bytes ({human_bytes(registry.nbytes)}) in "
-              f"{len(registry.active)} of {len(registry.all_slots())} slots enabled")
+        enabled = [r for r in resolved if r.enabled]
+        total = sum(slot_bytes(r) for r in enabled)
+        print(f"total: {total} bytes ({human_bytes(total)}) in {len(enabled)} of {len(resolved)} slots enabled")
+        if not import_hooks and (unchecked := unchecked_hook_imports(spec)):
+            print(f"note: {unchecked} hook import{'s' if unchecked > 1 else ''} not checked: pass --import-hooks")
         return 0
 
     return run
@@ -250,9 +316,13 @@ def setup_schema(parser: argparse.ArgumentParser) -> Runner:
     def run(args: argparse.Namespace) -> int:
         if args.output is None:
             sys.stdout.write(schema_text())
-        else:
+            return 0
+        try:
             args.output.write_text(schema_text(), encoding="utf-8")
-            print(f"wrote {args.output}")
+        except OSError as exc:
+            print(f"{args.output}: cannot write: {exc.strerror or exc}", file=sys.stderr)
+            return 1
+        print(f"wrote {args.output}")
         return 0
 
     return run
@@ -268,25 +338,36 @@ def setup_generate(parser: argparse.ArgumentParser) -> Runner:
     Reads [tool.graphslot] output_dir and [[tool.graphslot.outputs]] (module, spec,
     optional preset and params) of the project's pyproject.toml. Files are written
     atomically and only when they change; generated files no output declares are
-    removed. With --check nothing is written: exit 1 when an output is stale, missing or
-    orphaned, with a unified diff and the command that fixes it.
+    removed. Only files inside the project are written, and only files graphslot
+    generated (an existing hand-written file at an output's path is an error). With
+    --check nothing is written: exit 1 when an output is stale, missing or orphaned,
+    with a unified diff and the command that fixes it.
     """
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 when outputs are out of date")
 
     def run(args: argparse.Namespace) -> int:
-        from .codegen.aot import ConfigError, generate
+        from .codegen.aot import GenerateReport, generate
 
-        config = load_project_config(Path.cwd())
-        if not config.raw.get("outputs"):
+        # An invalid [tool.graphslot] table, an output_dir outside the project or an
+        # existing file graphslot did not generate: ProjectConfigError, printed here as
+        # `file:line: message` lines (exit 1). Spec problems (SpecError, the refused
+        # generated code included) are printed the same way by main.
+        try:
+            config = load_project_config(Path.cwd())
+        except ProjectConfigError as exc:  # one `pyproject.toml:LINE: message` line per problem
+            print(exc, file=sys.stderr)
+            return 1
+        if not config.outputs:
             where = display_path(config.path) if config.path else "pyproject.toml (none found)"
             print(f"graphslot generate: error: {where} declares no [[tool.graphslot.outputs]]; see README "
                   "'Generating code ahead of time'", file=sys.stderr)
             return 1
         try:
             report = generate(config.root, config.raw, check=args.check)
-        except ConfigError as exc:
-            print(f"graphslot generate: error: {display_path(config.path)}: {exc}", file=sys.stderr)
+        except ProjectConfigError as exc:
+            print(exc, file=sys.stderr)
             return 1
+        modules = GenerateReport.modules
         if args.check:
             for diff in report.diffs:
                 sys.stdout.write(diff)
@@ -296,13 +377,13 @@ def setup_generate(parser: argparse.ArgumentParser) -> Runner:
                 print(f"{len(report.problems)} generated file(s) out of date; run `graphslot generate` "
                       "and commit the result", file=sys.stderr)
                 return 1
-            print(f"ok  {len(report.unchanged)} generated file(s) up to date")
+            print(f"ok  {len(modules(report.unchanged))} generated module(s) up to date")
             return 0
         for path in report.written:
             print(f"wrote    {display_path(path)}")
         for path in report.removed:
             print(f"removed  {display_path(path)}")
-        print(f"{len(report.unchanged)} unchanged")
+        print(f"{len(modules(report.unchanged))} unchanged")
         return 0
 
     return run

@@ -134,11 +134,11 @@ def test_validate_malformed_pyproject(capsys, tmp_path, monkeypatch):
 
 
 def test_project_config(tmp_path):
-    (tmp_path / "pyproject.toml").write_text('[tool.graphslot]\nspecs = ["a.yaml"]\nout = "gen"\n')
+    (tmp_path / "pyproject.toml").write_text('[tool.graphslot]\nspecs = ["a.yaml"]\noutput_dir = "gen"\n')
     config = load_project_config(tmp_path)
     assert config.root == tmp_path.resolve()
     assert config.specs == [tmp_path.resolve() / "a.yaml"]
-    assert config.raw == {"specs": ["a.yaml"], "out": "gen"}
+    assert config.raw == {"specs": ["a.yaml"], "output_dir": "gen"}
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n')
     assert load_project_config(tmp_path).specs == [] and load_project_config(tmp_path).raw == {}
 

@@ -433,3 +433,47 @@ def test_python_type_name(value, name):
 def test_to_python_mapping_keep_renames_kept_names():
     expr = Expr.parse("max(device, 2) * scale")
     assert expr.to_python({"scale": 3}, keep={"device": "rt_device"}) == "max(rt_device, 2) * 3"
+
+
+# -- limits on untrusted text -------------------------------------------------------
+
+
+def _expr_error(text, env=None):
+    with pytest.raises(ExprError) as info:
+        expr = Expr.parse(text)
+        expr.evaluate(env or {})
+    return str(info.value)
+
+
+def test_expression_length_limit():
+    text = "1+" * 500 + "1"
+    assert _expr_error(text) == (f"expression '{text[:79]}…' is 1001 characters long; at most 1000 are allowed")
+
+
+def test_expression_depth_limit():
+    text = "-" * 60 + "1"
+    assert _expr_error(text) == (f"expression '{text}' nests deeper than 50 levels (a sum of n terms nests n deep)")
+    assert Expr.parse("+".join(["1"] * 49)).evaluate({}) == 49
+
+
+@pytest.mark.parametrize("text, env, message", [
+    ("x * x", {"x": 2**32}, "'x * x' in expression 'x * x': integer overflow: the value has 65 bits, beyond the "
+                            "signed 64-bit range (|value| < 2**63)"),
+    ("x", {"x": 2**63}, "'x' in expression 'x': integer overflow: the value has 64 bits, beyond the signed "
+                        "64-bit range (|value| < 2**63)"),
+    ("-x - 2", {"x": 2**63 - 1}, "'-x - 2' in expression '-x - 2': integer overflow: the value has 64 bits, "
+                                 "beyond the signed 64-bit range (|value| < 2**63)"),
+    ("9223372036854775808", {}, "'9223372036854775808' in expression '9223372036854775808': integer overflow: "
+                                "the value has 64 bits, beyond the signed 64-bit range (|value| < 2**63)"),
+    ("x // 0", {"x": 1}, "division by zero in expression 'x // 0'"),
+    ("x % (x - 1)", {"x": 1}, "division by zero in expression 'x % (x - 1)'"),
+])
+def test_evaluation_is_bounded(text, env, message):
+    assert _expr_error(text, env) == message
+
+
+def test_the_bound_is_the_magnitude():
+    """|value| < 2**63: every int64 but -2**63, so negating a value never overflows."""
+    assert Expr.parse("x - 1 + 1").evaluate({"x": 2**63 - 1}) == 2**63 - 1
+    assert Expr.parse("-x").evaluate({"x": 2**63 - 1}) == -(2**63 - 1)
+    assert "integer overflow" in _expr_error("-x - 1", {"x": 2**63 - 1})

@@ -41,8 +41,7 @@ def test_yaml_syntax_error_names_its_line():
            shape: [max_bs]
         """
     assert spec_error(text) == [
-        "spec.yaml:4: YAML syntax error: while parsing a block collection, expected <block end>, "
-        "but found '<block mapping start>'"
+        "spec.yaml:4: YAML syntax error: while parsing a block collection, did not find expected '-' indicator"
     ]
 
 
@@ -486,12 +485,20 @@ def test_slot_name_must_be_an_identifier():
     ids=["bad-module", "bad-attribute", "not-callable", "too-few-args", "source-as-post_fill", "post_fill-as-pre"],
 )
 def test_import_hook_that_cannot_be_used(keys, expected):
-    assert spec_error(make_slot_yaml(**keys)) == [f"spec.yaml:8: slot 'x': {expected}"]
+    with pytest.raises(gs.SpecError) as info:
+        gs.parse_spec(make_slot_yaml(**keys), source="spec.yaml", import_hooks=True)
+    assert str(info.value).splitlines() == [f"spec.yaml:8: slot 'x': {expected}"]
+
+
+def test_import_hooks_are_not_imported_unless_asked():
+    """Without import_hooks only the form of a `module:function` reference is checked."""
+    assert parse(make_slot_yaml(post_fill="no_such_module_xyz:fn")).slots[0].post_fill == "no_such_module_xyz:fn"
 
 
 def test_import_hooks_that_fit_are_valid():
-    spec = parse(make_slot_yaml(post_fill="hooks_for_tests:post_fill_fits",
-                                pre_capture="hooks_for_tests:pre_capture_fits"))
+    spec = gs.parse_spec(make_slot_yaml(post_fill="hooks_for_tests:post_fill_fits",
+                                        pre_capture="hooks_for_tests:pre_capture_fits"),
+                         source="spec.yaml", import_hooks=True)
     assert spec.slots[0].post_fill == "hooks_for_tests:post_fill_fits"
 
 

@@ -23,8 +23,8 @@ class SpecIssue:
 
     def __str__(self) -> str:
         where = f"{self.file}:{self.line}:" if self.line is not None else f"{self.file}:"
-        subject = f" slot '{self.slot}':" if self.slot else ""
-        return f"{where}{subject} {self.message}"
+        subject = f" slot '{shorten(self.slot, quote=False)}':" if self.slot else ""
+        return f"{where}{subject} {shorten(self.message, MAX_MESSAGE, quote=False)}"
 
 
 class SpecError(ValueError):
@@ -48,11 +48,43 @@ class ExprError(ValueError):
     """An expression is not valid; wrapped into a SpecIssue with its location."""
 
 
+MAX_HINT_WORD = 64
+MAX_HINT_CANDIDATES = 2000
+
+
 def did_you_mean(word: str, candidates: Iterable[str]) -> str:
     """A ``; did you mean 'x'?`` suffix, or an empty string when nothing is close."""
-    close = difflib.get_close_matches(str(word), sorted(set(candidates)), n=1, cutoff=0.6)
+    word, candidates = str(word), set(candidates)
+    # difflib is quadratic in the lengths: a hint is for typos, not for hostile input.
+    if len(word) > MAX_HINT_WORD or len(candidates) > MAX_HINT_CANDIDATES:
+        return ""
+    close = difflib.get_close_matches(word, sorted(c for c in candidates if len(c) <= 2 * MAX_HINT_WORD),
+                                      n=1, cutoff=0.6)
     return f"; did you mean '{close[0]}'?" if close else ""
 
 
 def one_of(candidates: Iterable[str]) -> str:
     return ", ".join(sorted(candidates))
+
+
+# Longest value (repr) an error message shows; longer ones end in an ellipsis.
+MAX_SHOWN = 80
+# Longest message a SpecIssue prints (a safety net behind MAX_SHOWN).
+MAX_MESSAGE = 2000
+
+
+def _escape_controls(text: str) -> str:
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def shorten(value: object, limit: int = MAX_SHOWN, quote: bool = True) -> str:
+    """``repr(value)`` (or ``str`` with ``quote=False``), control characters escaped, cut
+    to ``limit`` characters with an ellipsis: untrusted values never make long lines."""
+    if isinstance(value, str) and len(value) > 4 * limit:
+        value = value[: 4 * limit]  # repr and escaping of the rest would be thrown away
+        text = (repr(value) if quote else _escape_controls(value))
+        return text[: limit - 1] + "…"
+    text = repr(value) if quote else _escape_controls(str(value))
+    return text if len(text) <= limit else text[: limit - 1] + "…"

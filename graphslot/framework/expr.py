@@ -15,13 +15,20 @@ from typing import Any, Collection, Mapping, Optional
 
 import torch
 
-from graphslot.framework.errors import ExprError, did_you_mean
+from graphslot.framework.errors import ExprError, did_you_mean, shorten
 
 TYPES = ("int", "float", "bool", "str", "dtype")
 _NUMERIC = ("int", "float")
 
 # What the language has, for error messages and docs ("expressions may use ...").
 ALLOWED = "names, int/float/bool literals, + - * // %, comparisons, and/or/not, 'a if c else b', max(), min()"
+
+# Bounds on untrusted text: the longest expression, its deepest nesting (a sum of n
+# terms nests n deep), and integers met while evaluating: |value| < INT_LIMIT, the
+# signed 64-bit range every buffer dtype and index lives in.
+MAX_EXPR_LENGTH = 1000
+MAX_EXPR_DEPTH = 50
+INT_LIMIT = 2**63
 
 # YAML people write true/false; they read as the bools, never as params.
 _BOOL_NAMES = {"true": True, "false": False}
@@ -73,17 +80,25 @@ def _literal(value: Any) -> tuple[str, int]:
 class Expr:
     """A parsed expression; equal and hashed by its text."""
 
-    __slots__ = ("text", "names", "_source", "_tree")
+    __slots__ = ("text", "names", "_source", "_tree", "_shown")
 
     def __init__(self, text: str):
         if not isinstance(text, str):
-            raise ExprError(f"expression must be a string, got {type(text).__name__} {text!r}")
+            raise ExprError(f"expression must be a string, got {type(text).__name__} {shorten(text)}")
         self.text = text
+        self._shown = shorten(text, quote=False)  # how messages quote it
         self._source = text.strip()  # YAML may leave spaces around it; ast rejects a leading one
+        if len(self._source) > MAX_EXPR_LENGTH:
+            raise ExprError(f"expression '{self._shown}' is {len(self._source)} characters long; "
+                            f"at most {MAX_EXPR_LENGTH} are allowed")
         try:
             self._tree = ast.parse(self._source, mode="eval").body
         except (SyntaxError, ValueError) as e:  # ValueError: e.g. a NUL byte
-            raise ExprError(f"invalid expression '{text}': {getattr(e, 'msg', e)}") from None
+            msg = shorten(str(getattr(e, "msg", e)), 200, quote=False)
+            raise ExprError(f"invalid expression '{self._shown}': {msg}") from None
+        except (RecursionError, MemoryError):
+            raise self._too_deep() from None
+        self._check_depth(self._tree)
         self._check_syntax(self._tree)
         self.names: frozenset[str] = _free_names(self._tree)
 
@@ -119,17 +134,37 @@ class Expr:
     # -- errors -----------------------------------------------------------------
 
     def _fragment(self, node: ast.AST) -> str:
-        return ast.get_source_segment(self._source, node) or ast.unparse(node)
+        return shorten(ast.get_source_segment(self._source, node) or ast.unparse(node), quote=False)
 
     def _fail(self, node: ast.AST, reason: str) -> ExprError:
-        return ExprError(f"'{self._fragment(node)}' in expression '{self.text}': {reason}")
+        return ExprError(f"'{self._fragment(node)}' in expression '{self._shown}': {reason}")
 
     def _unsupported(self, node: ast.AST, allowed: str) -> ExprError:
         fragment = self._fragment(node)
-        return ExprError(f"unsupported syntax '{fragment}' in expression '{self.text}': {allowed}")
+        return ExprError(f"unsupported syntax '{fragment}' in expression '{self._shown}': {allowed}")
 
     def _unknown(self, name: str, known: Collection[str]) -> ExprError:
-        return ExprError(f"unknown name '{name}' in expression '{self.text}'{did_you_mean(name, known)}")
+        return ExprError(f"unknown name '{shorten(name, quote=False)}' in expression '{self._shown}'"
+                         f"{did_you_mean(name, known)}")
+
+    def _too_deep(self) -> ExprError:
+        return ExprError(f"expression '{self._shown}' nests deeper than {MAX_EXPR_DEPTH} levels "
+                         "(a sum of n terms nests n deep)")
+
+    def _bounded(self, node: ast.AST, value: Any) -> Any:
+        """``value``, unless it is an int outside the signed 64-bit range."""
+        if type(value) is int and not -INT_LIMIT < value < INT_LIMIT:
+            raise self._fail(node, f"integer overflow: the value has {value.bit_length()} bits, "
+                                   "beyond the signed 64-bit range (|value| < 2**63)")
+        return value
+
+    def _check_depth(self, tree: ast.AST) -> None:
+        stack = [(tree, 1)]
+        while stack:
+            node, depth = stack.pop()
+            if depth > MAX_EXPR_DEPTH:
+                raise self._too_deep()
+            stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
 
     # -- syntax -----------------------------------------------------------------
 
@@ -228,7 +263,7 @@ class Expr:
         typ = python_type_name
         match node:
             case ast.Constant(value=value):
-                return value
+                return self._bounded(node, value)
             case ast.Name(id=name) if name in _BOOL_NAMES:
                 return _BOOL_NAMES[name]
             case ast.Name(id=name):
@@ -237,21 +272,21 @@ class Expr:
                 value = env[name]
                 if typ(value) is None:
                     kind, allowed = type(value).__name__, ", ".join(TYPES)
-                    raise self._fail(node, f"value {value!r} has type {kind}, not one of {allowed}")
-                return value
+                    raise self._fail(node, f"value {shorten(value)} has type {kind}, not one of {allowed}")
+                return self._bounded(node, value)
             case ast.UnaryOp(op=op, operand=x):
                 sym, fn = _UNARY[type(op)]
                 value = self._eval(x, env)
                 self._unary_type(node, sym, typ(value))
-                return fn(value)
+                return self._bounded(node, fn(value))
             case ast.BinOp(left=left, op=op, right=right):
                 sym, fn = _BINOPS[type(op)]
                 a, b = self._eval(left, env), self._eval(right, env)
                 self._arith_type(node, sym, typ(a), typ(b))
                 try:
-                    return fn(a, b)
+                    return self._bounded(node, fn(a, b))
                 except ZeroDivisionError:
-                    raise _ZeroDivision(f"division by zero in expression '{self.text}'") from None
+                    raise _ZeroDivision(f"division by zero in expression '{self._shown}'") from None
                 except OverflowError as e:
                     raise self._fail(node, str(e)) from None
             case ast.Compare(left=left, ops=ops, comparators=rest):

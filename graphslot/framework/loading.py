@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 from pydantic import ValidationError
 
-from .checks import check_spec
-from .errors import SpecError, SpecIssue, did_you_mean, one_of
-from .model import AXES, PADDINGS, PARAM_KEYS, PARAM_TYPES, SLOT_KEYS, TOP_KEYS, ParamSpec, RegistrySpec, SlotSpec
-from .yaml_loader import Locations, load_yaml
+from .checks import DEFAULT_MAX_BYTES, check_spec
+from .errors import SpecError, SpecIssue, did_you_mean, one_of, shorten
+from .model import (AXES, MAX_PARAMS, MAX_PRESETS, MAX_SLOTS, PADDINGS, PARAM_KEYS, PARAM_TYPES, SLOT_KEYS,
+                    TOP_KEYS, ParamSpec, RegistrySpec, SlotSpec)
+from .yaml_loader import Locations, line_of_position, load_yaml
 
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "slot_specs"
+# Largest spec file read, in bytes (a spec is a few KiB; validation is linear in size).
+MAX_SPEC_BYTES = 16 << 20
 _CHOICES = {"axis": AXES, "padding": PADDINGS, "type": PARAM_TYPES, "device": ("cpu",)}
 
 
@@ -33,10 +36,38 @@ def spec_path(name_or_path: Union[str, os.PathLike]) -> Path:
     return path
 
 
-def load_spec(name_or_path: Union[str, os.PathLike]) -> RegistrySpec:
-    """Load a shipped spec by name or a spec file by path."""
+def load_spec(name_or_path: Union[str, os.PathLike], *, import_hooks: bool = False,
+              max_bytes: Optional[int] = None) -> RegistrySpec:
+    """Load a shipped spec by name or a spec file by path.
+
+    ``import_hooks``: import ``module:function`` hooks and check their signatures (off:
+    only the reference's form is checked, and no user code runs). ``max_bytes``: the cap
+    on the bytes the spec declares at the validation capacities (default
+    :data:`graphslot.framework.checks.DEFAULT_MAX_BYTES`).
+    """
     path = spec_path(name_or_path)
-    return parse_spec(path.read_text(), source=_display_path(path))
+    source = _display_path(path)
+    return parse_spec(read_spec_text(path, source), source=source, import_hooks=import_hooks,
+                      max_bytes=max_bytes)
+
+
+def read_spec_text(path: Path, source: str) -> str:
+    """The text of a spec file: UTF-8, at most MAX_SPEC_BYTES; else SpecError with the line."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_SPEC_BYTES + 1)
+    except OSError as exc:
+        raise SpecError([SpecIssue(source, None, f"cannot read: {exc.strerror or exc}")]) from None
+    if len(data) > MAX_SPEC_BYTES:
+        raise SpecError([SpecIssue(source, None, f"the file is larger than {MAX_SPEC_BYTES} bytes; "
+                                                 "a spec is a few KiB")])
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise SpecError([SpecIssue(source, line, f"not UTF-8: byte 0x{data[exc.start]:02x} at offset "
+                                                 f"{exc.start} cannot be decoded")]) from None
+    return text.removeprefix("\ufeff")
 
 
 def _display_path(path: Path) -> str:
@@ -47,16 +78,32 @@ def _display_path(path: Path) -> str:
     return str(path) if relative.startswith("..") else relative
 
 
-def parse_spec(text: str, source: str = "<string>") -> RegistrySpec:
-    """Parse and validate spec text; raises SpecError listing every problem."""
+def parse_spec(text: str, source: str = "<string>", *, import_hooks: bool = False,
+               max_bytes: Optional[int] = None) -> RegistrySpec:
+    """Parse and validate spec text; raises SpecError listing every problem.
+
+    See :func:`load_spec` for ``import_hooks`` and ``max_bytes``.
+    """
+    if not isinstance(text, str):
+        raise SpecError([SpecIssue(source, None, f"spec text must be a str, got {type(text).__name__}")])
+    if len(text) > MAX_SPEC_BYTES:
+        raise SpecError([SpecIssue(source, None, f"the text is longer than {MAX_SPEC_BYTES} characters; "
+                                                 "a spec is a few KiB")])
+    nul = text.find("\x00")
+    if nul >= 0:  # libyaml would stop at it without a word
+        raise SpecError([SpecIssue(source, line_of_position(text, nul),
+                                   "YAML syntax error: control characters are not allowed (character #x0000)")])
     loaded = load_yaml(text, source)
     issues = list(loaded.issues)
     data = loaded.data
-    if any(i.message.startswith("YAML syntax error") for i in issues):
+    if loaded.fatal:
         raise SpecError(issues)
     if not isinstance(data, dict):
         raise SpecError(issues + [SpecIssue(source, 1, "a spec is a mapping with keys "
                                             + ", ".join(TOP_KEYS))])
+    too_many = _too_many(data, loaded.locations)
+    if too_many:
+        raise SpecError(issues + too_many)
     spec = None
     try:
         spec = RegistrySpec.model_validate(data)
@@ -68,11 +115,39 @@ def parse_spec(text: str, source: str = "<string>") -> RegistrySpec:
              else _valid_parts(data.get("slots"), SlotSpec, list))
     presets = data.get("presets") if isinstance(data.get("presets"), dict) else {}
     presets = {k: v for k, v in presets.items() if isinstance(v, dict)}
-    issues.extend(check_spec(params, presets, slots, source, loaded.locations))
+    issues.extend(check_spec(params, presets, slots, source, loaded.locations, name=data.get("name"),
+                             descriptions=_descriptions(data), import_hooks=import_hooks,
+                             max_bytes=DEFAULT_MAX_BYTES if max_bytes is None else max_bytes,
+                             structurally_valid=spec is not None))
     if issues:
         raise SpecError(sorted(issues, key=lambda i: (i.line or 0)))
     spec._source, spec._text, spec._locations = source, text, loaded.locations
     return spec
+
+
+def _too_many(data: Dict[Any, Any], locations: Locations) -> List[SpecIssue]:
+    """Counts beyond the limits: checks evaluate every preset against params and slots."""
+    issues = []
+    for key, limit in (("params", MAX_PARAMS), ("presets", MAX_PRESETS), ("slots", MAX_SLOTS)):
+        value = data.get(key)
+        if isinstance(value, (dict, list)) and len(value) > limit:
+            issues.append(SpecIssue(locations.file, locations.line((key,)),
+                                    f"too many {key}: {len(value)} (at most {limit})"))
+    return issues
+
+
+def _descriptions(data: Dict[Any, Any]) -> List[Tuple[Tuple[Any, ...], Any]]:
+    """(path, text) of every description, for the control-character check."""
+    found = [(("description",), data.get("description"))]
+    params = data.get("params")
+    for name, param in (params.items() if isinstance(params, dict) else ()):
+        if isinstance(param, dict):
+            found.append((("params", name, "description"), param.get("description")))
+    slots = data.get("slots")
+    for index, slot in enumerate(slots if isinstance(slots, list) else ()):
+        if isinstance(slot, dict):
+            found.append((("slots", index, "description"), slot.get("description")))
+    return [(path, text) for path, text in found if isinstance(text, str)]
 
 
 def _valid_parts(raw: Any, model, container):
@@ -124,7 +199,7 @@ def _structural_issues(exc: ValidationError, data: Any, locations: Locations) ->
         path, rest = _document_path(error["loc"], data)
         kind = error["type"]
         if rest[-1:] == ("[key]",):
-            message = (f"key {error['input']!r} is not a string: YAML reads unquoted on/off/yes/no/true/false "
+            message = (f"key {shorten(error['input'])} is not a string: YAML reads unquoted on/off/yes/no/true/false "
                        "and numbers as such; quote it")
         elif kind == "missing":
             key = rest[0] if rest else "?"
@@ -133,14 +208,16 @@ def _structural_issues(exc: ValidationError, data: Any, locations: Locations) ->
             key, parent = path[-1], path[:-1]
             allowed = _allowed_keys(parent)
             hint = did_you_mean(key, allowed) or (f"; allowed keys: {', '.join(allowed)}" if allowed else "")
-            message = f"unknown key '{key}'{hint}"
+            message = f"unknown key '{shorten(str(key), quote=False)}'{hint}"
         elif kind == "literal_error" and path and path[-1] in _CHOICES:
             key, choices = path[-1], _CHOICES[path[-1]]
-            message = (f"'{error['input']}' is not a valid {key} (one of: {', '.join(choices)})"
+            message = (f"'{shorten(str(error['input']), quote=False)}' is not a valid {key} "
+                       f"(one of: {', '.join(choices)})"
                        + did_you_mean(error["input"], choices))
         else:
-            key = ".".join(str(p) for p in path[2:] or path[-1:]) or "spec"
-            message = f"bad value for '{key}': {error['msg'].lower()} (got {error['input']!r})"
+            key = shorten(".".join(str(p) for p in path[2:] or path[-1:]), quote=False) or "spec"
+            message = (f"bad value for '{key}': {shorten(error['msg'].lower(), 200, quote=False)} "
+                       f"(got {shorten(error['input'])})")
         # A union field yields one error per member type: report the value once.
         dedup = (path, message) if kind in ("missing", "extra_forbidden") else (path, "value")
         if dedup in seen:
@@ -154,5 +231,5 @@ def _slot_name(path: Tuple[Any, ...], data: Any):
     if len(path) >= 2 and path[0] == "slots" and isinstance(data.get("slots"), list):
         slot = data["slots"][path[1]]
         if isinstance(slot, dict) and isinstance(slot.get("name"), str):
-            return slot["name"]
+            return shorten(slot["name"], quote=False)
     return None

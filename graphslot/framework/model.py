@@ -20,6 +20,12 @@ PADDINGS = ("zero", "fill_sentinel", "keep_pad", "foreach_copy", "fill_once")
 PARAM_TYPES = ("int", "float", "bool", "dtype", "str")
 HOOK_FIELDS = ("post_fill", "source", "pre_capture")
 
+# Counts a spec may declare. Validation evaluates every preset against the params and
+# the slots, so these keep it fast on hostile input; real specs use a few dozen.
+MAX_PARAMS = 1024
+MAX_PRESETS = 32
+MAX_SLOTS = 4096
+
 Axis = Literal["bs", "tokens", "none"]
 Padding = Literal["zero", "fill_sentinel", "keep_pad", "foreach_copy", "fill_once"]
 ParamType = Literal["int", "float", "bool", "dtype", "str"]

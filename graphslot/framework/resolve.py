@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
 
-from .dtypes import parse_dtype
+from .dtypes import dtype_name, parse_dtype, value_fits_dtype
 from .errors import ExprError, SpecError, SpecIssue, did_you_mean
 from .expr import Expr
 from .model import RegistrySpec, SlotSpec
@@ -186,7 +186,15 @@ def resolve_slots(
         raise ValueError(f"max_bs and max_num_tokens must be >= 1, got {max_bs} and {max_num_tokens}")
     resolved, issues = [], []
     for i, slot in enumerate(spec.slots):
-        r = resolve_slot(slot, params, max_bs, max_num_tokens, spec.slot_line(i))
+        try:
+            r = resolve_slot(slot, params, max_bs, max_num_tokens, spec.slot_line(i))
+        except ExprError as exc:  # division by zero or overflow with these values
+            issues.append(SpecIssue(spec.source, spec.slot_line(i), str(exc), slot.name))
+            continue
+        if r.enabled and r.pad_value is not None and not value_fits_dtype(r.pad_value, r.dtype):
+            issues.append(SpecIssue(spec.source, spec.slot_line(i, "pad_value"),
+                                    f"pad_value {r.pad_value!r} does not fit dtype {dtype_name(r.dtype)}",
+                                    slot.name))
         bad = [(d, n) for d, n in enumerate(r.shape) if n < 1]
         if r.enabled and bad:
             d, n = bad[0]
