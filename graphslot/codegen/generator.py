@@ -1,21 +1,60 @@
-"""Render the generated module for one (spec, params): source text, checked to parse."""
+"""Render the generated module for one (spec, params): source text, checked before use.
+
+Spec files (and the pyproject.toml that declares outputs) are untrusted input, so no
+text they hold is ever emitted raw: in the banner it appears only as ``ascii()``
+literals (one line, every control or non-ASCII character escaped), the docstring is
+fixed text, and in code only as ``repr()`` literals. Then, before the source is
+compiled or written, :func:`check_module_structure` compares it with the expected
+skeleton — the module docstring, ``import torch``, one import of known helpers from
+``graphslot.codegen.runtime``, the known constants with literal values, ``def
+allocate`` and ``def bind`` — and refuses anything else (an injection that still
+parses included) with a :class:`GeneratedCodeError`.
+"""
 
 from __future__ import annotations
 
 import ast
+import re
 from functools import lru_cache
-from typing import Any, Mapping, Optional
+from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 import jinja2
 import torch
 
 from .._version import __version__
 from ..framework.dtypes import dtype_name
+from ..framework.errors import SpecError, SpecIssue
 from ..framework.model import RegistrySpec
-from .emitter import PLAN_CACHE_LIMIT, Emitter, params_literal
+from .emitter import PLAN_CACHE_LIMIT, RUNTIME_HELPERS, Emission, Emitter, params_literal
 
 REGENERATE = "graphslot generate"
-_RULE = "-" * 86
+RULE = "-" * 86
+DOCSTRING = "Specialised fill_from / extract for one slot spec: SPEC_NAME below, the banner above."
+
+# The top level of every generated module, in order (after the docstring and imports).
+CONSTANTS = ("SPEC_NAME", "SPEC_SHA256", "GRAPHSLOT_VERSION", "PARAMS", "RUNTIME_PARAMS", "SLOTS")
+FUNCTIONS = ("allocate", "bind")
+RUNTIME_MODULE = "graphslot.codegen.runtime"
+_HELPER_ALIASES = dict(RUNTIME_HELPERS)
+
+# Inside the functions generated code never imports, declares globals, defines classes
+# or reaches for these names or any dunder attribute; so even a piece of spec text that
+# slipped into an expression can do nothing but arithmetic and tensor calls.
+_FORBIDDEN_NAMES = frozenset({
+    "__import__", "__builtins__", "__loader__", "__spec__", "eval", "exec", "compile", "open", "globals",
+    "locals", "vars", "breakpoint", "input", "help", "exit", "quit", "delattr", "memoryview", "classmethod",
+    "staticmethod", "property", "super", "type", "object",
+})
+_FORBIDDEN_NODES = (ast.Import, ast.ImportFrom, ast.Global, ast.Nonlocal, ast.ClassDef, ast.AsyncFunctionDef,
+                    ast.Await, ast.Yield, ast.YieldFrom, ast.With, ast.AsyncWith, ast.AsyncFor, ast.Delete)
+_SAFE_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_VERSION = re.compile(r"[0-9A-Za-z.+_-]+")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+class GeneratedCodeError(SpecError):
+    """The generated source is not the expected skeleton: spec text would have become
+    code (or a generator bug). Nothing is compiled or written."""
 
 
 @lru_cache(maxsize=1)
@@ -33,9 +72,165 @@ def _environment() -> jinja2.Environment:
     return env
 
 
-def _params_comment(params: Mapping[str, Any]) -> str:
-    shown = (f"{k}={dtype_name(v) if isinstance(v, torch.dtype) else v}" for k, v in sorted(params.items()))
+# --- the banner: untrusted text, escaped --------------------------------------------------
+
+
+def comment_text(value: Any) -> str:
+    """``value`` as it may appear in a comment: an ``ascii()`` literal — one line of
+    printable ASCII whatever the value holds (newlines, ``\\r``, form feeds, Unicode
+    line separators and bidi controls all escaped)."""
+    return ascii(value if isinstance(value, str) else str(value))
+
+
+def comment_name(name: Any) -> str:
+    """A name (param, slot) for a comment: as is when it is a plain ASCII identifier,
+    else quoted and escaped."""
+    return name if isinstance(name, str) and _SAFE_WORD.fullmatch(name) else comment_text(name)
+
+
+def comment_value(value: Any) -> str:
+    if isinstance(value, torch.dtype):
+        return comment_name(dtype_name(value))
+    if isinstance(value, bool) or value is None or isinstance(value, (int, float)):
+        return repr(value)
+    return comment_text(value)
+
+
+def params_comment(params: Mapping[str, Any]) -> str:
+    shown = (f"{comment_name(k)}={comment_value(v)}" for k, v in sorted(params.items()))
     return ", ".join(shown) or "(none)"
+
+
+# --- the structural check -----------------------------------------------------------------
+
+
+def _refuse(spec: RegistrySpec, message: str) -> GeneratedCodeError:
+    return GeneratedCodeError([SpecIssue(spec.source, None, f"refusing to generate code for spec "
+                                         f"{comment_text(spec.name)}: {message}")])
+
+
+def _describe(node: ast.AST) -> str:
+    text = ast.unparse(node).splitlines()[0] if not isinstance(node, ast.Module) else ""
+    return f"line {getattr(node, 'lineno', '?')}: {comment_text(text[:80])}"
+
+
+def _literal(node: ast.AST) -> Any:
+    return ast.literal_eval(node)
+
+
+def _expected_constants(spec: RegistrySpec, e: Emission) -> List[Tuple[str, Any]]:
+    try:
+        params = ast.literal_eval(params_literal(e.params))
+    except (ValueError, SyntaxError):
+        raise _refuse(spec, "a param value has no Python literal (such as inf or nan)") from None
+    return [("SPEC_NAME", e.spec_name), ("SPEC_SHA256", e.spec_sha256), ("GRAPHSLOT_VERSION", e.version),
+            ("PARAMS", params), ("RUNTIME_PARAMS", tuple(e.runtime_params)), ("SLOTS", tuple(e.slot_names))]
+
+
+def check_module_structure(text: str, spec: RegistrySpec, expected: Optional[Sequence[Tuple[str, Any]]] = None
+                           ) -> None:
+    """Refuse ``text`` unless its top level is exactly the generated skeleton.
+
+    ``expected``: (name, value) of every constant, in order; without it SPEC_NAME and
+    SPEC_SHA256 are checked against ``spec`` and the others only for being literals.
+    Raises :class:`GeneratedCodeError` naming the first statement that does not fit.
+    """
+    bad = [c for c in text if c != "\n" and not c.isprintable()]
+    if bad:
+        raise _refuse(spec, f"the source would contain the control character {ascii(bad[0])}")
+    try:
+        tree = ast.parse(text)
+    except SyntaxError as exc:  # spec text broke the syntax (or a generator bug): never write it
+        raise _refuse(spec, f"the generated source does not parse (line {exc.lineno}: {exc.msg}); spec text "
+                            "would have become code") from None
+    body = list(tree.body)
+    problems: List[str] = []
+
+    def take(kind: str, test) -> Optional[ast.stmt]:
+        node = body.pop(0) if body else None
+        if node is None or not test(node):
+            found = _describe(node) if node is not None else "the end of the module"
+            problems.append(f"expected {kind}, found {found}")
+            return None
+        return node
+
+    take("the module docstring", lambda n: isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)
+         and n.value.value == DOCSTRING)
+    if not problems:
+        take("`import torch`", lambda n: isinstance(n, ast.Import)
+             and [(a.name, a.asname) for a in n.names] == [("torch", None)])
+    if not problems:
+        take(f"`from {RUNTIME_MODULE} import (...)` of known helpers", lambda n: isinstance(n, ast.ImportFrom)
+             and n.module == RUNTIME_MODULE and n.level == 0 and n.names
+             and all(_HELPER_ALIASES.get(a.name) == a.asname for a in n.names))
+    for position, name in enumerate(CONSTANTS):
+        if problems:
+            break
+
+        def constant(n, name=name, position=position):
+            if not (isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)
+                    and n.targets[0].id == name):
+                return False
+            try:
+                value = _literal(n.value)
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                return False
+            if expected is None:  # the spec's own identity, at least
+                known = {"SPEC_NAME": spec.name, "SPEC_SHA256": spec.sha256}
+                return name not in known or value == known[name]
+            return (expected[position][0] == name and expected[position][1] == value
+                    and type(expected[position][1]) is type(value))
+
+        take(f"the constant {name} = <its literal value>", constant)
+    for name in FUNCTIONS:
+        if problems:
+            break
+        node = take(f"`def {name}(...)`", lambda n, name=name: isinstance(n, ast.FunctionDef) and n.name == name
+                    and not n.decorator_list and n.returns is None)
+        if node is not None:
+            problems += _function_problems(node)
+    if not problems and body:
+        problems.append(f"unexpected statement after `def bind`, {_describe(body[0])}")
+    if problems:
+        raise _refuse(spec, f"the generated module is not the expected skeleton ({problems[0]}); spec "
+                            "text would have become code")
+
+
+def _function_problems(function: ast.FunctionDef) -> List[str]:
+    problems = []
+    for node in ast.walk(function):
+        if isinstance(node, _FORBIDDEN_NODES):
+            problems.append(f"`{type(node).__name__}` in `def {function.name}`, {_describe(node)}")
+        elif isinstance(node, ast.Name) and (node.id in _FORBIDDEN_NAMES or (
+                node.id.startswith("__") and node.id.endswith("__"))):
+            problems.append(f"the name {node.id!r} in `def {function.name}`, {_describe(node)}")
+        elif isinstance(node, ast.Attribute) and node.attr.startswith("__") and node.attr.endswith("__"):
+            problems.append(f"the attribute {node.attr!r} in `def {function.name}`, {_describe(node)}")
+        elif isinstance(node, ast.arguments):
+            defaults = node.defaults + [d for d in node.kw_defaults if d is not None]
+            if any(not isinstance(d, ast.Constant) for d in defaults) or any(
+                    a.annotation is not None for a in node.args + node.posonlyargs + node.kwonlyargs):
+                problems.append(f"a non-literal default or an annotation in `def {function.name}`")
+        elif isinstance(node, ast.FunctionDef) and node.decorator_list:
+            problems.append(f"a decorator in `def {function.name}`, {_describe(node)}")
+    return problems
+
+
+# --- rendering ----------------------------------------------------------------------------
+
+
+def _check_emission(spec: RegistrySpec, e: Emission) -> None:
+    """The few emitted values the template places as code rather than as literals."""
+    if not _VERSION.fullmatch(e.version):
+        raise _refuse(spec, f"graphslot version {comment_text(e.version)} is not a plain version")
+    if not _SHA256.fullmatch(e.spec_sha256):
+        raise _refuse(spec, "the spec's sha256 is not a hex digest")
+    for local, _ in e.used_runtime_params:
+        if not (local.isidentifier() and local.isascii()):
+            raise _refuse(spec, f"runtime param {comment_text(local)} is not an identifier")
+    for helper, alias in e.runtime_imports:
+        if _HELPER_ALIASES.get(helper) != alias:
+            raise _refuse(spec, f"unknown runtime helper {comment_text(helper)}")
 
 
 def render_module(
@@ -44,19 +239,26 @@ def render_module(
     source_label: Optional[str] = None,
     regenerate: str = REGENERATE,
 ) -> str:
-    """The generated source. Byte-stable: the same inputs give the same bytes."""
+    """The generated source. Byte-stable: the same inputs give the same bytes.
+
+    Raises :class:`GeneratedCodeError` (a :class:`SpecError`) when the source is not the
+    expected skeleton; nothing returned has failed that check.
+    """
     emission = Emitter(spec, params, __version__, source_label or spec.source).emit()
+    _check_emission(spec, emission)
+    if regenerate != REGENERATE and not re.fullmatch(r"[ -~]+", regenerate):
+        raise _refuse(spec, "the regenerate command must be one line of printable ASCII")
     text = _environment().get_template("registry_module.py.j2").render(
         e=emission,
-        rule=_RULE,
+        rule=RULE,
+        docstring=DOCSTRING,
         regenerate=regenerate,
-        params_comment=_params_comment(emission.params),
+        source_text=comment_text(emission.spec_source),
+        name_text=comment_text(emission.spec_name),
+        params_comment=params_comment(emission.params),
+        runtime_comment=", ".join(comment_name(n) for n in emission.runtime_params),
         params_literal=params_literal(emission.params),
         plan_cache_limit=PLAN_CACHE_LIMIT,
     )
-    try:
-        ast.parse(text)
-    except SyntaxError as exc:  # a generator bug, never a user error: fail before writing
-        raise RuntimeError(f"graphslot generated invalid Python for spec '{spec.name}' "
-                           f"(line {exc.lineno}: {exc.msg}); please report this") from exc
+    check_module_structure(text, spec, _expected_constants(spec, emission))
     return text

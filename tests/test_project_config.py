@@ -1,0 +1,173 @@
+"""``[tool.graphslot]`` is validated as strictly as a spec: every unknown key or wrong
+type is a ``pyproject.toml:LINE: message`` error (exit 1 from the command line, never a
+traceback)."""
+
+import textwrap
+
+import pytest
+
+from graphslot.cli import main
+from graphslot.project import ProjectConfigError, load_project_config
+
+SPEC = textwrap.dedent("""
+    name: tiny
+    slots:
+      - {name: seq_lens, shape: [max_bs], dtype: int64, axis: bs, padding: zero}
+""")
+
+OUTPUT = '\n[[tool.graphslot.outputs]]\nmodule = "tiny_default"\nspec = "specs/tiny.yaml"\n'
+
+
+def _write(tmp_path, text):
+    (tmp_path / "specs").mkdir(exist_ok=True)
+    (tmp_path / "specs" / "tiny.yaml").write_text(SPEC)
+    (tmp_path / "pyproject.toml").write_text(text)
+    return tmp_path
+
+
+def _errors(tmp_path, text):
+    _write(tmp_path, text)
+    with pytest.raises(ProjectConfigError) as info:
+        load_project_config(tmp_path)
+    return [str(i) for i in info.value.issues]
+
+
+@pytest.mark.parametrize("text, expected", [
+    ('[tool.graphslot]\nspec = ["specs/tiny.yaml"]\n',
+     "pyproject.toml:2: [tool.graphslot]: unknown key 'spec'; did you mean 'specs'? "
+     "(allowed: import_hooks, output_dir, outputs, specs)"),
+    ('[tool.graphslot]\nspecs = []\noutputdir = "gen"\n',
+     "pyproject.toml:3: [tool.graphslot]: unknown key 'outputdir'; did you mean 'output_dir'? "
+     "(allowed: import_hooks, output_dir, outputs, specs)"),
+    ('[tool.graphslot]\nspec = 5\n',
+     "pyproject.toml:2: [tool.graphslot]: unknown key 'spec'; did you mean 'specs'? "
+     "(allowed: import_hooks, output_dir, outputs, specs)"),
+    ('[tool.graphslot]\nspecs = 5\n', "pyproject.toml:2: [tool.graphslot] specs must be a list of paths "
+                                      "(strings), got 5"),
+    ('[tool.graphslot]\n\noutput_dir = 5\n', "pyproject.toml:3: [tool.graphslot] output_dir must be a path "
+                                             "(a string), got an integer"),
+    ('[tool.graphslot]\noutput_dir = "/tmp/gen"\n', "pyproject.toml:2: [tool.graphslot] output_dir '/tmp/gen' "
+                                                    "is absolute; it must be relative to the directory of "
+                                                    "pyproject.toml"),
+    ('[tool.graphslot]\noutput_dir = "C:\\\\gen"\n', "pyproject.toml:2: [tool.graphslot] output_dir 'C:\\\\gen' "
+                                                     "is absolute; it must be relative to the directory of "
+                                                     "pyproject.toml"),
+    ('[tool.graphslot]\noutput_dir = ""\n', "pyproject.toml:2: [tool.graphslot] output_dir must not be empty"),
+    ('[tool.graphslot]\nimport_hooks = "yes"\n',
+     "pyproject.toml:2: [tool.graphslot] import_hooks must be true or false, got a string"),
+    ('[tool.graphslot]\noutputs = 3\n', "pyproject.toml:2: [tool.graphslot] outputs must be an array of "
+                                        "tables ([[tool.graphslot.outputs]] entries), got an integer"),
+    ('[tool.graphslot]\noutput_dir = "gen"\n\n[[tool.graphslot.outputs]]\nmodule = "a"\nspec = "s"\nparams = 3\n',
+     "pyproject.toml:7: [[tool.graphslot.outputs]] entry 1 params must be a table such as { dp_size = 2 }, "
+     "got an integer"),
+    ('[tool.graphslot]\noutput_dir = "gen"\n\n[[tool.graphslot.outputs]]\nmodule = "a"\nspec = "s"\n'
+     'preset = ["eager"]\n',
+     "pyproject.toml:7: [[tool.graphslot.outputs]] entry 1: preset must be a non-empty string, got an array"),
+    ('[tool.graphslot]\noutput_dir = "gen"\n\n[[tool.graphslot.outputs]]\nmodule = "a"\nspec = 5\n',
+     "pyproject.toml:6: [[tool.graphslot.outputs]] entry 1: spec must be a non-empty string, got an integer"),
+    ('[tool.graphslot]\noutput_dir = "gen"\n\n[[tool.graphslot.outputs]]\nmodule = "a"\nspecs = "s"\n',
+     "pyproject.toml:6: [[tool.graphslot.outputs]] entry 1: unknown key 'specs'; did you mean 'spec'? "
+     "(allowed: module, params, preset, spec)"),
+    ('[tool.graphslot]\noutput_dir = "gen"\n\n[[tool.graphslot.outputs]]\nmodule = "a"\n',
+     "pyproject.toml:4: [[tool.graphslot.outputs]] entry 1: needs 'module' and 'spec' keys (missing: spec)"),
+    ('[tool.graphslot]\noutput_dir = "gen"\n\n[[tool.graphslot.outputs]]\nmodule = "a"\nspec = "s"\n'
+     'params = { dp_size = [1, 2] }\n',
+     "pyproject.toml:7: [[tool.graphslot.outputs]] entry 1 params: dp_size must be a scalar (boolean, number "
+     "or string), got an array"),
+    ('[tool.graphslot]\noutput_dir = "gen"\n\n[[tool.graphslot.outputs]]\nmodule = "a"\nspec = "s"\n\n'
+     '[[tool.graphslot.outputs]]\nmodule = "a"\nspec = "t"\n',
+     "pyproject.toml:4: [tool.graphslot] outputs: module name used twice: a"),
+    ('[tool]\ngraphslot = 3\n', "pyproject.toml: [tool.graphslot] must be a table, got an integer"),
+    ('[tool.graphslot\n', "pyproject.toml:1: not valid TOML: Expected ']' at the end of a table declaration"),
+])
+def test_config_errors_name_the_line(tmp_path, monkeypatch, text, expected):
+    monkeypatch.chdir(tmp_path)
+    assert expected in _errors(tmp_path, text)
+
+
+@pytest.mark.parametrize("module, message", [
+    ("a-b", "module 'a-b' must be a Python identifier (letters, digits, _)"),
+    ("class", "module 'class' is a Python keyword"),
+    ("__init__", "module '__init__' is a dunder name (such as __init__), which graphslot does not generate"),
+    ("__main__", "module '__main__' is a dunder name"),
+    ("x\\nimport os", "module 'x\\nimport os' must be a Python identifier"),
+    ("caf\\u00e9", "module 'caf\\xe9' must be a Python identifier"),
+    ("", "module '' must be a Python identifier"),
+])
+def test_module_names(tmp_path, monkeypatch, module, message):
+    monkeypatch.chdir(tmp_path)
+    errors = _errors(tmp_path, f'[tool.graphslot]\noutput_dir = "gen"\n\n[[tool.graphslot.outputs]]\n'
+                               f'module = "{module}"\nspec = "s"\n')
+    assert len(errors) == 1 and errors[0].startswith("pyproject.toml:5: [[tool.graphslot.outputs]] entry 1: ")
+    assert message in errors[0]
+
+
+def test_every_problem_is_reported_at_once(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    errors = _errors(tmp_path, '[tool.graphslot]\nspec = []\noutputdir = "g"\nimport_hooks = 1\n')
+    assert [e.split(":")[1] for e in errors] == ["2", "3", "4"]
+
+
+def test_output_dir_must_stay_inside_the_project(tmp_path, monkeypatch):
+    project = tmp_path / "project"
+    project.mkdir()
+    monkeypatch.chdir(project)
+    errors = _errors(project, '[tool.graphslot]\noutput_dir = "../outside"\n' + OUTPUT)
+    assert errors == [f"pyproject.toml:2: [tool.graphslot] output_dir '../outside' resolves to {tmp_path}/outside, "
+                      f"outside the project ({project}); it must name a directory inside the directory of "
+                      "pyproject.toml"]
+    (project / "link").symlink_to(tmp_path)
+    errors = _errors(project, '[tool.graphslot]\noutput_dir = "link/gen"\n' + OUTPUT)
+    assert len(errors) == 1 and f"resolves to {tmp_path}/gen, outside the project" in errors[0]
+    errors = _errors(project, '[tool.graphslot]\noutput_dir = "."\n' + OUTPUT)
+    assert len(errors) == 1 and "'.' resolves to" in errors[0]
+
+
+def test_non_utf8_pyproject(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pyproject.toml").write_bytes(b'[tool.graphslot]\noutput_dir = "g\xff"\n')
+    with pytest.raises(ProjectConfigError) as info:
+        load_project_config(tmp_path)
+    assert str(info.value) == "pyproject.toml:2: is not valid UTF-8"
+
+
+def test_import_hooks(tmp_path):
+    _write(tmp_path, '[tool.graphslot]\nspecs = ["specs/tiny.yaml"]\n')
+    assert load_project_config(tmp_path).import_hooks is False
+    _write(tmp_path, '[tool.graphslot]\nimport_hooks = true\n')
+    assert load_project_config(tmp_path).import_hooks is True
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n')
+    assert load_project_config(tmp_path).import_hooks is False
+
+
+def test_valid_config_is_exposed(tmp_path):
+    _write(tmp_path, '[tool.graphslot]\nspecs = ["specs/tiny.yaml"]\noutput_dir = "pkg/gen"\n' + OUTPUT
+           + 'params = { fill = 2, name = "x" }\npreset = "eager"\n')
+    config = load_project_config(tmp_path)
+    assert config.output_dir == "pkg/gen" and config.specs == [(tmp_path / "specs" / "tiny.yaml").resolve()]
+    [output] = config.outputs
+    assert (output.module, output.spec, output.preset, dict(output.params), output.line) == (
+        "tiny_default", "specs/tiny.yaml", "eager", {"fill": 2, "name": "x"}, 5)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ('[tool.graphslot]\nspec = ["specs/tiny.yaml"]\noutput_dir = "gen"\n' + OUTPUT,
+     "pyproject.toml:2: [tool.graphslot]: unknown key 'spec'; did you mean 'specs'?"),
+    ('[tool.graphslot]\noutput_dir = 5\n' + OUTPUT,
+     "pyproject.toml:2: [tool.graphslot] output_dir must be a path (a string), got an integer"),
+    ('[tool.graphslot]\noutput_dir = "gen"\n' + OUTPUT + 'params = 3\n',
+     "pyproject.toml:7: [[tool.graphslot.outputs]] entry 1 params must be a table"),
+    ('[tool.graphslot]\noutput_dir = "../x"\n' + OUTPUT, "pyproject.toml:2: [tool.graphslot] output_dir '../x' "
+                                                          "resolves to"),
+])
+def test_cli_prints_file_line_message_and_exits_1(tmp_path, monkeypatch, capsys, text, expected):
+    project = tmp_path / "p"
+    project.mkdir()
+    _write(project, text)
+    monkeypatch.chdir(project)
+    for argv in (["generate"], ["generate", "--check"]):
+        assert main(argv) == 1
+        out, err = capsys.readouterr()
+        assert err.startswith(expected), err
+        assert "Traceback" not in out + err
+    assert not (project / "gen").exists()
