@@ -14,10 +14,11 @@ from .framework.model import RegistrySpec
 from .framework.pool import GLOBAL_POOL, BufferPool
 from .framework.registry import InterpretedRegistry, SlotRegistry
 from .framework.resolve import resolve_params, resolve_slots
+from .framework.stepcheck import parse_bool_env
 
 
 def strict_from_env() -> bool:
-    return os.environ.get("GRAPHSLOT_STRICT", "") not in ("", "0")
+    return parse_bool_env("GRAPHSLOT_STRICT", os.environ.get("GRAPHSLOT_STRICT", ""))
 
 
 def bind_slot_hooks(

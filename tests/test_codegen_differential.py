@@ -1,7 +1,7 @@
 """Generated code is the interpreter, bit for bit.
 
 The interpreted registry (``mode="interpreted"``) is the executable definition of the
-slot semantics (DESIGN.md, "Slot semantics"); the generated ``fill_from`` / ``extract``
+slot semantics (graphslot/slot_specs/README.md, "Slot semantics"); the generated ``fill_from`` / ``extract``
 are an optimisation of it and must be indistinguishable from it. These tests build the
 same spec in both modes, feed both the same batches, and require:
 
@@ -10,7 +10,12 @@ same spec in both modes, feed both the same batches, and require:
 * ``extract`` views with the same attributes, the same tensors (values, shape, dtype),
   each a view of its own registry's buffer, the same non-tensor values, and
   ``batch_size`` set to the padded size;
-* the template batch left exactly as it was.
+* the template batch left exactly as it was;
+* for a batch the contract rejects (a required field None, missing or not a tensor, a
+  field of another row count, a 0-d value, an impossible step size; in strict mode
+  another dtype or a source aliasing a buffer), the same error in both modes — same
+  class, same message — and, for a ``SlotError``, untouched buffers. Batches may also
+  pass a slot's own buffer back (its head view, or rows overlapping it), strict or not.
 
 The specs are random *valid* spec files (hypothesis), covering every padding policy,
 every axis, bool/int/float dtypes, ``slice_dim: 1`` with a leading extent, trailing
@@ -30,7 +35,7 @@ from typing import Any, Dict, List
 import pytest
 import torch
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 import graphslot as gs
@@ -47,7 +52,7 @@ FLOAT_DTYPES = ("float32", "bfloat16")
 PLAIN_NAMES = [
     "input_ids", "positions", "seq_lens", "x", "x_1", "fb", "ctx", "src", "srcs", "dsts", "plan",
     "view", "entry", "torch", "params", "device", "hooks", "buffers", "plans", "views", "raw_bs",
-    "padded_num_tokens", "side_inputs", "class", "lambda", "None", "__debug__", "a__b", "a__b_1", "a__b_2",
+    "padded_num_tokens", "side_inputs", "class", "lambda", "None", "a__b", "a__b_1", "a__b_2",
     "len",
 ]
 # Dotted (structured) names; their heads ('a', 'outer') are never plain slot names.
@@ -101,6 +106,7 @@ class Case:
     runtime: List[str]
     max_bs: int
     max_num_tokens: int
+    strict: bool = False
     steps: List[Step] = field(default_factory=list)
 
 
@@ -208,7 +214,7 @@ def cases(draw) -> Case:
 
     max_bs = draw(st.integers(1, 16))
     max_num_tokens = draw(st.integers(1, 32))
-    case = Case(text, slots, params, runtime, max_bs, max_num_tokens)
+    case = Case(text, slots, params, runtime, max_bs, max_num_tokens, strict=draw(st.integers(0, 3)) == 0)
     for i in range(draw(st.integers(1, 4))):
         if i and draw(st.integers(0, 3)) == 0:  # the same sizes again: cached plans and views
             last = case.steps[-1]
@@ -218,18 +224,26 @@ def cases(draw) -> Case:
             padded_bs = draw(st.integers(0, max_bs))
             padded_nt = draw(st.integers(0, max_num_tokens))
             raw_bs, raw_nt = draw(st.integers(0, padded_bs)), draw(st.integers(0, padded_nt))
+            if draw(st.integers(0, 15)) == 0:  # an impossible step size: an error in both modes
+                raw_bs, padded_bs, raw_nt, padded_nt = draw(st.sampled_from([
+                    (padded_bs + 1, padded_bs, raw_nt, padded_nt), (raw_bs, max_bs + 1, raw_nt, padded_nt),
+                    (raw_bs, padded_bs, -1, padded_nt), (raw_bs, padded_bs, raw_nt, max_num_tokens + 2)]))
         case.steps.append(Step(
             raw_bs=raw_bs, padded_bs=padded_bs, raw_num_tokens=raw_nt, padded_num_tokens=padded_nt,
             seed=draw(st.integers(0, 2**31 - 1)),
             poison=draw(st.booleans()),
-            presence={s.name: draw(st.sampled_from(["tensor", "tensor", "tensor", "cast", "none", "absent",
-                                                    "other"]))
-                      for s in slots},
+            presence={s.name: draw(st.sampled_from(PRESENCE)) for s in slots},
             rows={s.name: draw(st.integers(0, 64)) for s in slots},
             bias=draw(st.integers(0, 9)),
             plain_class=draw(st.booleans()),
         ))
     return case
+
+
+# What a step's batch holds for a slot: mostly a good tensor, else something the
+# contract skips (an optional None) or rejects, or a view of the slot's own buffer.
+PRESENCE = (["tensor"] * 8 + ["cast", "none", "absent", "other", "one_row", "zero_d"]
+            + ["own_head", "own_shifted"] * 2)
 
 
 # --- hooks: deterministic functions of their inputs ---------------------------------------
@@ -332,16 +346,24 @@ def make_batch(reg: gs.SlotRegistry, step: Step) -> Any:
             continue
         count = slot.count(step.raw_bs, step.raw_num_tokens)
         if count is not None:
-            full[spec.slice_dim] = count
-        tensor = random_tensor(full, dtype, g, device=device)
-        if spec.optional and presence == "none":
-            setattr(fb, spec.name, None)
-        elif spec.optional and presence == "other":
-            setattr(fb, spec.name, "not a tensor")
-        elif spec.optional and presence == "absent":
-            pass
-        else:
-            setattr(fb, spec.name, tensor)
+            full[spec.slice_dim] = max(count, 0)  # an impossible size is rejected before the batch is read
+        value = random_tensor(full, dtype, g, device=device)
+        capacity = full[spec.slice_dim] if count is None else slot.spec.shape[spec.slice_dim]
+        if presence == "none":
+            value = None
+        elif presence == "other":
+            value = "not a tensor"
+        elif presence == "one_row":  # copy_ would broadcast it into every row
+            full[spec.slice_dim] = 2 if full[spec.slice_dim] == 1 else 1
+            value = random_tensor(full, dtype, g, device=device)
+        elif presence == "zero_d":
+            value = random_tensor([], dtype, g, device=device)
+        elif presence in ("own_head", "own_shifted") and slot.buffer is not None and full[spec.slice_dim] <= capacity:
+            rows = full[spec.slice_dim]
+            start = 1 if presence == "own_shifted" and rows + 1 <= capacity else 0
+            value = slot.buffer.narrow(spec.slice_dim, start, rows)
+        if presence != "absent":
+            setattr(fb, spec.name, value)
     return fb
 
 
@@ -364,9 +386,12 @@ def snapshot(obj, depth: int = 0) -> Dict[str, Any]:
     return out
 
 
-def assert_same_snapshot(before, after, where="batch") -> None:
+def assert_same_snapshot(before, after, where="batch", views=()) -> None:
+    """``views``: fields that view a registry buffer (a fill writes through them)."""
     assert before.keys() == after.keys(), f"{where}: attributes changed"
     for key, (kind, ident, value) in before.items():
+        if key in views:
+            continue
         kind2, ident2, value2 = after[key]
         assert (kind, ident) == (kind2, ident2), f"{where}.{key} was replaced"
         if kind == "tensor":
@@ -390,16 +415,17 @@ def assert_same_buffers(interp: gs.SlotRegistry, gen: gs.SlotRegistry, when: str
             f"{when}: buffer '{slot.name}' differs\ninterpreted: {a.tolist()}\ngenerated:   {b.tolist()}")
 
 
-def assert_same_views(interp, gen, fb, vi, vg, padded_bs, padded_num_tokens) -> None:
-    assert type(vi) is type(fb) and type(vg) is type(fb)
-    assert vi is not fb and vg is not fb
+def assert_same_views(interp, gen, fbs, vi, vg, padded_bs, padded_num_tokens) -> None:
+    fbi, fbg = fbs
+    assert type(vi) is type(fbi) and type(vg) is type(fbg)
+    assert vi is not fbi and vg is not fbg
     assert vi.batch_size == padded_bs and vg.batch_size == padded_bs
     ai, ag = vars(vi), vars(vg)
     assert ai.keys() == ag.keys(), f"view attributes differ: {sorted(ai.keys() ^ ag.keys())}"
     slot_names = set(interp.slot_names())
-    for key in ai:
+    for key in ai.keys() - {"batch_size"}:  # set by extract, checked above
         x, y = ai[key], ag[key]
-        if isinstance(x, torch.Tensor) and key in slot_names and x is not getattr(fb, key, None):
+        if isinstance(x, torch.Tensor) and key in slot_names and x is not getattr(fbi, key, None):
             assert isinstance(y, torch.Tensor), key
             assert x.shape == y.shape and x.dtype == y.dtype, key
             assert torch.equal(x, y), key
@@ -411,11 +437,12 @@ def assert_same_views(interp, gen, fb, vi, vg, padded_bs, padded_num_tokens) -> 
                 assert view.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr(), key
                 assert view.storage_offset() == buffer.storage_offset() == 0, key
         else:
-            assert x is y, f"view.{key}: non-slot values are carried from the batch by identity"
+            assert x is getattr(fbi, key) and y is getattr(fbg, key), (
+                f"view.{key}: non-slot values are carried from the batch by identity")
 
 
 def assert_design_contract(interp, fb, view, step: Step) -> None:
-    """What DESIGN.md says a view exposes, checked on the interpreter's view."""
+    """What the contract says a view exposes, checked on the interpreter's view."""
     for slot in interp.active:
         spec = slot.spec
         if spec.structured:
@@ -427,11 +454,11 @@ def assert_design_contract(interp, fb, view, step: Step) -> None:
             assert exposed.shape == slot.slice_for(step.padded_bs, step.padded_num_tokens).shape
 
 
-def assert_heads_and_tails(interp, fb, step: Step) -> None:
+def assert_heads_and_tails(interp, fb, step: Step, views=()) -> None:
     """Spot-check the interpreter itself: plain copies land in the head, resets in the tail."""
     for slot in interp.active:
         spec = slot.spec
-        if not spec.plain_copy:
+        if not spec.plain_copy or spec.name in views:  # a view of the buffer changes with it
             continue
         count = slot.count(step.raw_bs, step.raw_num_tokens)
         src = getattr(fb, spec.name, None)
@@ -451,15 +478,34 @@ def poison(interp, gen, seed: int) -> None:
         gen.slot(slot.name).buffer.copy_(noise)
 
 
-def build_pair(spec, max_bs, max_num_tokens, **kwargs):
-    interp = gs.build_registry(spec, max_bs, max_num_tokens, mode="interpreted", **kwargs)
-    gen = gs.build_registry(spec, max_bs, max_num_tokens, mode="generated", **kwargs)
+def build_pair(spec, max_bs, max_num_tokens, strict=False, **kwargs):
+    interp = gs.build_registry(spec, max_bs, max_num_tokens, mode="interpreted", strict=strict, **kwargs)
+    gen = gs.build_registry(spec, max_bs, max_num_tokens, mode="generated", strict=strict, **kwargs)
     assert interp.mode == "interpreted" and gen.mode == "generated"
-    assert not interp.strict and not gen.strict
+    assert interp.strict == gen.strict == strict
     assert [s.name for s in interp.all_slots()] == [s.name for s in gen.all_slots()]
     for a, b in zip(interp.all_slots(), gen.all_slots()):
         assert a.enabled == b.enabled, a.name
     return interp, gen
+
+
+def outcome(call, *args, **kwargs):
+    """``(result, None)`` or ``(None, the exception)``."""
+    try:
+        return call(*args, **kwargs), None
+    except Exception as exc:  # noqa: BLE001 — compared between the modes
+        return None, exc
+
+
+def assert_same_error(ei, eg, where: str) -> None:
+    assert (ei is None) == (eg is None), f"{where}: only one mode raised: {ei!r} / {eg!r}"
+    if ei is not None:
+        assert type(ei) is type(eg), f"{where}: {ei!r} vs {eg!r}"
+        if isinstance(ei, gs.SlotError):
+            assert str(ei) == str(eg), where
+
+
+ERRORS_SEEN: List[str] = []  # messages of the errors both modes raised (coverage check below)
 
 
 def run_steps(interp, gen, steps: List[Step], first_poison: bool = True) -> None:
@@ -467,22 +513,34 @@ def run_steps(interp, gen, steps: List[Step], first_poison: bool = True) -> None
     for i, step in enumerate(steps):
         if step.poison or (i == 0 and first_poison):
             poison(interp, gen, step.seed)
-        fb = make_batch(interp, step)
-        before = snapshot(fb)
+        # one batch per registry (equal values; a view of a buffer views its own registry's)
+        fbi, fbg = make_batch(interp, step), make_batch(gen, step)
+        before = snapshot(fbi)
         sizes = (step.raw_bs, step.padded_bs, step.raw_num_tokens, step.padded_num_tokens)
         side = {"bias": step.bias}
-        interp.fill_from(fb, *sizes, side_inputs=side)
-        gen.fill_from(fb, *sizes, side_inputs=side)
-        assert_same_snapshot(before, snapshot(fb))
+        _, ei = outcome(interp.fill_from, fbi, *sizes, side_inputs=side)
+        _, eg = outcome(gen.fill_from, fbg, *sizes, side_inputs=side)
+        assert_same_error(ei, eg, f"fill {i} {sizes}")
+        if ei is not None:
+            ERRORS_SEEN.append(f"{type(ei).__name__}: {ei}")
+        if ei is not None and not isinstance(ei, gs.SlotError):
+            return  # e.g. copy_ refusing overlapping memory: buffers may hold partial copies
         assert_same_buffers(interp, gen, f"after fill {i} {sizes}")
-        assert_heads_and_tails(interp, fb, step)
+        if ei is not None:
+            continue
+        views = {name for name, presence in step.presence.items() if presence.startswith("own_")}
+        assert_same_snapshot(before, snapshot(fbi), views=views)
+        assert_heads_and_tails(interp, fbi, step, views)
 
-        vi = interp.extract(fb, step.padded_bs, step.padded_num_tokens)
-        vg = gen.extract(fb, step.padded_bs, step.padded_num_tokens)
-        assert_same_views(interp, gen, fb, vi, vg, step.padded_bs, step.padded_num_tokens)
-        assert_design_contract(interp, fb, vi, step)
-        assert_same_snapshot(before, snapshot(fb))
-        assert fb.batch_size == step.raw_bs
+        (vi, ei), (vg, eg) = (outcome(reg.extract, fb, step.padded_bs, step.padded_num_tokens)
+                              for reg, fb in ((interp, fbi), (gen, fbg)))
+        assert_same_error(ei, eg, f"extract {i}")
+        if ei is not None:
+            continue
+        assert_same_views(interp, gen, (fbi, fbg), vi, vg, step.padded_bs, step.padded_num_tokens)
+        assert_design_contract(interp, fbi, vi, step)
+        assert_same_snapshot(before, snapshot(fbi), views=views)
+        assert fbi.batch_size == step.raw_bs
         assert_same_buffers(interp, gen, f"after extract {i}")
 
 
@@ -495,7 +553,8 @@ def run_steps(interp, gen, steps: List[Step], first_poison: bool = True) -> None
 def test_generated_code_equals_the_interpreter_on_random_specs(case: Case):
     spec = gs.parse_spec(case.text, source="random.yaml")
     hooks = user_hooks(s.name for s in case.slots)
-    interp, gen = build_pair(spec, case.max_bs, case.max_num_tokens, params=case.params, hooks=hooks)
+    interp, gen = build_pair(spec, case.max_bs, case.max_num_tokens, strict=case.strict, params=case.params,
+                             hooks=hooks)
     run_steps(interp, gen, case.steps)
 
 
@@ -552,6 +611,26 @@ def test_the_strategy_makes_valid_specs_that_cover_every_feature():
     assert wanted <= seen, sorted(wanted - seen, key=str)
 
 
+def test_the_property_reaches_every_error_of_the_contract():
+    """The error half of the property is exercised, not just allowed: across a sample,
+    both modes raised each kind of error the contract defines (and agreed on it).
+    Aliasing sources are rarer draws; tests/test_strict_mode.py pins them down."""
+    ERRORS_SEEN.clear()
+
+    @seed(20261123)  # the same sample every run
+    @settings(max_examples=200, deadline=None, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(cases())
+    def run(case: Case):
+        test_generated_code_equals_the_interpreter_on_random_specs.hypothesis.inner_test(case)
+
+    run()
+    wanted = ["the batch field is None, but the slot is not optional", "the batch has no field",
+              "expected a torch.Tensor, got str", "expected shape", "counts must satisfy", "expected dtype"]
+    missing = [w for w in wanted if not any(w in seen for seen in ERRORS_SEEN)]
+    assert not missing, missing
+
+
 # --- regressions found by the property (kept as plain examples) ---------------------------
 
 REGRESSIONS = {
@@ -583,7 +662,6 @@ REGRESSIONS = {
           - {name: class, shape: [max_bs], dtype: int64, axis: bs, padding: zero}
           - {name: lambda, shape: [max_bs], dtype: int64, axis: bs, padding: zero, optional: true}
           - {name: if, shape: [2, max_num_tokens], dtype: int32, axis: tokens, slice_dim: 1, padding: zero}
-          - {name: __debug__, shape: [max_bs], dtype: int64, axis: bs, padding: zero}
     """, {}),
     # 'a.b' mangles to a__b, 'a__b' then to a__b_2 — which is another slot's name
     "generated_identifier_collision": ("""

@@ -1,4 +1,4 @@
-"""The slot semantics of DESIGN.md, on the interpreted registry (the reference).
+"""The slot semantics of graphslot/slot_specs/README.md, on the interpreted registry (the reference).
 
 Buffers are "poisoned" (filled with a value no fill writes) before a step, so every
 assertion can tell "written by this fill" from "left alone".
@@ -193,18 +193,46 @@ def test_dotted_slot_reads_its_field_through_the_builtin_source():
     assert reg.slot("extra.ids").buffer.tolist() == [4, 0, 0, POISON]
 
 
-@pytest.mark.parametrize("value", [None, [1, 2], 3], ids=["None", "list", "int"])
-def test_a_field_that_is_not_a_tensor_is_not_copied_but_the_tail_still_reset(value):
+NOT_OPTIONAL = "but the slot is not optional; set it on the batch, or declare `optional: true` in the spec"
+
+
+@pytest.mark.parametrize("value, got", [
+    (None, f"the batch field is None, {NOT_OPTIONAL}"),
+    ([1, 2], "expected a torch.Tensor, got list [1, 2]"),
+    (3, "expected a torch.Tensor, got int 3"),
+], ids=["None", "list", "int"])
+def test_a_required_field_that_is_not_a_tensor_is_an_error_and_nothing_is_written(value, got):
     reg = build(make_slot_yaml())
     poison(reg)
-    reg.fill_from(SimpleNamespace(x=value), 2, 3, 2, 3)
+    with pytest.raises(gs.SlotError) as err:
+        reg.fill_from(SimpleNamespace(x=value), 2, 3, 2, 3)
+    assert str(err.value) == f"spec 't', slot 'x': {got}"
+    assert reg.slot("x").buffer.tolist() == [POISON] * 4
+
+
+def test_an_absent_required_field_is_an_error():
+    reg = build(make_slot_yaml())
+    with pytest.raises(gs.SlotError, match=f"slot 'x': the batch has no field 'x', {NOT_OPTIONAL}"):
+        reg.fill_from(SimpleNamespace(), 2, 2, 2, 2)
+
+
+@pytest.mark.parametrize("value", [None, "absent"])
+def test_an_optional_field_that_is_none_or_absent_is_skipped_but_the_tail_still_reset(value):
+    reg = build(make_slot_yaml(optional=True))
+    poison(reg)
+    reg.fill_from(SimpleNamespace() if value == "absent" else SimpleNamespace(x=None), 2, 3, 2, 3)
     assert reg.slot("x").buffer.tolist() == [POISON, POISON, 0, POISON]
 
 
-def test_an_absent_field_is_not_copied():
+@pytest.mark.parametrize("value, shape", [(t(7), [1]), (torch.tensor(7), []), (t(1, 2, 3), [3])],
+                         ids=["one row", "0-d", "too long"])
+def test_a_field_with_other_rows_than_the_step_is_an_error_never_a_broadcast(value, shape):
     reg = build(make_slot_yaml())
     poison(reg)
-    reg.fill_from(SimpleNamespace(), 2, 2, 2, 2)
+    with pytest.raises(gs.SlotError) as err:
+        reg.fill_from(SimpleNamespace(x=value), 2, 3, 2, 3)
+    assert str(err.value) == (f"spec 't', slot 'x': expected shape [2], got {shape} (copy_ would broadcast or "
+                              "fail)")
     assert reg.slot("x").buffer.tolist() == [POISON] * 4
 
 
@@ -223,6 +251,7 @@ def test_copy_from_fb_false_is_never_copied_but_its_tail_is_reset():
 
 
 def test_copies_cast_to_the_buffer_dtype_when_not_strict():
+    """Not strict: ``copy_``'s dtype conversion (strict mode rejects another dtype)."""
     reg = build(make_slot_yaml(dtype="int32"))
     reg.fill_from(SimpleNamespace(x=t(1, 2)), 2, 2, 2, 2)
     assert reg.slot("x").buffer[:2].tolist() == [1, 2]
@@ -321,6 +350,7 @@ EXTRACT = """\
         shape: [1]
         dtype: int32
         axis: none
+        copy_from_fb: false
         post_fill: count_non_padded_tokens
       - name: global_num_tokens_gpu
         shape: [1]
@@ -480,18 +510,38 @@ def test_pool_shares_one_tensor_per_key():
 
 
 @pytest.mark.parametrize("first, second", [(1, 2), (2, 1)])
-def test_pool_first_registrant_is_canonical_whatever_the_order(first, second):
+def test_pool_sharers_must_agree_on_the_initial_value(first, second):
     pool = gs.BufferPool()
     a = build(once_spec(first), share_pool=pool)
-    b = build(once_spec(second), share_pool=pool)
-    assert a.slot("shared").buffer.data_ptr() == b.slot("shared").buffer.data_ptr()
-    assert b.slot("shared").buffer.tolist() == [first] * 4  # the first's initial values win
+    with pytest.raises(gs.SlotError) as err:
+        build(once_spec(second), share_pool=pool)
+    assert str(err.value) == (f"slot 'shared': shared buffer (4 x torch.int64 on cpu) was first registered with "
+                              f"initial value {first}, this registry needs {second}; give both the same pad value, "
+                              "or build one without share_pool")
+    assert a.slot("shared").buffer.tolist() == [first] * 4
+
+
+def test_pool_registration_is_thread_safe():
+    import threading
+
+    pool, built, barrier = gs.BufferPool(), [], threading.Barrier(8)
+
+    def register():
+        barrier.wait()
+        built.append(build(once_spec(1), share_pool=pool))
+
+    threads = [threading.Thread(target=register) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len({reg.slot("shared").buffer.data_ptr() for reg in built}) == 1 and len(pool) == 1
 
 
 def test_pool_key_is_numel_not_shape():
     pool = gs.BufferPool()
     a = build(once_spec(1, shape=["max_bs", 2]), max_bs=4, share_pool=pool)
-    b = build(once_spec(2), max_bs=8, share_pool=pool)
+    b = build(once_spec(1), max_bs=8, share_pool=pool)
     assert b.slot("shared").buffer.shape == (8,)
     assert a.slot("shared").buffer.data_ptr() == b.slot("shared").buffer.data_ptr()
 
@@ -629,7 +679,7 @@ def test_run_pre_capture_runs_enabled_hooks_in_spec_order():
 def test_pre_capture_hooks_do_not_run_on_fill():
     calls = []
     reg = build(PRE_CAPTURE, hooks={"record": lambda buffer, ctx: calls.append(1)})
-    reg.fill_from(SimpleNamespace(), 1, 1, 1, 1)
+    reg.fill_from(SimpleNamespace(a=t(1), b=t(2)), 1, 1, 1, 1)
     assert calls == []
 
 
@@ -679,17 +729,17 @@ def test_strict_accepts_a_good_batch(strict_reg):
 @pytest.mark.parametrize(
     "change, expected",
     [
-        ({"x": [1, 2]}, "slot 'x': expected a torch.Tensor, got list"),
-        ({"x": t(1, 2, dtype=torch.int32)}, "slot 'x': expected dtype torch.int64, got torch.int32 "
+        ({"x": [1, 2]}, "spec 's', slot 'x': expected a torch.Tensor, got list [1, 2]"),
+        ({"x": t(1, 2, dtype=torch.int32)}, "spec 's', slot 'x': expected dtype torch.int64, got torch.int32 "
                                              "(copy_ would cast silently)"),
-        ({"x": t(1, 2).to("meta")}, "slot 'x': expected device cpu, got meta"),
-        ({"x": t(1)}, "slot 'x': expected shape [2], got [1] (copy_ would broadcast or fail)"),
-        ({"x": t(1, 2, 3)}, "slot 'x': expected shape [2], got [3] (copy_ would broadcast or fail)"),
+        ({"x": t(1, 2).to("meta")}, "spec 's', slot 'x': expected device cpu, got meta"),
+        ({"x": t(1)}, "spec 's', slot 'x': expected shape [2], got [1] (copy_ would broadcast or fail)"),
+        ({"x": t(1, 2, 3)}, "spec 's', slot 'x': expected shape [2], got [3] (copy_ would broadcast or fail)"),
         ({"pair": torch.ones(3, 3, dtype=torch.int64)},
-         "slot 'pair': expected shape [3, 2], got [3, 3] (copy_ would broadcast or fail)"),
+         "spec 's', slot 'pair': expected shape [3, 2], got [3, 3] (copy_ would broadcast or fail)"),
         ({"pair": torch.ones(3, dtype=torch.int64)},
-         "slot 'pair': expected shape [3, 2], got [3] (copy_ would broadcast or fail)"),
-        ({"x": None}, "slot 'x': the batch field is None, but the slot is not optional; set it on the batch, "
+         "spec 's', slot 'pair': expected shape [3, 2], got [3] (copy_ would broadcast or fail)"),
+        ({"x": None}, "spec 's', slot 'x': the batch field is None, but the slot is not optional; set it on the batch, "
                       "or declare `optional: true` in the spec"),
     ],
     ids=["type", "dtype", "device", "short", "long", "trailing", "rank", "none"],
@@ -718,25 +768,38 @@ def test_strict_rejects_a_mismatched_field_before_touching_any_buffer(strict_reg
 def test_strict_rejects_bad_counts(strict_reg, counts, expected):
     with pytest.raises(gs.SlotError) as info:
         strict_reg.fill_from(good_strict_batch(), *counts)
-    assert str(info.value) == expected + " (registry 's')"
+    assert str(info.value) == "spec 's': " + expected
 
 
 def test_strict_checks_source_hook_results():
     reg = build(make_slot_yaml(source="rows"), strict=True, hooks={"rows": lambda fb, ctx: fb.rows})
     reg.fill_from(SimpleNamespace(rows=t(1, 2, 3)), 3, 4, 3, 4)  # any length up to the capacity
     reg.fill_from(SimpleNamespace(rows=None), 3, 4, 3, 4)  # None: nothing to copy
-    with pytest.raises(gs.SlotError, match=r"^slot 'x': source returned 5 rows, more than the capacity 4$"):
+    with pytest.raises(gs.SlotError, match=r"^spec 't', slot 'x': source returned 5 rows, more than the capacity 4$"):
         reg.fill_from(SimpleNamespace(rows=t(1, 2, 3, 4, 5)), 3, 4, 3, 4)
-    with pytest.raises(gs.SlotError, match=r"^slot 'x': expected dtype torch.int64, got torch.float32"):
+    with pytest.raises(gs.SlotError, match=r"^spec 't', slot 'x': expected dtype torch.int64, got torch.float32"):
         reg.fill_from(SimpleNamespace(rows=torch.zeros(2)), 3, 4, 3, 4)
 
 
-@pytest.mark.parametrize("value", ["", "0"])
-def test_strict_is_off_by_default_and_with_graphslot_strict_0(monkeypatch, value):
+@pytest.mark.parametrize("value", ["", "0", "false", "No", "OFF"])
+def test_strict_is_off_by_default_and_with_a_false_graphslot_strict(monkeypatch, value):
     monkeypatch.setenv("GRAPHSLOT_STRICT", value)
     reg = build(STRICT)
     assert not reg.strict
-    reg.fill_from(SimpleNamespace(x=None, pair=None), 2, 4, 3, 8)  # None is simply not copied
+    reg.fill_from(SimpleNamespace(x=t(1, 2), pair=torch.ones(3, 2, dtype=torch.int32)), 2, 4, 3, 8)  # casts
+
+
+@pytest.mark.parametrize("value", ["1", "true", "Yes", "on"])
+def test_a_true_graphslot_strict_turns_strict_mode_on(monkeypatch, value):
+    monkeypatch.setenv("GRAPHSLOT_STRICT", value)
+    assert build(STRICT).strict
+
+
+def test_a_graphslot_strict_that_is_not_a_boolean_is_an_error(monkeypatch):
+    monkeypatch.setenv("GRAPHSLOT_STRICT", "maybe")
+    with pytest.raises(ValueError, match=r"^GRAPHSLOT_STRICT='maybe' is not a boolean: use 1/true/yes/on or "
+                                         r"0/false/no/off$"):
+        build(STRICT)
 
 
 # --- the shipped decode spec ------------------------------------------------------------------------
@@ -823,17 +886,41 @@ def test_decode_local_num_token_non_padded_per_attention_tp_rank(decode_spec, ra
                 params={"enable_num_token_non_padded": True, "require_gathered_buffer": True,
                         "attn_tp_size": 2, "attn_tp_rank": rank})
     fb = decode_batch(2, raw_tokens=5)
-    fb.num_token_non_padded = t(5, dtype=torch.int32)  # global real tokens
+    fb.global_num_token_non_padded = torch.tensor(5, dtype=torch.int32)  # global real tokens, 0-d
+    fb.num_token_non_padded = t(9, dtype=torch.int32)  # ignored: the global count wins
     poison(reg)
+    buffer = reg.slot("num_token_non_padded").buffer
     reg.fill_from(fb, raw_bs=2, padded_bs=8, raw_num_tokens=5, padded_num_tokens=8)  # 4 tokens per rank
     assert reg.extract(fb, 8, 8).num_token_non_padded.tolist() == expected
+    assert buffer.shape == (1,) and reg.slot("num_token_non_padded").buffer is buffer  # never resized
 
 
-def test_decode_num_token_non_padded_is_copied_without_gathering(decode_spec):
+@pytest.mark.parametrize("params", [{}, {"require_gathered_buffer": True, "enable_prefill_cp": True,
+                                         "attn_tp_size": 2, "attn_tp_rank": 1},
+                                    {"require_gathered_buffer": True, "attn_tp_sharded": False,
+                                     "attn_tp_size": 2, "attn_tp_rank": 1}])
+def test_decode_num_token_non_padded_not_sharded_keeps_the_global_count(decode_spec, params):
+    reg = build(decode_spec, max_bs=8, max_num_tokens=8, params={"enable_num_token_non_padded": True, **params})
+    fb = decode_batch()
+    fb.global_num_token_non_padded = t(2, dtype=torch.int64)
+    assert fill_decode(reg, fb).num_token_non_padded.tolist() == [2]
+
+
+def test_decode_num_token_non_padded_rejects_a_rank_outside_the_group(decode_spec):
+    with pytest.raises(gs.SpecError, match=r"slot 'num_token_non_padded'.*attn_tp_rank=2 must lie in \[0, attn_tp_size=2\)"):
+        build(decode_spec, max_bs=8, max_num_tokens=8,
+              params={"enable_num_token_non_padded": True, "require_gathered_buffer": True,
+                      "attn_tp_size": 2, "attn_tp_rank": 2})
+
+
+def test_decode_num_token_non_padded_falls_back_to_the_local_count(decode_spec):
     reg = build(decode_spec, max_bs=8, max_num_tokens=8, params={"enable_num_token_non_padded": True})
     fb = decode_batch()
     fb.num_token_non_padded = t(2, dtype=torch.int32)
     assert fill_decode(reg, fb).num_token_non_padded.tolist() == [2]
+    fb.num_token_non_padded = None  # neither count: the buffer is left as it is
+    reg.fill_from(fb, 2, 4, 2, 4)
+    assert reg.extract(fb, 4, 4).num_token_non_padded.tolist() == [2]
 
 
 def test_decode_cache_loc_dtype_param(decode_spec):
@@ -849,3 +936,51 @@ def test_decode_swa_slot_registers_with_the_kv_pool_before_capture(decode_spec):
     assert registered == [reg.slot("out_cache_loc_swa").buffer]
     with pytest.raises(RuntimeError, match=r"^slot 'out_cache_loc_swa': pre_capture hook register_swa_out_cache_loc"):
         reg.run_pre_capture(4, 4)
+
+
+# --- the shipped prefill spec's sglang-aligned slots ------------------------------------
+
+
+def prefill_batch(raw_bs=2, raw_tokens=5, **fields):
+    fb = Batch(batch_size=raw_bs, input_ids=torch.arange(10, 10 + raw_tokens),
+               positions=torch.arange(20, 20 + raw_tokens), out_cache_loc=torch.arange(30, 30 + raw_tokens))
+    for name, value in fields.items():
+        setattr(fb, name, value)
+    return fb
+
+
+def test_prefill_input_ids_tail_is_zeroed():
+    reg = build(gs.load_spec("prefill"), max_bs=4, max_num_tokens=8)
+    poison(reg)
+    reg.fill_from(prefill_batch(), 2, 2, 5, 8)
+    assert reg.extract(prefill_batch(), 2, 8).input_ids.tolist() == [10, 11, 12, 13, 14, 0, 0, 0]
+
+
+def test_prefill_mamba_track_slots():
+    reg = build(gs.load_spec("prefill"), max_bs=4, max_num_tokens=8, params={"enable_mamba_track": True})
+    assert reg.slot("mamba_track_seqlens").buffer.dtype == torch.int32
+    assert reg.slot("mamba_track_indices").spec.index and reg.slot("mamba_track_mask").spec.index
+    poison(reg)
+    fb = prefill_batch(mamba_track_indices=t(3, 4), mamba_track_mask=torch.tensor([True, False]),
+                       mamba_track_seqlens=t(7, 8))
+    reg.fill_from(fb, 2, 2, 5, 8)
+    assert reg.slot("mamba_track_seqlens").buffer[:2].tolist() == [7, 8]
+    assert reg.slot("mamba_track_seqlens").buffer[2:].tolist() == [POISON, POISON]  # bs is never padded here
+
+
+@pytest.mark.parametrize("params, global_cpu, expected", [
+    ({}, None, 5),                      # no global count: the raw tokens of the step
+    ({}, 6, 6),                         # replicated: the global count, clamped to the bucket
+    ({}, 11, 8),
+    ({"require_gathered_buffer": True, "attn_tp_size": 2, "attn_tp_rank": 0}, 6, 4),
+    ({"require_gathered_buffer": True, "attn_tp_size": 2, "attn_tp_rank": 1}, 6, 2),
+    ({"require_gathered_buffer": True, "attn_tp_size": 2, "attn_tp_rank": 1}, 3, 0),
+    ({"require_gathered_buffer": True, "attn_tp_size": 2, "attn_tp_rank": 1, "enable_prefill_cp": True}, 6, 6),
+    ({"attn_tp_sharded": True, "attn_tp_size": 4, "attn_tp_rank": 3}, 7, 1),
+])
+def test_prefill_num_token_non_padded(params, global_cpu, expected):
+    reg = build(gs.load_spec("prefill"), max_bs=4, max_num_tokens=8, params={"enable_num_token_non_padded": True, **params})
+    poison(reg)
+    fb = prefill_batch(global_num_token_non_padded_cpu=global_cpu)
+    reg.fill_from(fb, 2, 2, 5, 8)
+    assert reg.extract(fb, 2, 8).num_token_non_padded.tolist() == [expected]

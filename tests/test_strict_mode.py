@@ -3,14 +3,17 @@
 ``Tensor.copy_`` casts and broadcasts silently, so a batch field of the wrong dtype or
 length would corrupt a buffer without an error. A strict registry checks a step's
 sources (and sizes) before it copies anything, and says which slot, what it expected
-and what came. Strict mode is chosen when the registry is built — ``strict=True`` or
-``GRAPHSLOT_STRICT=1`` — so a registry that is not strict runs no check at all (and a
-generated one calls the generated ``fill_from`` directly). Both registry modes behave
-the same.
+and what came. Without strict mode a registry still rejects what would corrupt a buffer
+silently or replay stale data (a missing field, a non-tensor, another row count); strict
+mode adds dtype, device, count types on every call and aliasing. It is chosen when the
+registry is built — ``strict=True`` or ``GRAPHSLOT_STRICT=1`` — so a generated registry
+that is not strict calls the generated ``fill_from`` directly. Both registry modes
+behave the same.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import linecache
 import textwrap
 import types
@@ -19,7 +22,7 @@ import pytest
 import torch
 
 import graphslot as gs
-import graphslot.framework.registry as registry_module
+from graphslot.framework.stepcheck import StepChecker
 
 MAX_BS, MAX_NUM_TOKENS = 4, 8
 
@@ -91,7 +94,7 @@ def buffers(reg):
 
 def assert_untouched(reg, before):
     for name, value in before.items():
-        assert torch.equal(reg.slot(name).buffer, value), f"slot '{name}' was written before the check"
+        assert torch.equal(reg.slot(name).buffer, value), f"spec 'strict', slot '{name}' was written before the check"
 
 
 @pytest.fixture(params=["strict=True", "GRAPHSLOT_STRICT=1"])
@@ -172,44 +175,46 @@ NOT_OPTIONAL = ("the batch field is None, but the slot is not optional; set it o
                 "`optional: true` in the spec")
 
 MISMATCHES = {
-    "not a tensor": (_set("ids", [10, 11, 12]), "slot 'ids': expected a torch.Tensor, got list"),
-    "not a tensor (host slot)": (_set("lens_cpu", 5), "slot 'lens_cpu': expected a torch.Tensor, got int"),
+    "not a tensor": (_set("ids", [10, 11, 12]), "spec 'strict', slot 'ids': expected a torch.Tensor, got list [10, 11, 12]"),
+    "not a tensor (host slot)": (_set("lens_cpu", 5), "spec 'strict', slot 'lens_cpu': expected a torch.Tensor, got int 5"),
     "wrong dtype": (_set("lens", torch.tensor([5, 6])),
-                    "slot 'lens': expected dtype torch.int32, got torch.int64 (copy_ would cast silently)"),
+                    "spec 'strict', slot 'lens': expected dtype torch.int32, got torch.int64 (copy_ would cast silently)"),
     "wrong dtype (float)": (_set("table", torch.ones(2, 4, dtype=torch.float64)),
-                            "slot 'table': expected dtype torch.float32, got torch.float64 (copy_ would cast "
+                            "spec 'strict', slot 'table': expected dtype torch.float32, got torch.float64 (copy_ would cast "
                             "silently)"),
     "too short along the tokens axis": (_set("ids", torch.tensor([10, 11])),
-                                        "slot 'ids': expected shape [3], got [2] (copy_ would broadcast or fail)"),
+                                        "spec 'strict', slot 'ids': expected shape [3], got [2] (copy_ would broadcast or fail)"),
     "too long along the bs axis": (_set("lens", torch.arange(4, dtype=torch.int32)),
-                                   "slot 'lens': expected shape [2], got [4] (copy_ would broadcast or fail)"),
+                                   "spec 'strict', slot 'lens': expected shape [2], got [4] (copy_ would broadcast or fail)"),
     "one row that would broadcast": (_set("lens", torch.tensor([5], dtype=torch.int32)),
-                                     "slot 'lens': expected shape [2], got [1] (copy_ would broadcast or fail)"),
+                                     "spec 'strict', slot 'lens': expected shape [2], got [1] (copy_ would broadcast or fail)"),
     "wrong length along slice_dim 1": (_set("rope", torch.zeros(3, 2, dtype=torch.int64)),
-                                       "slot 'rope': expected shape [3, 3], got [3, 2] (copy_ would broadcast or "
+                                       "spec 'strict', slot 'rope': expected shape [3, 3], got [3, 2] (copy_ would broadcast or "
                                        "fail)"),
     "wrong leading extent": (_set("rope", torch.zeros(2, 3, dtype=torch.int64)),
-                             "slot 'rope': expected shape [3, 3], got [2, 3] (copy_ would broadcast or fail)"),
+                             "spec 'strict', slot 'rope': expected shape [3, 3], got [2, 3] (copy_ would broadcast or fail)"),
     "wrong trailing dims": (_set("table", torch.ones(2, 5)),
-                            "slot 'table': expected shape [2, 4], got [2, 5] (copy_ would broadcast or fail)"),
+                            "spec 'strict', slot 'table': expected shape [2, 4], got [2, 5] (copy_ would broadcast or fail)"),
     "missing trailing dim": (_set("table", torch.ones(2)),
-                             "slot 'table': expected shape [2, 4], got [2] (copy_ would broadcast or fail)"),
+                             "spec 'strict', slot 'table': expected shape [2, 4], got [2] (copy_ would broadcast or fail)"),
     "axis none: whole buffer": (_set("flags", torch.tensor([True])),
-                                "slot 'flags': expected shape [2], got [1] (copy_ would broadcast or fail)"),
-    "None in a non-optional slot": (_set("lens", None), f"slot 'lens': {NOT_OPTIONAL}"),
-    "absent non-optional field": (_delete("table"), f"slot 'table': {NOT_OPTIONAL}"),
+                                "spec 'strict', slot 'flags': expected shape [2], got [1] (copy_ would broadcast or fail)"),
+    "None in a non-optional slot": (_set("lens", None), f"spec 'strict', slot 'lens': {NOT_OPTIONAL}"),
+    "absent non-optional field": (_delete("table"), "spec 'strict', slot 'table': the batch has no field 'table', "
+                                                   "but the slot is not optional; set it on the batch, or declare "
+                                                   "`optional: true` in the spec"),
     "source returns more rows than capacity": (_set("extra_rows", torch.arange(MAX_BS + 1)),
-                                               "slot 'extra': source returned 5 rows, more than the capacity 4"),
+                                               "spec 'strict', slot 'extra': source returned 5 rows, more than the capacity 4"),
     "source returns the wrong dtype": (_set("extra_rows", torch.tensor([1, 2], dtype=torch.int32)),
-                                       "slot 'extra': expected dtype torch.int64, got torch.int32 (copy_ would "
+                                       "spec 'strict', slot 'extra': expected dtype torch.int64, got torch.int32 (copy_ would "
                                        "cast silently)"),
-    "source returns a non-tensor": (_set("extra_rows", [1, 2]), "slot 'extra': expected a torch.Tensor, got list"),
+    "source returns a non-tensor": (_set("extra_rows", [1, 2]), "spec 'strict', slot 'extra': expected a torch.Tensor, got list [1, 2]"),
     "dotted source of the wrong dtype": (_set("meta", types.SimpleNamespace(mask=torch.ones(2, dtype=torch.int64))),
-                                         "slot 'meta.mask': expected dtype torch.bool, got torch.int64 (copy_ would "
+                                         "spec 'strict', slot 'meta.mask': expected dtype torch.bool, got torch.int64 (copy_ would "
                                          "cast silently)"),
     "dotted source with wrong trailing dims": (
         _set("meta", types.SimpleNamespace(mask=torch.ones(2, 1, dtype=torch.bool))),
-        "slot 'meta.mask': expected shape [4], got [2, 1] (copy_ would broadcast or fail)"),
+        "spec 'strict', slot 'meta.mask': expected shape [4], got [2, 1] (copy_ would broadcast or fail)"),
 }
 
 
@@ -228,15 +233,15 @@ def test_each_mismatch_is_a_slot_error_naming_slot_expected_and_got(strict_reg, 
 
 COUNTS = {
     "raw > padded (bs)": ((3, 2, 3, 5), "bs counts must satisfy 0 <= raw <= padded <= capacity, got raw=3, "
-                                        "padded=2, capacity=4 (registry 'strict')"),
+                                        "padded=2, capacity=4"),
     "raw > padded (tokens)": ((2, 3, 6, 5), "tokens counts must satisfy 0 <= raw <= padded <= capacity, got "
-                                            "raw=6, padded=5, capacity=8 (registry 'strict')"),
+                                            "raw=6, padded=5, capacity=8"),
     "padded > capacity (bs)": ((2, 5, 3, 5), "bs counts must satisfy 0 <= raw <= padded <= capacity, got raw=2, "
-                                             "padded=5, capacity=4 (registry 'strict')"),
+                                             "padded=5, capacity=4"),
     "padded > capacity (tokens)": ((2, 3, 3, 9), "tokens counts must satisfy 0 <= raw <= padded <= capacity, got "
-                                                 "raw=3, padded=9, capacity=8 (registry 'strict')"),
+                                                 "raw=3, padded=9, capacity=8"),
     "negative raw": ((-1, 3, 3, 5), "bs counts must satisfy 0 <= raw <= padded <= capacity, got raw=-1, "
-                                    "padded=3, capacity=4 (registry 'strict')"),
+                                    "padded=3, capacity=4"),
 }
 
 
@@ -248,7 +253,7 @@ def test_impossible_step_sizes_are_slot_errors(strict_reg, case):
     before = buffers(strict_reg)
     with pytest.raises(gs.SlotError) as info:
         strict_reg.fill_from(fb, *sizes)
-    assert str(info.value) == message
+    assert str(info.value) == "spec 'strict': " + message
     assert_untouched(strict_reg, before)
 
 
@@ -262,12 +267,12 @@ def test_a_source_on_the_wrong_device_is_a_slot_error(mode):
     fb.ids = fb.ids.cpu()
     with pytest.raises(gs.SlotError) as info:
         reg.fill_from(fb, 2, 3, 3, 5)
-    assert str(info.value) == f"slot 'ids': expected device {reg.slot('ids').buffer.device}, got cpu"
+    assert str(info.value) == f"spec 'strict', slot 'ids': expected device {reg.slot('ids').buffer.device}, got cpu"
     fb = good_batch(device="cuda")
     fb.lens_cpu = fb.lens_cpu.cuda()  # a host slot wants a host tensor
     with pytest.raises(gs.SlotError) as info:
         reg.fill_from(fb, 2, 3, 3, 5)
-    assert str(info.value) == f"slot 'lens_cpu': expected device cpu, got {fb.lens_cpu.device}"
+    assert str(info.value) == f"spec 'strict', slot 'lens_cpu': expected device cpu, got {fb.lens_cpu.device}"
 
 
 # --- without strict mode nothing is checked -------------------------------------------------
@@ -291,20 +296,23 @@ def test_strict_mode_is_chosen_at_build_time(monkeypatch, mode):
     assert not reg.strict and build(mode).strict
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_without_strict_no_check_runs(monkeypatch, mode):
+def test_without_strict_a_generated_registry_checks_a_step_size_once(monkeypatch):
     calls = []
-
-    def recording_check(registry, *args):
-        calls.append((registry, args))
-
-    monkeypatch.setattr(registry_module, "check_fill", recording_check)
-    plain, strict = build(mode), build(mode, strict=True)
-    fb = good_batch()
-    plain.fill_from(fb, 2, 3, 3, 5)
-    assert calls == []
-    strict.fill_from(fb, 2, 3, 3, 5, side_inputs="side")
-    assert calls == [(strict, (fb, 2, 3, 3, 5, "side"))]
+    for method in ("counts", "view_counts", "diagnose", "strict_fill", "plain_source"):
+        original = getattr(StepChecker, method)
+        monkeypatch.setattr(StepChecker, method,
+                            lambda self, *a, _m=method, _f=original: (calls.append(_m), _f(self, *a))[1])
+    reg, fb = build("generated"), good_batch()
+    reg.fill_from(fb, 2, 3, 3, 5)
+    reg.extract(fb, 3, 5)
+    first_seen = ["counts", "view_counts", "counts"]  # view_counts checks through counts
+    assert calls == first_seen
+    reg.fill_from(fb, 2, 3, 3, 5)
+    reg.extract(fb, 3, 5)
+    assert calls == first_seen  # nothing more on later steps of that size
+    strict = build("generated", strict=True)
+    strict.fill_from(fb, 2, 3, 3, 5)
+    assert calls.count("strict_fill") == 1
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -318,7 +326,7 @@ def test_without_strict_a_wrong_dtype_is_cast_silently(mode):
     assert reg.slot("lens").buffer.dtype == torch.int32
     assert reg.slot("lens").buffer.tolist() == [5, 6, 1, 1]
     assert reg.slot("table").buffer[:2].tolist() == [[2.5] * 4] * 2
-    with pytest.raises(gs.SlotError, match=r"^slot 'lens': expected dtype torch.int32, got torch.int64"):
+    with pytest.raises(gs.SlotError, match=r"^spec 'strict', slot 'lens': expected dtype torch.int32, got torch.int64"):
         build(mode, strict=True).fill_from(fb, 2, 3, 3, 5)
 
 
@@ -336,8 +344,191 @@ def test_a_generated_registry_without_strict_calls_the_generated_fill_from_direc
 
 def test_a_strict_generated_registry_checks_then_calls_the_generated_fill_from():
     reg = build("generated", strict=True)
-    assert reg.fill_from.__code__.co_filename != reg.module.__file__  # the checking wrapper
-    assert reg.extract.__code__.co_filename == reg.module.__file__  # extract is never wrapped
+    assert reg.fill_from.__code__.co_filename != reg.module.__file__  # the checking wrappers
+    assert reg.extract.__code__.co_filename != reg.module.__file__
     fb = good_batch()
     reg.fill_from(fb, 2, 3, 3, 5)
     assert reg.slot("ids").buffer[:5].tolist() == [10, 11, 12, 0, 0]
+
+
+# --- the rest of the contract, in both modes ---------------------------------------------------
+
+ALIAS = textwrap.dedent("""
+    name: alias
+    slots:
+      - {name: x, shape: [max_bs], dtype: int64, axis: bs, padding: zero}
+      - {name: y, shape: [max_bs], dtype: int64, axis: bs, padding: fill_sentinel, pad_value: -1}
+      - {name: z, shape: [max_bs], dtype: int64, axis: bs, padding: zero, source: rows}
+""")
+
+
+def alias_registry(mode, strict):
+    reg = gs.build_registry(gs.parse_spec(ALIAS, source="alias.yaml"), 8, 8, mode=mode, strict=strict,
+                            hooks={"rows": lambda fb, ctx: fb.z_rows})
+    for name in ("x", "y", "z"):
+        reg.slot(name).buffer.copy_(torch.arange(8) + 10 * (1 + "xyz".index(name)))
+    return reg
+
+
+def alias_batch(reg, x=None, y=None):
+    fb = types.SimpleNamespace(x=torch.tensor([1, 2]), y=torch.tensor([3, 4]), z_rows=torch.tensor([5]))
+    fb.x = reg.slot("x").buffer[x[0]:x[1]] if x else fb.x
+    fb.y = reg.slot("y").buffer[y[0]:y[1]] if y else fb.y
+    return fb
+
+
+@pytest.mark.parametrize("strict", [False, True])
+@pytest.mark.parametrize("mode", MODES)
+def test_a_slots_own_head_view_passed_back_copies_onto_itself(mode, strict):
+    reg = alias_registry(mode, strict)
+    reg.fill_from(alias_batch(reg, x=(0, 2)), 2, 4, 2, 4)
+    assert reg.slot("x").buffer[:5].tolist() == [10, 11, 0, 0, 14]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_without_strict_a_source_viewing_its_own_tail_is_read_before_the_reset(mode):
+    reg = alias_registry(mode, strict=False)
+    reg.fill_from(alias_batch(reg, y=(2, 4)), 2, 4, 2, 4)  # y's head <- y[2:4], then its tail reset
+    assert reg.slot("y").buffer[:5].tolist() == [22, 23, -1, -1, 24]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_without_strict_a_source_overlapping_its_head_is_refused_by_copy(mode):
+    reg = alias_registry(mode, strict=False)
+    with pytest.raises(RuntimeError, match="refer to a single memory location"):
+        reg.fill_from(alias_batch(reg, x=(1, 3)), 2, 4, 2, 4)
+
+
+@pytest.mark.parametrize("batch, message", [
+    (dict(x=(1, 3)), "slot 'x': the source aliases the buffer of slot 'x'"),
+    (dict(y=(2, 4)), "slot 'y': the source aliases the buffer of slot 'y'"),
+    (dict(y=(0, 2), x=(0, 2)), None),  # both exactly their own heads: fine
+], ids=["overlapping own head", "own tail", "own heads"])
+@pytest.mark.parametrize("mode", MODES)
+def test_strict_rejects_a_source_aliasing_a_buffer(mode, batch, message):
+    reg = alias_registry(mode, strict=True)
+    before = buffers(reg)
+    fb = alias_batch(reg, **batch)
+    if message is None:
+        reg.fill_from(fb, 2, 4, 2, 4)
+        return
+    with pytest.raises(gs.SlotError) as info:
+        reg.fill_from(fb, 2, 4, 2, 4)
+    assert str(info.value) == (f"spec 'alias', {message} (a view of a static buffer other than this slot's own "
+                               "head); copy it first, or pass the batch's own tensor")
+    assert_untouched(reg, before)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_strict_rejects_a_source_aliasing_another_slots_buffer(mode):
+    reg = alias_registry(mode, strict=True)
+    fb = alias_batch(reg)
+    fb.x = reg.slot("y").buffer[:2]
+    with pytest.raises(gs.SlotError, match=r"^spec 'alias', slot 'x': the source aliases the buffer of slot 'y'"):
+        reg.fill_from(fb, 2, 4, 2, 4)
+
+
+@pytest.mark.parametrize("strict", [False, True])
+@pytest.mark.parametrize("mode", MODES)
+def test_a_source_hook_runs_once_per_fill(mode, strict):
+    calls = []
+    spec = gs.parse_spec(ALIAS, source="alias.yaml")
+    reg = gs.build_registry(spec, 8, 8, mode=mode, strict=strict,
+                            hooks={"rows": lambda fb, ctx: calls.append(1) or fb.z_rows})
+    reg.fill_from(alias_batch(reg), 2, 4, 2, 4)
+    assert calls == [1]
+    assert reg.slot("z").buffer[:4].tolist() == [5, 0, 0, 0]  # [:len(src)] after the tail reset
+
+
+EXTRACT_COUNTS = {
+    "padded beyond the capacity": ((12, 4), "spec 'strict': bs counts must satisfy 0 <= raw <= padded <= "
+                                            "capacity, got raw=0, padded=12, capacity=4"),
+    "negative": ((2, -1), "spec 'strict': tokens counts must satisfy 0 <= raw <= padded <= capacity, got "
+                          "raw=0, padded=-1, capacity=8"),
+    "float": ((2.0, 4), "spec 'strict': padded bs count must be an int, got float 2.0"),
+}
+
+
+@pytest.mark.parametrize("strict", [False, True])
+@pytest.mark.parametrize("case", list(EXTRACT_COUNTS))
+@pytest.mark.parametrize("mode", MODES)
+def test_extract_checks_its_counts(mode, case, strict):
+    counts, message = EXTRACT_COUNTS[case]
+    reg = build(mode, strict=strict)
+    with pytest.raises(gs.SlotError) as info:
+        reg.extract(good_batch(), *counts)
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_counts_are_checked_on_the_first_step_of_a_size_without_strict_mode(mode):
+    reg = build(mode)
+    with pytest.raises(gs.SlotError, match=r"^spec 'strict': raw bs count must be an int, got float 2.0$"):
+        reg.fill_from(good_batch(), 2.0, 3, 3, 5)
+    with pytest.raises(gs.SlotError, match="got raw=3, padded=2, capacity=4$"):
+        reg.fill_from(good_batch(3), 3, 2, 3, 5)
+    reg.fill_from(good_batch(), 2, 3, 3, 5)
+    reg.fill_from(good_batch(), 2.0, 3, 3, 5)  # equal to a size already checked: not checked again
+    with pytest.raises(gs.SlotError, match="must be an int, got float 2.0$"):
+        build(mode, strict=True).fill_from(good_batch(), 2.0, 3, 3, 5)  # strict: every call
+
+
+@dataclasses.dataclass(frozen=True)
+class FrozenBatch:
+    ids: torch.Tensor
+    lens: torch.Tensor
+    lens_cpu: torch.Tensor
+    table: torch.Tensor
+    flags: torch.Tensor
+    extra_rows: torch.Tensor
+    meta: types.SimpleNamespace
+    rope: object = None
+    extra: object = None  # a slot fed by a source hook: extract sets it
+    count: object = None  # a computed slot: extract sets it
+    batch_size: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SlottedBatch:
+    ids: torch.Tensor
+    lens: torch.Tensor
+    lens_cpu: torch.Tensor
+    table: torch.Tensor
+    flags: torch.Tensor
+    extra_rows: torch.Tensor
+    meta: types.SimpleNamespace
+    rope: object = None
+    extra: object = None  # a slot fed by a source hook: extract sets it
+    count: object = None  # a computed slot: extract sets it
+    batch_size: int = 0
+
+
+@pytest.mark.parametrize("batch_type", [FrozenBatch, SlottedBatch])
+@pytest.mark.parametrize("mode", MODES)
+def test_extract_works_on_frozen_and_slotted_dataclass_batches(mode, batch_type):
+    reg = build(mode)
+    good = good_batch()
+    fb = batch_type(**{f.name: getattr(good, f.name) for f in dataclasses.fields(batch_type)
+                       if f.name not in ("rope", "extra", "count", "batch_size")}, batch_size=2)
+    reg.fill_from(fb, 2, 3, 3, 5)
+    view = reg.extract(fb, 3, 5)
+    assert type(view) is batch_type and view is not fb
+    assert view.batch_size == 3 and fb.batch_size == 2
+    assert view.ids.data_ptr() == reg.slot("ids").buffer.data_ptr() and view.ids.shape == (5,)
+    assert fb.ids.tolist() == [10, 11, 12]  # the template keeps its own tensors
+    assert view.rope is None  # an optional slot absent this step carries the None
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_shape_expression_the_interpreter_accepts_builds_in_both_modes(mode):
+    spec = gs.parse_spec(textwrap.dedent("""
+        name: capacity
+        slots:
+          - {name: x, shape: ["max_bs // 100"], dtype: int64, axis: none, padding: keep_pad}
+          - {name: y, shape: ["max_bs - 60", max_bs], dtype: int64, axis: bs, slice_dim: 1, padding: zero}
+    """), source="capacity.yaml")
+    reg = gs.build_registry(spec, 300, 4, mode=mode)
+    assert reg.slot("x").buffer.shape == (3,) and reg.slot("y").buffer.shape == (240, 300)
+    fb = types.SimpleNamespace(x=torch.tensor([1, 2, 3]), y=torch.ones(240, 2, dtype=torch.int64))
+    reg.fill_from(fb, 2, 4, 1, 1)
+    assert reg.slot("y").buffer[:, :5].sum(1).tolist() == [2] * 240

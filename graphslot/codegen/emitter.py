@@ -15,6 +15,7 @@ statements. The plan for a spec with default decode params is, per step:
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import keyword
 import re
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from ..framework.dtypes import dtype_name
 from ..framework.expr import Expr
 from ..framework.hooks import BUILTIN_HOOKS, HOOK_SIGNATURES, is_import_reference
 from ..framework.model import RegistrySpec
-from ..framework.resolve import ResolvedSlot, resolve_slots
+from ..framework.resolve import ResolvedSlot, resolve_slot
 
 COUNTS = {"bs": ("raw_bs", "padded_bs"), "tokens": ("raw_num_tokens", "padded_num_tokens")}
 CAPACITY = {"bs": "max_bs", "tokens": "max_num_tokens"}
@@ -51,8 +52,8 @@ def _ident(name: str) -> str:
 
 def _by_name(name: str) -> bool:
     """Whether ``obj.name`` is not valid source: a slot may be called ``class`` (the
-    interpreter reads and sets it with getattr/setattr), or ``__debug__``."""
-    return keyword.iskeyword(name) or name == "__debug__"
+    interpreter reads and sets it with getattr/setattr)."""
+    return keyword.iskeyword(name)
 
 
 def _get(obj: str, name: str) -> str:
@@ -71,16 +72,17 @@ def _set(obj: str, name: str, value: str) -> str:
 # neither shadow them nor be shadowed.
 _MODULE_NAMES = frozenset({
     "torch", "max_bs", "max_num_tokens", "device", "params", "pool", "source", "buffers", "hooks",
-    "plans", "views", "make_plan", "fill_from", "make_views", "extract", "allocate", "bind",
+    "plans", "views", "make_plan", "fill_from", "make_views", "extract", "allocate", "bind", "check",
+    "make_view", "view_names", "fields", "exc",
 }) | frozenset(dir(builtins))
-_GENERATED_PREFIXES = ("rt_", "buf_", "hook_", "pad", "__gs_")
+_GENERATED_PREFIXES = ("rt_", "buf_", "hook_", "pad", "src_", "rows", "head_", "tail_", "dsts", "view_", "__gs_")
 
 # graphslot.codegen.runtime helpers a module may use, with the mangled names it binds
 # them under. The template itself always calls the last two.
-RUNTIME_HELPERS = (("FillContext", "__gs_FillContext"), ("Tensor", "__gs_Tensor"),
+RUNTIME_HELPERS = (("FillContext", "__gs_FillContext"), ("SourceMismatch", "__gs_Mismatch"),
                    ("foreach_copy", "__gs_foreach_copy"), ("hook", "__gs_hook"),
-                   ("allocate_buffer", "__gs_allocate"), ("shallow_copy", "__gs_shallow_copy"))
-_TEMPLATE_HELPERS = frozenset({"__gs_allocate", "__gs_shallow_copy"})
+                   ("allocate_buffer", "__gs_allocate"), ("ViewMaker", "__gs_ViewMaker"))
+_TEMPLATE_HELPERS = frozenset({"__gs_allocate", "__gs_ViewMaker"})
 
 
 def runtime_local(name: str) -> str:
@@ -126,9 +128,23 @@ class SlotNames:
         non-trivial dimension; ``_foreach_copy_``'s fast path needs dense tensors."""
         return all(n == 1 for n in self.slot.shape[: self.slot.slice_dim])
 
-    def source_expr(self) -> str:
+    @property
+    def src(self) -> str:
+        """The local holding this step's batch field."""
+        return f"src_{self.ident}"
+
+    def read_source(self) -> str:
         name = self.slot.name
-        return f"getattr(fb, {name!r}, None)" if self.slot.optional else _get("fb", name)
+        value = f"getattr(fb, {name!r}, None)" if self.slot.optional else _get("fb", name)
+        return f"{self.src} = {value}"
+
+    def expected_shape(self, extents: List[str]) -> str:
+        """Source of the shape a step's source must have: the buffer's, with the raw
+        count along the sliced dimension."""
+        if self.counts is not None:
+            extents = list(extents)
+            extents[self.slot.slice_dim] = self.counts[0]
+        return "torch.Size((" + ", ".join(extents) + ("," if len(extents) == 1 else "") + "))"
 
 
 @dataclass
@@ -183,10 +199,23 @@ class Emitter:
     def __init__(self, spec: RegistrySpec, params: Mapping[str, Any], version: str, source_label: str):
         self.spec, self.params, self.version, self.source_label = spec, dict(params), version, source_label
         self.runtime = [n for n, p in spec.params.items() if p.runtime]
-        # Capacities stay symbolic: one generated module serves every max_bs.
-        self.slots = [s for s in resolve_slots(spec, params, 64, 128) if s.enabled]
+        self.slots = [s for s in self._symbolic_slots() if s.enabled]
         self.names = self._unique_names()
         self.hooks = {n.slot.name: self._expected_hooks(n.slot) for n in self.names}
+
+    def _symbolic_slots(self) -> List[ResolvedSlot]:
+        """The slots resolved for these params with capacities left symbolic (one
+        generated module serves every max_bs): an extent that depends on a capacity
+        is ``None`` here, so any shape the interpreter accepts is accepted."""
+        slots = []
+        for i, spec_slot in enumerate(self.spec.slots):
+            fixed = [None if isinstance(e, str) and Expr.parse(e).names & set(CAPACITY.values()) else e
+                     for e in spec_slot.shape]
+            placeholder = spec_slot.model_copy(update={"shape": [1 if e is None else e for e in fixed]})
+            resolved = resolve_slot(placeholder, self.params, 1, 1, self.spec.slot_line(i))
+            shape = tuple(None if e is None else n for e, n in zip(fixed, resolved.shape))
+            slots.append(dataclasses.replace(resolved, shape=shape))
+        return slots
 
     def _unique_names(self) -> List[SlotNames]:
         # Slots keep their own identifiers; one that mangles to an identifier already
@@ -226,8 +255,11 @@ class Emitter:
             return Expr.parse(value).to_python(baked, keep=names)
         return repr(value)
 
-    def _shape_src(self, slot_spec) -> str:
-        extents = [self._spec_expr(e, CAPACITY.values()) for e in slot_spec.shape]
+    def _extents(self, slot: ResolvedSlot) -> List[str]:
+        return [self._spec_expr(e, CAPACITY.values()) for e in self.spec.slot_spec(slot.name).shape]
+
+    def _shape_src(self, slot: ResolvedSlot) -> str:
+        extents = self._extents(slot)
         return "(" + ", ".join(extents) + ("," if len(extents) == 1 else "") + ")"
 
     def _pad_src(self, slot: ResolvedSlot) -> str:
@@ -249,7 +281,7 @@ class Emitter:
         for n in self.names:
             s = n.slot
             init = self._pad_src(s) if s.fills_at_allocation else "None"
-            rows.append((s.name, self._shape_src(self.spec.slot_spec(s.name)), _dtype_src(s.dtype),
+            rows.append((s.name, self._shape_src(s), _dtype_src(s.dtype),
                          "'cpu'" if s.host else "device", init))
         return rows
 
@@ -307,66 +339,99 @@ class Emitter:
             if n.slot.padding == "fill_sentinel":
                 bind_lines.append(f"padval_{n.ident} = {self._pad_src(n.slot)}")
 
-        # make_plan: every slice a step of this size needs, computed once per size.
-        plan_lines: List[str] = []
+        # make_plan: every slice and expected shape a step of this size needs, computed
+        # (and the step's counts checked) once per size.
+        plan_lines: List[str] = ["__gs_check.counts(raw_bs, padded_bs, raw_num_tokens, padded_num_tokens)"]
         plan_fields: List[str] = []
+
+        def plan(field_name: str, value: str) -> None:
+            plan_lines.append(f"{field_name} = {value}")
+            plan_fields.append(field_name)
+
         for g in groups.values():
-            dsts = [n.head() for n in g.heads] + [n.tail() for n, _ in g.tails]
-            srcs = [f"{const}[:{n.counts[1]} - {n.counts[0]}]" for n, const in g.tails]
-            plan_lines.append(f"dsts_{g.name} = [{', '.join(dsts)}]")
-            plan_lines.append(f"pads_{g.name} = [{', '.join(srcs)}]")
-            plan_fields += [f"dsts_{g.name}", f"pads_{g.name}"]
+            heads, tails = [n.head() for n in g.heads], [n.tail() for n, _ in g.tails]
+            if g.optional_heads:  # heads whose presence varies go between the others and the tails
+                plan(f"dsts_{g.name}", f"[{', '.join(heads)}]")
+                plan(f"tails_{g.name}", f"[{', '.join(tails)}]")
+            else:
+                plan(f"dsts_{g.name}", f"[{', '.join(heads + tails)}]")
+            plan(f"pads_{g.name}", f"[{', '.join(f'{c}[:{n.counts[1]} - {n.counts[0]}]' for n, c in g.tails)}]")
             for n in g.optional_heads:
-                plan_lines.append(f"head_{n.ident} = {n.head()}")
-                plan_fields.append(f"head_{n.ident}")
+                plan(f"head_{n.ident}", n.head())
+        for n in separate_copies:
+            plan(f"head_{n.ident}", n.head())
         for n in separate_resets:
             raw, padded = n.counts
-            plan_lines.append(f"tail_{n.ident} = {n.tail()} if {raw} < {padded} else None")
-            plan_fields.append(f"tail_{n.ident}")
-        for n in separate_copies:
-            plan_lines.append(f"head_{n.ident} = {n.head()}")
-            plan_fields.append(f"head_{n.ident}")
+            plan(f"tail_{n.ident}", f"{n.tail()} if {raw} < {padded} else None")
 
-        needs_ctx = any(self.hooks[n.slot.name] for n in self.names if set(self.hooks[n.slot.name]) - {"pre_capture"})
+        # Each copied field's expected shape: named once per distinct shape, in the
+        # plan when it depends on the step's counts, else once in bind.
+        copied = [n for g in groups.values() for n in g.heads + g.optional_heads] + separate_copies
+        copied.sort(key=self.names.index)
+        shape_of: Dict[str, str] = {}  # shape source -> local
+        rows: Dict[str, str] = {}  # slot ident -> local of its expected shape
+        for n in copied:
+            expr = n.expected_shape(self._extents(n.slot))
+            if expr not in shape_of:
+                shape_of[expr] = f"rows{len(shape_of)}"
+                if n.counts is None:
+                    bind_lines.append(f"{shape_of[expr]} = {expr}")
+                else:
+                    plan(shape_of[expr], expr)
+            rows[n.ident] = shape_of[expr]
+
+        needs_ctx = any(set(self.hooks[n.slot.name]) - {"pre_capture"} for n in self.names)
         fill_lines: List[str] = []
         if needs_ctx:
             fill_lines.append("ctx = __gs_FillContext(raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, "
                               "params, side_inputs)")
+        hooked = [n for n in source_copies if "source" in self.hooks[n.slot.name]]
+        hook_reads = [f"{n.src} = __gs_check.hook_source({n.slot.name!r}, hook_source_{n.ident}(fb, ctx))"
+                      for n in hooked]
+        if copied:
+            # Read and check every field, then copy; anything that fails is diagnosed
+            # slot by slot in the except branch (the happy path pays one shape
+            # comparison per field).
+            body = [n.read_source() for n in copied]
+            mismatches = [f"({n.src} is not None and {n.src}.shape != {rows[n.ident]})" if n.slot.optional
+                          else f"{n.src}.shape != {rows[n.ident]}" for n in copied]
+            body += [f"{'if (' if i == 0 else '        or '}{m}{'):' if i == len(mismatches) - 1 else ''}"
+                     for i, m in enumerate(mismatches)]
+            body.append("    raise __gs_Mismatch")
+            body += hook_reads  # after the fields, as the interpreter reads them
+            for g in groups.values():
+                srcs = f"[{', '.join(n.src for n in g.heads)}]"
+                if not g.optional_heads:
+                    body.append(f"__gs_foreach_copy(dsts_{g.name}, {srcs}{f' + pads_{g.name}' if g.tails else ''})")
+                    continue
+                body.append(f"dsts, srcs = list(dsts_{g.name}), {srcs}")
+                for n in g.optional_heads:
+                    body += [f"if {n.src} is not None:", f"    dsts.append(head_{n.ident})",
+                             f"    srcs.append({n.src})"]
+                if g.tails:
+                    body.append(f"__gs_foreach_copy(dsts + tails_{g.name}, srcs + pads_{g.name})")
+                else:
+                    body += ["if dsts:", "    __gs_foreach_copy(dsts, srcs)"]
+            for n in separate_copies:
+                copy = f"head_{n.ident}.copy_({n.src})"
+                body += [f"if {n.src} is not None:", f"    {copy}"] if n.slot.optional else [copy]
+            fill_lines += ["try:"] + [f"    {line}" for line in body]
+            fill_lines += ["except Exception as exc:",
+                           "    __gs_check.diagnose(fb, raw_bs, raw_num_tokens, exc)"]
+        else:  # tails only
+            fill_lines += hook_reads
+            fill_lines += [f"__gs_foreach_copy(dsts_{g.name}, pads_{g.name})" for g in groups.values()]
         for n in separate_resets:
             op = "zero_()" if n.slot.padding == "zero" else f"fill_(padval_{n.ident})"
             fill_lines += [f"if tail_{n.ident} is not None:", f"    tail_{n.ident}.{op}"]
-        for g in groups.values():
-            fields = ", ".join(n.source_expr() for n in g.heads)
-            if not g.optional_heads:
-                srcs = f"[{fields}] + pads_{g.name}" if g.tails else f"[{fields}]"
-                fill_lines.append(f"__gs_foreach_copy(dsts_{g.name}, {srcs})")
-                continue
-            fill_lines.append(f"dsts = dsts_{g.name}")
-            fill_lines.append(f"srcs = [{fields}] + pads_{g.name}" if g.tails else f"srcs = [{fields}]")
-            for n in g.optional_heads:
-                fill_lines += [f"src = {n.source_expr()}", "if isinstance(src, __gs_Tensor):",
-                               f"    dsts = dsts + [head_{n.ident}]", "    srcs.append(src)"]
-            if not g.heads and not g.tails:
-                fill_lines += ["if dsts:", "    __gs_foreach_copy(dsts, srcs)"]
-            else:
-                fill_lines.append("__gs_foreach_copy(dsts, srcs)")
-        for n in separate_copies:
-            if n.slot.optional:
-                fill_lines += [f"src = {n.source_expr()}", "if isinstance(src, __gs_Tensor):",
-                               f"    head_{n.ident}.copy_(src)"]
-            else:
-                fill_lines.append(f"head_{n.ident}.copy_({n.source_expr()})")
-        for n in source_copies:
-            if "source" not in self.hooks[n.slot.name]:
-                continue
+        for n in hooked:
             d = n.slot.slice_dim
-            fill_lines += [f"src = hook_source_{n.ident}(fb, ctx)", "if isinstance(src, __gs_Tensor):",
-                           f"    {n.buf}.narrow({d}, 0, src.shape[{d}]).copy_(src)"]
+            fill_lines += [f"if {n.src} is not None:", f"    {n.buf}.narrow({d}, 0, {n.src}.shape[{d}]).copy_({n.src})"]
         for n in self.names:
             if "post_fill" in self.hooks[n.slot.name]:
                 fill_lines.append(f"hook_post_fill_{n.ident}({n.buf}, fb, ctx)")
 
-        view_fields, extract_lines = [], ["view.batch_size = padded_bs"]
+        view_fields, fields, extract_lines = [], ["'batch_size': padded_bs"], []
         for n in self.names:
             s = n.slot
             if s.structured:
@@ -374,9 +439,13 @@ class Emitter:
             view_fields.append((f"view_{n.ident}", n.padded_view()))
             if s.plain_copy and s.optional:
                 extract_lines += [f"if getattr(fb, {s.name!r}, None) is not None:",
-                                  f"    {_set('view', s.name, f'view_{n.ident}')}"]
+                                  f"    fields[{s.name!r}] = view_{n.ident}"]
             else:
-                extract_lines.append(_set("view", s.name, f"view_{n.ident}"))
+                fields.append(f"{s.name!r}: view_{n.ident}")
+        extract_lines.insert(0, f"fields = {{{', '.join(fields)}}}")
+        extract_lines.append("return make_view(fb, fields)")
+        view_names = ("batch_size",) + tuple(n.slot.name for n in self.names if not n.slot.structured)
+        bind_lines.append(f"make_view = __gs_ViewMaker({view_names!r})")
 
         emitted = bind_lines + plan_lines + fill_lines + extract_lines
         runtime_imports = sorted((helper, alias) for helper, alias in RUNTIME_HELPERS

@@ -5,15 +5,19 @@ from __future__ import annotations
 from typing import Callable, Dict
 
 import torch
-from torch import Tensor
 
 from ..framework.buffers import allocate_buffer
 from ..framework.hooks import FillContext
-from ..framework.registry import shallow_copy
+from ..framework.registry import ViewMaker
 
 foreach_copy = torch._foreach_copy_
 
-__all__ = ["FillContext", "Tensor", "allocate_buffer", "foreach_copy", "hook", "shallow_copy"]
+__all__ = ["FillContext", "SourceMismatch", "ViewMaker", "allocate_buffer", "foreach_copy", "hook"]
+
+
+class SourceMismatch(Exception):
+    """Raised by generated ``fill_from`` when a field's shape is not the step's; its
+    except branch turns it into the interpreter's ``SlotError`` (``StepChecker.diagnose``)."""
 
 
 def hook(hooks: Dict[str, Dict[str, Callable]], slot: str, kind: str) -> Callable:

@@ -54,7 +54,7 @@ def allocate_buffer(
     buffer = torch.zeros(shape, dtype=dtype, device=device)
     fresh = True
     if pool is not None:
-        buffer, fresh = pool.share(name, buffer)
+        buffer, fresh = pool.share(name, buffer, init_value)
     if fresh and init_value is not None:
         buffer.fill_(init_value)
     return buffer

@@ -19,7 +19,7 @@ from .hooks import CaptureContext, FillContext
 from .model import RegistrySpec
 from .pool import BufferPool
 from .resolve import ResolvedSlot
-from .strict import check_fill
+from .stepcheck import StepChecker
 
 
 class Slot:
@@ -58,14 +58,45 @@ class Slot:
         return f"<Slot {s.name} axis={s.axis} padding={s.padding} {state}>"
 
 
-def shallow_copy(batch: Any) -> Any:
-    """``copy.copy`` without its protocol overhead for plain (``__dict__``) objects."""
-    cls = batch.__class__
-    if hasattr(batch, "__dict__") and cls.__reduce_ex__ is object.__reduce_ex__ and not hasattr(cls, "__slots__"):
-        new = cls.__new__(cls)
-        new.__dict__.update(batch.__dict__)
+class ViewMaker:
+    """Makes ``extract``'s view: a shallow copy of the batch with some fields replaced.
+
+    The template batch is never modified, and the batch type needs no cooperation:
+    plain objects and dataclasses, frozen ones included, get the fields written into the
+    copy's ``__dict__`` (no ``__setattr__`` runs); other types (``__slots__``, custom
+    copying, a property among ``names``) go through ``copy.copy`` and
+    ``object.__setattr__``. The choice is made once per batch type.
+    """
+
+    __slots__ = ("names", "_plain")
+
+    def __init__(self, names: Tuple[str, ...]):
+        self.names, self._plain = names, {}
+
+    def _is_plain(self, cls: type) -> bool:
+        plain = self._plain.get(cls)
+        if plain is None:
+            plain = self._plain[cls] = (
+                not hasattr(cls, "__slots__") and cls.__reduce_ex__ is object.__reduce_ex__
+                and not hasattr(cls, "__copy__")
+                and not any(hasattr(getattr(cls, name, None), "__set__") for name in self.names))
+        return plain
+
+    def __call__(self, batch: Any, fields: Dict[str, Any]) -> Any:
+        cls = batch.__class__
+        if self._is_plain(cls):
+            new = cls.__new__(cls)
+            state = new.__dict__
+            state.update(batch.__dict__)
+            state.update(fields)
+            return new
+        new = copy.copy(batch)
+        for name, value in fields.items():
+            try:
+                object.__setattr__(new, name, value)
+            except (AttributeError, TypeError) as exc:
+                raise SlotError(f"extract cannot set '{name}' on a copy of {cls.__name__}: {exc}") from None
         return new
-    return copy.copy(batch)
 
 
 class SlotRegistry:
@@ -100,6 +131,8 @@ class SlotRegistry:
                     buffer = allocate_slot_buffer(resolved, self.device, pool, source)
             self._slots[resolved.name] = Slot(resolved, buffer, hooks.get(resolved.name, {}))
         self.active: Tuple[Slot, ...] = tuple(s for s in self._slots.values() if s.enabled)
+        self.checker = StepChecker(spec.name, self.active, max_bs, max_num_tokens, strict)
+        self.make_view = ViewMaker(self.view_names())
 
     # -- introspection -------------------------------------------------------------
     def slot(self, name: str) -> Slot:
@@ -134,9 +167,10 @@ class SlotRegistry:
             if hook is not None:
                 hook(slot.buffer, ctx)
 
-    def check_fill(self, fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs=None) -> None:
-        """Strict mode's check of a step's sources (raises SlotError)."""
-        check_fill(self, fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs)
+    def view_names(self) -> Tuple[str, ...]:
+        """What ``extract`` may set on the view: ``batch_size`` and every enabled
+        top-level slot (dotted slots are never set)."""
+        return ("batch_size",) + tuple(s.name for s in self.active if not s.spec.structured)
 
     def __repr__(self) -> str:
         return (f"<{type(self).__name__} {self.spec.name} mode={self.mode} max_bs={self.max_bs} "
@@ -144,16 +178,40 @@ class SlotRegistry:
 
 
 class InterpretedRegistry(SlotRegistry):
-    """The reference semantics, slot by slot (see DESIGN.md, "Slot semantics")."""
+    """The reference semantics, slot by slot (``graphslot/slot_specs/README.md``,
+    "Slot semantics")."""
 
     mode = "interpreted"
 
     def fill_from(self, fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs=None) -> None:
-        if self.strict:
-            self.check_fill(fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs)
+        check = self.checker
+        raw_bs, padded_bs, raw_num_tokens, padded_num_tokens = check.step(raw_bs, padded_bs, raw_num_tokens,
+                                                                          padded_num_tokens)
         ctx = self.fill_context(raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs)
 
-        # 1. make the padded tail safe
+        # 0. every source (batch fields, source hooks) is read and checked before
+        #    anything is written
+        copies, hook_copies = [], []
+        for slot in check.plain:
+            src = check.plain_source(slot, fb, raw_bs, raw_num_tokens)
+            if src is not None:
+                copies.append((slot.head(slot.count(raw_bs, raw_num_tokens)), src))
+        for slot in self.active:
+            hook = slot.hooks.get("source") if slot.spec.copy_from_fb else None
+            src = None if hook is None else check.hook_source(slot.name, hook(fb, ctx))
+            if src is not None:
+                hook_copies.append((slot.buffer.narrow(slot.spec.slice_dim, 0, src.shape[slot.spec.slice_dim]), src))
+
+        # 1. copy heads; device copies grouped by dtype pair, one kernel each
+        groups: Dict[tuple, Tuple[list, list]] = {}
+        for dst, src in copies:
+            dsts, srcs = groups.setdefault((dst.device, dst.dtype, src.dtype), ([], []))
+            dsts.append(dst)
+            srcs.append(src)
+        for dsts, srcs in groups.values():
+            torch._foreach_copy_(dsts, srcs)
+
+        # 2. make the padded tail safe
         for slot in self.active:
             spec = slot.spec
             raw, padded = slot.count(raw_bs, raw_num_tokens), slot.count(padded_bs, padded_num_tokens)
@@ -164,49 +222,24 @@ class InterpretedRegistry(SlotRegistry):
                 else:
                     tail.fill_(spec.pad_value)
 
-        # 2. copy sources into heads; device copies grouped by dtype pair, one kernel each
-        groups: Dict[Tuple[torch.dtype, torch.dtype], Tuple[list, list]] = {}
-        host_copies = []
-        for slot in self.active:
-            spec = slot.spec
-            if not spec.copy_from_fb:
-                continue
-            source_hook = slot.hooks.get("source")
-            if spec.source is not None:
-                src = source_hook(fb, ctx) if source_hook is not None else None
-                if not isinstance(src, torch.Tensor):
-                    continue
-                dst = slot.head(src.shape[spec.slice_dim])
-            else:
-                src = getattr(fb, spec.name, None)
-                if not isinstance(src, torch.Tensor):
-                    continue
-                dst = slot.head(slot.count(raw_bs, raw_num_tokens))
-            if spec.host:
-                host_copies.append((dst, src))
-            else:
-                dsts, srcs = groups.setdefault((dst.dtype, src.dtype), ([], []))
-                dsts.append(dst)
-                srcs.append(src)
-        for dsts, srcs in groups.values():
-            torch._foreach_copy_(dsts, srcs)
-        for dst, src in host_copies:
+        # 3. source hooks' results go to [:len(src)], after the resets
+        for dst, src in hook_copies:
             dst.copy_(src)
 
-        # 3. computed slots
+        # 4. computed slots
         for slot in self.active:
             hook = slot.hooks.get("post_fill")
             if hook is not None:
                 hook(slot.buffer, fb, ctx)
 
     def extract(self, fb, padded_bs, padded_num_tokens):
-        view = shallow_copy(fb)
-        view.batch_size = padded_bs
+        padded_bs, padded_num_tokens = self.checker.view(padded_bs, padded_num_tokens)
+        fields = {"batch_size": padded_bs}
         for slot in self.active:
             spec = slot.spec
             if spec.structured:
                 continue
             if spec.plain_copy and getattr(fb, spec.name, None) is None:
                 continue  # absent this step: carry the None, never a stale buffer
-            setattr(view, spec.name, slot.slice_for(padded_bs, padded_num_tokens))
-        return view
+            fields[spec.name] = slot.slice_for(padded_bs, padded_num_tokens)
+        return self.make_view(fb, fields)

@@ -1,0 +1,178 @@
+"""What a step's inputs must satisfy: the error cases of the slot contract.
+
+One ``StepChecker`` per registry decides every per-step error, so the interpreter and
+generated code raise the same ``SlotError`` for the same input
+(``graphslot/slot_specs/README.md``, "Slot semantics"):
+
+* counts (``0 <= raw <= padded <= capacity``, Python ints) are checked the first time a
+  registry sees a step size; both modes remember the sizes they have checked, so a size
+  seen before costs nothing (strict mode checks the types on every call);
+* every copied batch field must be there (unless the slot is ``optional``), be a tensor
+  and have exactly the rows of the step along the slot's axis (``copy_`` would
+  broadcast a 1-row or 0-d value silently). The interpreter asks ``source`` for every
+  slot; generated code compares shapes inline and calls ``diagnose`` only after
+  something failed, so the happy path pays one shape comparison per copied slot;
+* a ``source`` hook's result must be ``None`` or a tensor that fits the buffer;
+* strict mode adds dtype and device equality and rejects a source that aliases a slot
+  buffer (other than exactly its own head view, which copies onto itself).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Optional, Tuple
+
+import torch
+
+from .errors import SlotError
+
+SIZE_MEMO_LIMIT = 4096  # sizes remembered; a server sees about one per captured size
+_MISSING = object()
+
+
+def describe(value: Any) -> str:
+    """What came, in a few words (never a whole tensor)."""
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor of shape {list(value.shape)} on {value.device}"
+    text = repr(value)
+    return f"{type(value).__name__} {text[:60] + '…' if len(text) > 60 else text}"
+
+
+class StepChecker:
+    """The checks of one registry; built once, called per step or only on failure."""
+
+    def __init__(self, spec_name: str, slots: Iterable[Any], max_bs: int, max_num_tokens: int, strict: bool):
+        self.spec_name, self.max_bs, self.max_num_tokens, self.strict = spec_name, max_bs, max_num_tokens, strict
+        self.slots = {slot.name: slot for slot in slots}  # enabled ``Slot`` objects with buffers
+        self.plain = tuple(s for s in self.slots.values() if s.spec.copy_from_fb and s.spec.source is None)
+        self._storages = {s.buffer.untyped_storage().data_ptr(): s.name for s in self.slots.values()}
+        self._seen_steps: dict = {}
+        self._seen_views: dict = {}
+
+    def fail(self, slot: Optional[str], message: str) -> SlotError:
+        where = f"spec '{self.spec_name}', slot '{slot}'" if slot else f"spec '{self.spec_name}'"
+        return SlotError(f"{where}: {message}")
+
+    # -- counts ----------------------------------------------------------------------
+    def counts(self, raw_bs: Any, padded_bs: Any, raw_num_tokens: Any, padded_num_tokens: Any) -> None:
+        """Raise unless ``0 <= raw <= padded <= capacity`` for both axes, all ints."""
+        for axis, raw, padded, capacity in (("bs", raw_bs, padded_bs, self.max_bs),
+                                            ("tokens", raw_num_tokens, padded_num_tokens, self.max_num_tokens)):
+            for what, n in (("raw", raw), ("padded", padded)):
+                if type(n) is not int:
+                    raise self.fail(None, f"{what} {axis} count must be an int, got {describe(n)}")
+            if not 0 <= raw <= padded <= capacity:
+                raise self.fail(None, f"{axis} counts must satisfy 0 <= raw <= padded <= capacity, got "
+                                      f"raw={raw}, padded={padded}, capacity={capacity}")
+
+    def view_counts(self, padded_bs: Any, padded_num_tokens: Any) -> None:
+        """``extract``'s counts: ints within ``0 <= padded <= capacity``."""
+        self.counts(0, padded_bs, 0, padded_num_tokens)
+
+    def step(self, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens) -> Tuple[int, int, int, int]:
+        """The interpreter's count check: once per step size, as generated plans are.
+        Returns the sizes as the ints they were checked as."""
+        return self._once(self._seen_steps, (raw_bs, padded_bs, raw_num_tokens, padded_num_tokens), self.counts)
+
+    def view(self, padded_bs, padded_num_tokens) -> Tuple[int, int]:
+        return self._once(self._seen_views, (padded_bs, padded_num_tokens), self.view_counts)
+
+    def _once(self, seen: dict, key: tuple, check) -> tuple:
+        checked = None if self.strict else seen.get(key)
+        if checked is None:
+            check(*key)
+            if len(seen) >= SIZE_MEMO_LIMIT:
+                seen.clear()
+            checked = seen[key] = key
+        return checked
+
+    # -- sources ---------------------------------------------------------------------
+    def expected_shape(self, slot, raw_bs: int, raw_num_tokens: int) -> Tuple[int, ...]:
+        shape = list(slot.buffer.shape)
+        count = slot.count(raw_bs, raw_num_tokens)
+        if count is not None:
+            shape[slot.spec.slice_dim] = count
+        return torch.Size(shape)
+
+    def plain_source(self, slot, fb: Any, raw_bs: int, raw_num_tokens: int) -> Optional[torch.Tensor]:
+        """The batch field to copy into ``slot``'s head, ``None`` for an absent optional
+        field; raise for anything else that does not fit."""
+        src = getattr(fb, slot.name, _MISSING)
+        if src is _MISSING or src is None:
+            if slot.spec.optional:
+                return None
+            what = f"the batch has no field '{slot.name}'" if src is _MISSING else "the batch field is None"
+            raise self.fail(slot.name, f"{what}, but the slot is not optional; set it on the batch, or declare "
+                                       "`optional: true` in the spec")
+        self._tensor(slot, src)
+        expected = self.expected_shape(slot, raw_bs, raw_num_tokens)
+        if src.shape != expected:
+            raise self.fail(slot.name, f"expected shape {list(expected)}, got {list(src.shape)} (copy_ would "
+                                       "broadcast or fail)")
+        if self.strict:
+            self._strict(slot, src, head=slot.head(slot.count(raw_bs, raw_num_tokens)))
+        return src
+
+    def hook_source(self, name: str, src: Any) -> Optional[torch.Tensor]:
+        """A ``source`` hook's result: ``None`` (no copy) or a tensor that fits."""
+        if src is None:
+            return None
+        slot = self.slots[name]
+        self._tensor(slot, src)
+        shape, d = list(slot.buffer.shape), slot.spec.slice_dim
+        if src.dim() == len(shape):
+            if src.shape[d] > shape[d]:
+                raise self.fail(name, f"source returned {src.shape[d]} rows, more than the capacity {shape[d]}")
+            shape[d] = src.shape[d]
+        if list(src.shape) != shape:
+            raise self.fail(name, f"expected shape {shape}, got {list(src.shape)} (copy_ would broadcast or fail)")
+        if self.strict:
+            self._strict(slot, src, head=slot.buffer.narrow(d, 0, src.shape[d]))
+        return src
+
+    def diagnose(self, fb: Any, raw_bs: int, raw_num_tokens: int, exc: BaseException) -> None:
+        """Generated code's except branch: the SlotError the interpreter would raise for
+        this batch, or ``exc`` itself when every source fits (not the batch's fault)."""
+        for slot in self.plain:
+            try:
+                self.plain_source(slot, fb, raw_bs, raw_num_tokens)
+            except SlotError as error:
+                raise error from exc
+        raise exc
+
+    def strict_fill(self, fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens) -> None:
+        """Strict mode's check before generated code runs (hook sources are checked
+        where they are evaluated, once)."""
+        self.counts(raw_bs, padded_bs, raw_num_tokens, padded_num_tokens)
+        for slot in self.plain:
+            self.plain_source(slot, fb, raw_bs, raw_num_tokens)
+
+    def _tensor(self, slot, src: Any) -> None:
+        if not isinstance(src, torch.Tensor):
+            raise self.fail(slot.name, f"expected a torch.Tensor, got {describe(src)}")
+
+    def _strict(self, slot, src: torch.Tensor, head: torch.Tensor) -> None:
+        buffer = slot.buffer
+        if src.dtype != buffer.dtype:
+            raise self.fail(slot.name, f"expected dtype {buffer.dtype}, got {src.dtype} (copy_ would cast silently)")
+        if src.device != buffer.device:
+            raise self.fail(slot.name, f"expected device {buffer.device}, got {src.device}")
+        owner = self._storages.get(src.untyped_storage().data_ptr())
+        if owner is not None and not (owner == slot.name and _same_view(src, head)):
+            raise self.fail(slot.name, f"the source aliases the buffer of slot '{owner}' (a view of a static "
+                                       "buffer other than this slot's own head); copy it first, or pass the "
+                                       "batch's own tensor")
+
+
+def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
+
+
+def parse_bool_env(name: str, value: str) -> bool:
+    """``1/true/yes/on`` and ``0/false/no/off`` (any case); empty is false."""
+    text = value.strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("", "0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{name}={value!r} is not a boolean: use 1/true/yes/on or 0/false/no/off")
+
