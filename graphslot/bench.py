@@ -107,20 +107,24 @@ def count_mutating_ops(fill: Callable, fb, raw: int, padded: int) -> List[str]:
     return counter.ops
 
 
-def time_per_call(fill: Callable, extract: Callable, fb, raw: int, padded: int,
-                  iters: int = 2000, repeats: int = 7) -> float:
-    """Median over ``repeats`` of the mean µs of one fill_from + extract."""
-    for _ in range(200):
-        fill(fb, raw, padded, raw, padded)
-        extract(fb, padded, padded)
-    samples = []
+def time_per_call(runners: Dict[str, object], fb, raw: int, padded: int, iters: int = 2000,
+                  repeats: int = 7) -> Dict[str, float]:
+    """Median over ``repeats`` of the mean µs of one fill_from + extract, per runner; the
+    runners take turns within each repeat, so drift in the machine's speed hits all alike."""
+    for r in runners.values():
+        for _ in range(200):
+            r.fill_from(fb, raw, padded, raw, padded)
+            r.extract(fb, padded, padded)
+    samples: Dict[str, List[float]] = {name: [] for name in runners}
     for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(iters):
-            fill(fb, raw, padded, raw, padded)
-            extract(fb, padded, padded)
-        samples.append((time.perf_counter() - start) / iters * 1e6)
-    return statistics.median(samples)
+        for name, r in runners.items():
+            fill, extract = r.fill_from, r.extract
+            start = time.perf_counter()
+            for _ in range(iters):
+                fill(fb, raw, padded, raw, padded)
+                extract(fb, padded, padded)
+            samples[name].append((time.perf_counter() - start) / iters * 1e6)
+    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def unchecked_decode_module() -> types.ModuleType:
@@ -149,9 +153,9 @@ def run_bench(iters: int = 2000, repeats: int = 7, device: str = "cpu") -> Dict:
     for raw, padded in SIZES:
         fb = decode_batch(raw, device)
         row = {"raw": raw, "padded": padded}
-        for name, r in runners.items():
-            row[f"{name}_us"] = time_per_call(r.fill_from, r.extract, fb, raw, padded, iters, repeats)
-            row[f"{name}_ops"] = len(count_mutating_ops(r.fill_from, fb, raw, padded))
+        for name, us in time_per_call(runners, fb, raw, padded, iters, repeats).items():
+            row[f"{name}_us"] = us
+            row[f"{name}_ops"] = len(count_mutating_ops(runners[name].fill_from, fb, raw, padded))
         row["check_us"] = row["generated_us"] - row.pop("unchecked_us")
         del row["unchecked_ops"]
         row["speedup_vs_interpreted"] = row["interpreted_us"] / row["generated_us"]

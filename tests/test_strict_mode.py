@@ -473,34 +473,14 @@ def test_counts_are_checked_on_the_first_step_of_a_size_without_strict_mode(mode
         build(mode, strict=True).fill_from(good_batch(), 2.0, 3, 3, 5)  # strict: every call
 
 
-@dataclasses.dataclass(frozen=True)
-class FrozenBatch:
-    ids: torch.Tensor
-    lens: torch.Tensor
-    lens_cpu: torch.Tensor
-    table: torch.Tensor
-    flags: torch.Tensor
-    extra_rows: torch.Tensor
-    meta: types.SimpleNamespace
-    rope: object = None
-    extra: object = None  # a slot fed by a source hook: extract sets it
-    count: object = None  # a computed slot: extract sets it
-    batch_size: int = 0
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class SlottedBatch:
-    ids: torch.Tensor
-    lens: torch.Tensor
-    lens_cpu: torch.Tensor
-    table: torch.Tensor
-    flags: torch.Tensor
-    extra_rows: torch.Tensor
-    meta: types.SimpleNamespace
-    rope: object = None
-    extra: object = None  # a slot fed by a source hook: extract sets it
-    count: object = None  # a computed slot: extract sets it
-    batch_size: int = 0
+BATCH_FIELDS = [("ids", torch.Tensor), ("lens", torch.Tensor), ("lens_cpu", torch.Tensor), ("table", torch.Tensor),
+                ("flags", torch.Tensor), ("extra_rows", torch.Tensor), ("meta", types.SimpleNamespace),
+                ("rope", object, None),
+                ("extra", object, None),  # a slot fed by a source hook: extract sets it
+                ("count", object, None),  # a computed slot: extract sets it
+                ("batch_size", int, 0)]
+FrozenBatch = dataclasses.make_dataclass("FrozenBatch", BATCH_FIELDS, frozen=True)
+SlottedBatch = dataclasses.make_dataclass("SlottedBatch", BATCH_FIELDS, frozen=True, slots=True)
 
 
 @pytest.mark.parametrize("batch_type", [FrozenBatch, SlottedBatch])

@@ -61,19 +61,14 @@ def _get(obj: str, name: str) -> str:
     return f"getattr({obj}, {name!r})" if _by_name(name) else f"{obj}.{name}"
 
 
-def _set(obj: str, name: str, value: str) -> str:
-    """Source setting attribute ``name`` of ``obj`` to ``value``."""
-    return f"setattr({obj}, {name!r}, {value})" if _by_name(name) else f"{obj}.{name} = {value}"
-
-
 # Names the generated module binds or calls in the scopes where runtime params are
 # bound (allocate, bind and the closures bind returns). A runtime param named like one
 # of them (or like a generated prefix) is bound to ``rt_<name>`` instead, so it can
 # neither shadow them nor be shadowed.
 _MODULE_NAMES = frozenset({
     "torch", "max_bs", "max_num_tokens", "device", "params", "pool", "source", "buffers", "hooks",
-    "plans", "views", "make_plan", "fill_from", "make_views", "extract", "allocate", "bind", "check",
-    "make_view", "view_names", "fields", "exc",
+    "plans", "views", "make_plan", "fill_from", "make_views", "extract", "allocate", "bind",
+    "make_view", "fields", "exc",
 }) | frozenset(dir(builtins))
 _GENERATED_PREFIXES = ("rt_", "buf_", "hook_", "pad", "src_", "rows", "head_", "tail_", "dsts", "view_", "__gs_")
 
