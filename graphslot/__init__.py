@@ -2,25 +2,46 @@
 
 YAML specs declare each batch field ("slot"); pydantic validates them; a generator emits
 straight-line ``fill_from`` / ``extract`` code; graph runners consume it.
+
+The spec toolchain (``graphslot validate/show/schema/generate``) never imports torch.
+The names that need it (``build_registry``, the registry classes, ``BufferPool``) are
+imported on first use (PEP 562), so ``import graphslot`` alone stays light.
 """
 
-import warnings
+import importlib
 
-# A torch without NumPy beside it warns on import; graphslot never uses NumPy. Silence
-# that one message for this import only (the filter is restored on leaving the block).
-with warnings.catch_warnings():
-    warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
-    import torch  # noqa: F401
-
-from ._version import __version__  # noqa: E402
-from .api import build_registry
+from ._version import __version__
+from .framework.dtypes import import_torch
 from .framework.errors import SlotError, SpecError, SpecIssue
 from .framework.hooks import BUILTIN_HOOKS, CaptureContext, FillContext
 from .framework.loading import load_spec, parse_spec, shipped_spec_names
 from .framework.model import RegistrySpec, SlotSpec
-from .framework.pool import BufferPool
-from .framework.registry import InterpretedRegistry, Slot, SlotRegistry
 from .framework.resolve import resolve_params
+
+
+# Public names whose modules import torch: loaded on first access.
+_LAZY = {
+    "build_registry": ".api",
+    "BufferPool": ".framework.pool",
+    "Slot": ".framework.registry",
+    "SlotRegistry": ".framework.registry",
+    "InterpretedRegistry": ".framework.registry",
+}
+
+
+def __getattr__(name):
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import_torch()
+    value = getattr(importlib.import_module(module_name, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "__version__", "build_registry", "load_spec", "parse_spec", "shipped_spec_names", "RegistrySpec",

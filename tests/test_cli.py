@@ -7,9 +7,9 @@ import textwrap
 
 import pytest
 
-from graphslot.cli import SUBCOMMANDS, human_bytes, main
+from graphslot.cli.app import SUBCOMMANDS, human_bytes, main
 from graphslot.framework.loading import SHIPPED_DIR, shipped_spec_names
-from graphslot.project import load_project_config
+from graphslot.framework.project import load_project_config
 
 BAD_SPEC = textwrap.dedent("""\
     name: bad

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from graphslot import demo_prefill
+from graphslot.cli import demo_prefill
 from graphslot.cli import main
-from graphslot.demo import demo_device, format_demo_table, run_demo
-from graphslot.demo_prefill import format_prefill_table, run_prefill_demo
+from graphslot.cli.demo import demo_device, format_demo_table, run_demo
+from graphslot.cli.demo_prefill import format_prefill_table, run_prefill_demo
 from graphslot.reference.numerics import output_check
 from graphslot.runners.breakable import BreakableGraphRunner
 

@@ -24,7 +24,7 @@ import graphslot as gs
 from graphslot.codegen.generator import (DOCSTRING, GeneratedCodeError, check_module_structure,
                                          render_module)
 from graphslot.codegen.inprocess import compile_module
-from graphslot.project import ProjectConfigError
+from graphslot.framework.project import ProjectConfigError
 
 MARK = "GRAPHSLOT_INJECTION_RAN"
 CODE = f"__import__('os').environ.__setitem__({MARK!r}, '1')"

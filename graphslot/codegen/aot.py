@@ -35,7 +35,7 @@ from typing import Any, List, Mapping, Optional
 from ..framework.errors import SpecError, SpecIssue
 from ..framework.loading import SHIPPED_DIR, parse_spec, shipped_spec_names
 from ..framework.resolve import resolve_params
-from ..project import (PYPROJECT, TABLE, OutputConfig, ProjectConfigError, output_dir_escape,
+from ..framework.project import (PYPROJECT, TABLE, OutputConfig, ProjectConfigError, output_dir_escape,
                        validate_table)
 from .generator import REGENERATE, RULE, render_module
 
@@ -112,7 +112,7 @@ def plan_outputs(root: Path, table: Mapping[str, Any]) -> List[Planned]:
             raise SpecError([SpecIssue(output.spec, None, f"spec of output '{output.module}' not found "
                                        f"(paths are relative to {root / PYPROJECT})")])
         spec = parse_spec(path.read_text(encoding="utf-8"), source=label)
-        params = resolve_params(spec, output.params, output.preset)
+        params = resolve_params(spec, output.params, output.preset, torch_dtypes=False)
         planned.append(Planned(out / f"{output.module}.py", render_module(spec, params, label)))
     return planned
 

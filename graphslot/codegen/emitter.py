@@ -21,9 +21,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-import torch
-
-from ..framework.dtypes import dtype_name
+from ..framework.dtypes import DTypeName, dtype_name, is_torch_dtype
 from ..framework.expr import Expr
 from ..framework.hooks import BUILTIN_HOOKS, HOOK_SIGNATURES, is_import_reference
 from ..framework.model import RegistrySpec
@@ -41,7 +39,7 @@ def structural_params(spec: RegistrySpec, params: Mapping[str, Any]) -> Dict[str
 
 def params_literal(params: Mapping[str, Any]) -> str:
     """Byte-stable source for a params dict (dtypes by name, keys sorted)."""
-    items = (f"{k!r}: {dtype_name(v)!r}" if isinstance(v, torch.dtype) else f"{k!r}: {v!r}"
+    items = (f"{k!r}: {dtype_name(v)!r}" if isinstance(v, DTypeName) or is_torch_dtype(v) else f"{k!r}: {v!r}"
              for k, v in sorted(params.items()))
     return "{" + ", ".join(items) + "}"
 
@@ -148,7 +146,7 @@ class CopyGroup:
 
     name: str
     host: bool
-    dtype: torch.dtype
+    dtype: str
     heads: List[SlotNames] = field(default_factory=list)
     optional_heads: List[SlotNames] = field(default_factory=list)
     tails: List[Tuple[SlotNames, str]] = field(default_factory=list)  # (slot, pad constant)
@@ -158,7 +156,7 @@ class CopyGroup:
 class PadConstant:
     name: str
     host: bool
-    dtype: torch.dtype
+    dtype: str
     value: str  # source of the value (a literal or a runtime param name)
     length: str  # source of the length (a capacity expression)
 
@@ -186,7 +184,7 @@ class Emission:
     runtime_imports: List[Tuple[str, str]]  # (helper, mangled name), only those used
 
 
-def _dtype_src(dtype: torch.dtype) -> str:
+def _dtype_src(dtype: str) -> str:
     return f"torch.{dtype_name(dtype)}"
 
 
@@ -276,22 +274,22 @@ class Emitter:
         for n in self.names:
             s = n.slot
             init = self._pad_src(s) if s.fills_at_allocation else "None"
-            rows.append((s.name, self._shape_src(s), _dtype_src(s.dtype),
+            rows.append((s.name, self._shape_src(s), _dtype_src(s.dtype_name),
                          "'cpu'" if s.host else "device", init))
         return rows
 
     def emit(self) -> Emission:
-        groups: Dict[Tuple[bool, torch.dtype], CopyGroup] = {}
-        constants: Dict[Tuple[bool, torch.dtype, str], PadConstant] = {}
+        groups: Dict[Tuple[bool, str], CopyGroup] = {}
+        constants: Dict[Tuple[bool, str, str], PadConstant] = {}
         separate_resets: List[SlotNames] = []
         separate_copies: List[SlotNames] = []
         source_copies: List[SlotNames] = []
 
         def group_for(s: ResolvedSlot) -> CopyGroup:
-            key = (s.host, s.dtype)
+            key = (s.host, s.dtype_name)
             if key not in groups:
                 where = "host" if s.host else "dev"
-                groups[key] = CopyGroup(f"{where}_{dtype_name(s.dtype)}", s.host, s.dtype)
+                groups[key] = CopyGroup(f"{where}_{s.dtype_name}", s.host, s.dtype_name)
             return groups[key]
 
         for n in self.names:
@@ -299,10 +297,10 @@ class Emitter:
             if s.resets_tail:
                 if len(s.shape) == 1:
                     value = self._pad_src(s)
-                    key = (s.host, s.dtype, value)
+                    key = (s.host, s.dtype_name, value)
                     if key not in constants:
-                        constants[key] = PadConstant(f"pad{len(constants)}_{dtype_name(s.dtype)}", s.host,
-                                                     s.dtype, value, CAPACITY[s.axis])
+                        constants[key] = PadConstant(f"pad{len(constants)}_{s.dtype_name}", s.host,
+                                                     s.dtype_name, value, CAPACITY[s.axis])
                     else:
                         const = constants[key]
                         if const.length != CAPACITY[s.axis]:

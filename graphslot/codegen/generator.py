@@ -19,10 +19,9 @@ from functools import lru_cache
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 import jinja2
-import torch
 
 from .._version import __version__
-from ..framework.dtypes import dtype_name
+from ..framework.dtypes import DTypeName, dtype_name, is_torch_dtype
 from ..framework.errors import SpecError, SpecIssue
 from ..framework.model import RegistrySpec
 from .emitter import PLAN_CACHE_LIMIT, RUNTIME_HELPERS, Emission, Emitter, params_literal
@@ -89,7 +88,7 @@ def comment_name(name: Any) -> str:
 
 
 def comment_value(value: Any) -> str:
-    if isinstance(value, torch.dtype):
+    if isinstance(value, DTypeName) or is_torch_dtype(value):  # before str: a DTypeName is one
         return comment_name(dtype_name(value))
     if isinstance(value, bool) or value is None or isinstance(value, (int, float)):
         return repr(value)

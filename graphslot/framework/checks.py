@@ -229,7 +229,7 @@ def _default_values(params, presets, file, locations, report) -> List[Dict[str, 
     sets = []
     for preset in [None, *presets]:
         try:
-            sets.append(resolve_params(probe, preset=preset))
+            sets.append(resolve_params(probe, preset=preset, torch_dtypes=False))
         except SpecError as exc:
             report.issues.extend(exc.issues)
             return []
@@ -411,7 +411,7 @@ class _SlotChecker:
                            self.report, "pad_value", slot.name) is None:
                 return
         for values in self.default_values:
-            dtype = values[slot.dtype] if slot.dtype in values else parse_dtype(slot.dtype)
+            dtype = slot_dtype(slot, values)
             if dtype is None:
                 return
             try:
@@ -421,7 +421,7 @@ class _SlotChecker:
                 return
             if not value_fits_dtype(value, dtype):
                 self.add("pad_value", f"pad_value {shorten(value)} ({python_type_name(value)}) does not fit dtype "
-                                      f"{str(dtype).removeprefix('torch.')}")
+                                      f"{dtype}")
                 return
 
     def enabled_if(self) -> None:

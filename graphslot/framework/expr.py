@@ -13,8 +13,7 @@ import math
 import operator
 from typing import Any, Collection, Mapping, Optional
 
-import torch
-
+from graphslot.framework.dtypes import DTypeName, is_torch_dtype
 from graphslot.framework.errors import ExprError, did_you_mean, shorten
 
 TYPES = ("int", "float", "bool", "str", "dtype")
@@ -57,7 +56,9 @@ def python_type_name(value: Any) -> Optional[str]:
     """The name in :data:`TYPES` of a param value, or None when it is none of them."""
     if isinstance(value, bool):  # before int: bool is a subclass of int
         return "bool"
-    for kind, name in ((int, "int"), (float, "float"), (str, "str"), (torch.dtype, "dtype")):
+    if isinstance(value, DTypeName) or is_torch_dtype(value):  # before str: a DTypeName is one
+        return "dtype"
+    for kind, name in ((int, "int"), (float, "float"), (str, "str")):
         if isinstance(value, kind):
             return name
     return None
@@ -73,7 +74,8 @@ def _free_names(node: ast.AST) -> frozenset[str]:
 def _literal(value: Any) -> tuple[str, int]:
     if isinstance(value, float) and not math.isfinite(value):
         return f"float('{value}')", _P_ATOM  # repr gives 'inf', which is not Python source
-    src = repr(value)  # torch.int64 -> 'torch.int64'
+    # torch.int64 -> 'torch.int64'; a dtype name is written the same way
+    src = f"torch.{value}" if isinstance(value, DTypeName) else repr(value)
     return src, _P_UNARY if src.startswith("-") else _P_ATOM
 
 

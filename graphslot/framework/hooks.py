@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Mapping, Optional
-
-import torch
 
 from .errors import did_you_mean
 
@@ -52,6 +51,14 @@ class CaptureContext:
     num_tokens: int
     params: Mapping[str, Any]
     side_inputs: Any = None
+
+
+def _is_tensor(value: Any) -> bool:
+    """``isinstance(value, torch.Tensor)`` without importing torch: the spec layer (which
+    calls factories to see which hooks have work) runs without it, and no tensor exists
+    before torch is imported."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
 
 
 HookFactory = Callable[[Mapping[str, Any], str], Optional[Callable]]
@@ -208,15 +215,15 @@ def _local_num_token_non_padded(params, slot_name):
             # Batches that bypass the global count (sub-batches, dense drafts) carry the
             # local one themselves; without either the buffer keeps its last value.
             local = getattr(fb, "num_token_non_padded", None)
-            if isinstance(local, torch.Tensor):
+            if _is_tensor(local):
                 buffer.copy_(local.reshape(buffer.shape))
             elif local is not None:
                 buffer.fill_(int(local))
             return
         per_rank, offset = _local_bounds(sharded, rank, size, ctx.padded_num_tokens)
-        if isinstance(global_count, torch.Tensor):
+        if _is_tensor(global_count):
             # Never `out=buffer`: a 0-d count would resize the static [1] buffer.
-            buffer.copy_(torch.clamp(global_count - offset, 0, per_rank).reshape(buffer.shape))
+            buffer.copy_((global_count - offset).clamp(0, per_rank).reshape(buffer.shape))
         else:
             buffer.fill_(min(max(int(global_count) - offset, 0), per_rank))
 

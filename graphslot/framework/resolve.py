@@ -11,9 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-import torch
-
-from .dtypes import dtype_name, parse_dtype, value_fits_dtype
+from .dtypes import DTypeName, parse_dtype, torch_dtype, value_fits_dtype
 from .errors import ExprError, SpecError, SpecIssue, did_you_mean
 from .expr import Expr
 from .model import RegistrySpec, SlotSpec
@@ -24,11 +22,15 @@ AXIS_CAPACITY = {"bs": "max_bs", "tokens": "max_num_tokens"}
 
 @dataclass(frozen=True)
 class ResolvedSlot:
-    """One slot with every expression evaluated for a param set and capacities."""
+    """One slot with every expression evaluated for a param set and capacities.
+
+    The dtype is kept as its name (no torch needed to resolve a spec); ``dtype`` is the
+    ``torch.dtype``, made (and torch imported) on first use.
+    """
 
     name: str
     shape: Tuple[int, ...]
-    dtype: torch.dtype
+    dtype_name: DTypeName
     axis: str
     slice_dim: int
     host: bool  # ``device: cpu``: a host buffer whatever the registry's device
@@ -42,6 +44,10 @@ class ResolvedSlot:
     source: Optional[str]
     pre_capture: Optional[str]
     line: Optional[int]
+
+    @property
+    def dtype(self) -> Any:
+        return torch_dtype(self.dtype_name)
 
     @property
     def structured(self) -> bool:
@@ -70,7 +76,10 @@ class ResolvedSlot:
 
 
 def coerce_param(name: str, ptype: str, value: Any) -> Any:
-    """``value`` as a ``ptype`` param, or raise ValueError saying what was expected."""
+    """``value`` as a ``ptype`` param, or raise ValueError saying what was expected.
+
+    A dtype comes back as its name (a :class:`DTypeName`), whatever form it came in.
+    """
     if ptype == "dtype":
         dtype = parse_dtype(value)
         if dtype is None:
@@ -92,9 +101,15 @@ def _default_is_expression(ptype: str, default: Any) -> bool:
 
 
 def resolve_params(
-    spec: RegistrySpec, overrides: Optional[Mapping[str, Any]] = None, preset: Optional[str] = None
+    spec: RegistrySpec, overrides: Optional[Mapping[str, Any]] = None, preset: Optional[str] = None,
+    *, torch_dtypes: bool = True,
 ) -> Dict[str, Any]:
-    """Every param's value: explicit override, else preset, else (evaluated) default."""
+    """Every param's value: explicit override, else preset, else (evaluated) default.
+
+    Dtype params come back as ``torch.dtype`` (what registries and hooks see), or with
+    ``torch_dtypes=False`` as names (:class:`DTypeName`), which needs no torch: the
+    spec toolchain's view.
+    """
     file, issues = spec.source, []
     explicit: Dict[str, Any] = {}
     if preset is not None:
@@ -139,6 +154,9 @@ def resolve_params(
 
     for name in spec.params:
         evaluate(name, ())
+    if torch_dtypes:
+        return {name: torch_dtype(values[name]) if isinstance(values[name], DTypeName) else values[name]
+                for name in spec.params}
     return {name: values[name] for name in spec.params}
 
 
@@ -147,8 +165,10 @@ def evaluate_field(value: Any, env: Mapping[str, Any]) -> Any:
     return Expr.parse(value).evaluate(env) if isinstance(value, str) else value
 
 
-def slot_dtype(slot: SlotSpec, params: Mapping[str, Any]) -> torch.dtype:
-    return params[slot.dtype] if slot.dtype in params else parse_dtype(slot.dtype)
+def slot_dtype(slot: SlotSpec, params: Mapping[str, Any]) -> Optional[DTypeName]:
+    """A slot's dtype name: its dtype param's value (a name or a torch dtype), or the name
+    it spells."""
+    return parse_dtype(params[slot.dtype] if slot.dtype in params else slot.dtype)
 
 
 def resolve_slot(
@@ -161,7 +181,7 @@ def resolve_slot(
     return ResolvedSlot(
         name=slot.name,
         shape=tuple(int(evaluate_field(extent, env)) for extent in slot.shape),
-        dtype=slot_dtype(slot, params),
+        dtype_name=slot_dtype(slot, params),
         axis=slot.axis,
         slice_dim=slot.slice_dim,
         host=slot.device == "cpu",
@@ -191,9 +211,9 @@ def resolve_slots(
         except ExprError as exc:  # division by zero or overflow with these values
             issues.append(SpecIssue(spec.source, spec.slot_line(i), str(exc), slot.name))
             continue
-        if r.enabled and r.pad_value is not None and not value_fits_dtype(r.pad_value, r.dtype):
+        if r.enabled and r.pad_value is not None and not value_fits_dtype(r.pad_value, r.dtype_name):
             issues.append(SpecIssue(spec.source, spec.slot_line(i, "pad_value"),
-                                    f"pad_value {r.pad_value!r} does not fit dtype {dtype_name(r.dtype)}",
+                                    f"pad_value {r.pad_value!r} does not fit dtype {r.dtype_name}",
                                     slot.name))
         bad = [(d, n) for d, n in enumerate(r.shape) if n < 1]
         if r.enabled and bad:

@@ -19,10 +19,10 @@ from typing import Callable, Dict, List
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .api import build_registry
-from .codegen.generator import render_module
-from .framework.loading import load_spec
-from .framework.resolve import resolve_params
+from ..api import build_registry
+from ..codegen.generator import render_module
+from ..framework.loading import load_spec
+from ..framework.resolve import resolve_params
 
 SIZES = ((3, 4), (30, 32), (200, 256))
 MAX_BS = 256

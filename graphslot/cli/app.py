@@ -19,16 +19,16 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
-from . import __version__
-from .framework.checks import DEFAULT_MAX_BYTES
-from .framework.dtypes import dtype_name
-from .framework.errors import SpecError, SpecIssue, shorten
-from .framework.hooks import HOOK_SIGNATURES, is_import_reference
-from .framework.loading import load_spec, shipped_spec_names, spec_path
-from .framework.model import RegistrySpec
-from .framework.resolve import ResolvedSlot, resolve_params, resolve_slots
-from .framework.schema import schema_text
-from .project import ProjectConfigError, load_project_config
+from .. import __version__
+from ..framework.dtypes import import_torch
+from ..framework.checks import DEFAULT_MAX_BYTES
+from ..framework.errors import SpecError, SpecIssue, shorten
+from ..framework.hooks import HOOK_SIGNATURES, is_import_reference
+from ..framework.loading import load_spec, shipped_spec_names, spec_path
+from ..framework.model import RegistrySpec
+from ..framework.resolve import ResolvedSlot, resolve_params, resolve_slots
+from ..framework.schema import schema_text
+from ..framework.project import ProjectConfigError, load_project_config
 
 Runner = Callable[[argparse.Namespace], int]
 Setup = Callable[[argparse.ArgumentParser], Runner]
@@ -233,7 +233,7 @@ def slot_bytes(r: ResolvedSlot) -> int:
     numel = 1
     for extent in r.shape:
         numel *= extent
-    return numel * r.dtype.itemsize
+    return numel * r.dtype_name.itemsize
 
 
 def show_rows(spec: RegistrySpec, resolved: Sequence[ResolvedSlot], device: str = "cpu") -> List[List[str]]:
@@ -245,7 +245,7 @@ def show_rows(spec: RegistrySpec, resolved: Sequence[ResolvedSlot], device: str 
         axis = r.axis + (f" (dim {r.slice_dim})" if r.slice_dim else "")
         host = "cpu (host)" if r.host else device
         nbytes = str(slot_bytes(r)) if r.enabled else "-"
-        rows.append([shorten(r.name, quote=False), str(list(r.shape)), dtype_name(r.dtype), axis, padding, host,
+        rows.append([shorten(r.name, quote=False), str(list(r.shape)), r.dtype_name, axis, padding, host,
                      nbytes, "yes" if r.enabled else "no"])
     return rows
 
@@ -280,9 +280,9 @@ def setup_show(parser: argparse.ArgumentParser) -> Runner:
         import_hooks = import_hooks_wanted(args, strict=False)
         spec = load_spec(args.spec, import_hooks=import_hooks, max_bytes=args.max_bytes)
         overrides = dict(args.param)
-        params = resolve_params(spec, overrides, preset=args.preset)
+        params = resolve_params(spec, overrides, preset=args.preset, torch_dtypes=False)
         resolved = resolve_slots(spec, params, args.max_bs, args.max_num_tokens)
-        defaults = resolve_params(spec)
+        defaults = resolve_params(spec, torch_dtypes=False)
         changed = [f"{k}={shorten(format_value(v), quote=False)}" for k, v in params.items() if v != defaults[k]]
         preset = f" preset={shorten(args.preset, quote=False)}" if args.preset else ""
         print(f"{spec.name} ({spec.source}): max_bs={args.max_bs} max_num_tokens={args.max_num_tokens}{preset}")
@@ -346,7 +346,7 @@ def setup_generate(parser: argparse.ArgumentParser) -> Runner:
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 when outputs are out of date")
 
     def run(args: argparse.Namespace) -> int:
-        from .codegen.aot import GenerateReport, generate
+        from ..codegen.aot import GenerateReport, generate
 
         # An invalid [tool.graphslot] table, an output_dir outside the project or an
         # existing file graphslot did not generate: ProjectConfigError, printed here as
@@ -407,6 +407,7 @@ def setup_bench(parser: argparse.ArgumentParser) -> Runner:
     def run(args: argparse.Namespace) -> int:
         import json
 
+        import_torch()
         from .bench import format_report, run_bench
 
         result = run_bench(args.iters, args.repeats)
@@ -452,6 +453,7 @@ def setup_demo(parser: argparse.ArgumentParser) -> Runner:
         import json
 
         if args.mode == "prefill":
+            import_torch()
             from .demo_prefill import format_prefill_table, run_prefill_demo
 
             try:
@@ -465,6 +467,7 @@ def setup_demo(parser: argparse.ArgumentParser) -> Runner:
             print(json.dumps(result, indent=2) if args.json else format_prefill_table(result))
             return 0 if result["mismatching_batches"] == 0 else 1
 
+        import_torch()
         from .demo import format_demo_table, run_demo
 
         result = run_demo(steps=args.steps, backend=args.backend, mode=args.registry, max_bs=args.max_bs or 16,
@@ -473,6 +476,3 @@ def setup_demo(parser: argparse.ArgumentParser) -> Runner:
         return 0 if result["mismatching_steps"] == 0 else 1
 
     return run
-
-if __name__ == "__main__":
-    sys.exit(main())

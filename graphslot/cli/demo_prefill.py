@@ -23,8 +23,8 @@ import torch
 from tqdm import tqdm
 
 from .demo import _bytes, _single_thread, demo_device, fill_timings, representative, timed
-from .reference import TinyConfig, build_reference_model, make_extend_batch
-from .reference.numerics import output_check
+from ..reference import TinyConfig, build_reference_model, make_extend_batch
+from ..reference.numerics import output_check
 
 DEFAULT_BUCKETS = (64, 48, 32, 16, 8)
 #: Request slots of the demo runtime; a batch plus the cached requests must fit.
@@ -38,15 +38,15 @@ RunnerFactory = Callable[[Any, Dict[str, Any]], Any]
 
 
 def _make_breakable(runtime: Any, options: Dict[str, Any]) -> Any:
-    from .reference.prefill_adapter import ReferencePrefillAdapter
-    from .runners.breakable import BreakableGraphRunner
+    from ..reference.prefill_adapter import ReferencePrefillAdapter
+    from ..runners.breakable import BreakableGraphRunner
 
     return BreakableGraphRunner(ReferencePrefillAdapter(runtime), **options)
 
 
 def _make_piecewise(runtime: Any, options: Dict[str, Any]) -> Any:
-    from .reference.piecewise_ops import PiecewiseReferencePrefillAdapter
-    from .runners.piecewise import PiecewiseGraphRunner
+    from ..reference.piecewise_ops import PiecewiseReferencePrefillAdapter
+    from ..runners.piecewise import PiecewiseGraphRunner
 
     return PiecewiseGraphRunner(PiecewiseReferencePrefillAdapter(runtime), **options)
 

@@ -16,11 +16,11 @@ from typing import Any, Callable, Dict, List, Tuple
 import torch
 from tqdm import tqdm
 
-from .api import build_registry
-from .reference import Scheduler, TinyConfig, build_reference_model
-from .reference.adapter import ReferenceDecodeAdapter
-from .reference.numerics import output_check
-from .runners.decode import DecodeGraphRunner, DecodeRunnerConfig
+from ..api import build_registry
+from ..reference import Scheduler, TinyConfig, build_reference_model
+from ..reference.adapter import ReferenceDecodeAdapter
+from ..reference.numerics import output_check
+from ..runners.decode import DecodeGraphRunner, DecodeRunnerConfig
 
 FILL_REPEATS = 2000
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
-from .framework.errors import SpecIssue, did_you_mean, one_of
+from .errors import SpecIssue, did_you_mean, one_of
 
 try:
     import tomllib
