@@ -132,13 +132,22 @@ def dtype_name(dtype: Any) -> str:
     return str(parsed) if parsed is not None else str(dtype).removeprefix("torch.")
 
 
+TORCH_MISSING = ("graphslot's runtime needs torch, which is not installed here: install your engine's torch "
+                 "build, or pip install 'graphslot[torch]' (validate, show, schema and generate run without it)")
+
+
 def import_torch() -> Any:
     """torch, imported where graphslot first makes tensors. A torch without NumPy beside it
     warns on import; graphslot never uses NumPy, so that one message is silenced (the
     warning filters are restored afterwards)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
-        import torch
+        try:
+            import torch
+        except ModuleNotFoundError as exc:
+            if exc.name != "torch":
+                raise
+            raise ModuleNotFoundError(TORCH_MISSING, name="torch") from None
     return torch
 
 
