@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+import sys
 import textwrap
 
 import pytest
@@ -57,9 +59,22 @@ def test_no_command_is_a_usage_error(capsys):
     assert status == 2 and "usage: graphslot" in err
 
 
+NOTHING_TO_VALIDATE = ("graphslot validate: error: nothing to validate ({}): pass spec files, list them under "
+                       "[tool.graphslot] specs in pyproject.toml, or pass --shipped for the specs shipped with "
+                       "graphslot\n")
+
+
+def test_validate_without_a_project_says_what_to_do(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert run(capsys, "validate") == (2, "", NOTHING_TO_VALIDATE.format("no pyproject.toml found"))
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n')
+    assert run(capsys, "validate") == (2, "", NOTHING_TO_VALIDATE.format(
+        "pyproject.toml lists no [tool.graphslot] specs"))
+
+
 def test_validate_shipped_specs(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    status, out, _ = run(capsys, "validate")
+    status, out, _ = run(capsys, "validate", "--shipped")
     assert status == 0
     lines = out.splitlines()
     assert len(lines) == len(shipped_spec_names())
@@ -114,7 +129,19 @@ def test_validate_project_specs(capsys, tmp_path, monkeypatch):
     assert "specs/bad.yaml:17: slot 'lora_ids': 'batch' is not a valid axis (one of: bs, tokens, none)" in out
     assert ("specs/gone.yaml: no such spec file (listed in pyproject.toml [tool.graphslot] specs)"
             in out.splitlines())
-    assert sum(line.startswith("ok  ") for line in out.splitlines()) == len(shipped_spec_names()) + 1
+    assert sum(line.startswith("ok  ") for line in out.splitlines()) == 1  # the shipped specs: only when asked
+    status, out, _ = run(capsys, "validate", "--shipped")
+    assert status == 1
+    oks = [line for line in out.splitlines() if line.startswith("ok  ")]
+    assert len(oks) == 3 and oks[0].endswith("decode.yaml (14 slots)") and oks[1].endswith("prefill.yaml (10 slots)")
+    status, out, _ = run(capsys, "validate", "--shipped", "specs/mine.yaml")
+    assert status == 0 and len(out.splitlines()) == 3 and out.splitlines()[-1] == "ok  specs/mine.yaml (10 slots)"
+
+
+def test_validate_in_graphslots_own_repository_lists_the_shipped_specs(capsys, monkeypatch):
+    monkeypatch.chdir(SHIPPED_DIR.parent.parent)  # its pyproject.toml lists them under [tool.graphslot] specs
+    assert run(capsys, "validate") == (0, "ok  graphslot/slot_specs/decode.yaml (14 slots)\n"
+                                          "ok  graphslot/slot_specs/prefill.yaml (10 slots)\n", "")
 
 
 def test_validate_project_specs_from_subdirectory(capsys, tmp_path, monkeypatch):
@@ -224,3 +251,87 @@ def test_schema_command(capsys, tmp_path):
 @pytest.mark.parametrize("n, text", [(0, "0 B"), (1023, "1023 B"), (12800, "12.5 KiB"), (3 << 20, "3.0 MiB")])
 def test_human_bytes(n, text):
     assert human_bytes(n) == text
+
+
+# --- show --json ---------------------------------------------------------------------
+
+
+def test_show_json_holds_what_the_table_shows(capsys):
+    argv = ["show", "decode", "--preset", "eager", "--param", "dp_size=2", "--max-bs", "8"]
+    _, table, _ = run(capsys, *argv)
+    status, out, err = run(capsys, *argv, "--json")
+    assert status == 0 and err == ""
+    shown = json.loads(out)  # stdout is the JSON object and nothing else
+    assert {k: shown[k] for k in ("spec", "source", "max_bs", "max_num_tokens", "preset", "changed_params")} == {
+        "spec": "decode", "source": "graphslot/slot_specs/decode.yaml", "max_bs": 8, "max_num_tokens": 256,
+        "preset": "eager", "changed_params": {"seq_len_fill_value": 0, "register_global_num_tokens": False,
+                                              "dp_size": 2}}
+    assert "params: seq_len_fill_value=0, dp_size=2, register_global_num_tokens=false" in table
+    assert shown["params"]["cache_loc_dtype"] == "int64" and shown["params"]["dp_size"] == 2
+    for slot in shown["slots"]:
+        padding = (slot["padding"] or "-") + (f" ({slot['pad_value']})" if slot["pad_value"] is not None else "")
+        axis = slot["axis"] + (f" (dim {slot['slice_dim']})" if slot["slice_dim"] else "")
+        assert table_row(table, slot["name"]) == [
+            slot["name"], str(slot["shape"]), slot["dtype"], axis, padding,
+            "cpu (host)" if slot["host"] else slot["device"],
+            "-" if slot["bytes"] is None else str(slot["bytes"]), "yes" if slot["enabled"] else "no"]
+    assert len(shown["slots"]) == 14
+    assert (f"total: {shown['total_bytes']} bytes ({human_bytes(shown['total_bytes'])}) in "
+            f"{shown['enabled_slots']} of 14 slots enabled" in table)
+
+
+def test_show_json_keeps_notes_off_stdout(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.yaml").write_text(textwrap.dedent("""\
+        name: s
+        slots:
+          - name: lora_ids
+            shape: [max_bs]
+            dtype: int32
+            axis: bs
+            padding: fill_once
+            pad_value: -1
+            post_fill: my_hooks:fill_lora
+        """))
+    status, out, err = run(capsys, "show", "s.yaml", "--max-bs", "4", "--json")
+    assert status == 0 and err == "note: 1 hook import not checked: pass --import-hooks\n"
+    assert json.loads(out) == {
+        "spec": "s", "source": "s.yaml", "max_bs": 4, "max_num_tokens": 256, "preset": None, "params": {},
+        "changed_params": {},
+        "slots": [{"name": "lora_ids", "shape": [4], "dtype": "int32", "axis": "bs", "slice_dim": 0,
+                   "padding": "fill_once", "pad_value": -1, "device": "cpu", "host": False, "bytes": 16,
+                   "enabled": True}],
+        "total_bytes": 16, "enabled_slots": 1, "unchecked_hook_imports": 1}
+    status, out, err = run(capsys, "show", "nope.yaml", "--json")
+    assert (status, out) == (1, "") and err == "nope.yaml: no such spec file; shipped specs are: decode, prefill\n"
+
+
+# --- bench ---------------------------------------------------------------------------
+
+BENCH_HEADER = ("graphslot bench: fill_from + extract of the shipped decode spec, generated vs interpreted vs "
+                "hand-written, 1 repeats x 3 iters per batch size")
+
+
+def test_bench_json_is_pure_and_progress_goes_to_stderr(capsys):
+    import platform
+
+    import torch
+
+    status, out, err = run(capsys, "bench", "--json", "--iters", "3", "--repeats", "1")
+    result = json.loads(out)
+    assert status == (0 if result["targets_met"] else 1)
+    assert {k: result[k] for k in ("device", "torch", "python", "platform", "max_bs", "iters", "repeats")} == {
+        "device": "cpu", "torch": torch.__version__, "python": platform.python_version(),
+        "platform": platform.platform(), "max_bs": 256, "iters": 3, "repeats": 1}
+    assert [(r["raw"], r["padded"]) for r in result["rows"]] == [(3, 4), (30, 32), (200, 256)]
+    assert err.splitlines() == [BENCH_HEADER,  # no terminal: a line per size instead of a bar
+                                "graphslot bench: raw/padded 3/4 timed (1 of 3)",
+                                "graphslot bench: raw/padded 30/32 timed (2 of 3)",
+                                "graphslot bench: raw/padded 200/256 timed (3 of 3)"]
+
+
+def test_bench_shows_a_bar_on_a_terminal(capsys, monkeypatch):
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    _, out, err = run(capsys, "bench", "--iters", "3", "--repeats", "1")
+    assert out.startswith("fill_from + extract, shipped decode spec, max_bs 256, device cpu")
+    assert err.startswith(BENCH_HEADER + "\n") and "Timing:" in err and "timed (" not in err

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
-from graphslot.cli import demo_prefill
+from graphslot.cli import demo, demo_prefill
 from graphslot.cli import main
 from graphslot.cli.demo import demo_device, format_demo_table, run_demo
 from graphslot.cli.demo_prefill import format_prefill_table, run_prefill_demo
@@ -33,6 +34,9 @@ def test_short_demo_matches_eager_and_prints_a_table():
 
 PREFILL_KEYS = {"backend", "check", "registry_mode", "batches", "requests_per_batch", "request_counts",
                 "tokens_per_batch", "mismatching_batches", "fill_us_generated", "fill_us_interpreted", "runners"}
+# Keys the JSON of both modes carries, with the same meaning.
+COMMON_KEYS = {"mode", "backend", "device", "registry_mode", "check", "torch", "max_bs", "fill_batch",
+               "fill_us_generated", "fill_us_interpreted", "seconds"}
 PREFILL_CLI = ["demo", "--mode", "prefill", "--backend", "cpu", "--json"]
 RUNNER_KEYS = {"runner", "buckets", "capture_seconds", "segments_per_graph", "eager_steps_per_graph",
                "mismatching_batches", "eager_batch_ms", "graph_batch_ms", "static_bytes"}
@@ -80,10 +84,58 @@ def test_prefill_demo_catches_a_broken_runner(monkeypatch):
 
 def test_cli_prefill_demo_json(capsys):
     assert main([*PREFILL_CLI, "--batches", "6", "--runner", "breakable"]) == 0
-    result = json.loads(capsys.readouterr().out)
-    assert PREFILL_KEYS <= set(result) and result["mismatching_batches"] == 0
+    out, err = capsys.readouterr()
+    result = json.loads(out)
+    assert PREFILL_KEYS | COMMON_KEYS <= set(result) and result["mismatching_batches"] == 0
     assert [row["runner"] for row in result["runners"]] == ["breakable"]
     assert RUNNER_KEYS <= set(result["runners"][0])
+    assert {k: result[k] for k in ("mode", "max_bs", "torch")} == {"mode": "prefill", "max_bs": 8,
+                                                                   "torch": torch.__version__}
+    assert err.splitlines() == [  # an early header; no terminal for a bar: a line per runner
+        "graphslot demo: 6 prefill batches (max_bs 8, runner breakable), backend cpu, registry generated: "
+        "capturing, then checking each against eager",
+        "graphslot demo: breakable runner: 6 batches, 0 mismatching"]
+
+
+def test_cli_decode_demo_json_names_its_mode(capsys):
+    assert main(["demo", "--backend", "cpu", "--json", "--steps", "8", "--max-bs", "4"]) == 0
+    out, err = capsys.readouterr()
+    result = json.loads(out)
+    assert COMMON_KEYS <= set(result) and result["mismatching_steps"] == 0
+    assert {k: result[k] for k in ("mode", "backend", "device", "registry_mode", "max_bs", "steps")} == {
+        "mode": "decode", "backend": "cpu", "device": "cpu", "registry_mode": "generated", "max_bs": 4, "steps": 8}
+    assert err == ("graphslot demo: 8 decode steps (max_bs 4), backend cpu, registry generated: capturing, then "
+                   "checking each against eager\n")
+
+
+def _must_not_run(*args, **kwargs):
+    raise AssertionError("the demo ran")
+
+
+@pytest.mark.parametrize("mode", ["decode", "prefill"])
+def test_cli_demo_cuda_backend_without_a_gpu_is_one_line(monkeypatch, capsys, mode):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    monkeypatch.setattr(torch, "__version__", "2.13.0+cpu")
+    monkeypatch.setattr(demo, "run_demo", _must_not_run)  # nothing is built
+    monkeypatch.setattr(demo_prefill, "run_prefill_demo", _must_not_run)
+    assert main(["demo", "--mode", mode, "--backend", "cuda", "--json"]) == 1
+    assert capsys.readouterr() == ("", "graphslot demo: error: --backend cuda needs a CUDA GPU; this torch "
+                                       "(2.13.0+cpu) sees none: use --backend cpu or auto\n")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--mode", "prefill", "--steps", "5"], "argument --steps: only for --mode decode, not --mode prefill"),
+    (["--steps", "5", "--mode", "prefill"], "argument --steps: only for --mode decode, not --mode prefill"),
+    (["--batches", "3"], "argument --batches: only for --mode prefill, not --mode decode"),
+    (["--mode", "decode", "--runner", "all"], "argument --runner: only for --mode prefill, not --mode decode"),
+])
+def test_cli_demo_rejects_the_other_modes_flags(monkeypatch, capsys, argv, message):
+    monkeypatch.setattr(demo, "run_demo", _must_not_run)
+    monkeypatch.setattr(demo_prefill, "run_prefill_demo", _must_not_run)
+    assert main(["demo", *argv]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("usage: graphslot demo ")
+    assert err.splitlines()[-1] == f"graphslot demo: error: {message}"
 
 
 def test_cli_prefill_demo_exits_1_on_a_mismatch(monkeypatch, capsys):

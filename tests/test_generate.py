@@ -418,13 +418,49 @@ def test_written_output_is_byte_stable_across_runs(project):
     assert out.read_bytes() == first and b"\r" not in first
 
 
-def test_cli_check_counts_modules_not_the_package_init(project, monkeypatch, capsys):
+FIX = "run `graphslot generate` and commit the result"
+
+
+def test_cli_counts_the_configured_outputs_only(project, monkeypatch, capsys):
     from graphslot.cli import main
 
     monkeypatch.chdir(project)
+    assert main(["generate", "--check"]) == 1
+    assert capsys.readouterr().err == (f"out of date: 1 of 1 generated module(s), the package __init__.py; {FIX}\n")
     assert main(["generate"]) == 0
-    assert capsys.readouterr().out.splitlines()[-1] == "0 unchanged"
+    assert capsys.readouterr().out.splitlines()[-1] == "1 generated module(s): 1 written, 0 unchanged"
     assert main(["generate"]) == 0
-    assert capsys.readouterr().out.splitlines()[-1] == "1 unchanged"
+    assert capsys.readouterr().out == "1 generated module(s): 0 written, 1 unchanged\n"
     assert main(["generate", "--check"]) == 0
     assert capsys.readouterr().out == "ok  1 generated module(s) up to date\n"
+
+
+def test_cli_counts_two_outputs(project, monkeypatch, capsys):
+    from graphslot.cli import main
+
+    with open(project / "pyproject.toml", "a") as f:
+        f.write('\n[[tool.graphslot.outputs]]\nmodule = "tiny_seven"\nspec = "specs/tiny.yaml"\n'
+                'params = { fill = 7 }\n')
+    monkeypatch.chdir(project)
+    assert main(["generate", "--check"]) == 1
+    assert capsys.readouterr().err == f"out of date: 2 of 2 generated module(s), the package __init__.py; {FIX}\n"
+    assert main(["generate"]) == 0
+    assert capsys.readouterr().out == ("wrote    pkg/gen/__init__.py\nwrote    pkg/gen/tiny_default.py\n"
+                                       "wrote    pkg/gen/tiny_seven.py\n"
+                                       "2 generated module(s): 2 written, 0 unchanged\n")
+    assert main(["generate", "--check"]) == 0
+    assert capsys.readouterr().out == "ok  2 generated module(s) up to date\n"
+    (project / "pkg" / "gen" / "__init__.py").unlink()  # the package init is no output: not counted
+    assert main(["generate", "--check"]) == 1
+    assert capsys.readouterr().err == f"out of date: 0 of 2 generated module(s), the package __init__.py; {FIX}\n"
+    assert main(["generate"]) == 0
+    assert capsys.readouterr().out == ("wrote    pkg/gen/__init__.py\n"
+                                       "2 generated module(s): 0 written, 2 unchanged\n")
+    seven = project / "pkg" / "gen" / "tiny_seven.py"
+    (project / "pkg" / "gen" / "old.py").write_text(seven.read_text())
+    seven.write_text(seven.read_text() + "# edited\n")
+    assert main(["generate", "--check"]) == 1
+    assert capsys.readouterr().err == f"out of date: 1 of 2 generated module(s), 1 orphaned file(s); {FIX}\n"
+    assert main(["generate"]) == 0
+    assert capsys.readouterr().out == ("wrote    pkg/gen/tiny_seven.py\nremoved  pkg/gen/old.py\n"
+                                       "2 generated module(s): 1 written, 1 unchanged\n")

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import graphslot as gs
-from graphslot.framework.dtypes import DTYPES, DTypeName, dtype_name, parse_dtype, torch_dtype, value_fits_dtype
+from graphslot.framework.dtypes import TORCH_MISSING, DTYPES, DTypeName, dtype_name, parse_dtype, torch_dtype, value_fits_dtype
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -35,7 +35,7 @@ BLOCK_TORCH = textwrap.dedent("""
         def find_spec(self, name, path=None, target=None):
             if name == "torch" or name.startswith("torch."):
                 ATTEMPTS.append(name)
-                raise ModuleNotFoundError(f"torch is blocked in this test: {name}")
+                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
             return None
 
     sys.meta_path.insert(0, BlockTorch())
@@ -55,7 +55,7 @@ TOOLCHAIN_MODULES = [
     "graphslot.framework.checks", "graphslot.framework.yaml_loader", "graphslot.framework.expr",
     "graphslot.framework.errors", "graphslot.framework.dtypes", "graphslot.framework.schema",
     "graphslot.framework.resolve", "graphslot.framework.hooks", "graphslot.codegen.generator",
-    "graphslot.codegen.emitter", "graphslot.codegen.aot",
+    "graphslot.codegen.emitter", "graphslot.codegen.aot", "graphslot.cli.new_spec",
 ]
 
 COMMANDS = [
@@ -65,10 +65,15 @@ COMMANDS = [
     ["show", "decode", "--param", "cache_loc_dtype=int32", "--param", "dp_size=2", "--max-bs", "8"],
     ["show", "decode", "--preset", "eager"],
     ["show", "prefill"],
+    ["show", "decode", "--json"],
+    ["validate", "--shipped"],
     ["schema"],
     ["generate", "--check"],
     ["--help"],
     ["show", "--help"],
+    ["new-spec", "--help"],
+    ["demo", "--help"],
+    ["bench", "--help"],
 ]
 
 
@@ -125,6 +130,44 @@ def test_show_reports_dtype_params_and_bytes_without_torch():
     assert "params: cache_loc_dtype=int32" in out
     row = next(line.split() for line in out.splitlines() if line.startswith("out_cache_loc "))
     assert row[2] == "int32" and row[-2] == str(16 * 4)  # [16] int32: 64 bytes, computed without torch
+
+
+def test_the_runtime_without_torch_says_so_in_one_line():
+    code = BLOCK_TORCH + textwrap.dedent("""
+        import contextlib, io
+        import graphslot, graphslot.cli.app as cli
+        RESULT = {"runs": []}
+        for argv in (["demo", "--steps", "1"], ["demo", "--mode", "prefill"], ["bench"]):
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                RESULT["runs"].append([cli.main(argv), err.getvalue().splitlines()[-1]])
+        try:
+            graphslot.build_registry("decode", 4, 4)
+        except ModuleNotFoundError as exc:
+            RESULT["api"] = [exc.name, str(exc)]
+    """) + REPORT
+    report = report_of(run_python(code))
+    for (code, last), command in zip(report["runs"], ("demo", "demo", "bench")):
+        assert code == 1 and last == f"graphslot {command}: error: {TORCH_MISSING}"
+    assert report["api"] == ["torch", TORCH_MISSING]
+
+
+def test_new_spec_runs_without_torch(tmp_path):
+    code = BLOCK_TORCH + textwrap.dedent(f"""
+        import contextlib, io, os
+        os.chdir({str(tmp_path)!r})
+        import graphslot.cli.app as cli
+        RESULT = {{"runs": []}}
+        for argv in (["new-spec", "--from", "decode", "specs/decode.yaml"], ["validate"]):
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                RESULT["runs"].append([cli.main(argv), out.getvalue()])
+    """) + REPORT
+    report = report_of(run_python(code))
+    assert report["attempts"] == [] and report["loaded"] == []
+    (created, out), (validated, checked) = report["runs"]
+    assert created == 0 and "created  specs/decode.yaml" in out
+    assert validated == 0 and "ok  specs/decode.yaml (14 slots)" in checked
 
 
 def test_spec_errors_are_reported_without_torch(tmp_path):

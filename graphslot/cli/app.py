@@ -5,13 +5,15 @@ own argparse parser (whose help is the function's docstring), adds its arguments
 returns the function that runs it, ``args -> exit status``. ``main`` builds the parser
 from the registry, so adding a command touches nothing else. A runner may raise
 ``SpecError`` or ``ProjectConfigError``: ``main`` prints it, without a traceback, and
-exits 1; argparse usage errors exit 2.
+exits 1; argparse usage errors exit 2 (a runner finding one calls ``parser.error``).
 """
 
 from __future__ import annotations
 
 import argparse
 import inspect
+import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -28,7 +30,7 @@ from ..framework.loading import load_spec, shipped_spec_names, spec_path
 from ..framework.model import RegistrySpec
 from ..framework.resolve import ResolvedSlot, resolve_params, resolve_slots
 from ..framework.schema import schema_text
-from ..framework.project import ProjectConfigError, load_project_config
+from ..framework.project import ProjectConfig, ProjectConfigError, load_project_config
 
 Runner = Callable[[argparse.Namespace], int]
 Setup = Callable[[argparse.ArgumentParser], Runner]
@@ -55,16 +57,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def exit_status(exc: SystemExit) -> int:
+    return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version and usage errors: a status, not an exit
-        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+        return exit_status(exc)
     try:
         return args.run(args)
+    except SystemExit as exc:  # a usage error a runner found (parser.error)
+        return exit_status(exc)
     except SpecError as exc:
         print(exc, file=sys.stderr)
+    except BrokenPipeError:  # `graphslot show decode | head`: the reader left, not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except ModuleNotFoundError as exc:  # the runtime without torch: dtypes.TORCH_MISSING
+        if exc.name != "torch":
+            raise
+        print(f"graphslot {args.command}: error: {exc.msg}", file=sys.stderr)
     except (ProjectConfigError, OSError) as exc:
         print(f"graphslot {args.command}: error: {exc}", file=sys.stderr)
     except Exception as exc:  # noqa: BLE001 - the spec-reading commands never end in a traceback
@@ -87,11 +101,11 @@ def display_path(path: Path) -> str:
 # --- validate ------------------------------------------------------------------------
 
 
-def default_targets() -> List[Tuple[Any, Optional[Path]]]:
-    """The shipped specs, then the project's; each with the pyproject that listed it."""
-    config = load_project_config(Path.cwd())
-    targets: List[Tuple[Any, Optional[Path]]] = [(name, None) for name in shipped_spec_names()]
-    seen = {spec_path(name).resolve() for name in shipped_spec_names()}
+def default_targets(config: ProjectConfig, shipped: bool = False) -> List[Tuple[Any, Optional[Path]]]:
+    """The project's specs (with the pyproject that listed them), after the shipped
+    specs with ``shipped``; graphslot's own pyproject lists the shipped ones."""
+    targets: List[Tuple[Any, Optional[Path]]] = [(name, None) for name in shipped_spec_names()] if shipped else []
+    seen = {spec_path(name).resolve() for name in shipped_spec_names()} if shipped else set()
     for path in config.specs:
         if path not in seen:
             seen.add(path)
@@ -152,15 +166,30 @@ def add_spec_reading_options(parser: argparse.ArgumentParser) -> None:
 def setup_validate(parser: argparse.ArgumentParser) -> Runner:
     """Check spec files; print every problem as file:line: message.
 
-    Without SPEC: the shipped specs and the files listed under [tool.graphslot] specs in
-    the project's pyproject.toml (paths relative to it). Exit status 0 when every spec is
-    clean, 1 otherwise.
+    Without SPEC: the files listed under [tool.graphslot] specs in the project's
+    pyproject.toml (paths relative to it); with --shipped, graphslot's shipped specs
+    too. Exit status 0 when every spec is clean, 1 otherwise, 2 when there is nothing
+    to validate.
     """
     parser.add_argument("specs", nargs="*", metavar="SPEC", help="a shipped spec name or a YAML file")
+    parser.add_argument("--shipped", action="store_true",
+                        help="also validate the specs shipped with graphslot (" + ", ".join(shipped_spec_names()) + ")")
     add_spec_reading_options(parser)
 
     def run(args: argparse.Namespace) -> int:
-        targets = [(spec, None) for spec in args.specs] or default_targets()
+        if args.specs:
+            targets = default_targets(ProjectConfig(root=Path.cwd()), args.shipped)
+            targets += [(spec, None) for spec in args.specs]
+        else:
+            config = load_project_config(Path.cwd())
+            targets = default_targets(config, args.shipped)
+            if not targets:
+                where = (f"{display_path(config.path)} lists no [tool.graphslot] specs" if config.path
+                         else "no pyproject.toml found")
+                print(f"graphslot validate: error: nothing to validate ({where}): pass spec files, list them "
+                      "under [tool.graphslot] specs in pyproject.toml, or pass --shipped for the specs shipped "
+                      "with graphslot", file=sys.stderr)
+                return 2
         import_hooks = import_hooks_wanted(args, strict=not args.specs)
         failed = errors = 0
         for target, listed_in in targets:
@@ -236,6 +265,31 @@ def slot_bytes(r: ResolvedSlot) -> int:
     return numel * r.dtype_name.itemsize
 
 
+def json_value(value: Any) -> Any:
+    """A param or pad value as JSON: numbers and booleans as they are, anything else
+    (a dtype name, inf, nan) as the text the table shows."""
+    if isinstance(value, (bool, int)) or (isinstance(value, float) and math.isfinite(value)):
+        return value
+    return None if value is None else format_value(value)
+
+
+def show_json(spec: RegistrySpec, resolved: Sequence[ResolvedSlot], params: Dict[str, Any],
+              changed: Sequence[str], args: argparse.Namespace, unchecked: int) -> Dict[str, Any]:
+    """What ``show`` prints as a table, as one JSON object."""
+    slots = [{
+        "name": r.name, "shape": list(r.shape), "dtype": str(r.dtype_name), "axis": r.axis,
+        "slice_dim": r.slice_dim, "padding": slot.padding,
+        "pad_value": json_value(r.pad_value) if r.fills_at_allocation else None,
+        "device": "cpu", "host": r.host,
+        "bytes": slot_bytes(r) if r.enabled else None, "enabled": r.enabled,
+    } for slot, r in zip(spec.slots, resolved)]
+    enabled = [r for r in resolved if r.enabled]
+    return {"spec": spec.name, "source": spec.source, "max_bs": args.max_bs, "max_num_tokens": args.max_num_tokens,
+            "preset": args.preset, "params": {k: json_value(v) for k, v in params.items()},
+            "changed_params": {k: json_value(params[k]) for k in changed}, "slots": slots, "total_bytes": sum(slot_bytes(r) for r in enabled),
+            "enabled_slots": len(enabled), "unchecked_hook_imports": unchecked}
+
+
 def show_rows(spec: RegistrySpec, resolved: Sequence[ResolvedSlot], device: str = "cpu") -> List[List[str]]:
     rows = []
     for slot, r in zip(spec.slots, resolved):  # resolve_slots keeps spec order
@@ -266,7 +320,8 @@ def setup_show(parser: argparse.ArgumentParser) -> Runner:
     Resolves the spec for the params and capacities as build_registry would and prints
     each slot's shape, dtype, axis, padding, device and size (computed: nothing is
     allocated, and hooks are not imported unless --import-hooks); disabled slots are
-    listed with their shape and no bytes.
+    listed with their shape and no bytes. --json prints the same as one JSON object
+    (notes go to stderr).
     """
     parser.add_argument("spec", metavar="SPEC", help="a shipped spec name or a YAML file")
     parser.add_argument("--param", action="append", type=param_arg, default=[], metavar="NAME=VALUE",
@@ -274,6 +329,7 @@ def setup_show(parser: argparse.ArgumentParser) -> Runner:
     parser.add_argument("--preset", metavar="NAME", help="start from one of the spec's presets")
     parser.add_argument("--max-bs", type=positive_int, default=256, metavar="N", help="batch capacity (default 256)")
     parser.add_argument("--max-num-tokens", type=positive_int, default=256, metavar="N", help="token capacity (default 256)")
+    parser.add_argument("--json", action="store_true", help="print the table as JSON")
     add_spec_reading_options(parser)
 
     def run(args: argparse.Namespace) -> int:
@@ -283,7 +339,16 @@ def setup_show(parser: argparse.ArgumentParser) -> Runner:
         params = resolve_params(spec, overrides, preset=args.preset, torch_dtypes=False)
         resolved = resolve_slots(spec, params, args.max_bs, args.max_num_tokens)
         defaults = resolve_params(spec, torch_dtypes=False)
-        changed = [f"{k}={shorten(format_value(v), quote=False)}" for k, v in params.items() if v != defaults[k]]
+        changed_keys = [k for k, v in params.items() if v != defaults[k]]
+        unchecked = 0 if import_hooks else unchecked_hook_imports(spec)
+        note = f"note: {unchecked} hook import{'s' if unchecked > 1 else ''} not checked: pass --import-hooks"
+        if args.json:
+            print(json.dumps(show_json(spec, resolved, params, changed_keys, args, unchecked), indent=2,
+                             allow_nan=False))
+            if unchecked:
+                print(note, file=sys.stderr)
+            return 0
+        changed = [f"{k}={shorten(format_value(params[k]), quote=False)}" for k in changed_keys]
         preset = f" preset={shorten(args.preset, quote=False)}" if args.preset else ""
         print(f"{spec.name} ({spec.source}): max_bs={args.max_bs} max_num_tokens={args.max_num_tokens}{preset}")
         print(f"params: {', '.join(changed) or 'defaults'}")
@@ -294,8 +359,8 @@ def setup_show(parser: argparse.ArgumentParser) -> Runner:
         enabled = [r for r in resolved if r.enabled]
         total = sum(slot_bytes(r) for r in enabled)
         print(f"total: {total} bytes ({human_bytes(total)}) in {len(enabled)} of {len(resolved)} slots enabled")
-        if not import_hooks and (unchecked := unchecked_hook_imports(spec)):
-            print(f"note: {unchecked} hook import{'s' if unchecked > 1 else ''} not checked: pass --import-hooks")
+        if unchecked:
+            print(note)
         return 0
 
     return run
@@ -346,7 +411,7 @@ def setup_generate(parser: argparse.ArgumentParser) -> Runner:
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 when outputs are out of date")
 
     def run(args: argparse.Namespace) -> int:
-        from ..codegen.aot import GenerateReport, generate
+        from ..codegen.aot import PACKAGE_INIT_NAME, GenerateReport, generate
 
         # An invalid [tool.graphslot] table, an output_dir outside the project or an
         # existing file graphslot did not generate: ProjectConfigError, printed here as
@@ -367,23 +432,28 @@ def setup_generate(parser: argparse.ArgumentParser) -> Runner:
         except ProjectConfigError as exc:
             print(exc, file=sys.stderr)
             return 1
-        modules = GenerateReport.modules
+        modules, total = GenerateReport.modules, f"{len(config.outputs)} generated module(s)"
         if args.check:
             for diff in report.diffs:
                 sys.stdout.write(diff)
             for problem in report.problems:
                 print(problem)
             if report.problems:
-                print(f"{len(report.problems)} generated file(s) out of date; run `graphslot generate` "
-                      "and commit the result", file=sys.stderr)
+                parts = [f"{len(modules(report.outdated))} of {total}"]
+                if len(modules(report.outdated)) < len(report.outdated):
+                    parts.append(f"the package {PACKAGE_INIT_NAME}")
+                if report.orphaned:
+                    parts.append(f"{len(report.orphaned)} orphaned file(s)")
+                print(f"out of date: {', '.join(parts)}; run `graphslot generate` and commit the result",
+                      file=sys.stderr)
                 return 1
-            print(f"ok  {len(modules(report.unchanged))} generated module(s) up to date")
+            print(f"ok  {total} up to date")
             return 0
         for path in report.written:
             print(f"wrote    {display_path(path)}")
         for path in report.removed:
             print(f"removed  {display_path(path)}")
-        print(f"{len(modules(report.unchanged))} unchanged")
+        print(f"{total}: {len(modules(report.written))} written, {len(modules(report.unchanged))} unchanged")
         return 0
 
     return run
@@ -398,25 +468,29 @@ def setup_bench(parser: argparse.ArgumentParser) -> Runner:
 
     Shipped decode spec, max_bs 256, raw/padded 3/4, 30/32, 200/256, all measured in one
     run; also counts the mutating ATen ops of one padded fill (on a GPU, kernel
-    launches). Exit 1 when a target is missed.
+    launches). Progress goes to stderr (a bar on a terminal, else a line per size);
+    --json keeps stdout pure JSON. Exit 1 when a target is missed.
     """
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--iters", type=positive_int, default=2000, help="calls per sample (default 2000)")
     parser.add_argument("--repeats", type=positive_int, default=7, help="samples; the median is kept (default 7)")
 
     def run(args: argparse.Namespace) -> int:
-        import json
-
+        print(f"graphslot bench: fill_from + extract of the shipped decode spec, generated vs interpreted vs "
+              f"hand-written, {args.repeats} repeats x {args.iters} iters per batch size", file=sys.stderr)
         import_torch()
         from .bench import format_report, run_bench
 
-        result = run_bench(args.iters, args.repeats)
+        result = run_bench(args.iters, args.repeats, progress=True)
         print(json.dumps(result, indent=2) if args.json else format_report(result))
         return 0 if result["targets_met"] else 1
 
     return run
 
 # --- demo ----------------------------------------------------------------------------
+
+#: Flags of one demo mode only, with their defaults (None in the parser: given or not).
+DEMO_MODE_FLAGS = {"steps": ("decode", 300), "batches": ("prefill", 50), "runner": ("prefill", "all")}
 
 
 @subcommand("demo")
@@ -432,7 +506,8 @@ def setup_demo(parser: argparse.ArgumentParser) -> Runner:
     (some continuing a cached prefix), and compares every batch's logits with eager.
 
     Exact (torch.equal) on the CPU tape, allclose on CUDA (reference/numerics.py says
-    when exactness is a fair ask). Exit 1 when any step or batch differs.
+    when exactness is a fair ask). Progress goes to stderr; --json keeps stdout pure
+    JSON. Exit 1 when any step or batch differs.
     """
     parser.add_argument("--mode", choices=("decode", "prefill"), default="decode",
                         help="what to run (default decode)")
@@ -440,39 +515,70 @@ def setup_demo(parser: argparse.ArgumentParser) -> Runner:
                         help="registry code (default generated)")
     parser.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto",
                         help="graph backend (auto: cuda on a GPU machine, else the cpu tape)")
-    parser.add_argument("--steps", type=positive_int, default=300, help="decode: scheduler steps (default 300)")
-    parser.add_argument("--batches", type=positive_int, default=50, help="prefill: batches (default 50)")
-    parser.add_argument("--runner", choices=("all", "breakable", "piecewise"), default="all",
-                        help="prefill: runner(s) to run (default: both)")
+    parser.add_argument("--steps", type=positive_int, help="decode only: scheduler steps (default 300)")
+    parser.add_argument("--batches", type=positive_int, help="prefill only: batches (default 50)")
+    parser.add_argument("--runner", choices=("all", "breakable", "piecewise"),
+                        help="prefill only: runner(s) to run (default all: both)")
     parser.add_argument("--max-bs", type=positive_int, default=None,
                         help="largest batch size: captured (decode, default 16) or per prefill batch "
                              "(prefill, default 8)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
 
     def run(args: argparse.Namespace) -> int:
-        import json
-
+        for name, (mode, default) in DEMO_MODE_FLAGS.items():
+            if getattr(args, name) is None:
+                setattr(args, name, default)
+            elif mode != args.mode:
+                parser.error(f"argument --{name}: only for --mode {mode}, not --mode {args.mode}")
+        if args.backend == "cuda" and not (torch := import_torch()).cuda.is_available():
+            print(f"graphslot demo: error: --backend cuda needs a CUDA GPU; this torch ({torch.__version__}) "
+                  "sees none: use --backend cpu or auto", file=sys.stderr)
+            return 1
+        what = (f"{args.steps} decode steps (max_bs {args.max_bs or 16})" if args.mode == "decode" else
+                f"{args.batches} prefill batches (max_bs {args.max_bs or 8}, runner {args.runner})")
+        print(f"graphslot demo: {what}, backend {args.backend}, registry {args.registry}: capturing, then "
+              "checking each against eager", file=sys.stderr)
+        import_torch()
         if args.mode == "prefill":
-            import_torch()
             from .demo_prefill import format_prefill_table, run_prefill_demo
 
             try:
                 result = run_prefill_demo(batches=args.batches, backend=args.backend, mode=args.registry,
                                           max_bs=args.max_bs or 8,
-                                          runners=None if args.runner == "all" else [args.runner],
-                                          progress=not args.json)
+                                          runners=None if args.runner == "all" else [args.runner])
             except (RuntimeError, ValueError) as exc:
                 print(f"graphslot demo: error: {exc}", file=sys.stderr)
                 return 1
             print(json.dumps(result, indent=2) if args.json else format_prefill_table(result))
             return 0 if result["mismatching_batches"] == 0 else 1
 
-        import_torch()
         from .demo import format_demo_table, run_demo
 
-        result = run_demo(steps=args.steps, backend=args.backend, mode=args.registry, max_bs=args.max_bs or 16,
-                          progress=not args.json)
+        result = run_demo(steps=args.steps, backend=args.backend, mode=args.registry, max_bs=args.max_bs or 16)
         print(json.dumps(result, indent=2) if args.json else format_demo_table(result))
         return 0 if result["mismatching_steps"] == 0 else 1
 
     return run
+
+
+# --- new-spec ------------------------------------------------------------------------
+
+
+@subcommand("new-spec")
+def setup_new_spec(parser: argparse.ArgumentParser) -> Runner:
+    """Start a spec of your own from a shipped one and list it in pyproject.toml.
+
+    Copies the shipped spec (--from decode or prefill; comments kept, one line added
+    saying where it came from) to PATH, a new .yaml/.yml file inside the project, and
+    appends PATH (relative to pyproject.toml) to [tool.graphslot] specs, so `graphslot
+    validate` checks it. The project is the directory of the pyproject.toml found from
+    the current directory; without one, a minimal pyproject.toml is created here.
+    pyproject.toml is edited as text, keeping its layout and comments, and only when the
+    result reads as the same document plus the new path; otherwise it is left alone and
+    the line to add by hand is shown. Never overwrites a file, never writes outside the
+    project. Prints the next steps, with an [[tool.graphslot.outputs]] entry to add.
+    """
+    from .new_spec import add_arguments, run as run_new_spec
+
+    add_arguments(parser)
+    return run_new_spec

@@ -10,7 +10,9 @@ module with the check removed.
 
 from __future__ import annotations
 
+import platform
 import statistics
+import sys
 import time
 import types
 from types import SimpleNamespace
@@ -18,7 +20,9 @@ from typing import Callable, Dict, List
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from tqdm import tqdm
 
+from .. import __version__
 from ..api import build_registry
 from ..codegen.generator import render_module
 from ..framework.loading import load_spec
@@ -108,9 +112,10 @@ def count_mutating_ops(fill: Callable, fb, raw: int, padded: int) -> List[str]:
 
 
 def time_per_call(runners: Dict[str, object], fb, raw: int, padded: int, iters: int = 2000,
-                  repeats: int = 7) -> Dict[str, float]:
+                  repeats: int = 7, tick: Callable[[], object] = lambda: None) -> Dict[str, float]:
     """Median over ``repeats`` of the mean µs of one fill_from + extract, per runner; the
-    runners take turns within each repeat, so drift in the machine's speed hits all alike."""
+    runners take turns within each repeat, so drift in the machine's speed hits all alike.
+    ``tick()`` is called after each repeat."""
     for r in runners.values():
         for _ in range(200):
             r.fill_from(fb, raw, padded, raw, padded)
@@ -124,6 +129,7 @@ def time_per_call(runners: Dict[str, object], fb, raw: int, padded: int, iters: 
                 fill(fb, raw, padded, raw, padded)
                 extract(fb, padded, padded)
             samples[name].append((time.perf_counter() - start) / iters * 1e6)
+        tick()
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
@@ -142,7 +148,9 @@ def unchecked_decode_module() -> types.ModuleType:
     return module
 
 
-def run_bench(iters: int = 2000, repeats: int = 7, device: str = "cpu") -> Dict:
+def run_bench(iters: int = 2000, repeats: int = 7, device: str = "cpu", progress: bool = False) -> Dict:
+    """Every figure of the report; ``progress``: a bar on stderr when it is a terminal,
+    else a line per size."""
     runners = {
         "generated": build_registry("decode", MAX_BS, MAX_BS, device=device, mode="generated"),
         "unchecked": build_registry("decode", MAX_BS, MAX_BS, device=device, mode=unchecked_decode_module()),
@@ -150,10 +158,12 @@ def run_bench(iters: int = 2000, repeats: int = 7, device: str = "cpu") -> Dict:
         "hand_written": HandWrittenDecode(MAX_BS, MAX_BS, device=device),
     }
     rows = []
-    for raw, padded in SIZES:
+    bar = tqdm(total=len(SIZES) * repeats, desc="Timing", unit="sample", leave=False,
+               disable=None if progress else True)
+    for i, (raw, padded) in enumerate(SIZES, 1):
         fb = decode_batch(raw, device)
         row = {"raw": raw, "padded": padded}
-        for name, us in time_per_call(runners, fb, raw, padded, iters, repeats).items():
+        for name, us in time_per_call(runners, fb, raw, padded, iters, repeats, bar.update).items():
             row[f"{name}_us"] = us
             row[f"{name}_ops"] = len(count_mutating_ops(runners[name].fill_from, fb, raw, padded))
         row["check_us"] = row["generated_us"] - row.pop("unchecked_us")
@@ -161,8 +171,13 @@ def run_bench(iters: int = 2000, repeats: int = 7, device: str = "cpu") -> Dict:
         row["speedup_vs_interpreted"] = row["interpreted_us"] / row["generated_us"]
         row["speedup_vs_hand_written"] = row["hand_written_us"] / row["generated_us"]
         rows.append(row)
+        if progress and bar.disable:  # no terminal for a bar: a line per size
+            print(f"graphslot bench: raw/padded {raw}/{padded} timed ({i} of {len(SIZES)})", file=sys.stderr)
+    bar.close()
     met = all(r["speedup_vs_interpreted"] >= TARGET_SPEEDUP and r["generated_ops"] <= TARGET_OPS for r in rows)
-    return {"device": device, "torch": torch.__version__, "max_bs": MAX_BS, "rows": rows,
+    return {"device": device, "torch": torch.__version__, "graphslot": __version__,
+            "python": platform.python_version(), "platform": platform.platform(), "threads": torch.get_num_threads(),
+            "max_bs": MAX_BS, "iters": iters, "repeats": repeats, "rows": rows,
             "targets": {"speedup_vs_interpreted": TARGET_SPEEDUP, "max_ops": TARGET_OPS}, "targets_met": met}
 
 

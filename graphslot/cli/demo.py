@@ -134,13 +134,17 @@ def _run(steps: int, backend: str, mode: str, max_bs: int, seed: int, progress: 
             break
         sched.step(decode_fn)
         bar.set_postfix(bs=len(sched.running), mismatches=len(mismatches))
+    bar.close()
 
     sizes = sorted({b.batch_size for b in batches})
     result: Dict[str, Any] = {
+        "mode": "decode",
         "backend": runner.backend.name,
         "device": str(device),
         "registry_mode": runner.registry.mode,
         "check": check.name,
+        "torch": torch.__version__,
+        "max_bs": max_bs,
         "captured_sizes": list(runner.captured_sizes),
         "capture_seconds": runner.capture_seconds,
         "steps": sched.step_idx,

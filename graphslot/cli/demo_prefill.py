@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import random
 import statistics
+import sys
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -204,6 +205,9 @@ def _run(names: List[str], count: int, backend: str, mode: str, max_bs: int, buc
             used[bucket] = used.get(bucket, 0) + 1
             seen.append(fb)
             bar.set_postfix(reqs=fb.batch_size, tokens=fb.num_tokens, mismatches=len(mismatches))
+        if progress and bar.disable:  # no terminal for a bar: a line per runner
+            print(f"graphslot demo: {name} runner: {len(seen)} batches, {len(mismatches)} mismatching",
+                  file=sys.stderr)
         rows.append({
             "runner": name,
             "buckets": list(runner.buckets),
@@ -225,6 +229,8 @@ def _run(names: List[str], count: int, backend: str, mode: str, max_bs: int, buc
                 "device": str(device),
                 "registry_mode": runner.registry.mode,
                 "check": check.name,
+                "torch": torch.__version__,
+                "max_bs": max_bs,
                 "batches": len(seen),
                 "requests_per_batch": [min(reqs), max(reqs)] if reqs else [],
                 "request_counts": sorted(set(reqs)),

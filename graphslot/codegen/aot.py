@@ -196,6 +196,8 @@ class GenerateReport:
     removed: List[Path] = field(default_factory=list)
     problems: List[str] = field(default_factory=list)  # --check: what is out of date
     diffs: List[str] = field(default_factory=list)
+    outdated: List[Path] = field(default_factory=list)  # --check: stale or missing
+    orphaned: List[Path] = field(default_factory=list)  # --check: to be removed
 
     @staticmethod
     def modules(paths: List[Path]) -> List[Path]:
@@ -220,6 +222,7 @@ def generate(root: Path, table: Mapping[str, Any], check: bool = False) -> Gener
             report.unchanged.append(item.path)
             continue
         if check:
+            report.outdated.append(item.path)
             if existing is None:
                 report.problems.append(f"missing: {rel}")
             else:
@@ -232,6 +235,7 @@ def generate(root: Path, table: Mapping[str, Any], check: bool = False) -> Gener
             report.written.append(item.path)
     for orphan in _orphans(out, planned):
         if check:
+            report.orphaned.append(orphan)
             report.problems.append(f"orphaned: {orphan.relative_to(root).as_posix()} (no output declares it)")
         else:
             orphan.unlink()
