@@ -3,10 +3,16 @@ table in :mod:`graphslot.runners.tape`'s docstring, each marked with the row's i
 
 from __future__ import annotations
 
+import array
 import threading
 
-import numpy as np
 import pytest
+
+try:  # torch runs without NumPy; the cases that make host data with it need it
+    import numpy as np
+except ImportError:
+    np = None
+NEEDS_NUMPY = pytest.mark.skipif(np is None, reason="needs NumPy (not a graphslot dependency)")
 import torch
 import torch.nn.functional as F
 import torch.utils._python_dispatch as python_dispatch
@@ -75,8 +81,8 @@ def test_every_row_of_the_table_has_a_test_and_every_test_a_row():
         lambda: x + torch.tensor([1.0, 2.0, 3.0, 4.0]),
         lambda: x + torch.tensor([1.0, 2.0, 3.0, 4.0], device=x.device),
         lambda: x + torch.as_tensor([1.0, 2.0, 3.0, 4.0]),
-        lambda: x + torch.from_numpy(np.ones(4, dtype=np.float32)).to(x.device),
-        lambda: x.copy_(torch.from_numpy(np.ones(4, dtype=np.float32))),
+        pytest.param(lambda: x + torch.from_numpy(np.ones(4, dtype=np.float32)).to(x.device), marks=NEEDS_NUMPY),
+        pytest.param(lambda: x.copy_(torch.from_numpy(np.ones(4, dtype=np.float32))), marks=NEEDS_NUMPY),
         lambda: x + x.new_tensor([1.0, 2.0, 3.0, 4.0]),
         lambda: x[[0, 2]],
     ],
@@ -196,7 +202,7 @@ def test_reading_a_tensor_meant_for_the_host_is_rejected_too():
 
 @difference("host-tensor-unseen")
 def test_a_host_tensor_made_before_capture_reads_as_a_device_value():
-    host = torch.frombuffer(bytearray(np.ones(4, dtype=np.float32).tobytes()), dtype=torch.float32)
+    host = torch.frombuffer(array.array("f", [1.0] * 4), dtype=torch.float32)
     graph = capture(lambda: x + host)  # a device mismatch on a GPU
     assert graph.external_inputs([x]) == [host]
 
@@ -223,7 +229,7 @@ def test_a_cpu_kernel_that_syncs_where_cuda_does_not_is_rejected():
 
 
 def _host_reads_work() -> bool:
-    return (x.tolist() == [0.0, 1.0, 2.0, 3.0] and x.numpy().shape == (4,) and x.cpu() is x
+    return (x.tolist() == [0.0, 1.0, 2.0, 3.0] and (np is None or x.numpy().shape == (4,)) and x.cpu() is x
             and x.to("cpu") is x)
 
 
