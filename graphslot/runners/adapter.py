@@ -4,7 +4,8 @@ The decode and eager runners are written once against :class:`DecodeAdapter`; an
 engine supplies a subclass. The hooks follow sglang's ``CudaGraphRunner`` and field
 names (``batch_size``, ``forward_mode``, ``global_num_tokens_cpu``), so the defaults
 below already fit an sglang-style ``ForwardBatch``; only the abstract ones must be
-written.
+written. No default needs an sglang-only field: each reader says what it falls back
+to on a batch type without it (a plain dataclass of tensors is enough).
 
 Runner sequence per captured size ``bs`` (``num_tokens = bs * k``)::
 
@@ -17,7 +18,11 @@ Runner sequence per captured size ``bs`` (``num_tokens = bs * k``)::
 
 and per replayed batch ``fb``::
 
-    init_replay_metadata(padded_bs, view, fb); replay; slice_output(out, raw_bs, raw_tokens)
+    init_replay_metadata(padded_bs, view, fb); replay
+    slice_output(out, raw_bs, raw_tokens, padded_bs=..., padded_num_tokens=...)
+
+Before any capture the runner checks that ``make_dummy_batch`` has every field the
+spec copies, and that the readers below work on it (:mod:`graphslot.runners.batch`).
 """
 
 from __future__ import annotations
@@ -25,6 +30,9 @@ from __future__ import annotations
 from typing import Any, Iterable, List, Mapping, Optional
 
 import torch
+
+from .batch import count_requests
+from .outputs import slice_rows
 
 
 class DecodeAdapter:
@@ -62,31 +70,51 @@ class DecodeAdapter:
 
     # -- reading a batch -----------------------------------------------------------
     def batch_size(self, fb: Any) -> int:
-        return int(fb.batch_size)
+        """Requests in ``fb``: ``fb.batch_size``, else the rows of ``fb.seq_lens``."""
+        return count_requests(self, "DecodeAdapter", fb)
 
     def num_tokens(self, fb: Any) -> int:
         return int(fb.input_ids.shape[0])
 
     def tokens_per_bs(self, fb: Any) -> Optional[int]:
-        """Tokens per request if ``fb`` is graph-runnable (decode / verify), else None."""
-        mode = fb.forward_mode
-        if mode.is_decode():
-            return 1
-        if mode.is_target_verify():
-            return int(fb.num_tokens_per_bs)
-        return None
+        """Tokens per request if ``fb`` is graph-runnable (decode / verify), else None.
+
+        A batch with an sglang-style ``forward_mode`` (one with ``is_decode()``) is
+        judged by it: decode is 1, target-verify ``fb.num_tokens_per_bs``, the rest
+        None. A batch type without one is taken for a decode step, so the rule is
+        ``num_tokens // batch_size`` when that divides evenly (1 for plain decode), else
+        None. An engine whose batches without a mode can also be prefills of one token
+        per request, where that is not the same computation as a decode step, must
+        override this.
+        """
+        mode = getattr(fb, "forward_mode", None)
+        if mode is not None and hasattr(mode, "is_decode"):
+            if mode.is_decode():
+                return 1
+            is_verify = getattr(mode, "is_target_verify", None)
+            if is_verify is not None and is_verify():
+                return int(fb.num_tokens_per_bs)
+            return None
+        bs, n = self.batch_size(fb), self.num_tokens(fb)
+        if bs < 1 or n < bs or n % bs:
+            return None
+        return n // bs
 
     def global_num_tokens_cpu(self, fb: Any) -> Optional[List[int]]:
         """Per-DP-rank token counts of this step, when the engine runs data parallel."""
         return getattr(fb, "global_num_tokens_cpu", None)
 
-    def slice_output(self, output: Any, raw_bs: int, raw_num_tokens: int) -> Any:
-        """The rows of the static outputs that belong to the raw batch."""
-        if isinstance(output, torch.Tensor):
-            return output[:raw_num_tokens]
-        if isinstance(output, (tuple, list)):
-            return type(output)(self.slice_output(o, raw_bs, raw_num_tokens) for o in output)
-        return output
+    def slice_output(self, output: Any, raw_bs: int, raw_num_tokens: int, *,
+                     padded_bs: int, padded_num_tokens: int) -> Any:
+        """The rows of the static outputs that belong to the raw batch.
+
+        Every tensor in tensors, tuples, lists, mappings and dataclasses (transformers'
+        ``ModelOutput`` too) is cut along dim 0: ``padded_num_tokens`` rows to
+        ``raw_num_tokens``, ``padded_bs`` rows to ``raw_bs``. Anything it cannot cut is
+        an error naming the type and where it is (:mod:`graphslot.runners.outputs`):
+        padded rows are never handed back.
+        """
+        return slice_rows(output, raw_bs, raw_num_tokens, padded_bs, padded_num_tokens)
 
     # -- the rest of the engine ----------------------------------------------------
     def spec_params(self) -> Mapping[str, Any]:

@@ -18,7 +18,9 @@ import torch
 from tqdm import tqdm
 
 from ..api import build_registry
+from ..framework.errors import SlotError
 from .adapter import DecodeAdapter
+from .batch import check_dummy_batch, check_slice_output, describe_dummy
 from .graph_backend import get_graph_backend
 
 
@@ -93,6 +95,10 @@ class DecodeGraphRunner:
         self._dp_ranks = int(p.get("dp_size", 1)) if p.get("require_mlp_tp_gather") else 1
         self.backend = get_graph_backend(config.backend, adapter.device)
         self._side = adapter.side_inputs()
+        # Before any capture: what would otherwise fail in the first capture or step.
+        check_dummy_batch(adapter, self.registry, adapter.make_dummy_batch(max_bs, max_bs * self.k),
+                          ("batch_size", "num_tokens", "tokens_per_bs"), "DecodeAdapter")
+        check_slice_output(adapter)
         self.graphs: Dict[int, Any] = {}
         self.capture_seconds = self._capture_all()
 
@@ -114,8 +120,17 @@ class DecodeGraphRunner:
         reg.run_pre_capture(bs, n, self._side)
         dummy = adapter.make_dummy_batch(bs, n)
         # Raw size 0: every row is a padded row, exactly as the spec pads at replay.
-        reg.fill_from(dummy, 0, bs, 0, n, self._side)
-        view = reg.extract(dummy, bs, n)
+        where = f"capturing batch size {bs}: {describe_dummy(adapter, dummy)}"
+        try:
+            reg.fill_from(dummy, 0, bs, 0, n, self._side)
+        except SlotError as exc:
+            raise SlotError(f"{where} does not fit the spec: {exc}") from exc
+        try:
+            view = reg.extract(dummy, bs, n)
+        except SlotError as exc:
+            names = ", ".join(reg.view_names())
+            raise SlotError(f"{where} cannot carry the view of spec '{reg.spec.name}': {exc}; a view sets "
+                            f"{names}, so a batch type with __slots__ must declare them all") from exc
         self._set_dp(view, n)
         adapter.init_capture_metadata(bs, n, view)
 
@@ -169,7 +184,7 @@ class DecodeGraphRunner:
             adapter.init_replay_metadata(bs, view, fb)
         graph = self.graphs[bs]
         graph.replay()
-        return adapter.slice_output(graph.output, raw_bs, raw_bs * k)
+        return adapter.slice_output(graph.output, raw_bs, raw_bs * k, padded_bs=bs, padded_num_tokens=bs * k)
 
     def __call__(self, fb: Any) -> Any:
         """Replay when a graph fits, else the eager forward."""

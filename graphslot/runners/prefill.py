@@ -20,6 +20,8 @@ import torch
 from tqdm import tqdm
 
 from ..api import build_registry
+from ..framework.errors import SlotError
+from .batch import check_dummy_batch, describe_dummy
 from .graph_backend import GraphCaptureError, get_graph_backend
 from .prefill_adapter import PrefillAdapter, resolve_layer_stack
 from .segments import SegmentedGraph
@@ -85,6 +87,9 @@ class PrefillGraphRunner:
                                        params=params, mode=config.mode)
         self.backend = get_graph_backend(config.backend, adapter.device)
         self._side = adapter.side_inputs()
+        # Before any capture: what would otherwise fail in the first capture or step.
+        check_dummy_batch(adapter, self.registry, adapter.make_dummy_batch(self.buckets[0]),
+                          ("is_prefill", "batch_size", "num_tokens"), "PrefillAdapter")
         self.setup()
         self.graphs: Dict[int, SegmentedGraph] = {}
         self.capture_seconds = self._capture_all()
@@ -112,8 +117,12 @@ class PrefillGraphRunner:
         adapter, reg = self.adapter, self.registry
         reg.run_pre_capture(0, n, self._side)
         dummy = adapter.make_dummy_batch(n)
-        reg.fill_from(dummy, 0, 0, 0, n, self._side)  # every token row is padding
-        view = reg.extract(dummy, 0, n)
+        try:
+            reg.fill_from(dummy, 0, 0, 0, n, self._side)  # every token row is padding
+            view = reg.extract(dummy, 0, n)
+        except SlotError as exc:
+            raise SlotError(f"capturing token bucket {n}: {describe_dummy(adapter, dummy)} does not fit spec "
+                            f"'{reg.spec.name}': {exc}") from exc
         adapter.init_capture_metadata(n, view)
         try:
             return self.capture_stack(n, view.input_embeds, view)

@@ -27,6 +27,8 @@ from typing import Any, Iterable, Mapping
 import torch
 from torch import nn
 
+from .batch import count_requests
+
 
 class LayerStackError(TypeError):
     """The adapter does not name the layer stack a prefill runner captures."""
@@ -91,11 +93,17 @@ class PrefillAdapter:
 
     # -- reading a batch -----------------------------------------------------------
     def is_prefill(self, fb: Any) -> bool:
+        """Whether ``fb`` is a prefill: an sglang-style ``forward_mode`` (one with
+        ``is_extend()``) says so; a batch type without one is taken for a prefill, as
+        the engine is what hands it to a prefill runner (override to refuse some)."""
         mode = getattr(fb, "forward_mode", None)
-        return mode is not None and mode.is_extend()
+        if mode is not None and hasattr(mode, "is_extend"):
+            return bool(mode.is_extend())
+        return True
 
     def batch_size(self, fb: Any) -> int:
-        return int(fb.batch_size)
+        """Requests in ``fb``: ``fb.batch_size``, else the rows of ``fb.seq_lens``."""
+        return count_requests(self, "PrefillAdapter", fb)
 
     def num_tokens(self, fb: Any) -> int:
         return int(fb.input_ids.shape[0])

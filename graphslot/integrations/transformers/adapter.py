@@ -1,0 +1,118 @@
+"""The decode runner's adapter for transformers causal LMs whose attention uses the cache.
+
+The model runs unchanged: the adapter calls ``model(input_ids=[B, T],
+position_ids=[B, T], attention_mask=<4-D mask>, past_key_values=<PagedCache>)`` on the
+view of a step, so the layers' ``past_key_values.update`` calls land in the paged pool
+(:mod:`.cache`) and the mask, computed on the device from ``positions``, says what each
+row sees. No attention metadata lives outside the graph, so the capture and replay
+metadata hooks have nothing to do.
+
+The families whose modeling code this was checked against (their attention calls
+``past_key_values.update`` and takes a 4-D mask as given, or a mapping by layer type)
+are :data:`TESTED_FAMILIES`; another ``model_type`` is refused unless
+``allow_untested=True``, because a model that builds its own mask or keeps other state
+per step would decode wrong without an error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Optional
+
+import torch
+
+from ...runners.adapter import DecodeAdapter
+from .cache import PagedCache
+
+#: ``config.model_type`` of the families tested (tests/test_hf_integration.py).
+TESTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+#: Attention implementations that take the cache's additive 4-D mask.
+ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
+
+
+@dataclass(frozen=True)
+class DecodeStep:
+    """One decode step in the decode spec's field names; no ``forward_mode``.
+
+    Frozen: the runner never writes a batch, its views are copies. Token fields are
+    request-major (``[batch_size * tokens_per_request]``); ``positions`` is where each
+    new token goes (the request's length before the step) and ``seq_lens`` the length
+    after it.
+    """
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    out_cache_loc: torch.Tensor
+    req_pool_indices: torch.Tensor
+    seq_lens: torch.Tensor
+    seq_lens_cpu: torch.Tensor
+    batch_size: int
+
+
+def check_model(model: Any, allow_untested: bool = False) -> None:
+    """Refuse, saying why, a model the adapter would run wrong."""
+    config = model.config
+    family = getattr(config, "model_type", None)
+    if family not in TESTED_FAMILIES and not allow_untested:
+        raise ValueError(f"{type(model).__name__} (model_type {family!r}) is not a tested family "
+                         f"({', '.join(TESTED_FAMILIES)}); pass allow_untested=True if its attention calls "
+                         "past_key_values.update and uses a 4-D attention_mask as given, and compare its "
+                         "output with plain transformers decode")
+    impl = getattr(config, "_attn_implementation", None)
+    if impl not in ATTENTION_IMPLEMENTATIONS:
+        raise ValueError(f"{type(model).__name__} uses attn_implementation {impl!r}; the paged cache's 4-D mask "
+                         f"needs one of {', '.join(ATTENTION_IMPLEMENTATIONS)} (load the model with "
+                         "attn_implementation='sdpa')")
+    if model.training:
+        raise ValueError(f"{type(model).__name__} is in training mode (dropout would differ per replay); call "
+                         "model.eval() first")
+
+
+class HFDecodeAdapter(DecodeAdapter):
+    """:class:`DecodeGraphRunner` adapter for a transformers causal LM over a :class:`PagedCache`."""
+
+    def __init__(self, model: Any, cache: PagedCache, *, allow_untested: bool = False):
+        check_model(model, allow_untested)
+        self.model, self.cache = model, cache
+        self.device = cache.device
+
+    def run(self, step: Any) -> torch.Tensor:
+        """Logits ``[num_tokens, vocab]`` of a step (a view or a live batch)."""
+        bs = self.batch_size(step)
+        ids, pos = step.input_ids.view(bs, -1), step.positions.view(bs, -1)
+        self.cache.bind(step.out_cache_loc, step.req_pool_indices)
+        with torch.no_grad():
+            out = self.model(input_ids=ids, position_ids=pos, past_key_values=self.cache, use_cache=True,
+                             attention_mask=self.cache.attention_mask(pos, self.model.dtype))
+        return out.logits.flatten(0, 1)
+
+    def forward(self, view: Any) -> torch.Tensor:
+        return self.run(view)
+
+    def forward_eager(self, fb: Any) -> torch.Tensor:
+        return self.run(fb)
+
+    def init_capture_metadata(self, bs: int, num_tokens: int, view: Any) -> None:
+        """Nothing: the mask is computed inside the graph from the static positions."""
+
+    def init_replay_metadata(self, bs: int, view: Any, raw_fb: Any) -> None:
+        """Nothing: see :meth:`init_capture_metadata`."""
+
+    def make_dummy_batch(self, bs: int, num_tokens: int) -> DecodeStep:
+        def empty(device=self.device):
+            return torch.zeros(0, dtype=torch.int64, device=device)
+
+        return DecodeStep(empty(), empty(), empty(), empty(), empty(), empty("cpu"), 0)
+
+    def spec_params(self) -> Mapping[str, Any]:
+        # Padded rows: length 1 at position 0 of the dummy row, so they see slot 0 only.
+        return {"seq_len_fill_value": 1}
+
+    @property
+    def max_requests(self) -> Optional[int]:
+        return self.cache.max_requests
+
+    def static_tensors(self) -> Iterable[torch.Tensor]:
+        yield from self.model.parameters()
+        yield from self.model.buffers()
+        yield from self.cache.static_tensors()

@@ -1,0 +1,41 @@
+"""``run_hf_demo``: every tested family decodes like transformers per request, with
+requests joining and leaving; the figures are JSON and the table shows them."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from graphslot.cli.demo_hf import HF_DEMO_MODELS, format_hf_demo_table, run_hf_demo  # noqa: E402
+from graphslot.integrations.transformers import TESTED_FAMILIES  # noqa: E402
+
+
+def test_every_tested_family_has_a_demo_model():
+    assert HF_DEMO_MODELS == tuple(f"hf-{family}" for family in TESTED_FAMILIES)
+
+
+@pytest.mark.parametrize("model", HF_DEMO_MODELS)
+def test_demo_matches_transformers_on_every_step(model):
+    result = run_hf_demo(model, steps=40, backend="cpu", max_bs=8, progress=False)
+    assert json.loads(json.dumps(result)) == result
+    assert result["model"] == model and result["backend"] == "cpu" and result["device"] == "cpu"
+    assert result["mismatching_steps"] == 0 and result["mismatch_step_ids"] == []
+    assert result["rows_checked"] > 100 and 0 < result["max_abs_diff"] < 1e-4
+    assert result["captured_sizes"] == [8, 4, 2, 1]
+    assert result["graph_steps"] == result["decode_steps"] >= 35
+    assert len(result["batch_sizes"]) >= 4 and result["batch_size_changes"] >= 10
+    assert result["requests_admitted"] > result["requests_finished"] > 5
+    table = format_hf_demo_table(result)
+    assert table.splitlines()[0].split() == ["metric", "value"]
+    assert re.search(r"^mismatching steps +0 \(allclose", table, re.M) and f"{model}: " in table
+    assert "cpu (tape), registry generated" in table
+
+
+def test_demo_interpreted_registry():
+    result = run_hf_demo("hf-qwen2", steps=10, backend="cpu", mode="interpreted", max_bs=4, progress=False)
+    assert result["registry_mode"] == "interpreted" and result["mismatching_steps"] == 0
+    assert result["layer_kinds"] == ["full_attention", "sliding_attention"]
