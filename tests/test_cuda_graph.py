@@ -89,3 +89,24 @@ def test_graphs_of_one_backend_share_one_pool():
     small.replay()
     torch.testing.assert_close(small.output, model(x[:2]))
     torch.testing.assert_close(big.output, model(x))
+
+
+@torch.inference_mode()
+def test_graphs_survive_a_cublas_workspace_clear():
+    """torch.compile(mode="reduce-overhead") clears cuBLAS's workspaces before each
+    recording; a graph that baked in the warm-up's workspace would then write into freed
+    memory (seen on an H100: an illegal address at the next replay, with an HF model)."""
+    backend = get_graph_backend("cuda", "cuda")
+    x = torch.randn(64, 512, device="cuda")
+    w = torch.randn(512, 512, device="cuda")
+    graph = backend.capture(lambda: x @ w, warmup=1)
+    expected = (x @ w).clone()
+    torch._C._cuda_clearCublasWorkspaces()
+    torch.cuda.empty_cache()
+    # Memory the freed workspace may come back as: a matmul writing into it would show.
+    bystanders = [torch.full((1 << 20,), 7.0, device="cuda") for _ in range(64)]
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    assert torch.allclose(graph.output, expected)
+    assert all(bool((b == 7.0).all()) for b in bystanders)

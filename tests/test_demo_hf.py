@@ -39,3 +39,38 @@ def test_demo_interpreted_registry():
     result = run_hf_demo("hf-qwen2", steps=10, backend="cpu", mode="interpreted", max_bs=4, progress=False)
     assert result["registry_mode"] == "interpreted" and result["mismatching_steps"] == 0
     assert result["layer_kinds"] == ["full_attention", "sliding_attention"]
+
+
+def test_cli_hf_demo_json(capsys):
+    from graphslot.cli import main
+
+    assert main(["demo", "--model", "hf-llama", "--backend", "cpu", "--steps", "6", "--max-bs", "2", "--json"]) == 0
+    out, err = capsys.readouterr()
+    result = json.loads(out)
+    assert {k: result[k] for k in ("mode", "model", "backend", "registry_mode", "max_bs", "steps")} == {
+        "mode": "hf-decode", "model": "hf-llama", "backend": "cpu", "registry_mode": "generated", "max_bs": 2,
+        "steps": 6}
+    assert result["mismatching_steps"] == 0
+    assert err == ("graphslot demo: hf-llama, 6 decode steps (max_bs 2), backend cpu, registry generated: "
+                   "capturing, then checking each step against transformers per request\n")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model", "hf-qwen3", "--mode", "prefill"], "argument --model: hf-qwen3 runs decode only, not --mode prefill"),
+    (["--model", "hf-llama", "--batches", "3"], "argument --batches: only for --mode prefill, not --mode decode"),
+])
+def test_cli_hf_demo_rejects_what_it_cannot_run(monkeypatch, capsys, argv, message):
+    from graphslot.cli import demo_hf, main
+
+    monkeypatch.setattr(demo_hf, "run_hf_demo", lambda *a, **k: pytest.fail("the demo ran"))
+    assert main(["demo", *argv]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"graphslot demo: error: {message}"
+
+
+def test_cli_hf_demo_exits_1_on_a_mismatch(monkeypatch, capsys):
+    from graphslot.cli import main
+    from graphslot.integrations.transformers import models
+
+    monkeypatch.setattr(models, "close", lambda got, want: False)
+    assert main(["demo", "--model", "hf-mistral", "--backend", "cpu", "--steps", "3", "--max-bs", "2"]) == 1
+    assert re.search(r"^mismatching steps +[1-3] ", capsys.readouterr().out, re.M)

@@ -491,6 +491,8 @@ def setup_bench(parser: argparse.ArgumentParser) -> Runner:
 
 #: Flags of one demo mode only, with their defaults (None in the parser: given or not).
 DEMO_MODE_FLAGS = {"steps": ("decode", 300), "batches": ("prefill", 50), "runner": ("prefill", "all")}
+#: ``--model`` names of tiny transformers models, one per tested family (graphslot[hf]).
+HF_DEMO_MODELS = ("hf-llama", "hf-mistral", "hf-qwen2", "hf-qwen3")
 
 
 @subcommand("demo")
@@ -505,12 +507,20 @@ def setup_demo(parser: argparse.ArgumentParser) -> Runner:
     bucket, runs seeded prefill batches of 1..max-bs requests with mixed prompt lengths
     (some continuing a cached prefix), and compares every batch's logits with eager.
 
+    --model hf-llama (hf-mistral, hf-qwen2, hf-qwen3; needs `pip install 'graphslot[hf]'`):
+    a tiny random-weight transformers model of that family decodes through the graph
+    runner with requests joining and leaving; every row is checked (allclose) against
+    the same request decoded alone by plain transformers.
+
     Exact (torch.equal) on the CPU tape, allclose on CUDA (reference/numerics.py says
     when exactness is a fair ask). Progress goes to stderr; --json keeps stdout pure
     JSON. Exit 1 when any step or batch differs.
     """
     parser.add_argument("--mode", choices=("decode", "prefill"), default="decode",
                         help="what to run (default decode)")
+    parser.add_argument("--model", choices=("reference",) + HF_DEMO_MODELS, default="reference",
+                        help="the model: graphslot's reference model (default) or a tiny transformers model "
+                             "of a tested family (decode only)")
     parser.add_argument("--registry", choices=("generated", "interpreted"), default="generated",
                         help="registry code (default generated)")
     parser.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto",
@@ -520,11 +530,13 @@ def setup_demo(parser: argparse.ArgumentParser) -> Runner:
     parser.add_argument("--runner", choices=("all", "breakable", "piecewise"),
                         help="prefill only: runner(s) to run (default all: both)")
     parser.add_argument("--max-bs", type=positive_int, default=None,
-                        help="largest batch size: captured (decode, default 16) or per prefill batch "
-                             "(prefill, default 8)")
+                        help="largest batch size: captured (decode, default 16; hf models 8) or per prefill "
+                             "batch (prefill, default 8)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
 
     def run(args: argparse.Namespace) -> int:
+        if args.model != "reference" and args.mode != "decode":
+            parser.error(f"argument --model: {args.model} runs decode only, not --mode {args.mode}")
         for name, (mode, default) in DEMO_MODE_FLAGS.items():
             if getattr(args, name) is None:
                 setattr(args, name, default)
@@ -534,6 +546,8 @@ def setup_demo(parser: argparse.ArgumentParser) -> Runner:
             print(f"graphslot demo: error: --backend cuda needs a CUDA GPU; this torch ({torch.__version__}) "
                   "sees none: use --backend cpu or auto", file=sys.stderr)
             return 1
+        if args.model != "reference":
+            return run_hf(args)
         what = (f"{args.steps} decode steps (max_bs {args.max_bs or 16})" if args.mode == "decode" else
                 f"{args.batches} prefill batches (max_bs {args.max_bs or 8}, runner {args.runner})")
         print(f"graphslot demo: {what}, backend {args.backend}, registry {args.registry}: capturing, then "
@@ -556,6 +570,23 @@ def setup_demo(parser: argparse.ArgumentParser) -> Runner:
 
         result = run_demo(steps=args.steps, backend=args.backend, mode=args.registry, max_bs=args.max_bs or 16)
         print(json.dumps(result, indent=2) if args.json else format_demo_table(result))
+        return 0 if result["mismatching_steps"] == 0 else 1
+
+    def run_hf(args: argparse.Namespace) -> int:
+        max_bs = args.max_bs or 8
+        print(f"graphslot demo: {args.model}, {args.steps} decode steps (max_bs {max_bs}), backend "
+              f"{args.backend}, registry {args.registry}: capturing, then checking each step against "
+              "transformers per request", file=sys.stderr)
+        import_torch()
+        from .demo_hf import format_hf_demo_table, run_hf_demo
+
+        try:
+            result = run_hf_demo(args.model, steps=args.steps, backend=args.backend, mode=args.registry,
+                                 max_bs=max_bs)
+        except (ImportError, RuntimeError, ValueError) as exc:
+            print(f"graphslot demo: error: {exc}", file=sys.stderr)
+            return 1
+        print(json.dumps(result, indent=2) if args.json else format_hf_demo_table(result))
         return 0 if result["mismatching_steps"] == 0 else 1
 
     return run

@@ -20,10 +20,8 @@ from typing import Any, Dict, List
 import torch
 from tqdm import tqdm
 
+from .app import HF_DEMO_MODELS
 from .demo import _bytes, _single_thread, demo_device, timed
-
-#: ``--model`` names: ``hf-<family>`` for each tested family.
-HF_DEMO_MODELS = ("hf-llama", "hf-mistral", "hf-qwen2", "hf-qwen3")
 MAX_CONTEXT_LEN = 64
 
 

@@ -47,6 +47,23 @@ def no_collection() -> Iterator[None]:
             gc.unfreeze()
 
 
+@contextlib.contextmanager
+def capturing(graph: "torch.cuda.CUDAGraph", pool: Any, stream: "torch.cuda.Stream") -> Iterator[None]:
+    """``torch.cuda.graph`` with no collection and a cuBLAS workspace the graph owns.
+
+    cuBLAS keeps one workspace per handle and stream in the caching allocator, made at
+    the first matmul (the warm-up) and baked into every graph captured after it. Whoever
+    clears the workspaces later -- torch.compile's CUDAGraph Trees does before each
+    recording -- frees that memory under our graphs: their matmuls then write into other
+    tensors, or into memory given back to the driver (an illegal address). Cleared just
+    before capture, the workspace is allocated inside the capture, from the graph's pool,
+    which lives as long as the graphs do.
+    """
+    torch._C._cuda_clearCublasWorkspaces()
+    with no_collection(), torch.cuda.graph(graph, pool=pool, stream=stream):
+        yield
+
+
 class CudaGraphWrapper:
     """A captured ``torch.cuda.CUDAGraph`` and the static tensors it returned."""
 
@@ -104,7 +121,7 @@ class CudaGraphBackend:
 
             graph = torch.cuda.CUDAGraph()
             try:
-                with no_collection(), torch.cuda.graph(graph, pool=self._pool, stream=stream):
+                with capturing(graph, self._pool, stream):
                     output = fn()
             except RuntimeError as e:
                 if isinstance(e, GraphCaptureError) or "captur" not in str(e).lower():
@@ -121,8 +138,7 @@ class OpenCudaCapture:
         self.backend = backend
         self.graph = torch.cuda.CUDAGraph()
         self._open = contextlib.ExitStack()
-        self._open.enter_context(no_collection())
-        self._open.enter_context(torch.cuda.graph(self.graph, pool=backend.pool, stream=backend._stream))
+        self._open.enter_context(capturing(self.graph, backend.pool, backend._stream))
 
     def end(self, output: Any) -> CudaGraphWrapper:
         self._open.close()
