@@ -75,10 +75,10 @@ def _children(obj: Any) -> Iterator[Tuple[str, Any]]:
         yield from ((f"[{k!r}]", v) for k, v in list(obj.items())[:64])
     elif isinstance(obj, (list, tuple)):
         yield from ((f"[{i}]", v) for i, v in enumerate(obj[:64]))
-    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        yield from ((f".{f.name}", getattr(obj, f.name, None)) for f in dataclasses.fields(obj))
     elif hasattr(obj, "__dict__") and not isinstance(obj, (type, torch.nn.Module)):
         yield from ((f".{k}", v) for k, v in list(vars(obj).items()) if not k.startswith("__"))
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):  # one with __slots__
+        yield from ((f".{f.name}", getattr(obj, f.name, None)) for f in dataclasses.fields(obj))
 
 
 def find_names(roots: Dict[str, Any], storages: set, depth: int = NAME_SEARCH_DEPTH) -> Dict[int, str]:

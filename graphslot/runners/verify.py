@@ -224,11 +224,11 @@ def _verdict(slot, poisoned, leaks, exercised) -> SlotVerdict:
         return SlotVerdict(name, spec.padding, "safe", f"tail reset to {value} every step")
     found = leaks.get(name, [])
     if found:
-        first = found[0]
+        first, rows = found[0], sorted({r for leak in found for r in leak["rows"]})
         what = (f"the replay fails with the tail poisoned ({first['error']})" if first.get("error") else
-                f"the tail leaks into rows {span(first['rows'])}")
-        detail = (f"{what} (raw {first['raw_bs']} -> padded {first['padded_bs']}, {first['pattern']} tail; "
-                  f"{len(found)} poisoned run(s) differ); {FIX}")
+                f"the tail leaks into real rows {span(rows)}")
+        cases = sorted({f"{leak['raw_bs']}->{leak['padded_bs']}" for leak in found})
+        detail = f"{what} ({len(found)} poisoned replay(s) differ, raw->padded {', '.join(cases)}); {FIX}"
         return SlotVerdict(name, spec.padding, "UNSAFE", detail, found)
     if not exercised.get(name):
         return SlotVerdict(name, spec.padding, "unverified", "no sampled step had padded rows with this slot set")
