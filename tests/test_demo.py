@@ -26,8 +26,13 @@ def test_short_demo_matches_eager_and_prints_a_table():
     table = format_demo_table(result)
     header = table.splitlines()[0]
     assert "metric" in header and "value" in header
-    for row in ("captured sizes", "mismatching steps", "fill_from generated", "static buffers"):
+    for row in ("captured sizes", "mismatching steps", "fill_from generated", "static buffers",
+                "replays per size", "padded rows", "eager fallbacks"):
         assert row in table
+    metrics = result["runner_metrics"]  # every decode step replayed a captured size
+    assert metrics["replays"] == result["decode_steps"] and metrics["eager_fallbacks"] == 0
+    assert {int(bs) for bs in metrics["replays_per_size"]} <= set(result["captured_sizes"])
+    assert metrics["padded_rows"] > 0
 
 
 # ------------------------------------------------------------------------ prefill

@@ -592,6 +592,30 @@ def setup_demo(parser: argparse.ArgumentParser) -> Runner:
     return run
 
 
+# --- verify --------------------------------------------------------------------------
+
+
+@subcommand("verify")
+def setup_verify(parser: argparse.ArgumentParser) -> Runner:
+    """Prove a model safe under its spec's padding; find stale inputs.
+
+    For each captured size and a sample of raw sizes padding to it, replays a real batch
+    with the padded tail of every slot whose policy leaves it untouched (keep_pad,
+    foreach_copy, fill_once) poisoned, one slot at a time, with two patterns (the real
+    rows repeated; NaN / flipped bools / other seen ids): the raw rows must stay
+    bit-identical to a clean replay. Also captures each size on the CPU tape and lists
+    tensors a graph reads that are neither slots nor declared static (stale inputs).
+
+    TARGET is package.module:function returning a VerifyTarget or (runner, make_batch[,
+    release]); without it the shipped reference model is verified. Prints a table (slot,
+    policy, verdict) or --json; exit 1 when anything is unsafe.
+    """
+    from .verify import add_arguments, run as run_verify
+
+    add_arguments(parser, positive_int)
+    return lambda args: run_verify(args, parser)
+
+
 # --- new-spec ------------------------------------------------------------------------
 
 

@@ -155,6 +155,7 @@ def _run(steps: int, backend: str, mode: str, max_bs: int, seed: int, progress: 
         "eager_step_ms": 1e3 * statistics.fmean(eager_s) if eager_s else 0.0,
         "graph_step_ms": 1e3 * statistics.fmean(graph_s) if graph_s else 0.0,
         "static_bytes": runner.static_bytes,
+        "runner_metrics": runner.metrics(),
     }
     if batches:
         fb = representative(batches, runner.graphs, lambda b: b.batch_size)
@@ -187,6 +188,12 @@ def format_demo_table(result: Dict[str, Any]) -> str:
         rows += [("fill_from generated", f"{result['fill_us_generated']:.1f} µs ({batch})"),
                  ("fill_from interpreted", f"{result['fill_us_interpreted']:.1f} µs ({batch})")]
     rows.append(("static buffers", _bytes(result["static_bytes"])))
+    metrics = result["runner_metrics"]
+    per_size = ", ".join(f"{bs}: {n}" for bs, n in metrics["replays_per_size"].items())
+    rows += [("replays per size", per_size or "none"),
+             ("padded rows", f"{metrics['padded_rows']} ({100 * metrics['padding_fraction']:.1f}% of rows computed)"),
+             ("eager fallbacks", f"{metrics['eager_fallbacks']}" + "".join(
+                 f"; {reason}: {n}" for reason, n in metrics["eager_reasons"].items()))]
     width = max(len(r[0]) for r in rows + [("metric", "")])
     lines = [f"{'metric':<{width}}  value", f"{'-' * width}  {'-' * 5}"]
     lines += [f"{name:<{width}}  {value}" for name, value in rows]

@@ -81,18 +81,24 @@ class ReferenceDecodeAdapter(DecodeAdapter):
         self.dp_buffer_lens.append((list(global_num_tokens_cpu), global_dp_buffer_len))
 
     def static_tensors(self) -> Iterable[torch.Tensor]:
+        return (tensor for _, tensor in self.named_static_tensors())
+
+    def named_static_tensors(self) -> Iterable[Tuple[str, torch.Tensor]]:
         rt = self.runtime
         kv = rt.token_to_kv_pool
-        yield from rt.model.parameters()
-        yield from rt.model.buffers()
-        yield from kv.k_buffer
-        yield from kv.v_buffer
+        for name, t in rt.model.named_parameters():
+            yield f"model.{name}", t
+        for name, t in rt.model.named_buffers():
+            yield f"model.{name}", t
+        for kind in ("k_buffer", "v_buffer"):
+            for layer, t in enumerate(getattr(kv, kind)):
+                yield f"token_to_kv_pool.{kind}[{layer}]", t
         if isinstance(kv, SWAKVCache):
-            yield kv.full_to_swa_index_mapping
-        yield rt.req_to_token_pool.req_to_token
+            yield "token_to_kv_pool.full_to_swa_index_mapping", kv.full_to_swa_index_mapping
+        yield "req_to_token_pool.req_to_token", rt.req_to_token_pool.req_to_token
         meta = rt.attn_backend.cuda_graph_metadata
         if meta is not None:
             for f in dataclasses.fields(meta):
                 t = getattr(meta, f.name)
                 if isinstance(t, torch.Tensor):
-                    yield t
+                    yield f"attn_backend.cuda_graph_metadata.{f.name}", t

@@ -27,7 +27,7 @@ spec copies, and that the readers below work on it (:mod:`graphslot.runners.batc
 
 from __future__ import annotations
 
-from typing import Any, Iterable, List, Mapping, Optional
+from typing import Any, Iterable, List, Mapping, Optional, Tuple
 
 import torch
 
@@ -138,3 +138,9 @@ class DecodeAdapter:
         request pools, attention metadata buffers. Anything else a graph reads that
         is not a slot buffer is a stale input (see ``external_inputs``)."""
         return ()
+
+    def named_static_tensors(self) -> Iterable[Tuple[str, torch.Tensor]]:
+        """``static_tensors()`` with names, for the replay guard's messages
+        (:mod:`graphslot.runners.guard`); override it to name them."""
+        for i, tensor in enumerate(self.static_tensors()):
+            yield f"#{i} of {type(self).__name__}.static_tensors()", tensor

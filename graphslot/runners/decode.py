@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence
@@ -22,6 +23,8 @@ from ..framework.errors import SlotError
 from .adapter import DecodeAdapter
 from .batch import check_dummy_batch, check_slice_output, describe_dummy
 from .graph_backend import get_graph_backend
+from .guard import ReplayGuard, guard_wanted, runner_tensors
+from .metrics import RunnerMetrics
 
 
 def default_capture_schedule(max_bs: int) -> List[int]:
@@ -75,6 +78,9 @@ class DecodeRunnerConfig:
     #: Progress bar over capture; None shows it on a TTY only.
     progress: Optional[bool] = None
     warmup: int = 1
+    #: Check before each replay that no slot buffer or static tensor moved
+    #: (:mod:`graphslot.runners.guard`); None: on when ``GRAPHSLOT_DEBUG=1``.
+    guard: Optional[bool] = None
 
 
 class DecodeGraphRunner:
@@ -101,6 +107,13 @@ class DecodeGraphRunner:
         check_slice_output(adapter)
         self.graphs: Dict[int, Any] = {}
         self.capture_seconds = self._capture_all()
+        #: Counters of replays, padding and eager fallbacks (``metrics()``).
+        self.stats = RunnerMetrics()
+        #: ``fn(raw_bs, padded_bs)`` run after each fill, before metadata and replay
+        #: (``graphslot verify`` poisons padded tails there).
+        self.tail_hook: Optional[Any] = None
+        self.guard = (ReplayGuard(lambda: runner_tensors(self.registry, adapter))
+                      if guard_wanted(config.guard) else None)
 
     # -- capture ---------------------------------------------------------------------
     def _capture_all(self) -> float:
@@ -116,6 +129,14 @@ class DecodeGraphRunner:
         return time.perf_counter() - start
 
     def _capture_one(self, bs: int) -> Any:
+        view = self._capture_view(bs)
+        return self.backend.capture(functools.partial(self._forward, view), warmup=self.config.warmup)
+
+    def _forward(self, view: Any) -> Any:
+        with torch.no_grad():
+            return self.adapter.forward(view)
+
+    def _capture_view(self, bs: int) -> Any:
         adapter, reg, n = self.adapter, self.registry, bs * self.k
         reg.run_pre_capture(bs, n, self._side)
         dummy = adapter.make_dummy_batch(bs, n)
@@ -133,12 +154,7 @@ class DecodeGraphRunner:
                             f"{names}, so a batch type with __slots__ must declare them all") from exc
         self._set_dp(view, n)
         adapter.init_capture_metadata(bs, n, view)
-
-        def run():
-            with torch.no_grad():
-                return adapter.forward(view)
-
-        return self.backend.capture(run, warmup=self.config.warmup)
+        return view
 
     def _set_dp(self, view: Any, num_tokens: int) -> None:
         """Gathered (DP) buffers: every rank runs the padded count; size the gather."""
@@ -158,14 +174,22 @@ class DecodeGraphRunner:
                 return max(raw_bs, -(-max(counts) // self.k))
         return raw_bs
 
-    def can_run(self, fb: Any) -> bool:
+    def eager_reason(self, fb: Any) -> Optional[str]:
+        """Why ``fb`` cannot replay a graph, or None when it can."""
         raw_bs = self.adapter.batch_size(fb)
-        if raw_bs < 1 or self.adapter.tokens_per_bs(fb) != self.k:
-            return False
+        if raw_bs < 1:
+            return "empty batch"
+        if self.adapter.tokens_per_bs(fb) != self.k:
+            return f"not {self.k} token(s) per request (another forward mode)"
         needed = self._needed_bs(fb, raw_bs)
-        if self.config.disable_padding:
-            return needed in self.graphs
-        return needed <= self.captured_sizes[0]
+        if self.config.disable_padding and needed not in self.graphs:
+            return "no graph of this exact size (padding disabled)"
+        if needed > self.captured_sizes[0]:
+            return "larger than the largest graph"
+        return None
+
+    def can_run(self, fb: Any) -> bool:
+        return self.eager_reason(fb) is None
 
     def padded_bs(self, fb: Any) -> int:
         needed = self._needed_bs(fb, self.adapter.batch_size(fb))
@@ -178,17 +202,30 @@ class DecodeGraphRunner:
         raw_bs = adapter.batch_size(fb)
         bs = self.padded_bs(fb)
         reg.fill_from(fb, raw_bs, bs, raw_bs * k, bs * k, self._side)
+        if self.tail_hook is not None:
+            self.tail_hook(raw_bs, bs)
         view = reg.extract(fb, bs, bs * k)
         self._set_dp(view, bs * k)
         with torch.no_grad():
             adapter.init_replay_metadata(bs, view, fb)
         graph = self.graphs[bs]
+        if self.guard is not None:
+            self.guard.check()
         graph.replay()
+        self.stats.replayed(raw_bs, bs)
         return adapter.slice_output(graph.output, raw_bs, raw_bs * k, padded_bs=bs, padded_num_tokens=bs * k)
 
     def __call__(self, fb: Any) -> Any:
         """Replay when a graph fits, else the eager forward."""
-        return self.replay(fb) if self.can_run(fb) else self.adapter.forward_eager(fb)
+        reason = self.eager_reason(fb)
+        if reason is None:
+            return self.replay(fb)
+        self.stats.fell_back(reason)
+        return self.adapter.forward_eager(fb)
+
+    def metrics(self) -> Dict[str, Any]:
+        """Replays per captured size, padded rows and eager fallbacks by reason."""
+        return self.stats.as_dict()
 
     # -- figures ---------------------------------------------------------------------
     @property
@@ -197,14 +234,20 @@ class DecodeGraphRunner:
 
     def external_inputs(self, bs: int) -> List[torch.Tensor]:
         """Tensors the graph of size ``bs`` reads that nothing keeps current: not a slot
-        buffer, not declared static by the adapter, not made by the graph (tape only)."""
+        buffer, not declared static by the adapter, not made by the graph. A backend that
+        cannot list them (CUDA) has the size captured again on the tape to find them."""
         graph = self.graphs[bs]
         if not hasattr(graph, "external_inputs"):
-            raise NotImplementedError(f"the {self.backend.name!r} graph backend cannot list its inputs; "
-                                      "capture with backend='cpu' to check")
+            from .audit import capture_on_tape
+
+            graph, _ = capture_on_tape(self, bs)
+        return graph.external_inputs(self.declared_statics())
+
+    def declared_statics(self) -> List[torch.Tensor]:
+        """Slot buffers and the adapter's static tensors: what a graph may read."""
         statics = [s.buffer for s in self.registry.active]
         statics += list(self.adapter.static_tensors())
-        return graph.external_inputs(statics)
+        return statics
 
     def __repr__(self) -> str:
         return (f"<DecodeGraphRunner backend={self.backend.name} sizes={self.captured_sizes} "

@@ -1,0 +1,85 @@
+"""The replay guard: a debug check that nothing a graph reads has moved since capture.
+
+A captured graph holds raw addresses. Rebinding a slot buffer, reallocating a KV pool
+or a weight (``param.data = ...``, ``pool.k_buffer[0] = torch.empty(...)``), or
+resizing a tensor leaves the graph reading the old memory: silent wrong answers on a
+GPU. Before each replay the guard re-reads every slot buffer and every tensor the
+adapter declares static and compares its data pointer, shape and dtype with what they
+were at capture; a difference raises :class:`ReplayGuardError` naming the tensor.
+
+On with ``GRAPHSLOT_DEBUG=1`` or ``DecodeRunnerConfig(guard=True)``; it costs one
+``data_ptr()`` and two comparisons per tensor per replay (``benchmarks/bench_guard.py``).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Iterable, Iterator, List, Optional, Tuple
+
+import torch
+
+GUARD_ENV = "GRAPHSLOT_DEBUG"
+
+Named = Tuple[str, torch.Tensor]
+
+
+class ReplayGuardError(RuntimeError):
+    """A tensor a captured graph reads moved, changed shape or dtype since capture."""
+
+
+def guard_wanted(flag: Optional[bool]) -> bool:
+    """The runner's ``guard`` setting; None defers to ``GRAPHSLOT_DEBUG``."""
+    if flag is not None:
+        return bool(flag)
+    return os.environ.get(GUARD_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def runner_tensors(registry: Any, adapter: Any) -> Iterator[Named]:
+    """Every slot buffer and declared static tensor, read afresh (a rebinding shows)."""
+    for slot in registry.active:
+        yield f"slot '{slot.name}'", slot.buffer
+    for name, tensor in adapter.named_static_tensors():
+        yield f"static tensor '{name}'", tensor
+
+
+def _signature(t: torch.Tensor) -> Tuple[int, torch.Size, torch.dtype]:
+    return t.data_ptr(), t.shape, t.dtype
+
+
+def _describe(sig: Tuple[int, torch.Size, torch.dtype]) -> str:
+    ptr, shape, dtype = sig
+    return f"{list(shape)} {str(dtype).removeprefix('torch.')} at 0x{ptr:x}"
+
+
+class ReplayGuard:
+    """Snapshot at construction (right after capture); :meth:`check` before each replay."""
+
+    def __init__(self, tensors: Callable[[], Iterable[Named]]):
+        self._tensors = tensors
+        self._names: List[str] = []
+        self._expected: List[Tuple[int, torch.Size, torch.dtype]] = []
+        for name, t in tensors():
+            self._names.append(name)
+            self._expected.append(_signature(t))
+
+    def check(self) -> None:
+        seen = [(name, _signature(t)) for name, t in self._tensors()]
+        if len(seen) != len(self._expected) or any(
+                sig != want for (_, sig), want in zip(seen, self._expected)):
+            raise ReplayGuardError(self._explain(seen))
+
+    def _explain(self, seen: List[Tuple[str, Any]]) -> str:
+        fix = ("the captured graph still reads the old memory: write into the tensor in place "
+               "(copy_, fill_), never rebind, reallocate or resize it after capture")
+        for name, (got_name, sig), want in zip(self._names, seen, self._expected):
+            if got_name != name:
+                break
+            if sig != want:
+                what = "moved" if sig[0] != want[0] else "changed shape or dtype"
+                return (f"replay guard: {name} {what} since capture: was {_describe(want)}, "
+                        f"now {_describe(sig)}; {fix}")
+        now = [name for name, _ in seen]
+        gone = [n for n in self._names if n not in now]
+        new = [n for n in now if n not in self._names]
+        return (f"replay guard: the tensors a graph may read changed since capture ({len(self._names)} then, "
+                f"{len(now)} now; gone: {', '.join(gone) or '-'}; new: {', '.join(new) or '-'}); {fix}")

@@ -1,0 +1,46 @@
+"""Per-step counters of a graph runner: what replayed, how much padding, what ran eager.
+
+Plain integer bumps on the replay path (no tensors, no syncs); :meth:`as_dict` is the
+API (``runner.metrics()``), JSON-ready.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Dict
+
+
+class RunnerMetrics:
+    """Replays per captured size, padded rows, eager fallbacks by reason."""
+
+    __slots__ = ("replays", "raw_rows", "padded_rows", "eager")
+
+    def __init__(self) -> None:
+        self.replays: Counter = Counter()  # captured size -> replays
+        self.raw_rows = 0
+        self.padded_rows = 0  # rows computed only to fill a graph: padded - raw, summed
+        self.eager: Counter = Counter()  # reason -> eager steps
+
+    def replayed(self, raw: int, padded: int) -> None:
+        self.replays[padded] += 1
+        self.raw_rows += raw
+        self.padded_rows += padded - raw
+
+    def fell_back(self, reason: str) -> None:
+        self.eager[reason] += 1
+
+    def reset(self) -> None:
+        self.__init__()
+
+    def as_dict(self) -> Dict[str, Any]:
+        replays = sum(self.replays.values())
+        rows = self.raw_rows + self.padded_rows
+        return {
+            "replays": replays,
+            "replays_per_size": {str(bs): n for bs, n in sorted(self.replays.items())},
+            "raw_rows": self.raw_rows,
+            "padded_rows": self.padded_rows,
+            "padding_fraction": self.padded_rows / rows if rows else 0.0,
+            "eager_fallbacks": sum(self.eager.values()),
+            "eager_reasons": dict(self.eager.most_common()),
+        }

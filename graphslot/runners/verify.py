@@ -1,0 +1,254 @@
+"""``graphslot verify``: prove, per model, that its spec's padding is safe.
+
+For each captured size and a sample of raw sizes that pad to it, one real batch is
+replayed several times from the same state: twice clean (the replay must be
+deterministic), then, one slot at a time, with the padded tail of every slot whose
+policy leaves the tail untouched poisoned with two patterns (:mod:`.poison`). The raw
+rows of the output must be bit-identical to the clean run under both; a difference
+names the slot, the rows its tail leaks into, and the policy that makes it safe.
+Poisoning one slot at a time is what lets the report name it. The stale-input audit
+(:mod:`.audit`) runs too. Backend-agnostic: the same replays run on the CPU tape and
+on CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from .audit import ExternalInput, audit_external_inputs
+from .poison import PATTERNS, Poisoner, hostile_name, poisonable
+
+
+@dataclass
+class VerifyTarget:
+    """What verify runs: a decode runner and real batches for it.
+
+    ``make_batch(raw_bs)`` returns a graph-runnable batch of ``raw_bs`` requests (real
+    ids, lengths and KV slots); ``release(batch)``, if given, frees what it took.
+    """
+
+    runner: Any
+    make_batch: Callable[[int], Any]
+    release: Optional[Callable[[Any], None]] = None
+    label: str = ""
+
+
+@dataclass
+class SlotVerdict:
+    slot: str
+    policy: str
+    verdict: str  # "safe", "UNSAFE", "n/a" (no padded rows), "unverified"
+    detail: str
+    leaks: List[Dict[str, Any]] = field(default_factory=list)
+
+    def as_dict(self) -> Dict[str, Any]:
+        return {"slot": self.slot, "policy": self.policy, "verdict": self.verdict, "detail": self.detail,
+                "leaks": self.leaks}
+
+
+@dataclass
+class VerifyReport:
+    label: str
+    backend: str
+    cases: List[Tuple[int, int]]  # (raw_bs, padded_bs) replayed
+    slots: List[SlotVerdict]
+    external_inputs: List[ExternalInput]
+    problems: List[str]  # anything else that makes the result unsafe (non-determinism)
+
+    @property
+    def safe(self) -> bool:
+        return not (self.problems or self.external_inputs or any(s.verdict == "UNSAFE" for s in self.slots))
+
+    def as_dict(self) -> Dict[str, Any]:
+        return {"mode": "verify", "target": self.label, "backend": self.backend, "safe": self.safe,
+                "cases": [{"raw_bs": r, "padded_bs": p} for r, p in self.cases],
+                "slots": [s.as_dict() for s in self.slots],
+                "external_inputs": [e.as_dict() for e in self.external_inputs], "problems": self.problems}
+
+
+def sample_raw_sizes(captured: Sequence[int], samples: int, seed: int) -> List[Tuple[int, int]]:
+    """(raw, padded) cases: per captured size the smallest raw size padding to it (the
+    longest tail) and up to ``samples - 1`` more at random; sizes with no tail are skipped."""
+    rng, cases, below = random.Random(seed), [], 0
+    for bs in sorted(captured):
+        raws = list(range(below + 1, bs))
+        below = bs
+        if raws:
+            picked = [raws[0]] + sorted(rng.sample(raws[1:], min(samples - 1, len(raws) - 1)))
+            cases += [(raw, bs) for raw in picked]
+    return cases
+
+
+def _tensors(x: Any) -> List[torch.Tensor]:
+    """The tensors of an output: tensors, tuples, lists, mappings, dataclasses of them."""
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        items = [getattr(x, f.name) for f in dataclasses.fields(x)]
+    elif isinstance(x, Mapping):
+        items = list(x.values())
+    elif isinstance(x, (list, tuple)):
+        items = list(x)
+    else:
+        return []
+    return [t for item in items for t in _tensors(item)]
+
+
+def differing_rows(a: List[torch.Tensor], b: List[torch.Tensor]) -> List[int]:
+    """Rows (dim 0) where any output tensor differs bit for bit (NaN equals NaN)."""
+    rows: set = set()
+    for x, y in zip(a, b):
+        ne = x != y
+        if x.is_floating_point():
+            ne &= ~(x.isnan() & y.isnan())
+        if ne.dim() == 0:
+            ne = ne.reshape(1)
+        rows.update(ne.reshape(ne.shape[0], -1).any(1).nonzero().flatten().tolist())
+    return sorted(rows)
+
+
+def span(rows: Sequence[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0..2, 5"``."""
+    parts, start = [], None
+    for i, r in enumerate(rows):
+        start = r if start is None else start
+        if i + 1 == len(rows) or rows[i + 1] != r + 1:
+            parts.append(str(r) if start == r else f"{start}..{r}")
+            start = None
+    return ", ".join(parts)
+
+
+FIX = ("use padding 'zero' (with index: true where it indexes a pool whose row 0 is a harmless dummy) or "
+       "'fill_sentinel' with a pad_value the model treats as harmless, so that every step resets the tail")
+
+
+class _State:
+    """Clones of everything a replay may write (slot buffers, non-parameter statics)."""
+
+    def __init__(self, runner: Any):
+        tensors = [s.buffer for s in runner.registry.active]
+        tensors += [t for t in runner.adapter.static_tensors() if not isinstance(t, torch.nn.Parameter)]
+        self.saved = [(t, t.clone()) for t in tensors]
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for t, saved in self.saved:
+                t.copy_(saved)
+
+
+def _replay(runner: Any, fb: Any, state: _State, hook: Optional[Callable[[int, int], None]]) -> List[torch.Tensor]:
+    state.restore()
+    runner.tail_hook = hook
+    try:
+        return [t.clone() for t in _tensors(runner.replay(fb))]
+    finally:
+        runner.tail_hook = None
+
+
+def verify_runner(target: VerifyTarget, samples: int = 2, seed: int = 0, audit: bool = True,
+                  progress: Optional[Callable[[str], None]] = None) -> VerifyReport:
+    """Verify ``target`` (see the module doc); the runner's state is left as it was."""
+    runner = target.runner
+    reg, k = runner.registry, runner.k
+    external = audit_external_inputs(runner) if audit else []
+    slots = [s for s in reg.active if poisonable(s)]
+    poisoner, problems = Poisoner(), []
+    leaks: Dict[str, List[Dict[str, Any]]] = {s.name: [] for s in slots}
+    exercised: Dict[str, int] = {s.name: 0 for s in slots}
+    cases = [] if runner.config.disable_padding else sample_raw_sizes(runner.captured_sizes, samples, seed)
+    done: List[Tuple[int, int]] = []
+    stats = copy.deepcopy(runner.stats)
+    for raw, padded in cases:
+        fb = target.make_batch(raw)
+        try:
+            if not runner.can_run(fb) or runner.padded_bs(fb) != padded:
+                problems.append(f"make_batch({raw}) gave a batch that does not replay at size {padded}")
+                continue
+            if progress:
+                progress(f"raw {raw} -> padded {padded}")
+            done.append((raw, padded))
+            state = _State(runner)
+            counts = {s.name: s.count(raw, raw * k) for s in slots}
+            live = [s for s in slots if s.spec.structured or not s.spec.plain_copy
+                    or getattr(fb, s.name, None) is not None]
+
+            def observe(raw_bs: int, padded_bs: int) -> None:
+                for s in live:
+                    poisoner.observe(s, counts[s.name])
+
+            clean = _replay(runner, fb, state, observe)
+            if differing_rows(clean, _replay(runner, fb, state, None)):
+                problems.append(f"two clean replays of raw {raw} -> padded {padded} differ: the replay is not "
+                                "deterministic, so a poisoned tail cannot be told from noise")
+                continue
+            for s in live:
+                exercised[s.name] += 1
+                for pattern in PATTERNS:
+                    leak = _poisoned_leak(runner, fb, state, s, counts[s.name], pattern, poisoner, clean)
+                    if leak:
+                        leaks[s.name].append({"raw_bs": raw, "padded_bs": padded, **leak})
+            state.restore()
+        finally:
+            if target.release is not None:
+                target.release(fb)
+    runner.stats = stats
+    verdicts = [_verdict(s, slots, leaks, exercised) for s in reg.active]
+    return VerifyReport(target.label, runner.backend.name, done, verdicts, external, problems)
+
+
+def _poisoned_leak(runner, fb, state, slot, raw_rows, pattern, poisoner, clean) -> Optional[Dict[str, Any]]:
+    def poison(raw_bs: int, padded_bs: int) -> None:
+        poisoner.write(slot, raw_rows, slot.count(padded_bs, padded_bs * runner.k), pattern)
+
+    name = pattern if pattern == "stale" else hostile_name(slot.buffer.dtype)
+    try:
+        rows = differing_rows(clean, _replay(runner, fb, state, poison))
+    except Exception as exc:  # noqa: BLE001 - a poisoned tail that crashes the replay is the finding
+        return {"pattern": name, "rows": [], "error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+    return {"pattern": name, "rows": rows} if rows else None
+
+
+def _verdict(slot, poisoned, leaks, exercised) -> SlotVerdict:
+    spec, name = slot.spec, slot.name
+    if spec.axis == "none":
+        return SlotVerdict(name, spec.padding, "n/a", "not sliced by the step: no padded rows")
+    if spec.resets_tail:
+        value = "0" if spec.padding == "zero" else repr(spec.pad_value)
+        return SlotVerdict(name, spec.padding, "safe", f"tail reset to {value} every step")
+    found = leaks.get(name, [])
+    if found:
+        first, rows = found[0], sorted({r for leak in found for r in leak["rows"]})
+        what = (f"the replay fails with the tail poisoned ({first['error']})" if first.get("error") else
+                f"the tail leaks into real rows {span(rows)}")
+        cases = sorted({f"{leak['raw_bs']}->{leak['padded_bs']}" for leak in found})
+        detail = f"{what} ({len(found)} poisoned replay(s) differ, raw->padded {', '.join(cases)}); {FIX}"
+        return SlotVerdict(name, spec.padding, "UNSAFE", detail, found)
+    if not exercised.get(name):
+        return SlotVerdict(name, spec.padding, "unverified", "no sampled step had padded rows with this slot set")
+    patterns = f"stale, {hostile_name(slot.buffer.dtype)}"
+    return SlotVerdict(name, spec.padding, "safe", f"tail poisoned ({patterns}) in {exercised[name]} step(s): "
+                       "raw rows bit-identical to the clean replay")
+
+
+def format_report(report: VerifyReport) -> str:
+    """The per-slot table, then external inputs and problems, then the verdict."""
+    rows = [(s.slot, s.policy, s.verdict, s.detail) for s in report.slots]
+    widths = [max(len(r[i]) for r in rows + [("slot", "policy", "verdict", "")]) for i in range(3)]
+    head = ("slot", "policy", "verdict")
+    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths)) + "  detail"]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r[:3], widths)) + "  " + r[3] for r in rows]
+    cases = ", ".join(f"{r}->{p}" for r, p in report.cases) or "none"
+    lines.append(f"\nsteps replayed (raw->padded): {cases}; backend {report.backend}")
+    if report.external_inputs:
+        lines.append("external inputs (stale after capture):")
+        lines += [f"  {e.describe()}" for e in report.external_inputs]
+    lines += [f"problem: {p}" for p in report.problems]
+    lines.append("verdict: " + ("safe" if report.safe else "UNSAFE"))
+    return "\n".join(lines)

@@ -1,0 +1,166 @@
+"""`graphslot verify`: the padding of a model's spec proven safe, or the leaking slot named;
+the stale-input audit names the batch field a graph reads without a slot."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import graphslot as gs
+from conftest import parse
+from graphslot.cli.app import main
+from graphslot.reference.verify_target import reference_target
+from graphslot.runners.audit import audit_external_inputs
+from graphslot.runners.poison import Poisoner, poisonable
+from graphslot.runners.verify import format_report, sample_raw_sizes, span, verify_runner
+from verify_targets import hf_target, keep_pad_out_cache_loc_spec, stale_logit_bias
+
+
+def verdicts(report):
+    return {s.slot: s for s in report.slots}
+
+
+def test_reference_model_passes_verify():
+    report = verify_runner(reference_target("cpu", max_bs=8))
+    assert report.safe and report.problems == [] and report.external_inputs == []
+    assert {padded for _, padded in report.cases} == {4, 8}  # every size that has a tail (2 and 1 have none)
+    slots = verdicts(report)
+    assert slots["input_ids"].verdict == "safe" and slots["input_ids"].policy == "foreach_copy"
+    assert "poisoned (stale, other seen values) in 3 step(s)" in slots["input_ids"].detail
+    assert slots["positions"].detail == "tail reset to 0 every step"
+    assert slots["global_num_tokens_gpu"].verdict == "n/a"
+    table = format_report(report)
+    assert table.splitlines()[0].split() == ["slot", "policy", "verdict", "detail"]
+    assert table.endswith("verdict: safe")
+
+
+def test_a_stale_kv_slot_tail_is_named_with_the_policy_that_fixes_it():
+    spec = gs.parse_spec(keep_pad_out_cache_loc_spec(), source="keep_pad.yaml")
+    report = verify_runner(reference_target("cpu", max_bs=4, spec=spec))
+    assert not report.safe
+    unsafe = [s for s in report.slots if s.verdict == "UNSAFE"]
+    assert [s.slot for s in unsafe] == ["out_cache_loc"]  # one slot at a time: only the culprit
+    assert unsafe[0].policy == "keep_pad"
+    rows = sorted({r for leak in unsafe[0].leaks for r in leak["rows"]})
+    assert rows and set(rows) <= {0, 1, 2}  # raw 3 -> padded 4: the leak reaches real rows
+    assert unsafe[0].detail.startswith(f"the tail leaks into real rows {span(rows)} (")
+    assert "use padding 'zero'" in unsafe[0].detail
+    assert unsafe[0].leaks[0]["padded_bs"] == 4 and unsafe[0].leaks[0]["raw_bs"] == 3
+
+
+def test_the_audit_names_a_batch_field_that_is_not_a_slot():
+    target = stale_logit_bias(max_bs=2)
+    [found] = audit_external_inputs(target.runner)
+    assert found.name == "fb.logit_bias" and found.is_batch_field
+    assert found.shape == (128,) and found.dtype == "float32" and found.sizes == [1, 2]
+    assert "declare it as a slot of the spec" in found.describe()
+    report = verify_runner(target)
+    assert not report.safe and all(s.verdict != "UNSAFE" for s in report.slots)
+
+
+def test_the_audit_works_for_a_backend_that_cannot_list_inputs():
+    class Opaque:  # a graph that only replays, as a CUDA graph does
+        def __init__(self, graph):
+            self.output, self.replay = graph.output, graph.replay
+
+    runner = stale_logit_bias(max_bs=2).runner
+    runner.graphs = {bs: Opaque(g) for bs, g in runner.graphs.items()}
+    [tensor] = runner.external_inputs(2)  # captured again on the tape
+    assert tensor.shape == (128,)
+
+
+def test_sampled_raw_sizes_cover_the_longest_tail_of_every_size():
+    assert sample_raw_sizes([8, 4, 2, 1], 1, 0) == [(3, 4), (5, 8)]
+    cases = sample_raw_sizes([8, 4, 2, 1], 2, 0)
+    assert cases[:2] == [(3, 4), (5, 8)] and cases[2][1] == 8 and cases[2][0] in (6, 7)
+    assert sample_raw_sizes([1, 2], 3, 0) == []  # no raw size pads: nothing to poison
+    assert span([0, 1, 2, 5, 7, 8]) == "0..2, 5, 7..8"
+
+
+POISON_SPEC = """
+name: p
+slots:
+  - {name: ids, shape: [max_bs], dtype: int64, axis: bs, padding: foreach_copy}
+  - {name: scale, shape: [max_bs, 2], dtype: float32, axis: bs, padding: keep_pad}
+  - {name: mask, shape: [max_bs], dtype: bool, axis: bs, padding: fill_once, pad_value: true}
+  - {name: seq, shape: [max_bs], dtype: int64, axis: bs, padding: zero}
+"""
+
+
+def test_poison_patterns_per_dtype():
+    reg = gs.build_registry(parse(POISON_SPEC), max_bs=6, max_num_tokens=6, mode="interpreted")
+    assert [s.name for s in reg.active if poisonable(s)] == ["ids", "scale", "mask"]
+    ids, scale, mask = (reg.slot(n) for n in ("ids", "scale", "mask"))
+    ids.buffer[:2] = torch.tensor([5, 9])
+    scale.buffer[:2] = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    mask.buffer[:2] = torch.tensor([True, False])
+    poisoner = Poisoner()
+    poisoner.observe(ids, 2)
+    for slot in (ids, scale, mask):
+        assert poisoner.write(slot, 2, 5, "stale") is None
+    assert ids.buffer[:5].tolist() == [5, 9, 5, 9, 5]  # real rows repeated over the tail
+    assert scale.buffer[2:5].tolist() == [[1.0, 2.0], [3.0, 4.0], [1.0, 2.0]]
+    for slot in (ids, scale, mask):
+        poisoner.write(slot, 2, 5, "hostile")
+    assert ids.buffer[2:5].tolist() == [9, 0, 9]  # the next value seen (0: the allocation value)
+    assert scale.buffer[2:5].isnan().all() and mask.buffer[2:5].tolist() == [False, True, False]
+    assert ids.buffer[5] == 0 and ids.buffer[:2].tolist() == [5, 9]  # only [raw:padded] is written
+    assert poisoner.write(ids, 4, 4, "stale") == "no padded rows"
+
+
+def test_cli_verify_reference_json():
+    from io import StringIO
+    import contextlib
+
+    out = StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["verify", "--backend", "cpu", "--max-bs", "4", "--json"]) == 0
+    result = json.loads(out.getvalue())
+    assert result["mode"] == "verify" and result["safe"] is True and result["backend"] == "cpu"
+    assert result["cases"] == [{"raw_bs": 3, "padded_bs": 4}]
+    assert {s["slot"]: s["verdict"] for s in result["slots"]}["input_ids"] == "safe"
+
+
+def test_cli_verify_a_spec_with_a_leaking_tail_exits_1(tmp_path, capsys):
+    path = tmp_path / "decode.yaml"
+    path.write_text(keep_pad_out_cache_loc_spec())
+    assert main(["verify", "--backend", "cpu", "--max-bs", "4", "--spec", str(path)]) == 1
+    out = capsys.readouterr().out
+    [row] = [line for line in out.splitlines() if line.startswith("out_cache_loc ")]
+    assert row.split()[1:3] == ["keep_pad", "UNSAFE"]
+    assert out.rstrip().endswith("verdict: UNSAFE")
+
+
+def test_cli_verify_entry_points(capsys):
+    assert main(["verify", "verify_targets:stale_logit_bias"]) == 1
+    out = capsys.readouterr().out
+    assert "fb.logit_bias [128] float32: read by the graph of size(s) 1, 2, 4" in out
+    assert main(["verify", "verify_targets:reference_tuple"]) == 0
+    capsys.readouterr()
+    assert main(["verify", "verify_targets:not_a_target"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1] == ("graphslot verify: error: ValueError: verify_targets:not_a_target returned int; expected a "
+                       "VerifyTarget or a (DecodeGraphRunner, make_batch[, release]) tuple")
+    assert main(["verify", "verify_targets"]) == 1
+    assert capsys.readouterr().err.splitlines()[-1].endswith("TARGET must be package.module:function, "
+                                                             "got 'verify_targets'")
+    assert main(["verify", "x:y", "--reference"]) == 2
+
+
+def test_the_transformers_integration_passes_verify():
+    pytest.importorskip("transformers")
+    report = verify_runner(hf_target("llama"))
+    assert report.safe and report.cases == [(3, 4)]
+    assert verdicts(report)["input_ids"].verdict == "safe"
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_verify_on_cuda_graphs():
+    report = verify_runner(reference_target("cuda", max_bs=8))
+    assert report.backend == "cuda" and report.safe, format_report(report)
+    spec = gs.parse_spec(keep_pad_out_cache_loc_spec(), source="keep_pad.yaml")
+    bad = verify_runner(reference_target("cuda", max_bs=8, spec=spec))
+    assert [s.slot for s in bad.slots if s.verdict == "UNSAFE"] == ["out_cache_loc"], format_report(bad)
