@@ -60,15 +60,19 @@ class RankRequests:
 def run_rank(rank: int, world_size: int, device: str = "cpu") -> List[Dict[str, Any]]:
     """The session on one rank: what it saw and computed, step by step."""
     from graphslot.reference.dp_model import DPAttention, ReferenceDPDecodeAdapter
-    from graphslot.runners.decode import DecodeGraphRunner
     from graphslot.runners.dp import DPDecodeRunner, DPExchange
 
     torch.set_num_threads(1)
     dev = torch.device(device if device == "cpu" else f"cuda:{rank}")
     rt = build_reference_model(device=dev, max_num_reqs=16)
-    adapter = ReferenceDPDecodeAdapter(rt, DPAttention())
-    runner = DecodeGraphRunner(adapter, max_bs=MAX_BS, progress=False)
-    dp = DPDecodeRunner(runner, DPExchange(device=dev))
+    adapter, exchange = ReferenceDPDecodeAdapter(rt, DPAttention()), DPExchange(device=dev)
+    try:  # rank 1 would capture a size more: refused on every rank, before any capture
+        DPDecodeRunner(adapter, exchange, max_bs=MAX_BS - rank, capture_bs=[MAX_BS - rank, 4, 2, 1], progress=False)
+        refused = None
+    except ValueError as exc:
+        refused = str(exc)
+    dp = DPDecodeRunner(adapter, exchange, max_bs=MAX_BS, progress=False)
+    runner = dp.runner
     requests = RankRequests(rt, rank)
     records = []
     for step, actions in enumerate(STEPS):
@@ -93,7 +97,8 @@ def run_rank(rank: int, world_size: int, device: str = "cpu") -> List[Dict[str, 
             rec["own_rows_in_place"] = torch.equal(gathered[rank * rows:(rank + 1) * rows], local)
         records.append(rec)
     records.append({"graph_steps": dp.graph_steps, "eager_steps": dp.eager_steps, "skipped_steps": dp.skipped_steps,
-                    "captured_sizes": runner.captured_sizes})
+                    "captured_sizes": runner.captured_sizes,
+                    "refused": refused})
     return records
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import torch
 from tqdm import tqdm
@@ -28,6 +28,8 @@ from .demo import _single_thread, timed
 #: steps must fall back to eager on every rank; its sparser arrivals keep that rare.
 OVERFLOW = 2
 ARRIVAL_GAP, LAST_RANK_ARRIVAL_GAP = 2, 4
+#: Seconds a whole run may take before its ranks are killed (a hang in a collective).
+DEFAULT_TIMEOUT = 600.0
 
 
 def dp_device(backend: str, dp: int) -> torch.device:
@@ -47,16 +49,15 @@ def _rank_main(rank: int, dp: int, steps: int, backend: str, mode: str, max_bs: 
                progress: bool) -> Dict[str, Any]:
     """One rank: capture, then ``steps`` scheduler steps, one DP decode each (idle included)."""
     from ..reference.dp_model import DPAttention, ReferenceDPDecodeAdapter
-    from ..runners.decode import DecodeGraphRunner, DecodeRunnerConfig
     from ..runners.dp import DPDecodeRunner, DPExchange
 
     torch.set_num_threads(1)
     device = torch.device(f"cuda:{rank}") if backend == "cuda" else torch.device("cpu")
     runtime = build_reference_model(TinyConfig(), device=device, seed=seed, max_num_reqs=max_bs + OVERFLOW)
     adapter = ReferenceDPDecodeAdapter(runtime, DPAttention())
-    runner = DecodeGraphRunner(adapter, DecodeRunnerConfig(max_bs=max_bs, backend=backend, mode=mode,
-                                                           progress=progress and rank == 0))
-    dp_runner = DPDecodeRunner(runner, DPExchange(device=device))
+    dp_runner = DPDecodeRunner(adapter, DPExchange(device=device), max_bs=max_bs, backend=backend, mode=mode,
+                               progress=progress and rank == 0)
+    runner = dp_runner.runner
     sched = _scheduler(runtime, rank, dp, steps, max_bs, seed)
     decodes: List[Dict[str, Any]] = []
     extends: Dict[int, torch.Tensor] = {}
@@ -114,12 +115,13 @@ def _check_single_process(ranks: List[Dict[str, Any]], steps: int, max_bs: int, 
 
 
 def run_dp_demo(dp: int = 2, steps: int = 300, backend: str = "auto", mode: str = "generated", max_bs: int = 16,
-                seed: int = 0, progress: bool = True, timeout: float = 600.0) -> Dict[str, Any]:
+                seed: int = 0, progress: bool = True, timeout: Optional[float] = None) -> Dict[str, Any]:
     """Spawn ``dp`` ranks, decode, check every rank's every step; the figures."""
     started = time.perf_counter()
     device = dp_device(backend, dp)
     graph_backend = "cuda" if device.type == "cuda" else "cpu"
-    ranks = launch(_rank_main, dp, steps, graph_backend, mode, max_bs, seed, progress, timeout=timeout,
+    ranks = launch(_rank_main, dp, steps, graph_backend, mode, max_bs, seed, progress,
+                   timeout=timeout or DEFAULT_TIMEOUT,
                    backend="nccl" if device.type == "cuda" else "gloo")
     with _single_thread():
         check = output_check(device)

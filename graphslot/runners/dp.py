@@ -17,20 +17,22 @@ only from what every rank holds alike:
    ``MAX_LEN`` mode), so ranks stay matched either way. A rank with no requests runs
    an empty batch, joining the collectives; a step where no rank has any is skipped.
 
-Every rank must capture the same sizes (checked at construction), since the choice is
-made from them.
+Every rank must capture the same sizes (checked before capture, which runs the
+collectives too), since the choice is made from them.
 """
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
-from .decode import DecodeGraphRunner
+from .adapter import DecodeAdapter
+from .decode import DecodeGraphRunner, DecodeRunnerConfig, capture_sizes
 
 
 def _all_gather_into(out: torch.Tensor, mine: torch.Tensor, group: Any) -> None:
@@ -61,7 +63,8 @@ class DPExchange:
         if any(v != values[0] for v in values):
             per_rank = ", ".join(f"rank {r}: {v}" for r, v in enumerate(values))
             raise ValueError(f"DP ranks disagree on {what} ({per_rank}); every rank must capture the same sizes "
-                             "(same max_bs, capture_bs and request pool), or they cannot agree on a graph")
+                             "(same max_bs, capture_bs and request pool), or they hang in the capture's "
+                             "collectives and cannot agree on a graph")
 
 
 @dataclass(frozen=True)
@@ -80,19 +83,25 @@ class DPStep:
 
 
 class DPDecodeRunner:
-    """Call it once per step on every rank, with the rank's batch or None when idle."""
+    """Builds the rank's :class:`DecodeGraphRunner` (every rank in step: capture runs the
+    collectives); then call it once per step on every rank, with the rank's batch or
+    None when the rank has no requests."""
 
-    def __init__(self, runner: DecodeGraphRunner, exchange: DPExchange):
-        p = runner.registry.params
-        dp = {name: p.get(name) for name in ("require_gathered_buffer", "require_mlp_tp_gather", "dp_size")}
+    def __init__(self, adapter: DecodeAdapter, exchange: DPExchange, config: Optional[DecodeRunnerConfig] = None,
+                 **overrides: Any):
+        config = dataclasses.replace(config or DecodeRunnerConfig(), **overrides)
+        params = {**adapter.spec_params(), **config.params}
+        dp = {name: params.get(name) for name in ("require_gathered_buffer", "require_mlp_tp_gather", "dp_size")}
         if dp != {"require_gathered_buffer": True, "require_mlp_tp_gather": True, "dp_size": exchange.size}:
-            raise ValueError(f"DP decode needs a runner whose decode spec params are require_gathered_buffer=True, "
-                             f"require_mlp_tp_gather=True and dp_size={exchange.size} (the group's size); "
-                             f"it has {dp}")
-        self.runner, self.exchange = runner, exchange
-        self.adapter, self.k = runner.adapter, runner.k
-        self._sizes = sorted(runner.captured_sizes)
-        exchange.check_same("the captured batch sizes", runner.captured_sizes)
+            raise ValueError(f"DP decode needs the decode spec params require_gathered_buffer=True, "
+                             f"require_mlp_tp_gather=True and dp_size={exchange.size} (the group's size) from the "
+                             f"adapter's spec_params or the runner config; they are {dp}")
+        # Before capture: a rank capturing other sizes would hang the others in the capture's gathers.
+        sizes = capture_sizes(config.max_bs, config.capture_bs, config.capture_bs_multiple, adapter.max_requests)
+        exchange.check_same("the batch sizes to capture", sizes)
+        self.runner, self.exchange = DecodeGraphRunner(adapter, config), exchange
+        self.adapter, self.k = adapter, self.runner.k
+        self._sizes = sorted(self.runner.captured_sizes)
         self.last: Optional[DPStep] = None
         self.graph_steps = self.eager_steps = self.skipped_steps = 0
 
