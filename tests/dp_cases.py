@@ -114,3 +114,21 @@ def single_process_logits(world_size: int = 2) -> List[List[Any]]:
             row.append(None if fb is None else rt.forward(fb).clone())
         out.append(row)
     return out
+
+
+def barrier_without_rank_one(rank: int, world_size: int) -> None:
+    import time
+
+    import torch.distributed as dist
+
+    if rank == 1:
+        time.sleep(60)  # never joins
+    dist.barrier()
+
+
+def rank_zero_fails(rank: int, world_size: int) -> None:
+    import torch.distributed as dist
+
+    if rank == 0:
+        raise ValueError("rank 0 gives up")
+    dist.barrier()  # waits for rank 0 in vain

@@ -126,19 +126,20 @@ def test_idle_ranks_join_the_step_and_a_step_without_work_is_skipped(session):
 # ------------------------------------------------------------------------------ launch
 
 
-def _hang_on_rank_one(rank, world_size):
-    import torch.distributed as dist
-
-    if rank == 1:
-        time.sleep(60)  # never joins the barrier
-    dist.barrier()
-
-
 def test_a_hung_rank_fails_the_launch_within_its_timeout():
     start = time.monotonic()
-    with pytest.raises(RankFailure, match=r"still running after 6 s \(a hang in a collective\?\); killed"):
-        launch(_hang_on_rank_one, WORLD, timeout=6.0)
-    assert time.monotonic() - start < 40
+    with pytest.raises(RankFailure, match=r"rank\(s\) 0, 1 of 2 still running after 6 s \(a hang in a collective\?\); killed"):
+        launch(dp_cases.barrier_without_rank_one, WORLD, timeout=6.0)
+    assert time.monotonic() - start < 30
+
+
+def test_a_failing_rank_fails_the_launch_at_once_with_its_error():
+    start = time.monotonic()
+    with pytest.raises(RankFailure, match=r"^DP rank 0 of 2 failed: ValueError: rank 0 gives up\n") as info:
+        launch(dp_cases.rank_zero_fails, WORLD, timeout=TIMEOUT)
+    assert time.monotonic() - start < 30  # not the timeout: rank 1 waits for rank 0 in vain
+    assert info.value.summary == "DP rank 0 of 2 failed: ValueError: rank 0 gives up"
+    assert "Traceback" in str(info.value)
 
 
 # -------------------------------------------------------------------------------- demo

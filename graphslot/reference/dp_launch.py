@@ -3,8 +3,9 @@
 :func:`launch` runs ``fn(rank, world_size, *args)`` in ``world_size`` spawned processes
 joined in one process group (gloo over localhost on a free port, or NCCL with one GPU a
 rank) and returns their results in rank order. A rank that raises fails the launch with
-its traceback; ranks still running at the deadline (a hang in a collective) are killed
-and the launch fails naming them -- it never waits longer than ``timeout``.
+its traceback at once (the others, likely waiting for it in a collective, are killed);
+ranks still running at the deadline (a hang in a collective) are killed and the launch
+fails naming them -- it never waits longer than ``timeout``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import socket
 import tempfile
 import time
 import traceback
+from multiprocessing import connection
 from pathlib import Path
 from typing import Any, Callable, List, Sequence
 
@@ -70,8 +72,11 @@ def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float =
         for p in procs:
             p.start()
         deadline = time.monotonic() + timeout
-        for p in procs:
-            p.join(max(0.0, deadline - time.monotonic()))
+        running = list(procs)
+        # Until all are done, one fails (the others may wait for it in a collective), or time is up.
+        while running and time.monotonic() < deadline and all(p.exitcode in (None, 0) for p in procs):
+            connection.wait([p.sentinel for p in running], timeout=deadline - time.monotonic())
+            running = [p for p in running if p.is_alive()]
         hung = [rank for rank, p in enumerate(procs) if p.is_alive()]
         for p in procs:
             if p.is_alive():
