@@ -183,6 +183,17 @@ def test_cli_dp_on_cuda_needs_a_gpu_per_rank(monkeypatch, capsys):
                                        "rank); this torch (2.13.0+cu130) sees 1: use --backend cpu or auto\n")
 
 
+def test_cli_dp_reports_a_failed_rank_in_one_line(monkeypatch, capsys):
+    def fail(**kwargs):
+        raise RankFailure("DP rank 1 of 2 failed: RuntimeError: boom", "Traceback ...\nRuntimeError: boom")
+
+    monkeypatch.setattr(demo_dp, "run_dp_demo", fail)
+    assert main(["demo", "--dp", "2", "--backend", "cpu"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.splitlines()[-1] == "graphslot demo: error: DP rank 1 of 2 failed: RuntimeError: boom"
+    assert "Traceback" not in err
+
+
 # -------------------------------------------------------------------------------- CUDA
 
 

@@ -187,6 +187,11 @@ def format_demo_table(result: Dict[str, Any]) -> str:
         rows += [("fill_from generated", f"{result['fill_us_generated']:.1f} µs ({batch})"),
                  ("fill_from interpreted", f"{result['fill_us_interpreted']:.1f} µs ({batch})")]
     rows.append(("static buffers", _bytes(result["static_bytes"])))
+    return metric_table(rows)
+
+
+def metric_table(rows: List[Tuple[str, str]]) -> str:
+    """A two-column "metric  value" table."""
     width = max(len(r[0]) for r in rows + [("metric", "")])
     lines = [f"{'metric':<{width}}  value", f"{'-' * width}  {'-' * 5}"]
     lines += [f"{name:<{width}}  {value}" for name, value in rows]

@@ -22,7 +22,7 @@ from tqdm import tqdm
 from ..reference import Scheduler, TinyConfig, build_reference_model
 from ..reference.dp_launch import launch
 from ..reference.numerics import output_check
-from .demo import _single_thread, timed
+from .demo import _single_thread, metric_table, timed
 
 #: How far beyond the largest graph the last rank's batches may grow, so that some
 #: steps must fall back to eager on every rank; its sparser arrivals keep that rare.
@@ -69,9 +69,8 @@ def _rank_main(rank: int, dp: int, steps: int, backend: str, mode: str, max_bs: 
 
     def decode_fn(fb):
         out, seconds = timed(device, lambda: dp_runner(fb))
-        agreed = dp_runner.last
-        decodes.append({"step": sched.step_idx, "bs": fb.batch_size, "padded_bs": agreed.padded_bs,
-                        "counts": agreed.global_num_tokens, "seconds": seconds, "logits": out.cpu().clone()})
+        decodes.append({"step": sched.step_idx, "bs": fb.batch_size, "padded_bs": dp_runner.last.padded_bs,
+                        "seconds": seconds, "logits": out.cpu().clone()})
         return out
 
     bar = tqdm(range(steps), desc="Decoding (rank 0)", unit="step", leave=False, disable=not (progress and rank == 0))
@@ -82,7 +81,7 @@ def _rank_main(rank: int, dp: int, steps: int, backend: str, mode: str, max_bs: 
             sched.step(decode_fn, extend_fn)
         if len(decodes) == count:  # nothing to decode here: still join the step's exchange
             dp_runner(None)
-            idle.append({"step": step, "padded_bs": dp_runner.last.padded_bs, "skipped": dp_runner.last.idle})
+            idle.append({"step": step, "padded_bs": dp_runner.last.padded_bs})
     bar.close()
     return {"decodes": decodes, "extends": extends, "idle": idle, "captured_sizes": runner.captured_sizes,
             "capture_seconds": runner.capture_seconds, "registry_mode": runner.registry.mode,
@@ -183,7 +182,4 @@ def format_dp_table(result: Dict[str, Any]) -> str:
         ("graph step", f"{result['graph_step_ms']:.3f} ms (exchange + fill + replay)"),
         ("eager step", f"{result['eager_step_ms']:.3f} ms (exchange + eager)"),
     ]
-    width = max(len(r[0]) for r in rows + [("metric", "")])
-    lines = [f"{'metric':<{width}}  value", f"{'-' * width}  {'-' * 5}"]
-    lines += [f"{name:<{width}}  {value}" for name, value in rows]
-    return "\n".join(lines)
+    return metric_table(rows)
