@@ -425,6 +425,54 @@ def test_replay_has_finished_when_it_returns():
     assert graph.output.tolist() == [2.0, 2.0, 2.0, 2.0]
 
 
+@pytest.fixture
+def one_rank_group():
+    """A gloo process group of this process alone (a store in memory, no port)."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        pytest.skip("this torch build has no torch.distributed")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
+
+
+@difference("collectives")
+def test_collectives_are_reissued_and_waited_for_at_replay(one_rank_group):
+    import torch.distributed as dist
+
+    funcol, name = torch.ops._c10d_functional, one_rank_group.group_name
+    static = torch.ones(2, 3)
+    c10d_out = torch.empty(2, 3)
+
+    def step():
+        gathered = funcol.wait_tensor(funcol.all_gather_into_tensor(static * 2, 1, name))
+        reduced = funcol.wait_tensor(funcol.all_reduce_(gathered + 1, "sum", name))
+        dist.all_gather_single(c10d_out, static + 5)  # c10d's own op, which returns its Work
+        return gathered, reduced
+
+    graph = capture(step)
+    assert {"_c10d_functional.all_gather_into_tensor.default", "_c10d_functional.all_reduce_.default",
+            "c10d._allgather_base_.default"} <= set(graph.ops)
+    static.fill_(3.0)
+    graph.replay()
+    gathered, reduced = graph.output
+    assert gathered.unique().tolist() == [6.0]  # a stale or unwaited gather keeps 2.0 or garbage
+    assert reduced.unique().tolist() == [7.0]
+    assert c10d_out.unique().tolist() == [8.0]
+
+
+@difference("collectives")
+def test_async_collective_tensors_are_rejected_naming_the_direct_ops(one_rank_group):
+    import torch.distributed._functional_collectives as funcol
+
+    static = torch.ones(2, 3)
+    with pytest.raises(GraphCaptureError, match="AsyncCollectiveTensor.*torch.ops._c10d_functional"):
+        capture(lambda: funcol.all_gather_single(static, 0, one_rank_group) + 1)
+
+
 @difference("rng")
 def test_random_ops_draw_from_the_global_generator_at_replay():
     graph = capture(lambda: torch.rand(3))

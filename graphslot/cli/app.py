@@ -490,7 +490,8 @@ def setup_bench(parser: argparse.ArgumentParser) -> Runner:
 # --- demo ----------------------------------------------------------------------------
 
 #: Flags of one demo mode only, with their defaults (None in the parser: given or not).
-DEMO_MODE_FLAGS = {"steps": ("decode", 300), "batches": ("prefill", 50), "runner": ("prefill", "all")}
+DEMO_MODE_FLAGS = {"steps": ("decode", 300), "dp": ("decode", 1), "batches": ("prefill", 50),
+                   "runner": ("prefill", "all")}
 #: ``--model`` names of tiny transformers models, one per tested family (graphslot[hf]).
 HF_DEMO_MODELS = ("hf-llama", "hf-mistral", "hf-qwen2", "hf-qwen3")
 
@@ -512,6 +513,12 @@ def setup_demo(parser: argparse.ArgumentParser) -> Runner:
     runner with requests joining and leaving; every row is checked (allclose) against
     the same request decoded alone by plain transformers.
 
+    --dp N (decode): spawns N ranks of data-parallel attention (gloo on the CPU; NCCL
+    with --backend cuda, one GPU a rank), each decoding its own requests: per step the
+    ranks exchange token counts and agree on one graph, or all run eager when one is
+    beyond the largest graph; every rank's logits are checked against one process
+    running the same requests without DP.
+
     Exact (torch.equal) on the CPU tape, allclose on CUDA (reference/numerics.py says
     when exactness is a fair ask). Progress goes to stderr; --json keeps stdout pure
     JSON. Exit 1 when any step or batch differs.
@@ -526,6 +533,8 @@ def setup_demo(parser: argparse.ArgumentParser) -> Runner:
     parser.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto",
                         help="graph backend (auto: cuda on a GPU machine, else the cpu tape)")
     parser.add_argument("--steps", type=positive_int, help="decode only: scheduler steps (default 300)")
+    parser.add_argument("--dp", type=positive_int, help="decode only: data-parallel ranks to spawn (default 1: "
+                                                         "one process)")
     parser.add_argument("--batches", type=positive_int, help="prefill only: batches (default 50)")
     parser.add_argument("--runner", choices=("all", "breakable", "piecewise"),
                         help="prefill only: runner(s) to run (default all: both)")
@@ -542,6 +551,10 @@ def setup_demo(parser: argparse.ArgumentParser) -> Runner:
                 setattr(args, name, default)
             elif mode != args.mode:
                 parser.error(f"argument --{name}: only for --mode {mode}, not --mode {args.mode}")
+        if args.dp > 1:
+            if args.model != "reference":
+                parser.error(f"argument --dp: runs the reference model only, not --model {args.model}")
+            return run_dp(args)
         if args.backend == "cuda" and not (torch := import_torch()).cuda.is_available():
             print(f"graphslot demo: error: --backend cuda needs a CUDA GPU; this torch ({torch.__version__}) "
                   "sees none: use --backend cpu or auto", file=sys.stderr)
@@ -590,6 +603,30 @@ def setup_demo(parser: argparse.ArgumentParser) -> Runner:
         return 0 if result["mismatching_steps"] == 0 else 1
 
     return run
+
+
+def run_dp(args: argparse.Namespace) -> int:
+    """``demo --dp N``: the ranks, spawned; exit 1 on any mismatch or disagreement."""
+    torch = import_torch()
+    if args.backend == "cuda" and torch.cuda.device_count() < args.dp:
+        print(f"graphslot demo: error: --dp {args.dp} --backend cuda needs {args.dp} CUDA GPUs (one a rank); this "
+              f"torch ({torch.__version__}) sees {torch.cuda.device_count()}: use --backend cpu or auto",
+              file=sys.stderr)
+        return 1
+    max_bs = args.max_bs or 16
+    print(f"graphslot demo: {args.dp} DP ranks, {args.steps} decode steps each (max_bs {max_bs}), backend "
+          f"{args.backend}, registry {args.registry}: spawning, capturing, then checking every rank against one "
+          "process", file=sys.stderr)
+    from .demo_dp import dp_demo_failed, format_dp_table, run_dp_demo
+    from ..reference.dp_launch import RankFailure
+
+    try:
+        result = run_dp_demo(dp=args.dp, steps=args.steps, backend=args.backend, mode=args.registry, max_bs=max_bs)
+    except RankFailure as exc:
+        print(f"graphslot demo: error: {exc.summary}", file=sys.stderr)
+        return 1
+    print(json.dumps(result, indent=2) if args.json else format_dp_table(result))
+    return 1 if dp_demo_failed(result) else 0
 
 
 # --- verify --------------------------------------------------------------------------

@@ -194,6 +194,11 @@ def format_demo_table(result: Dict[str, Any]) -> str:
              ("padded rows", f"{metrics['padded_rows']} ({100 * metrics['padding_fraction']:.1f}% of rows computed)"),
              ("eager fallbacks", f"{metrics['eager_fallbacks']}" + "".join(
                  f"; {reason}: {n}" for reason, n in metrics["eager_reasons"].items()))]
+    return metric_table(rows)
+
+
+def metric_table(rows: List[Tuple[str, str]]) -> str:
+    """A two-column "metric  value" table."""
     width = max(len(r[0]) for r in rows + [("metric", "")])
     lines = [f"{'metric':<{width}}  value", f"{'-' * width}  {'-' * 5}"]
     lines += [f"{name:<{width}}  {value}" for name, value in rows]

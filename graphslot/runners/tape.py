@@ -90,6 +90,12 @@ memory-pool             the graphs of a backend share one pool:    nothing is fr
 streams                 replay is queued on a stream: reading an   no streams: replay runs to completion
                         output or writing a static input before    before it returns; nothing races (laxer)
                         a sync races with it
+collectives             NCCL collectives (functional or c10d) are  re-issued over the process group (gloo on
+                        kernels of the graph, launched on its      the CPU) at their place in the tape and
+                        stream at replay; every rank must replay   waited for at once; every rank must
+                        the same graph or the ranks hang           replay the same graph or the ranks hang
+                                                                   (same); funcol's AsyncCollectiveTensor
+                                                                   is rejected: call the ops directly
 rng                     random ops use the seed and offset the     random ops re-run on the global CPU
                         graph registered, advanced per replay:     generator: new numbers each replay, the
                         new numbers each replay, not the ones      very ones eager code would have drawn
@@ -163,6 +169,13 @@ _SYNC_SOURCES = {
     "aten._local_scalar_dense.default": " (from .item(), bool(t), int(t), float(t) or `if t:`)",
 }
 _HOST_DATA_SOURCE = " (torch.tensor, torch.as_tensor, torch.from_numpy, Tensor.new_tensor or a list index)"
+# Collectives: functional collectives (torch.distributed._functional_collectives and the
+# ops under it) and c10d's own ops (torch.distributed's Python API). Replay re-issues each
+# one and waits for it at once; every rank replays the same graph, so they match up.
+_COLLECTIVE_NAMESPACES = frozenset({"_c10d_functional", "c10d_functional", "c10d"})
+# Waits have nothing left to do at replay: the collective waited when it ran.
+_WAIT_OPS = frozenset({"_c10d_functional.wait_tensor.default", "c10d_functional.wait_tensor.default"})
+_ASYNC_WRAPPER_OP = "_c10d_functional._wrap_tensor_autograd.default"
 _TAG_SYNC = getattr(torch.Tag, "data_dependent_output", None)
 _TAG_SHAPE = getattr(torch.Tag, "dynamic_output_shape", None)
 
@@ -206,14 +219,23 @@ def _check_repeat(name: str, args: tuple, kwargs: dict) -> Optional[GraphCapture
 
 @dataclass(frozen=True)
 class _OpInfo:
-    kind: str  # "alloc" | "scalar" | "view" | "mutate" | "compute"
+    kind: str  # "alloc" | "scalar" | "view" | "mutate" | "compute" | "collective"
     check: Optional[Callable[[str, tuple, dict], Optional[GraphCaptureError]]]
     out_kwargs: frozenset  # write-only out= arguments: not inputs of the graph
+
+
+def _check_async_wrapper(name: str, args: tuple, kwargs: dict) -> Optional[GraphCaptureError]:
+    torch.ops._c10d_functional.wait_tensor(args[0])  # the collective ran: leave no work pending
+    return _unsupported_error(name, "torch.distributed._functional_collectives wraps results in "
+                              "AsyncCollectiveTensor, a tensor subclass, outside torch.compile; call "
+                              "torch.ops._c10d_functional.<collective> and wait_tensor directly")
 
 
 def _op_check(name: str, tags: set) -> Optional[Callable[[str, tuple, dict], Optional[GraphCaptureError]]]:
     if name in _HOST_DATA_OPS:
         return _check_host_data
+    if name == _ASYNC_WRAPPER_OP:
+        return _check_async_wrapper
     if name in _HOST_SYNC_OPS or _TAG_SYNC in tags:
         return lambda n, a, k: _sync_error(n + _SYNC_SOURCES.get(n, ""))
     if name in _INDEX_OPS:
@@ -231,6 +253,10 @@ def _op_info(func: torch._ops.OpOverload) -> _OpInfo:
     writes = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
     if name in _ALLOC_OPS:
         kind = "alloc"
+    elif name in _WAIT_OPS:
+        kind = "view"  # returns its argument; replay waited when it re-issued the collective
+    elif func.namespace in _COLLECTIVE_NAMESPACES:
+        kind = "collective"
     elif name in _HOST_DATA_OPS:
         kind = "scalar"  # only 0-dim host data gets past the check
     elif torch.Tag.inplace_view in tags:
@@ -282,6 +308,8 @@ def _unrecordable(args: Any) -> Optional[str]:
             return "it touches a nested tensor"
         if t.layout is not torch.strided:
             return f"it touches a {str(t.layout).removeprefix('torch.')} tensor"
+        if _python_dispatch.is_traceable_wrapper_subclass(t):
+            return f"it touches a tensor subclass ({type(t).__name__})"
     return None
 
 
@@ -478,6 +506,19 @@ def _copy_many(pairs: list[tuple[int, torch.Tensor]], call: Callable[[], Any]) -
         dst.copy_(result[i])
 
 
+def _run_collective(call: Callable[[], Any], fresh: list[tuple[int, torch.Tensor]]) -> None:
+    """Issue a recorded collective, wait for it, and put fresh results where capture had them."""
+    result = call()
+    results = result if isinstance(result, (tuple, list)) else (result,)
+    for x in results:
+        if isinstance(x, torch.Tensor):
+            torch.ops._c10d_functional.wait_tensor(x)  # no-op unless work is pending on x
+        elif hasattr(x, "wait"):  # c10d's ops return their Work
+            x.wait()
+    for i, dst in fresh:
+        dst.copy_(results[i])
+
+
 class TapeGraph:
     """A captured op tape; :meth:`replay` re-runs it on the capture's tensors."""
 
@@ -534,7 +575,7 @@ class TapeGraph:
                 produced.update(_storage(t) for t in _tensors(rec.out))
             elif rec.info.kind == "scalar":  # a host scalar is the graph's own too
                 produced.update(_storage(t) for t in _tensors((rec.args, rec.out)))
-            elif rec.info.kind == "compute":
+            elif rec.info.kind in ("compute", "collective"):
                 produced.update(_storage(t) for _, t in self._fresh_outputs(rec))
         return produced
 
@@ -545,6 +586,8 @@ class TapeGraph:
         if kind == "scalar":
             return functools.partial(rec.out.copy_, rec.value)
         call = functools.partial(rec.func, *rec.args, **rec.kwargs)
+        if kind == "collective":
+            return functools.partial(_run_collective, call, self._fresh_outputs(rec))
         if kind == "mutate":
             return call
         if isinstance(rec.out, torch.Tensor):

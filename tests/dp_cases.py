@@ -1,0 +1,134 @@
+"""A scripted two-rank DP decode session (tests/test_dp.py), and its single-process replay.
+
+Each rank decodes its own requests; STEPS says, per step and rank, how many of them
+decode (0: the rank is idle) or that the rank prefills a new request instead (not
+graph-runnable). Tokens are scripted, not sampled, so one process can replay every
+rank's batches through the plain reference model and compare logits.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Union
+
+import torch
+
+from graphslot.reference import build_reference_model, make_decode_batch, make_extend_batch
+
+MAX_BS = 8  # captured: 8, 4, 2, 1
+EXTEND = "extend"
+Action = Union[int, str]
+STEPS: List[tuple] = [
+    (3, 6),        # different raw sizes: both pad to 8
+    (1, 2),        # both pad to 2
+    (3, 1),        # the other rank is busier this time: both pad to 4
+    (0, 3),        # rank 0 idle: replays an all-padding graph of 4
+    (2, 10),       # rank 1 beyond the largest graph: both eager
+    (0, 10),       # the same with rank 0 idle
+    (5, EXTEND),   # rank 1 prefills (not graph-runnable): both eager
+    (0, 0),        # nobody has work: skipped everywhere
+    (8, 8),        # back to graphs
+]
+PROMPTS = [[(11 * r + 5 * i + j) % 97 + 1 for j in range(2 + (i + r) % 5)] for r in range(2) for i in range(12)]
+NEW_PROMPT = [3, 1, 4, 1, 5]
+
+
+def token(rank: int, i: int, step: int) -> int:
+    return (7 * i + 3 * step + 13 * rank) % 100 + 1
+
+
+class RankRequests:
+    """One rank's requests on a runtime: prefilled at start, then decoded step by step."""
+
+    def __init__(self, rt: Any, rank: int):
+        self.rt, self.rank = rt, rank
+        prompts = PROMPTS[12 * rank:12 * rank + 11]
+        self.rpi = rt.req_to_token_pool.alloc(len(prompts))
+        rt.forward(make_extend_batch(rt, self.rpi, [0] * len(prompts), prompts))
+        self.lens = [len(p) for p in prompts]
+
+    def batch(self, action: Action, step: int) -> Any:
+        if action == EXTEND:
+            return make_extend_batch(self.rt, self.rt.req_to_token_pool.alloc(1), [0], [NEW_PROMPT])
+        if not action:
+            return None
+        fb = make_decode_batch(self.rt, self.rpi[:action], self.lens[:action],
+                               [token(self.rank, i, step) for i in range(action)])
+        self.lens[:action] = [n + 1 for n in self.lens[:action]]
+        return fb
+
+
+def run_rank(rank: int, world_size: int, device: str = "cpu") -> List[Dict[str, Any]]:
+    """The session on one rank: what it saw and computed, step by step."""
+    from graphslot.reference.dp_model import DPAttention, ReferenceDPDecodeAdapter
+    from graphslot.runners.dp import DPDecodeRunner, DPExchange
+
+    torch.set_num_threads(1)
+    dev = torch.device(device if device == "cpu" else f"cuda:{rank}")
+    rt = build_reference_model(device=dev, max_num_reqs=16)
+    adapter, exchange = ReferenceDPDecodeAdapter(rt, DPAttention()), DPExchange(device=dev)
+    try:  # rank 1 would capture a size more: refused on every rank, before any capture
+        DPDecodeRunner(adapter, exchange, max_bs=MAX_BS - rank, capture_bs=[MAX_BS - rank, 4, 2, 1], progress=False)
+        refused = None
+    except ValueError as exc:
+        refused = str(exc)
+    dp = DPDecodeRunner(adapter, exchange, max_bs=MAX_BS, progress=False)
+    runner = dp.runner
+    requests = RankRequests(rt, rank)
+    records = []
+    for step, actions in enumerate(STEPS):
+        fb = requests.batch(actions[rank], step)
+        if fb is not None:
+            fb.global_num_tokens_cpu = [999] * world_size  # stale: the runner must not use it
+        out = dp(fb)
+        agreed = dp.last
+        rec: Dict[str, Any] = {"raw_tokens": 0 if fb is None else fb.num_tokens, "counts": agreed.global_num_tokens,
+                               "flags": agreed.can_run, "padded_bs": agreed.padded_bs, "idle": agreed.idle,
+                               "logits": None if out is None else out.detach().cpu().clone()}
+        if agreed.padded_bs is not None and not agreed.idle:
+            reg = runner.registry
+            rec["slots"] = {name: reg.slot(name).buffer.tolist()
+                            for name in ("global_num_tokens_gpu", "global_num_tokens_for_logprob_gpu")}
+            local, gathered = adapter.graph_gathers[agreed.padded_bs * world_size]
+        else:
+            local, gathered = adapter.dp.last_gather if not agreed.idle else (None, None)
+        if gathered is not None:
+            rows = local.shape[0]
+            rec["gathered"] = gathered.detach().cpu().clone()
+            rec["own_rows_in_place"] = torch.equal(gathered[rank * rows:(rank + 1) * rows], local)
+        records.append(rec)
+    records.append({"graph_steps": dp.graph_steps, "eager_steps": dp.eager_steps, "skipped_steps": dp.skipped_steps,
+                    "captured_sizes": runner.captured_sizes,
+                    "refused": refused})
+    return records
+
+
+def single_process_logits(world_size: int = 2) -> List[List[Any]]:
+    """Every rank's batches, step by step, through one plain (non-DP) model in one process."""
+    rt = build_reference_model(max_num_reqs=16 * world_size)
+    ranks = [RankRequests(rt, rank) for rank in range(world_size)]
+    out = []
+    for step, actions in enumerate(STEPS):
+        row = []
+        for r in range(world_size):
+            fb = ranks[r].batch(actions[r], step)
+            row.append(None if fb is None else rt.forward(fb).clone())
+        out.append(row)
+    return out
+
+
+def barrier_without_rank_one(rank: int, world_size: int) -> None:
+    import time
+
+    import torch.distributed as dist
+
+    if rank == 1:
+        time.sleep(60)  # never joins
+    dist.barrier()
+
+
+def rank_zero_fails(rank: int, world_size: int) -> None:
+    import torch.distributed as dist
+
+    if rank == 0:
+        raise ValueError("rank 0 gives up")
+    dist.barrier()  # waits for rank 0 in vain

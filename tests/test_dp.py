@@ -1,0 +1,212 @@
+"""DP-attention decode across real processes: two ranks over gloo, each with its own
+batches, agree on one graph (or on eager) every step and compute what one process does.
+
+The scripted session (tests/dp_cases.py) runs once for the module: spawning ranks is
+slow. Every launch has a hard timeout, so a hang in a collective fails the test.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+
+import dp_cases
+from dp_cases import EXTEND, STEPS
+from graphslot.cli import demo_dp, main
+from graphslot.reference.dp_launch import RankFailure, launch
+from graphslot.reference.model import TinyConfig
+
+TIMEOUT = 120.0  # seconds for a whole launch; a healthy one takes well under 30
+WORLD = 2
+
+
+@pytest.fixture(scope="module")
+def session():
+    ranks = launch(dp_cases.run_rank, WORLD, timeout=TIMEOUT)
+    return [records[:-1] for records in ranks], [records[-1] for records in ranks]
+
+
+def steps_where(predicate):
+    return [s for s, actions in enumerate(STEPS) if predicate(actions)]
+
+
+def tokens(action, step):
+    if action == EXTEND:
+        return len(dp_cases.NEW_PROMPT)
+    return action
+
+
+# --------------------------------------------------------------------------- agreement
+
+
+def test_ranks_exchange_fresh_counts_and_agree_on_the_padded_size(session):
+    steps, summary = session
+    sizes = summary[0]["captured_sizes"]
+    assert summary[1]["captured_sizes"] == sizes == [8, 4, 2, 1]
+    different = 0
+    for s, actions in enumerate(STEPS):
+        counts = [tokens(a, s) for a in actions]
+        assert [r[s]["raw_tokens"] for r in steps] == counts
+        different += counts[0] != counts[1]
+        for rank in range(WORLD):  # the exchange, not the stale [999, 999] the batch carried
+            assert steps[rank][s]["counts"] == counts
+        assert steps[0][s]["padded_bs"] == steps[1][s]["padded_bs"]
+        if all(a != EXTEND for a in actions) and 0 < max(counts) <= sizes[0]:
+            assert steps[0][s]["padded_bs"] == min(bs for bs in sizes if bs >= max(counts))
+    assert different >= 6
+
+
+def test_ranks_that_would_capture_different_sizes_are_refused_before_capture(session):
+    _, summary = session
+    for totals in summary:
+        assert totals["refused"] == (
+            "DP ranks disagree on the batch sizes to capture (rank 0: [8, 4, 2, 1], rank 1: [7, 4, 2, 1]); every "
+            "rank must capture the same sizes (same max_bs, capture_bs and request pool), or they hang in the "
+            "capture's collectives and cannot agree on a graph")
+
+
+def test_gathered_buffers_and_global_num_tokens_slots_follow_the_spec(session):
+    steps, _ = session
+    hidden = TinyConfig().hidden_size
+    for s in range(len(STEPS)):
+        first = steps[0][s]
+        if first["idle"]:
+            assert "gathered" not in first
+            continue
+        padded = first["padded_bs"]
+        rows = padded if padded is not None else max(first["counts"])  # eager: padded to the busiest rank
+        if padded is not None:  # the decode spec: every rank runs the padded count
+            for rank in range(WORLD):
+                assert steps[rank][s]["slots"] == {"global_num_tokens_gpu": [padded] * WORLD,
+                                                   "global_num_tokens_for_logprob_gpu": [padded] * WORLD}
+        assert first["gathered"].shape == (WORLD * rows, hidden)
+        assert torch.equal(first["gathered"], steps[1][s]["gathered"])  # one all-gather, the same on both
+        assert first["own_rows_in_place"] and steps[1][s]["own_rows_in_place"]
+
+
+def test_every_rank_computes_what_one_process_computes_without_dp(session):
+    steps, _ = session
+    torch.set_num_threads(1)
+    reference = dp_cases.single_process_logits(WORLD)
+    for s in range(len(STEPS)):
+        for rank in range(WORLD):
+            mine, ref = steps[rank][s]["logits"], reference[s][rank]
+            if ref is None:
+                assert mine is None, f"step {s}: idle rank {rank} returned rows"
+            else:
+                assert torch.equal(mine, ref), f"step {s}, rank {rank} differs from one process"
+
+
+def test_a_rank_that_cannot_run_a_graph_makes_every_rank_run_eager(session):
+    steps, summary = session
+    beyond = steps_where(lambda a: EXTEND not in a and max(a) > 8)
+    prefill = steps_where(lambda a: EXTEND in a)
+    assert beyond and prefill
+    for s in beyond + prefill:
+        assert [r[s]["padded_bs"] for r in steps] == [None, None]
+        assert steps[0][s]["flags"] == [True, s not in prefill]
+    for totals in summary:
+        assert (totals["graph_steps"], totals["eager_steps"], totals["skipped_steps"]) == (
+            len(STEPS) - len(beyond) - len(prefill) - 1, len(beyond) + len(prefill), 1)
+
+
+def test_idle_ranks_join_the_step_and_a_step_without_work_is_skipped(session):
+    steps, _ = session
+    idle_graph = steps_where(lambda a: a == (0, 3))[0]
+    assert steps[0][idle_graph]["padded_bs"] == 4 and steps[0][idle_graph]["logits"] is None
+    idle_eager = steps_where(lambda a: a == (0, 10))[0]
+    assert steps[0][idle_eager]["gathered"].shape[0] == WORLD * 10
+    nothing = steps_where(lambda a: a == (0, 0))[0]
+    assert all(r[nothing]["idle"] and r[nothing]["logits"] is None for r in steps)
+
+
+# ------------------------------------------------------------------------------ launch
+
+
+def test_a_hung_rank_fails_the_launch_within_its_timeout():
+    start = time.monotonic()
+    with pytest.raises(RankFailure, match=r"rank\(s\) 0, 1 of 2 still running after 6 s \(a hang in a collective\?\); killed"):
+        launch(dp_cases.barrier_without_rank_one, WORLD, timeout=6.0)
+    assert time.monotonic() - start < 30
+
+
+def test_a_failing_rank_fails_the_launch_at_once_with_its_error():
+    start = time.monotonic()
+    with pytest.raises(RankFailure, match=r"^DP rank 0 of 2 failed: ValueError: rank 0 gives up\n") as info:
+        launch(dp_cases.rank_zero_fails, WORLD, timeout=TIMEOUT)
+    assert time.monotonic() - start < 30  # not the timeout: rank 1 waits for rank 0 in vain
+    assert info.value.summary == "DP rank 0 of 2 failed: ValueError: rank 0 gives up"
+    assert "Traceback" in str(info.value)
+
+
+# -------------------------------------------------------------------------------- demo
+
+
+def test_cli_dp_demo_matches_one_process(monkeypatch, capsys):
+    monkeypatch.setattr(demo_dp, "DEFAULT_TIMEOUT", TIMEOUT)
+    assert main(["demo", "--dp", "2", "--steps", "40", "--max-bs", "4", "--backend", "cpu", "--json"]) == 0
+    out, err = capsys.readouterr()
+    result = json.loads(out)
+    assert result["mode"] == "dp-decode" and result["dp"] == 2 and result["dist_backend"] == "gloo"
+    assert result["check"] == "torch.equal" and result["mismatching_forwards"] == 0
+    assert result["disagreeing_steps"] == [] and result["checked_forwards"] > 40
+    assert result["graph_steps"] > 0 and result["graph_steps"] + result["eager_steps"] + result["skipped_steps"] == 40
+    assert result["steps_with_different_sizes"] > 10
+    assert err.startswith("graphslot demo: 2 DP ranks, 40 decode steps each (max_bs 4), backend cpu")
+    table = demo_dp.format_dp_table(result)
+    for row in ("agreed graph steps", "agreed eager steps", "mismatching forwards", "disagreeing steps"):
+        assert row in table
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--mode", "prefill", "--dp", "2"], "argument --dp: only for --mode decode, not --mode prefill"),
+    (["--dp", "2", "--batches", "3"], "argument --batches: only for --mode prefill, not --mode decode"),
+    (["--dp", "2", "--runner", "all"], "argument --runner: only for --mode prefill, not --mode decode"),
+    (["--dp", "0"], "argument --dp: "),
+])
+def test_cli_dp_rejects_flags_it_does_not_take(monkeypatch, capsys, argv, message):
+    monkeypatch.setattr(demo_dp, "run_dp_demo", lambda **kw: pytest.fail("the demo ran"))
+    assert main(["demo", *argv]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.splitlines()[-1].startswith(f"graphslot demo: error: {message}")
+
+
+def test_cli_dp_on_cuda_needs_a_gpu_per_rank(monkeypatch, capsys):
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 1)
+    monkeypatch.setattr(torch, "__version__", "2.13.0+cu130")
+    monkeypatch.setattr(demo_dp, "run_dp_demo", lambda **kw: pytest.fail("the demo ran"))
+    assert main(["demo", "--dp", "2", "--backend", "cuda"]) == 1
+    assert capsys.readouterr() == ("", "graphslot demo: error: --dp 2 --backend cuda needs 2 CUDA GPUs (one a "
+                                       "rank); this torch (2.13.0+cu130) sees 1: use --backend cpu or auto\n")
+
+
+def test_cli_dp_reports_a_failed_rank_in_one_line(monkeypatch, capsys):
+    def fail(**kwargs):
+        raise RankFailure("DP rank 1 of 2 failed: RuntimeError: boom", "Traceback ...\nRuntimeError: boom")
+
+    monkeypatch.setattr(demo_dp, "run_dp_demo", fail)
+    assert main(["demo", "--dp", "2", "--backend", "cpu"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.splitlines()[-1] == "graphslot demo: error: DP rank 1 of 2 failed: RuntimeError: boom"
+    assert "Traceback" not in err
+
+
+# -------------------------------------------------------------------------------- CUDA
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_nccl_ranks_capture_the_gather_in_cuda_graphs_and_match_one_process():
+    ranks = launch(dp_cases.run_rank, WORLD, "cuda", timeout=TIMEOUT, backend="nccl")
+    reference = dp_cases.single_process_logits(WORLD)
+    for s in range(len(STEPS)):
+        assert ranks[0][s]["padded_bs"] == ranks[1][s]["padded_bs"]
+        for rank in range(WORLD):
+            mine, ref = ranks[rank][s]["logits"], reference[s][rank]
+            assert (mine is None) == (ref is None)
+            if ref is not None:
+                assert torch.allclose(mine, ref, atol=1e-4, rtol=1e-4), f"step {s}, rank {rank}"
+    assert ranks[0][-1]["graph_steps"] > 0
