@@ -22,11 +22,8 @@ from ..framework.errors import SlotError
 from .adapter import DecodeAdapter
 from .batch import check_dummy_batch, check_slice_output, describe_dummy
 from .graph_backend import get_graph_backend
-
-
-def default_capture_schedule(max_bs: int) -> List[int]:
-    """sglang's schedule: 1, 2, 4, 8, then every 8th size up to ``max_bs``."""
-    return [bs for bs in [1, 2, 4, 8] + list(range(16, max_bs + 1, 8)) if bs <= max_bs]
+from .histogram import BatchSizeHistogram
+from .planning import default_capture_schedule, default_ladder  # noqa: F401 - default_capture_schedule: public here too
 
 
 def capture_sizes(
@@ -42,9 +39,7 @@ def capture_sizes(
     """
     cap = max_bs if max_requests is None else min(max_bs, max_requests)
     if explicit is None:
-        sizes = default_capture_schedule(cap)
-        if cap >= 1 and cap not in sizes:
-            sizes.append(cap)
+        sizes = default_ladder(cap)
     else:
         sizes = [bs for bs in explicit if 1 <= bs <= cap]
     if multiple:
@@ -60,7 +55,8 @@ class DecodeRunnerConfig:
     max_bs: int = 32
     #: The decode slot spec: a shipped name, a YAML path or a loaded RegistrySpec.
     spec: Any = "decode"
-    #: Explicit sizes; None takes :func:`default_capture_schedule`.
+    #: Explicit sizes, or a :class:`~graphslot.runners.planning.Plan` (with ``max_bs=plan.max_bs``,
+    #: or ``**plan.runner_kwargs()``); None takes :func:`default_capture_schedule`.
     capture_bs: Optional[Sequence[int]] = None
     capture_bs_multiple: Optional[int] = None
     #: > 1: speculative target-verify, k tokens per request.
@@ -101,6 +97,8 @@ class DecodeGraphRunner:
         check_slice_output(adapter)
         self.graphs: Dict[int, Any] = {}
         self.capture_seconds = self._capture_all()
+        #: Raw batch sizes served, replayed or eager: ``.counts``, ``.save(path)`` for ``graphslot plan-sizes``.
+        self.histogram = BatchSizeHistogram(num_tokens_per_bs=self.k)
 
     # -- capture ---------------------------------------------------------------------
     def _capture_all(self) -> float:
@@ -176,6 +174,7 @@ class DecodeGraphRunner:
         the next replay of the same size (clone to keep them)."""
         adapter, reg, k = self.adapter, self.registry, self.k
         raw_bs = adapter.batch_size(fb)
+        self.histogram.record(raw_bs)
         bs = self.padded_bs(fb)
         reg.fill_from(fb, raw_bs, bs, raw_bs * k, bs * k, self._side)
         view = reg.extract(fb, bs, bs * k)
@@ -188,7 +187,10 @@ class DecodeGraphRunner:
 
     def __call__(self, fb: Any) -> Any:
         """Replay when a graph fits, else the eager forward."""
-        return self.replay(fb) if self.can_run(fb) else self.adapter.forward_eager(fb)
+        if self.can_run(fb):
+            return self.replay(fb)
+        self.histogram.record(self.adapter.batch_size(fb))
+        return self.adapter.forward_eager(fb)
 
     # -- figures ---------------------------------------------------------------------
     @property
