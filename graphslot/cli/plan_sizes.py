@@ -30,11 +30,18 @@ def byte_count(text: str) -> int:
     return int(float(match.group(1)) * unit)
 
 
+def graph_count(text: str) -> int:
+    count = positive_int(text)
+    if count > MAX_GRAPHS:
+        raise argparse.ArgumentTypeError(f"at most {MAX_GRAPHS} graphs, got {count}")
+    return count
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     """Adds the command's arguments; returns the function that runs it."""
     parser.add_argument("histogram", metavar="HISTOGRAM.json",
                         help="a runner's histogram.save() output, or a JSON object {\"size\": steps}")
-    parser.add_argument("--graphs", type=positive_int, metavar="N",
+    parser.add_argument("--graphs", type=graph_count, metavar="N",
                         help=f"capture at most N graphs (at most {MAX_GRAPHS}; default: as many as the default "
                              "ladder captures up to max_bs)")
     parser.add_argument("--max-bs", type=positive_int, metavar="M",
