@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -218,3 +219,19 @@ def test_on_the_busy_trace_the_plan_pads_less_than_the_ladder_with_as_many_graph
     ladder = evaluate(default_ladder(256), histogram)
     plan = plan_capture_sizes(histogram, len(ladder), max_bs=256)
     assert plan.padded_rows < 0.85 * ladder.padded_rows
+
+
+# ------------------------------------------------------------------------ the docs page
+
+
+def test_the_capture_sizes_page_runs_as_written(tmp_path, monkeypatch):
+    from test_docs import python_blocks
+
+    page = Path(__file__).resolve().parent.parent / "docs" / "capture_sizes.md"
+    blocks = python_blocks(page)
+    assert len(blocks) == 3 and all("assert " in code for _, code in blocks)
+    monkeypatch.chdir(tmp_path)  # the page writes served.json
+    namespace: dict = {}
+    for line, code in blocks:
+        exec(compile("\n" * (line - 1) + code, str(page), "exec"), namespace)
+    assert (tmp_path / "served.json").is_file()
