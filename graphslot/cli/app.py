@@ -603,4 +603,3 @@ def setup_plan_sizes(parser: argparse.ArgumentParser) -> Runner:
     from .plan_sizes import add_arguments
 
     return add_arguments(parser)
-

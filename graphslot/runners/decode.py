@@ -23,7 +23,7 @@ from .adapter import DecodeAdapter
 from .batch import check_dummy_batch, check_slice_output, describe_dummy
 from .graph_backend import get_graph_backend
 from .histogram import BatchSizeHistogram
-from .planning import default_capture_schedule, default_ladder  # noqa: F401 - default_capture_schedule: public here too
+from .planning import default_capture_schedule, default_ladder  # noqa: F401 (re-exported)
 
 
 def capture_sizes(
