@@ -94,8 +94,8 @@ def plan_report(path: str, histogram: BatchSizeHistogram, graphs: Optional[int],
     steps = histogram.steps
     return {
         "command": "plan-sizes",
-        "histogram": {"path": path, "steps": steps, "distinct_sizes": len(counts), "min": min(counts), "max": max(counts),
-                      "mean_rows": sum(bs * n for bs, n in counts.items()) / steps},
+        "histogram": {"path": path, "steps": steps, "distinct_sizes": len(counts), "min": min(counts),
+                      "max": max(counts), "mean_rows": sum(bs * n for bs, n in counts.items()) / steps},
         "budget": budget, "max_bs": cap, "plan": plan.to_json(), "default_ladder": ladder.to_json(),
         "saving": {"padded_rows_per_step": saved,
                    "fraction": saved / ladder.padded_rows_per_step if ladder.padded_rows_per_step else 0.0,

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from fractions import Fraction
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -117,7 +118,7 @@ def _counts(histogram: Union[BatchSizeHistogram, Mapping[int, int]]) -> Dict[int
     return {bs: n for bs, n in sorted(counts.items()) if n}
 
 
-def memory_fn(model: Optional[MemoryModel]) -> Optional[CostFn]:
+def _memory_fn(model: Optional[MemoryModel]) -> Optional[CostFn]:
     if model is None or callable(model):
         return model
     a, b = model
@@ -128,7 +129,7 @@ def evaluate(sizes: Sequence[int], histogram: Union[BatchSizeHistogram, Mapping[
              cost: Optional[CostFn] = None, memory: Optional[MemoryModel] = None,
              memory_unit: Optional[float] = None) -> Plan:
     """What capturing ``sizes`` costs on ``histogram``; larger raw sizes run eager."""
-    cost, mem = cost or _rows, memory_fn(memory)
+    cost, mem = cost or _rows, _memory_fn(memory)
     ascending = sorted(set(sizes))
     if not ascending or ascending[0] < 1:
         raise ValueError(f"capture sizes must be positive integers, got {list(sizes)}")
@@ -260,7 +261,7 @@ def plan_capture_sizes(
     if graphs is not None:
         tops = _graph_dp(costs, prefix, graphs)
     else:
-        mem = _check_cost(memory_fn(graph_memory), sizes, "graph_memory")
+        mem = _check_cost(_memory_fn(graph_memory), sizes, "graph_memory")
         if not (isinstance(memory_budget, (int, float)) and math.isfinite(memory_budget) and memory_budget > 0):
             raise ValueError(f"memory_budget must be a positive number, got {memory_budget!r}")
         if mem[-1] > memory_budget:
@@ -273,5 +274,6 @@ def plan_capture_sizes(
         units = max(1, min(math.floor(memory_budget),
                            max(MIN_MEMORY_UNITS, min(MAX_MEMORY_UNITS, MEMORY_DP_WORK // len(sizes) ** 2))))
         unit = memory_budget / units
-        tops = _memory_dp(costs, prefix, [math.ceil(m / unit - 1e-9) for m in mem], units)
+        # Rounded up in exact arithmetic: the units of a plan that fits never exceed the budget.
+        tops = _memory_dp(costs, prefix, [math.ceil(Fraction(m) * units / Fraction(memory_budget)) for m in mem], units)
     return evaluate([sizes[j] for j in tops], counts, cost, graph_memory, unit)
