@@ -674,3 +674,24 @@ def setup_new_spec(parser: argparse.ArgumentParser) -> Runner:
 
     add_arguments(parser)
     return run_new_spec
+
+
+# --- plan-sizes ----------------------------------------------------------------------
+
+
+@subcommand("plan-sizes")
+def setup_plan_sizes(parser: argparse.ArgumentParser) -> Runner:
+    """Propose decode capture sizes from the batch sizes a runner served.
+
+    Reads a histogram of raw batch sizes (DecodeGraphRunner.histogram.save(path), or a
+    JSON object {"size": steps}) and picks the capture sizes that minimise the expected
+    padded rows per step under a budget: at most N graphs (--graphs), or a graph memory
+    budget (--memory with a per-graph model --graph-bytes + --row-bytes x size). The
+    largest size (--max-bs, default the largest served) is always captured; larger
+    batches would run eager. Exact (dynamic programming). Prints the plan next to the
+    default ladder at the same max_bs: padded rows per step, padding fraction, saving.
+    Exit 1 on a bad histogram or an impossible budget.
+    """
+    from .plan_sizes import add_arguments
+
+    return add_arguments(parser)

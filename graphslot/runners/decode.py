@@ -24,12 +24,9 @@ from .adapter import DecodeAdapter
 from .batch import check_dummy_batch, check_slice_output, describe_dummy
 from .graph_backend import get_graph_backend
 from .guard import ReplayGuard, guard_wanted, runner_tensors
+from .histogram import BatchSizeHistogram
 from .metrics import RunnerMetrics
-
-
-def default_capture_schedule(max_bs: int) -> List[int]:
-    """sglang's schedule: 1, 2, 4, 8, then every 8th size up to ``max_bs``."""
-    return [bs for bs in [1, 2, 4, 8] + list(range(16, max_bs + 1, 8)) if bs <= max_bs]
+from .planning import default_capture_schedule, default_ladder  # noqa: F401 (re-exported)
 
 
 def capture_sizes(
@@ -45,9 +42,7 @@ def capture_sizes(
     """
     cap = max_bs if max_requests is None else min(max_bs, max_requests)
     if explicit is None:
-        sizes = default_capture_schedule(cap)
-        if cap >= 1 and cap not in sizes:
-            sizes.append(cap)
+        sizes = default_ladder(cap)
     else:
         sizes = [bs for bs in explicit if 1 <= bs <= cap]
     if multiple:
@@ -63,7 +58,8 @@ class DecodeRunnerConfig:
     max_bs: int = 32
     #: The decode slot spec: a shipped name, a YAML path or a loaded RegistrySpec.
     spec: Any = "decode"
-    #: Explicit sizes; None takes :func:`default_capture_schedule`.
+    #: Explicit sizes, or a :class:`~graphslot.runners.planning.Plan` (with ``max_bs=plan.max_bs``,
+    #: or ``**plan.runner_kwargs()``); None takes :func:`default_capture_schedule`.
     capture_bs: Optional[Sequence[int]] = None
     capture_bs_multiple: Optional[int] = None
     #: > 1: speculative target-verify, k tokens per request.
@@ -114,6 +110,8 @@ class DecodeGraphRunner:
         self.tail_hook: Optional[Any] = None
         self.guard = (ReplayGuard(lambda: runner_tensors(self.registry, adapter))
                       if guard_wanted(config.guard) else None)
+        #: Raw batch sizes served, replayed or eager: ``.counts``, ``.save(path)`` for ``graphslot plan-sizes``.
+        self.histogram = BatchSizeHistogram(num_tokens_per_bs=self.k)
 
     # -- capture ---------------------------------------------------------------------
     def _capture_all(self) -> float:
@@ -200,6 +198,7 @@ class DecodeGraphRunner:
         the next replay of the same size (clone to keep them)."""
         adapter, reg, k = self.adapter, self.registry, self.k
         raw_bs = adapter.batch_size(fb)
+        self.histogram.record(raw_bs)
         bs = self.padded_bs(fb)
         reg.fill_from(fb, raw_bs, bs, raw_bs * k, bs * k, self._side)
         if self.tail_hook is not None:
@@ -221,6 +220,7 @@ class DecodeGraphRunner:
         if reason is None:
             return self.replay(fb)
         self.stats.fell_back(reason)
+        self.histogram.record(self.adapter.batch_size(fb))
         return self.adapter.forward_eager(fb)
 
     def metrics(self) -> Dict[str, Any]:
