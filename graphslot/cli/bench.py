@@ -16,7 +16,7 @@ import sys
 import time
 import types
 from types import SimpleNamespace
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional, Set
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -31,7 +31,8 @@ from ..framework.resolve import resolve_params
 SIZES = ((3, 4), (30, 32), (200, 256))
 MAX_BS = 256
 TARGET_SPEEDUP = 5.0
-TARGET_OPS = 3
+TARGET_OPS = 2  # one grouped copy on the device, one on the host (seq_lens_cpu)
+TARGET_DEVICE_OPS = 1
 
 
 def decode_batch(n: int, device: str = "cpu") -> SimpleNamespace:
@@ -92,22 +93,49 @@ class HandWrittenDecode:
         return view
 
 
-class MutatingOpCounter(TorchDispatchMode):
-    """Counts ATen ops that write into a tensor argument (in-place or out=)."""
+def _written(func, args, kwargs) -> List[torch.Tensor]:
+    """The tensors an ATen op writes (its schema's mutable arguments, lists flattened)."""
+    out = []
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.alias_info is not None and arg.alias_info.is_write:
+            value = args[i] if i < len(args) else (kwargs or {}).get(arg.name)
+            out += [t for t in (value if isinstance(value, (list, tuple)) else [value]) if isinstance(t, torch.Tensor)]
+    return out
 
-    def __init__(self):
+
+class MutatingOpCounter(TorchDispatchMode):
+    """Counts ATen ops that write into a tensor argument (in-place or out=); with
+    ``storages`` (data pointers of untyped storages), only ops writing into one of them."""
+
+    def __init__(self, storages: Optional[Set[int]] = None):
         super().__init__()
         self.ops: List[str] = []
+        self.storages = storages
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func._schema.is_mutable:
+        if func._schema.is_mutable and (self.storages is None or any(
+                t.untyped_storage().data_ptr() in self.storages for t in _written(func, args, kwargs))):
             self.ops.append(str(func.overloadpacket.__name__))
         return func(*args, **(kwargs or {}))
 
 
-def count_mutating_ops(fill: Callable, fb, raw: int, padded: int) -> List[str]:
-    with MutatingOpCounter() as counter:
+def count_mutating_ops(fill: Callable, fb, raw: int, padded: int, storages: Optional[Set[int]] = None) -> List[str]:
+    with MutatingOpCounter(storages) as counter:
         fill(fb, raw, padded, raw, padded)
+    return counter.ops
+
+
+def device_storages(registry) -> Set[int]:
+    """Storages of a registry's device buffers (not its ``device: cpu`` slots): on a GPU,
+    every op writing one of them is a kernel launch."""
+    return {s.buffer.untyped_storage().data_ptr() for s in registry.active if not s.spec.host}
+
+
+def count_device_ops(registry, fb, raw_bs: int, padded_bs: int, raw_num_tokens: int, padded_num_tokens: int,
+                     side_inputs=None) -> List[str]:
+    """The ops one ``fill_from`` issues that write the registry's device buffers."""
+    with MutatingOpCounter(device_storages(registry)) as counter:
+        registry.fill_from(fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs)
     return counter.ops
 
 
@@ -166,6 +194,8 @@ def run_bench(iters: int = 2000, repeats: int = 7, device: str = "cpu", progress
         for name, us in time_per_call(runners, fb, raw, padded, iters, repeats, bar.update).items():
             row[f"{name}_us"] = us
             row[f"{name}_ops"] = len(count_mutating_ops(runners[name].fill_from, fb, raw, padded))
+        reg = runners["generated"]
+        row["generated_device_ops"] = len(count_device_ops(reg, fb, raw, padded, raw, padded))
         row["check_us"] = row["generated_us"] - row.pop("unchecked_us")
         del row["unchecked_ops"]
         row["speedup_vs_interpreted"] = row["interpreted_us"] / row["generated_us"]
@@ -174,25 +204,28 @@ def run_bench(iters: int = 2000, repeats: int = 7, device: str = "cpu", progress
         if progress and bar.disable:  # no terminal for a bar: a line per size
             print(f"graphslot bench: raw/padded {raw}/{padded} timed ({i} of {len(SIZES)})", file=sys.stderr)
     bar.close()
-    met = all(r["speedup_vs_interpreted"] >= TARGET_SPEEDUP and r["generated_ops"] <= TARGET_OPS for r in rows)
+    met = all(r["speedup_vs_interpreted"] >= TARGET_SPEEDUP and r["generated_ops"] <= TARGET_OPS
+              and r["generated_device_ops"] <= TARGET_DEVICE_OPS for r in rows)
     return {"device": device, "torch": torch.__version__, "graphslot": __version__,
             "python": platform.python_version(), "platform": platform.platform(), "threads": torch.get_num_threads(),
             "max_bs": MAX_BS, "iters": iters, "repeats": repeats, "rows": rows,
-            "targets": {"speedup_vs_interpreted": TARGET_SPEEDUP, "max_ops": TARGET_OPS}, "targets_met": met}
+            "targets": {"speedup_vs_interpreted": TARGET_SPEEDUP, "max_ops": TARGET_OPS,
+                        "max_device_ops": TARGET_DEVICE_OPS}, "targets_met": met}
 
 
 def format_report(result: Dict) -> str:
     lines = [f"fill_from + extract, shipped decode spec, max_bs {result['max_bs']}, device {result['device']}, "
              f"torch {result['torch']}",
              f"{'raw/padded':>10}  {'generated':>10}  {'interpreted':>11}  {'hand-written':>12}  "
-             f"{'vs interp':>9}  {'vs hand':>7}  {'ops gen/int/hand':>16}  {'checks':>8}"]
+             f"{'vs interp':>9}  {'vs hand':>7}  {'ops gen/int/hand':>16}  {'dev ops':>7}  {'checks':>8}"]
     for r in result["rows"]:
         lines.append(
             f"{r['raw']:>4}/{r['padded']:<5}  {r['generated_us']:>8.2f}µs  {r['interpreted_us']:>9.2f}µs  "
             f"{r['hand_written_us']:>10.2f}µs  {r['speedup_vs_interpreted']:>8.2f}x  "
             f"{r['speedup_vs_hand_written']:>6.2f}x  "
-            f"{r['generated_ops']:>6}/{r['interpreted_ops']}/{r['hand_written_ops']}  {r['check_us']:>6.2f}µs")
+            f"{r['generated_ops']:>6}/{r['interpreted_ops']}/{r['hand_written_ops']}  {r['generated_device_ops']:>7}  "
+            f"{r['check_us']:>6.2f}µs")
     t = result["targets"]
     lines.append(f"targets: generated >= {t['speedup_vs_interpreted']}x the interpreter at every size, "
-                 f"<= {t['max_ops']} mutating ops per padded fill: {'met' if result['targets_met'] else 'NOT met'}")
+                 f"<= {t['max_ops']} mutating ops per padded fill, <= {t['max_device_ops']} on the device: {'met' if result['targets_met'] else 'NOT met'}")
     return "\n".join(lines)

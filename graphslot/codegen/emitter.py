@@ -122,6 +122,30 @@ class SlotNames:
         return all(n == 1 for n in self.slot.shape[: self.slot.slice_dim])
 
     @property
+    def split(self) -> Optional[int]:
+        """Rows of a ``[L, capacity]`` slot sliced along dim 1 (``mrope_positions``): its
+        head and tail are copied as L contiguous 1-D row slices, so they can join a
+        grouped copy. None for every other layout."""
+        shape = self.slot.shape
+        if self.counts is not None and self.slot.slice_dim == 1 and len(shape) == 2 and isinstance(shape[0], int):
+            return shape[0]
+        return None
+
+    def head_rows(self) -> Optional[List[str]]:
+        """The dense destinations of the head, or None where it has none."""
+        if self.split is not None:
+            return [f"{self.buf}[{i}, :{self.counts[0]}]" for i in range(self.split)]
+        return [self.head()] if self.dense_narrow else None
+
+    def tail_rows(self) -> Optional[List[str]]:
+        """The 1-D destinations of the tail, or None (a wider tail: a constant pad as
+        large as the buffer would double its memory)."""
+        raw, padded = self.counts
+        if self.split is not None:
+            return [f"{self.buf}[{i}, {raw}:{padded}]" for i in range(self.split)]
+        return [self.tail()] if len(self.slot.shape) == 1 else None
+
+    @property
     def src(self) -> str:
         """The local holding this step's batch field."""
         return f"src_{self.ident}"
@@ -150,6 +174,124 @@ class CopyGroup:
     heads: List[SlotNames] = field(default_factory=list)
     optional_heads: List[SlotNames] = field(default_factory=list)
     tails: List[Tuple[SlotNames, str]] = field(default_factory=list)  # (slot, pad constant)
+
+
+_CARRIERS = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
+
+
+def _group_copy(g: CopyGroup) -> List[str]:
+    """The statements of one host group's ``_foreach_copy_``."""
+    srcs = f"[{', '.join(n.src for n in g.heads)}]"
+    if not g.optional_heads:
+        return [f"__gs_foreach_copy(dsts_{g.name}, {srcs}{f' + pads_{g.name}' if g.tails else ''})"]
+    lines = [f"dsts, srcs = list(dsts_{g.name}), {srcs}"]
+    for n in g.optional_heads:
+        lines += [f"if {n.src} is not None:", f"    dsts.append(head_{n.ident})", f"    srcs.append({n.src})"]
+    if g.tails:
+        return lines + [f"__gs_foreach_copy(dsts + tails_{g.name}, srcs + pads_{g.name})"]
+    return lines + ["if dsts:", "    __gs_foreach_copy(dsts, srcs)"]
+
+
+@dataclass
+class DeviceGroup:
+    """Everything one step writes on the registry's device, as ONE ``_foreach_copy_``:
+    heads (2-D ``[L, capacity]`` ones as L rows), tails copied from constant pads, and
+    computed slots whose built-in hook fills them with a step count (a constant per
+    step size). CUDA's foreach copy is one kernel for a list of dense tensor pairs of
+    one dtype; when the slots have several dtypes, every tensor is reinterpreted as the
+    integer dtype of the smallest itemsize among them (the *carrier*): destination and pad views are made once per step
+    size, a source's view per step, and only after its dtype was found to be the
+    slot's and its layout contiguous — otherwise the step takes the typed lists, where
+    ``copy_`` casts as the contract says (more kernels, same bytes)."""
+
+    heads: List[SlotNames] = field(default_factory=list)
+    optional_heads: List[SlotNames] = field(default_factory=list)
+    tails: List[Tuple[SlotNames, str]] = field(default_factory=list)  # (slot, pad constant)
+    values: List[Tuple[SlotNames, str, str]] = field(default_factory=list)  # (slot, plan constant, count)
+    carrier: Optional[str] = None
+
+    def _dtypes(self) -> List[str]:
+        members = self.heads + self.optional_heads + [n for n, _ in self.tails] + [n for n, _, _ in self.values]
+        return [n.slot.dtype_name for n in members]
+
+    def choose_carrier(self) -> None:
+        dtypes = set(self._dtypes())
+        if len(dtypes) == 1:
+            self.carrier = dtypes.pop()
+        elif dtypes:  # an integer dtype (copied bit for bit, unlike bool) of the smallest itemsize
+            self.carrier = _CARRIERS[min(d.itemsize for d in dtypes)]
+
+    @property
+    def mixed(self) -> bool:
+        return len(set(self._dtypes())) > 1
+
+    def dtypes_named(self) -> List[str]:
+        """dtypes generated code binds as ``dt_<name>`` locals."""
+        if not self.mixed:
+            return []
+        return sorted({str(self.carrier)} | {str(n.slot.dtype_name) for n in self.heads + self.optional_heads})
+
+    def prefixes(self) -> List[str]:
+        """Plan lists: reinterpreted ('') and, for mixed dtypes, typed ('t')."""
+        if self.carrier is None:
+            return []
+        return ["", "t"] if self.mixed else [""]
+
+    def _view(self, n: SlotNames, expr: str, viewed: bool) -> str:
+        return f"{expr}.view(dt_{self.carrier})" if viewed and n.slot.dtype_name != self.carrier else expr
+
+    def plan_fields(self, p: str) -> List[Tuple[str, str]]:
+        viewed = p == "" and self.mixed
+        heads = [self._view(n, d, viewed) for n in self.heads for d in n.head_rows()]
+        tails = [self._view(n, d, viewed) for n, _ in self.tails for d in n.tail_rows()]
+        tails += [self._view(n, n.buf, viewed) for n, _, _ in self.values]
+        pads = [self._view(n, f"{c}[:{n.counts[1]} - {n.counts[0]}]", viewed)
+                for n, c in self.tails for _ in n.tail_rows()]
+        pads += [self._view(n, c, viewed) for n, c, _ in self.values]
+        fields = []
+        if self.optional_heads:
+            fields += [(f"{p}dsts_dev", f"[{', '.join(heads)}]"), (f"{p}tails_dev", f"[{', '.join(tails)}]")]
+        else:
+            fields.append((f"{p}dsts_dev", f"[{', '.join(heads + tails)}]"))
+        if pads:
+            fields.append((f"{p}pads_dev", f"[{', '.join(pads)}]"))
+        for n in self.optional_heads:
+            fields.append((f"{p}head_{n.ident}", f"[{', '.join(self._view(n, d, viewed) for d in n.head_rows())}]"))
+        return fields
+
+    def _src(self, n: SlotNames, viewed: bool) -> str:
+        src = self._view(n, n.src, viewed)
+        return f"*{src}.unbind(0)" if n.split is not None else src
+
+    def _block(self, p: str, viewed: bool) -> List[str]:
+        srcs = f"[{', '.join(self._src(n, viewed) for n in self.heads)}]"
+        pads = bool(self.tails or self.values)
+        if not self.optional_heads:
+            return [f"__gs_foreach_copy({p}dsts_dev, {srcs}{f' + {p}pads_dev' if pads else ''})"]
+        lines = [f"dsts, srcs = list({p}dsts_dev), {srcs}"]
+        for n in self.optional_heads:
+            src = self._view(n, n.src, viewed)
+            lines += [f"if {n.src} is not None:", f"    dsts += {p}head_{n.ident}",
+                      f"    srcs += {src}.unbind(0)" if n.split is not None else f"    srcs.append({src})"]
+        if pads:
+            return lines + [f"__gs_foreach_copy(dsts + {p}tails_dev, srcs + {p}pads_dev)"]
+        return lines + ["if dsts:", "    __gs_foreach_copy(dsts, srcs)"]
+
+    def fill_lines(self) -> List[str]:
+        if self.carrier is None:
+            return []
+        if not self.mixed:
+            return self._block("", False)
+        checks = []
+        for n in self.heads + self.optional_heads:
+            if n.slot.dtype_name != self.carrier:
+                check = f"{n.src}.dtype is dt_{n.slot.dtype_name} and {n.src}.is_contiguous()"
+                checks.append(f"({n.src} is None or ({check}))" if n.slot.optional else check)
+        if not checks:
+            return self._block("", True)
+        return ([f"if {' and '.join(checks)}:"] + [f"    {line}" for line in self._block("", True)]
+                + ["else:  # a source of another dtype or layout: typed copies, cast as copy_ does"]
+                + [f"    {line}" for line in self._block("t", False)])
 
 
 @dataclass
@@ -278,45 +420,74 @@ class Emitter:
                          "'cpu'" if s.host else "device", init))
         return rows
 
+    def _fused_value(self, n: SlotNames) -> Optional[str]:
+        """The step count a computed slot is filled with when its only hook is a built-in
+        that fills the whole buffer with it (so the device group can write it), else None."""
+        s = n.slot
+        ref = s.post_fill
+        if (s.host or s.copy_from_fb or s.resets_tail or self.hooks[s.name] != ["post_fill"]
+                or ref not in BUILTIN_HOOKS or is_import_reference(ref)):
+            return None
+        return BUILTIN_HOOKS[ref].fills
+
     def emit(self) -> Emission:
-        groups: Dict[Tuple[bool, str], CopyGroup] = {}
+        host_groups: Dict[str, CopyGroup] = {}
+        dev = DeviceGroup()
         constants: Dict[Tuple[bool, str, str], PadConstant] = {}
+        values: Dict[Tuple[str, str, str], str] = {}  # (shape, dtype, count) -> plan constant
         separate_resets: List[SlotNames] = []
         separate_copies: List[SlotNames] = []
         source_copies: List[SlotNames] = []
 
-        def group_for(s: ResolvedSlot) -> CopyGroup:
-            key = (s.host, s.dtype_name)
-            if key not in groups:
-                where = "host" if s.host else "dev"
-                groups[key] = CopyGroup(f"{where}_{s.dtype_name}", s.host, s.dtype_name)
-            return groups[key]
+        def pad_for(s: ResolvedSlot) -> str:
+            value = self._pad_src(s)
+            key = (s.host, s.dtype_name, value)
+            if key not in constants:
+                constants[key] = PadConstant(f"pad{len(constants)}_{s.dtype_name}", s.host, s.dtype_name, value,
+                                             CAPACITY[s.axis])
+            elif CAPACITY[s.axis] not in constants[key].length:
+                constants[key].length = f"max({constants[key].length}, {CAPACITY[s.axis]})"
+            return constants[key].name
 
         for n in self.names:
             s = n.slot
-            if s.resets_tail:
-                if len(s.shape) == 1:
-                    value = self._pad_src(s)
-                    key = (s.host, s.dtype_name, value)
-                    if key not in constants:
-                        constants[key] = PadConstant(f"pad{len(constants)}_{s.dtype_name}", s.host,
-                                                     s.dtype_name, value, CAPACITY[s.axis])
+            if s.host:
+                group = host_groups.setdefault(s.dtype_name, CopyGroup(f"host_{s.dtype_name}", True, s.dtype_name))
+                if s.resets_tail:
+                    if len(s.shape) == 1:
+                        group.tails.append((n, pad_for(s)))
                     else:
-                        const = constants[key]
-                        if const.length != CAPACITY[s.axis]:
-                            const.length = f"max({const.length}, {CAPACITY[s.axis]})"
-                    group_for(s).tails.append((n, constants[key].name))
+                        separate_resets.append(n)
+                if s.copy_from_fb and s.source is None:
+                    if n.dense_narrow:
+                        (group.optional_heads if s.optional else group.heads).append(n)
+                    else:
+                        separate_copies.append(n)
+                elif s.copy_from_fb:
+                    source_copies.append(n)
+                continue
+            if s.resets_tail:
+                if n.tail_rows() is not None:
+                    dev.tails.append((n, pad_for(s)))
                 else:
                     separate_resets.append(n)
+            fills = self._fused_value(n)
+            if fills is not None:
+                shape_key = (self._shape_src(s), s.dtype_name, fills)
+                if shape_key not in values:
+                    values[shape_key] = f"val{len(values)}_{s.dtype_name}"
+                dev.values.append((n, values[shape_key], fills))
+                self.hooks[s.name] = []
             if not s.copy_from_fb:
                 continue
             if s.source is not None:
                 source_copies.append(n)
-            elif n.dense_narrow:
-                group = group_for(s)
-                (group.optional_heads if s.optional else group.heads).append(n)
+            elif n.head_rows() is not None:
+                (dev.optional_heads if s.optional else dev.heads).append(n)
             else:
                 separate_copies.append(n)
+        dev.choose_carrier()
+        host_groups = {k: g for k, g in host_groups.items() if g.heads or g.optional_heads or g.tails}
 
         used = self._used_runtime_params()
         bind_lines = [f"{runtime_local(name)} = params[{name!r}]" for name in used]
@@ -331,9 +502,10 @@ class Emitter:
         for n in separate_resets:
             if n.slot.padding == "fill_sentinel":
                 bind_lines.append(f"padval_{n.ident} = {self._pad_src(n.slot)}")
+        bind_lines += [f"dt_{d} = {_dtype_src(d)}" for d in dev.dtypes_named()]
 
-        # make_plan: every slice and expected shape a step of this size needs, computed
-        # (and the step's counts checked) once per size.
+        # make_plan: every slice, view and expected shape a step of this size needs,
+        # computed (and the step's counts checked) once per size.
         plan_lines: List[str] = ["__gs_check.counts(raw_bs, padded_bs, raw_num_tokens, padded_num_tokens)"]
         plan_fields: List[str] = []
 
@@ -341,7 +513,9 @@ class Emitter:
             plan_lines.append(f"{field_name} = {value}")
             plan_fields.append(field_name)
 
-        for g in groups.values():
+        for (shape, dtype, count), name in values.items():
+            plan_lines.append(f"{name} = torch.full({shape}, {count}, dtype={_dtype_src(dtype)}, device=device)")
+        for g in host_groups.values():
             heads, tails = [n.head() for n in g.heads], [n.tail() for n, _ in g.tails]
             if g.optional_heads:  # heads whose presence varies go between the others and the tails
                 plan(f"dsts_{g.name}", f"[{', '.join(heads)}]")
@@ -351,6 +525,9 @@ class Emitter:
             plan(f"pads_{g.name}", f"[{', '.join(f'{c}[:{n.counts[1]} - {n.counts[0]}]' for n, c in g.tails)}]")
             for n in g.optional_heads:
                 plan(f"head_{n.ident}", n.head())
+        for prefix in dev.prefixes():
+            for field_name, value in dev.plan_fields(prefix):
+                plan(field_name, value)
         for n in separate_copies:
             plan(f"head_{n.ident}", n.head())
         for n in separate_resets:
@@ -359,7 +536,8 @@ class Emitter:
 
         # Each copied field's expected shape: named once per distinct shape, in the
         # plan when it depends on the step's counts, else once in bind.
-        copied = [n for g in groups.values() for n in g.heads + g.optional_heads] + separate_copies
+        copied = [n for g in host_groups.values() for n in g.heads + g.optional_heads]
+        copied += dev.heads + dev.optional_heads + separate_copies
         copied.sort(key=self.names.index)
         shape_of: Dict[str, str] = {}  # shape source -> local
         rows: Dict[str, str] = {}  # slot ident -> local of its expected shape
@@ -392,28 +570,20 @@ class Emitter:
                      for i, m in enumerate(mismatches)]
             body.append("    raise __gs_Mismatch")
             body += hook_reads  # after the fields, as the interpreter reads them
-            for g in groups.values():
-                srcs = f"[{', '.join(n.src for n in g.heads)}]"
-                if not g.optional_heads:
-                    body.append(f"__gs_foreach_copy(dsts_{g.name}, {srcs}{f' + pads_{g.name}' if g.tails else ''})")
-                    continue
-                body.append(f"dsts, srcs = list(dsts_{g.name}), {srcs}")
-                for n in g.optional_heads:
-                    body += [f"if {n.src} is not None:", f"    dsts.append(head_{n.ident})",
-                             f"    srcs.append({n.src})"]
-                if g.tails:
-                    body.append(f"__gs_foreach_copy(dsts + tails_{g.name}, srcs + pads_{g.name})")
-                else:
-                    body += ["if dsts:", "    __gs_foreach_copy(dsts, srcs)"]
+            for g in host_groups.values():
+                body += _group_copy(g)
+            body += dev.fill_lines()
             for n in separate_copies:
                 copy = f"head_{n.ident}.copy_({n.src})"
                 body += [f"if {n.src} is not None:", f"    {copy}"] if n.slot.optional else [copy]
             fill_lines += ["try:"] + [f"    {line}" for line in body]
             fill_lines += ["except Exception as exc:",
                            "    __gs_check.diagnose(fb, raw_bs, raw_num_tokens, exc)"]
-        else:  # tails only
+        else:  # tails (and computed values) only
             fill_lines += hook_reads
-            fill_lines += [f"__gs_foreach_copy(dsts_{g.name}, pads_{g.name})" for g in groups.values()]
+            fill_lines += [f"__gs_foreach_copy(dsts_{g.name}, pads_{g.name})" for g in host_groups.values()
+                           if g.tails]
+            fill_lines += dev.fill_lines()
         for n in separate_resets:
             op = "zero_()" if n.slot.padding == "zero" else f"fill_(padval_{n.ident})"
             fill_lines += [f"if tail_{n.ident} is not None:", f"    tail_{n.ident}.{op}"]

@@ -69,14 +69,18 @@ class BuiltinHook:
     kind: str
     factory: HookFactory
     doc: str
+    #: For a ``post_fill`` hook that only fills its whole buffer with one of the step's
+    #: counts (``"raw_num_tokens"``, ``"padded_num_tokens"``): generated code writes that
+    #: value through the step's grouped copy instead of calling the hook.
+    fills: Optional[str] = None
 
 
 BUILTIN_HOOKS: Dict[str, BuiltinHook] = {}
 
 
-def builtin_hook(name: str, kind: str, doc: str):
+def builtin_hook(name: str, kind: str, doc: str, fills: Optional[str] = None):
     def register(factory: HookFactory) -> HookFactory:
-        BUILTIN_HOOKS[name] = BuiltinHook(kind, factory, doc)
+        BUILTIN_HOOKS[name] = BuiltinHook(kind, factory, doc, fills)
         return factory
 
     return register
@@ -256,6 +260,7 @@ def _local_num_token_non_padded_cpu(params, slot_name):
     "count_non_padded_tokens",
     "post_fill",
     "Write the raw token count of the step (tokens of the padded bucket that are real).",
+    fills="raw_num_tokens",
 )
 def _count_non_padded_tokens(params, slot_name):
     def post_fill(buffer, fb, ctx):
@@ -269,6 +274,7 @@ def _count_non_padded_tokens(params, slot_name):
     "post_fill",
     "With gathered (DP) buffers, every rank runs the padded token count: fill it. "
     "Without, the buffer is left as initialised (param: require_gathered_buffer).",
+    fills="padded_num_tokens",
 )
 def _global_num_tokens(params, slot_name):
     if not params.get("require_gathered_buffer"):

@@ -55,25 +55,25 @@ def bind(buffers, hooks, params, max_bs, max_num_tokens, device, __gs_check):
 
     def make_plan(raw_bs, padded_bs, raw_num_tokens, padded_num_tokens):
         __gs_check.counts(raw_bs, padded_bs, raw_num_tokens, padded_num_tokens)
-        dsts_dev_int64 = [buf_input_ids[:raw_num_tokens], buf_positions[:raw_num_tokens], buf_out_cache_loc[:raw_num_tokens], buf_req_pool_indices[:raw_bs], buf_seq_lens[:raw_bs], buf_positions[raw_num_tokens:padded_num_tokens], buf_out_cache_loc[raw_num_tokens:padded_num_tokens], buf_req_pool_indices[raw_bs:padded_bs], buf_seq_lens[raw_bs:padded_bs]]
-        pads_dev_int64 = [pad0_int64[:padded_num_tokens - raw_num_tokens], pad0_int64[:padded_num_tokens - raw_num_tokens], pad0_int64[:padded_bs - raw_bs], pad1_int64[:padded_bs - raw_bs]]
         dsts_host_int64 = [buf_seq_lens_cpu[:raw_bs], buf_seq_lens_cpu[raw_bs:padded_bs]]
         pads_host_int64 = [pad2_int64[:padded_bs - raw_bs]]
-        head_mrope_positions = buf_mrope_positions[:, :raw_num_tokens]
-        tail_mrope_positions = buf_mrope_positions[:, raw_num_tokens:padded_num_tokens] if raw_num_tokens < padded_num_tokens else None
+        dsts_dev = [buf_input_ids[:raw_num_tokens], buf_positions[:raw_num_tokens], buf_out_cache_loc[:raw_num_tokens], buf_req_pool_indices[:raw_bs], buf_seq_lens[:raw_bs]]
+        tails_dev = [buf_positions[raw_num_tokens:padded_num_tokens], buf_out_cache_loc[raw_num_tokens:padded_num_tokens], buf_req_pool_indices[raw_bs:padded_bs], buf_seq_lens[raw_bs:padded_bs], buf_mrope_positions[0, raw_num_tokens:padded_num_tokens], buf_mrope_positions[1, raw_num_tokens:padded_num_tokens], buf_mrope_positions[2, raw_num_tokens:padded_num_tokens]]
+        pads_dev = [pad0_int64[:padded_num_tokens - raw_num_tokens], pad0_int64[:padded_num_tokens - raw_num_tokens], pad0_int64[:padded_bs - raw_bs], pad1_int64[:padded_bs - raw_bs], pad0_int64[:padded_num_tokens - raw_num_tokens], pad0_int64[:padded_num_tokens - raw_num_tokens], pad0_int64[:padded_num_tokens - raw_num_tokens]]
+        head_mrope_positions = [buf_mrope_positions[0, :raw_num_tokens], buf_mrope_positions[1, :raw_num_tokens], buf_mrope_positions[2, :raw_num_tokens]]
         rows0 = torch.Size((raw_num_tokens,))
         rows1 = torch.Size((raw_bs,))
         rows2 = torch.Size((3, raw_num_tokens))
         if len(plans) >= 4096:
             plans.clear()
-        plan = plans[raw_bs, padded_bs, raw_num_tokens, padded_num_tokens] = (dsts_dev_int64, pads_dev_int64, dsts_host_int64, pads_host_int64, head_mrope_positions, tail_mrope_positions, rows0, rows1, rows2)
+        plan = plans[raw_bs, padded_bs, raw_num_tokens, padded_num_tokens] = (dsts_host_int64, pads_host_int64, dsts_dev, tails_dev, pads_dev, head_mrope_positions, rows0, rows1, rows2)
         return plan
 
     def fill_from(fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs=None):
         plan = plans.get((raw_bs, padded_bs, raw_num_tokens, padded_num_tokens))
         if plan is None:
             plan = make_plan(raw_bs, padded_bs, raw_num_tokens, padded_num_tokens)
-        dsts_dev_int64, pads_dev_int64, dsts_host_int64, pads_host_int64, head_mrope_positions, tail_mrope_positions, rows0, rows1, rows2 = plan
+        dsts_host_int64, pads_host_int64, dsts_dev, tails_dev, pads_dev, head_mrope_positions, rows0, rows1, rows2 = plan
         try:
             src_input_ids = fb.input_ids
             src_positions = fb.positions
@@ -90,14 +90,14 @@ def bind(buffers, hooks, params, max_bs, max_num_tokens, device, __gs_check):
                     or src_seq_lens_cpu.shape != rows1
                     or (src_mrope_positions is not None and src_mrope_positions.shape != rows2)):
                 raise __gs_Mismatch
-            __gs_foreach_copy(dsts_dev_int64, [src_input_ids, src_positions, src_out_cache_loc, src_req_pool_indices, src_seq_lens] + pads_dev_int64)
             __gs_foreach_copy(dsts_host_int64, [src_seq_lens_cpu] + pads_host_int64)
+            dsts, srcs = list(dsts_dev), [src_input_ids, src_positions, src_out_cache_loc, src_req_pool_indices, src_seq_lens]
             if src_mrope_positions is not None:
-                head_mrope_positions.copy_(src_mrope_positions)
+                dsts += head_mrope_positions
+                srcs += src_mrope_positions.unbind(0)
+            __gs_foreach_copy(dsts + tails_dev, srcs + pads_dev)
         except Exception as exc:
             __gs_check.diagnose(fb, raw_bs, raw_num_tokens, exc)
-        if tail_mrope_positions is not None:
-            tail_mrope_positions.zero_()
 
     def make_views(padded_bs, padded_num_tokens):
         __gs_check.view_counts(padded_bs, padded_num_tokens)

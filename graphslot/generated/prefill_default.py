@@ -42,19 +42,19 @@ def bind(buffers, hooks, params, max_bs, max_num_tokens, device, __gs_check):
 
     def make_plan(raw_bs, padded_bs, raw_num_tokens, padded_num_tokens):
         __gs_check.counts(raw_bs, padded_bs, raw_num_tokens, padded_num_tokens)
-        dsts_dev_int64 = [buf_input_ids[:raw_num_tokens], buf_positions[:raw_num_tokens], buf_out_cache_loc[:raw_num_tokens], buf_input_ids[raw_num_tokens:padded_num_tokens], buf_positions[raw_num_tokens:padded_num_tokens], buf_out_cache_loc[raw_num_tokens:padded_num_tokens]]
-        pads_dev_int64 = [pad0_int64[:padded_num_tokens - raw_num_tokens], pad0_int64[:padded_num_tokens - raw_num_tokens], pad0_int64[:padded_num_tokens - raw_num_tokens]]
+        dsts_dev = [buf_input_ids[:raw_num_tokens], buf_positions[:raw_num_tokens], buf_out_cache_loc[:raw_num_tokens], buf_input_ids[raw_num_tokens:padded_num_tokens], buf_positions[raw_num_tokens:padded_num_tokens], buf_out_cache_loc[raw_num_tokens:padded_num_tokens]]
+        pads_dev = [pad0_int64[:padded_num_tokens - raw_num_tokens], pad0_int64[:padded_num_tokens - raw_num_tokens], pad0_int64[:padded_num_tokens - raw_num_tokens]]
         rows0 = torch.Size((raw_num_tokens,))
         if len(plans) >= 4096:
             plans.clear()
-        plan = plans[raw_bs, padded_bs, raw_num_tokens, padded_num_tokens] = (dsts_dev_int64, pads_dev_int64, rows0)
+        plan = plans[raw_bs, padded_bs, raw_num_tokens, padded_num_tokens] = (dsts_dev, pads_dev, rows0)
         return plan
 
     def fill_from(fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs=None):
         plan = plans.get((raw_bs, padded_bs, raw_num_tokens, padded_num_tokens))
         if plan is None:
             plan = make_plan(raw_bs, padded_bs, raw_num_tokens, padded_num_tokens)
-        dsts_dev_int64, pads_dev_int64, rows0 = plan
+        dsts_dev, pads_dev, rows0 = plan
         try:
             src_input_ids = fb.input_ids
             src_positions = fb.positions
@@ -63,7 +63,7 @@ def bind(buffers, hooks, params, max_bs, max_num_tokens, device, __gs_check):
                     or src_positions.shape != rows0
                     or src_out_cache_loc.shape != rows0):
                 raise __gs_Mismatch
-            __gs_foreach_copy(dsts_dev_int64, [src_input_ids, src_positions, src_out_cache_loc] + pads_dev_int64)
+            __gs_foreach_copy(dsts_dev, [src_input_ids, src_positions, src_out_cache_loc] + pads_dev)
         except Exception as exc:
             __gs_check.diagnose(fb, raw_bs, raw_num_tokens, exc)
 

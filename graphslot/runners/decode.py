@@ -22,6 +22,7 @@ from ..api import build_registry
 from ..framework.errors import SlotError
 from .adapter import DecodeAdapter
 from .batch import check_dummy_batch, check_slice_output, describe_dummy
+from .cuda_graph import no_collection
 from .graph_backend import get_graph_backend
 from .guard import ReplayGuard, guard_wanted, runner_tensors
 from .histogram import BatchSizeHistogram
@@ -73,10 +74,15 @@ class DecodeRunnerConfig:
     disable_padding: bool = False
     #: Progress bar over capture; None shows it on a TTY only.
     progress: Optional[bool] = None
+    #: Eager runs before each capture (lazy inits, autotuning happen outside the graph).
     warmup: int = 1
     #: Check before each replay that no slot buffer or static tensor moved
     #: (:mod:`graphslot.runners.guard`); None: on when ``GRAPHSLOT_DEBUG=1``.
     guard: Optional[bool] = None
+    #: "all": warm up before every size's capture; "largest": only before the first
+    #: (largest) one -- once lazy inits are done, a warm-up only costs time and fills the
+    #: general allocator cache with that size's activations.
+    warmup_sizes: str = "all"
 
 
 class DecodeGraphRunner:
@@ -85,6 +91,8 @@ class DecodeGraphRunner:
     def __init__(self, adapter: DecodeAdapter, config: Optional[DecodeRunnerConfig] = None, **overrides: Any):
         config = dataclasses.replace(config or DecodeRunnerConfig(), **overrides)
         self.adapter, self.config = adapter, config
+        if config.warmup_sizes not in ("all", "largest"):
+            raise ValueError(f"warmup_sizes must be 'all' or 'largest', got {config.warmup_sizes!r}")
         self.k = int(config.num_tokens_per_bs)
         self.captured_sizes = capture_sizes(config.max_bs, config.capture_bs, config.capture_bs_multiple,
                                             adapter.max_requests)
@@ -121,14 +129,17 @@ class DecodeGraphRunner:
         start = time.perf_counter()
         bar = tqdm(self.captured_sizes, desc="Capturing decode graphs", unit="graph", leave=False,
                    disable=None if show is None else not show)
-        for bs in bar:
-            bar.set_postfix(bs=bs)
-            self.graphs[bs] = self._capture_one(bs)
+        with no_collection():  # one full collection for all sizes, not one per graph
+            for bs in bar:
+                bar.set_postfix(bs=bs)
+                self.graphs[bs] = self._capture_one(bs)
         return time.perf_counter() - start
 
     def _capture_one(self, bs: int) -> Any:
         view = self._capture_view(bs)
-        return self.backend.capture(functools.partial(self._forward, view), warmup=self.config.warmup)
+        first = bs == self.captured_sizes[0]
+        warmup = self.config.warmup if first or self.config.warmup_sizes == "all" else 0
+        return self.backend.capture(functools.partial(self._forward, view), warmup=warmup)
 
     def _forward(self, view: Any) -> Any:
         with torch.no_grad():
