@@ -4,11 +4,11 @@ Everything is computed here — names, slice expressions, which copies share one
 ``_foreach_copy_``, which branches exist — and handed to a thin template as lists of
 statements. The plan for a spec with default decode params is, per step:
 
-* one ``_foreach_copy_`` per (device kind, dtype) group that copies every dense head
-  *and* resets every 1-D tail, the tail's source being a slice of a constant pad
-  tensor (so "zero the tail" and "copy the head" ride in the same kernel);
-* a separate op only where fusion is impossible (a strided tail such as
-  ``mrope_positions[:, raw:padded]``, a multi-dimensional tail);
+* one ``_foreach_copy_`` for everything written on the device (:class:`DeviceGroup`):
+  dense heads (2-D ones as rows), tail resets whose source is a slice of a constant pad
+  tensor, and step-count hooks; mixed dtypes ride as byte-reinterpreted views of one
+  integer *carrier* dtype, with a typed fallback when a source's dtype or layout is off;
+* host-side (CPU) slots in a group of their own;
 * slice views computed once per step size and cached, so a replay slices nothing.
 """
 
