@@ -148,6 +148,19 @@ def test_batch_types_without_forward_mode_decode_like_eager(batch_type):
         assert runner.external_inputs(bs) == []
 
 
+@pytest.mark.parametrize("mode", ["generated", "interpreted"])
+def test_extract_on_a_batch_that_cannot_take_a_view_field_names_the_spec_and_the_fields(mode):
+    reg = gs.build_registry("decode", max_bs=4, max_num_tokens=4, device="cpu", mode=mode)
+    fb = SlottedNoBatchSize(*[torch.zeros(2, dtype=torch.int64) for _ in range(6)])
+    reg.fill_from(fb, 2, 2, 2, 2)
+    with pytest.raises(gs.SlotError) as info:
+        reg.extract(fb, 2, 2)
+    assert str(info.value).startswith("spec 'decode': extract cannot set 'batch_size' on a copy of "
+                                      "SlottedNoBatchSize (")
+    assert str(info.value).endswith("; a batch type with __slots__ must declare every field a view sets: "
+                                    + ", ".join(reg.view_names()))
+
+
 def test_a_slotted_batch_without_batch_size_fails_at_construction_naming_it():
     rt = build_reference_model(max_num_reqs=4)
     adapter = PlainAdapter(rt, SlottedNoBatchSize)
@@ -155,8 +168,9 @@ def test_a_slotted_batch_without_batch_size_fails_at_construction_naming_it():
         DecodeGraphRunner(adapter, max_bs=4, progress=False)
     msg = str(info.value)
     assert msg.startswith("capturing batch size 4: the SlottedNoBatchSize from PlainAdapter.make_dummy_batch "
-                          "cannot carry the view of spec 'decode': extract cannot set 'batch_size'")
-    assert "a view sets batch_size, input_ids, positions," in msg and "must declare them all" in msg
+                          "cannot carry the view: spec 'decode': extract cannot set 'batch_size' on a copy of "
+                          "SlottedNoBatchSize")
+    assert "must declare every field a view sets: batch_size, input_ids, positions," in msg
     assert adapter.captured == 0
 
 

@@ -608,7 +608,7 @@ class Emitter:
         extract_lines.insert(0, f"fields = {{{', '.join(fields)}}}")
         extract_lines.append("return make_view(fb, fields)")
         view_names = ("batch_size",) + tuple(n.slot.name for n in self.names if not n.slot.structured)
-        bind_lines.append(f"make_view = __gs_ViewMaker({view_names!r})")
+        bind_lines.append(f"make_view = __gs_ViewMaker({view_names!r}, {self.spec.name!r})")
 
         emitted = bind_lines + plan_lines + fill_lines + extract_lines
         runtime_imports = sorted((helper, alias) for helper, alias in RUNTIME_HELPERS

@@ -68,10 +68,10 @@ class ViewMaker:
     ``object.__setattr__``. The choice is made once per batch type.
     """
 
-    __slots__ = ("names", "_plain")
+    __slots__ = ("names", "spec_name", "_plain")
 
-    def __init__(self, names: Tuple[str, ...]):
-        self.names, self._plain = names, {}
+    def __init__(self, names: Tuple[str, ...], spec_name: str = "?"):
+        self.names, self.spec_name, self._plain = names, spec_name, {}
 
     def _is_plain(self, cls: type) -> bool:
         plain = self._plain.get(cls)
@@ -95,7 +95,9 @@ class ViewMaker:
             try:
                 object.__setattr__(new, name, value)
             except (AttributeError, TypeError) as exc:
-                raise SlotError(f"extract cannot set '{name}' on a copy of {cls.__name__}: {exc}") from None
+                raise SlotError(f"spec {self.spec_name!r}: extract cannot set '{name}' on a copy of "
+                                f"{cls.__name__} ({exc}); a batch type with __slots__ must declare every "
+                                f"field a view sets: {', '.join(self.names)}") from None
         return new
 
 
@@ -132,7 +134,7 @@ class SlotRegistry:
             self._slots[resolved.name] = Slot(resolved, buffer, hooks.get(resolved.name, {}))
         self.active: Tuple[Slot, ...] = tuple(s for s in self._slots.values() if s.enabled)
         self.checker = StepChecker(spec.name, self.active, max_bs, max_num_tokens, strict)
-        self.make_view = ViewMaker(self.view_names())
+        self.make_view = ViewMaker(self.view_names(), spec.name)
 
     # -- introspection -------------------------------------------------------------
     def slot(self, name: str) -> Slot:

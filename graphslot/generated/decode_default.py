@@ -53,7 +53,7 @@ def bind(buffers, hooks, params, max_bs, max_num_tokens, device, __gs_check):
     pad0_int64 = torch.full((max(max_num_tokens, max_bs),), 0, dtype=torch.int64, device=device)
     pad1_int64 = torch.full((max_bs,), seq_len_fill_value, dtype=torch.int64, device=device)
     pad2_int64 = torch.full((max_bs,), seq_len_fill_value, dtype=torch.int64, device='cpu')
-    make_view = __gs_ViewMaker(('batch_size', 'input_ids', 'positions', 'out_cache_loc', 'req_pool_indices', 'seq_lens', 'seq_lens_cpu', 'mrope_positions', 'global_num_tokens_gpu', 'global_num_tokens_for_logprob_gpu'))
+    make_view = __gs_ViewMaker(('batch_size', 'input_ids', 'positions', 'out_cache_loc', 'req_pool_indices', 'seq_lens', 'seq_lens_cpu', 'mrope_positions', 'global_num_tokens_gpu', 'global_num_tokens_for_logprob_gpu'), 'decode')
     plans = {}
     views = {}
 

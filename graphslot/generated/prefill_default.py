@@ -36,7 +36,7 @@ def bind(buffers, hooks, params, max_bs, max_num_tokens, device, __gs_check):
     buf_positions = buffers['positions']
     buf_out_cache_loc = buffers['out_cache_loc']
     pad0_int64 = torch.full((max_num_tokens,), 0, dtype=torch.int64, device=device)
-    make_view = __gs_ViewMaker(('batch_size', 'input_ids', 'positions', 'out_cache_loc'))
+    make_view = __gs_ViewMaker(('batch_size', 'input_ids', 'positions', 'out_cache_loc'), 'prefill')
     plans = {}
     views = {}
 

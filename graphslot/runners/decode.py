@@ -158,9 +158,7 @@ class DecodeGraphRunner:
         try:
             view = reg.extract(dummy, bs, n)
         except SlotError as exc:
-            names = ", ".join(reg.view_names())
-            raise SlotError(f"{where} cannot carry the view of spec '{reg.spec.name}': {exc}; a view sets "
-                            f"{names}, so a batch type with __slots__ must declare them all") from exc
+            raise SlotError(f"{where} cannot carry the view: {exc}") from exc
         self._set_dp(view, n)
         adapter.init_capture_metadata(bs, n, view)
         return view
