@@ -89,3 +89,20 @@ def test_no_copy_runs_on_the_batch_tensors(via, monkeypatch):
 def test_env_var_off_means_copy(monkeypatch):
     monkeypatch.setenv(NO_COPY_ENV, "0")
     assert not EagerRunner(ReferenceDecodeAdapter(build_reference_model())).no_copy
+
+
+def test_a_spec_of_your_own_is_used_and_must_have_the_eager_preset(tmp_path):
+    import graphslot as gs
+    from graphslot.framework.loading import spec_path
+
+    text = spec_path("decode").read_text(encoding="utf-8").replace("name: decode", "name: my_decode", 1)
+    (tmp_path / "my_decode.yaml").write_text(text, encoding="utf-8")
+    rt = build_reference_model()
+    runner = EagerRunner(ReferenceDecodeAdapter(rt), spec=tmp_path / "my_decode.yaml", max_bs=4)
+    assert runner.registry.spec.name == "my_decode"
+    fb = make_decode_batch(rt, rt.req_to_token_pool.alloc(2), [3, 5], [7, 8])
+    assert torch.equal(runner(fb), rt.forward(fb))
+
+    bare = gs.load_spec("decode").model_copy(update={"presets": {}})
+    with pytest.raises(ValueError, match="EagerRunner needs a spec with an 'eager' preset.*spec 'decode'"):
+        EagerRunner(ReferenceDecodeAdapter(rt), spec=bare)

@@ -16,6 +16,7 @@ from typing import Any, Mapping, Optional
 
 from ..api import build_registry
 from ..framework.loading import load_spec
+from ..framework.model import RegistrySpec
 from .adapter import DecodeAdapter
 
 NO_COPY_ENV = "GRAPHSLOT_EAGER_INPUT_NO_COPY"
@@ -37,13 +38,19 @@ class EagerRunner:
         max_bs: int = 8,
         max_num_tokens: Optional[int] = None,
         *,
+        spec: Any = "decode",
         mode: Any = "generated",
         params: Optional[Mapping[str, Any]] = None,
         no_copy: Optional[bool] = None,
     ):
         self.adapter, self.mode = adapter, mode
         self.no_copy = no_copy_from_env() if no_copy is None else bool(no_copy)
-        spec = load_spec("decode")
+        if not isinstance(spec, RegistrySpec):
+            spec = load_spec(spec)
+        if PRESET not in spec.presets:
+            raise ValueError(f"EagerRunner needs a spec with an {PRESET!r} preset (the values a batch brings "
+                             f"itself, carried instead of overwritten); spec {spec.name!r} ({spec.source}) has "
+                             f"{sorted(spec.presets) or 'none'}: copy the shipped decode spec's presets.eager")
         # The adapter's graph-time values (seq_len_fill_value ...) must not undo the preset.
         preset = spec.presets[PRESET]
         self.params = {k: v for k, v in adapter.spec_params().items() if k not in preset}
