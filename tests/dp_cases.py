@@ -97,7 +97,7 @@ def run_rank(rank: int, world_size: int, device: str = "cpu") -> List[Dict[str, 
             rec["own_rows_in_place"] = torch.equal(gathered[rank * rows:(rank + 1) * rows], local)
         records.append(rec)
     records.append({"graph_steps": dp.graph_steps, "eager_steps": dp.eager_steps, "skipped_steps": dp.skipped_steps,
-                    "captured_sizes": runner.captured_sizes,
+                    "captured_sizes": runner.captured_sizes, "metrics": runner.metrics(),
                     "refused": refused})
     return records
 

@@ -108,9 +108,15 @@ def test_a_rank_that_cannot_run_a_graph_makes_every_rank_run_eager(session):
     for s in beyond + prefill:
         assert [r[s]["padded_bs"] for r in steps] == [None, None]
         assert steps[0][s]["flags"] == [True, s not in prefill]
-    for totals in summary:
+    for rank, totals in enumerate(summary):
         assert (totals["graph_steps"], totals["eager_steps"], totals["skipped_steps"]) == (
             len(STEPS) - len(beyond) - len(prefill) - 1, len(beyond) + len(prefill), 1)
+        # The rank's runner metrics count its own rows the same way, with a reason for each fallback.
+        busy = [rec for rec in steps[rank] if rec["raw_tokens"] > 0]
+        metrics = totals["metrics"]
+        assert metrics["replays"] == sum(rec["padded_bs"] is not None for rec in busy)
+        assert metrics["eager_fallbacks"] == sum(rec["padded_bs"] is None for rec in busy) > 0
+        assert sum(metrics["eager_reasons"].values()) == metrics["eager_fallbacks"]
 
 
 def test_idle_ranks_join_the_step_and_a_step_without_work_is_skipped(session):

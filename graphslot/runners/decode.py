@@ -202,12 +202,15 @@ class DecodeGraphRunner:
         needed = self._needed_bs(fb, self.adapter.batch_size(fb))
         return self._ascending[bisect.bisect_left(self._ascending, needed)]
 
-    def replay(self, fb: Any) -> Any:
+    def replay(self, fb: Any, *, count: bool = True) -> Any:
         """Outputs for ``fb``'s rows: views of the graph's static outputs, valid until
-        the next replay of the same size (clone to keep them)."""
+        the next replay of the same size (clone to keep them). ``count=False``: a batch
+        of no real requests (an idle DP rank's dummy, replayed to join the collectives)
+        stays out of :meth:`metrics` and the histogram."""
         adapter, reg, k = self.adapter, self.registry, self.k
         raw_bs = adapter.batch_size(fb)
-        self.histogram.record(raw_bs)
+        if count:
+            self.histogram.record(raw_bs)
         bs = self.padded_bs(fb)
         reg.fill_from(fb, raw_bs, bs, raw_bs * k, bs * k, self._side)
         if self.tail_hook is not None:
@@ -220,7 +223,8 @@ class DecodeGraphRunner:
         if self.guard is not None:
             self.guard.check()
         graph.replay()
-        self.stats.replayed(raw_bs, bs)
+        if count:
+            self.stats.replayed(raw_bs, bs)
         return adapter.slice_output(graph.output, raw_bs, raw_bs * k, padded_bs=bs, padded_num_tokens=bs * k)
 
     def __call__(self, fb: Any) -> Any:

@@ -136,9 +136,12 @@ class DPDecodeRunner:
             if padded != step.padded_bs:  # the runner reads the same counts; never differs
                 raise RuntimeError(f"DP rank {self.exchange.rank}: the runner pads to {padded}, "
                                    f"the ranks agreed on {step.padded_bs}")
-            out = self.runner.replay(batch)
+            out = self.runner.replay(batch, count=fb is not None)
         else:
             self.eager_steps += 1
+            if fb is not None:  # in the runner's metrics and histogram, as a fallback of its own would be
+                self.runner.stats.fell_back(self.runner.eager_reason(batch) or "another DP rank cannot run a graph")
+                self.runner.histogram.record(self.adapter.batch_size(batch))
             rows = max(counts)
             self.adapter.set_dp_buffer_len([rows] * len(counts), rows * len(counts))
             out = self.adapter.forward_eager(batch)
