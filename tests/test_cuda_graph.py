@@ -110,3 +110,25 @@ def test_graphs_survive_a_cublas_workspace_clear():
     torch.cuda.synchronize()
     assert torch.allclose(graph.output, expected)
     assert all(bool((b == 7.0).all()) for b in bystanders)
+
+
+def test_one_backend_captures_one_workspace_so_a_replay_leaves_other_graphs_outputs_alone():
+    """The workspace is made fresh at a backend's first capture only: made fresh at every
+    capture, each graph's workspace would return to the pool, where a later capture can
+    put its output -- which the earlier graph's replay then overwrites."""
+    backend = get_graph_backend("cuda", "cuda")
+    x = torch.randn(256, 1024, device="cuda")
+    w = torch.randn(1024, 1024, device="cuda")
+    graphs = [backend.capture(lambda n=n: x[:n] @ w, warmup=1) for n in (256, 128, 64, 32)]
+    for g in graphs:
+        g.replay()
+    torch.cuda.synchronize()
+    expected = [g.output.clone() for g in graphs]
+    torch._C._cuda_clearCublasWorkspaces()  # as torch.compile's CUDAGraph Trees does
+    torch.cuda.empty_cache()
+    for g in reversed(graphs):  # each replay may only write its own output
+        g.replay()
+    graphs[0].replay()
+    torch.cuda.synchronize()
+    for g, want in zip(graphs, expected):
+        assert torch.equal(g.output, want)

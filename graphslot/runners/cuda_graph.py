@@ -48,18 +48,24 @@ def no_collection() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def capturing(graph: "torch.cuda.CUDAGraph", pool: Any, stream: "torch.cuda.Stream") -> Iterator[None]:
-    """``torch.cuda.graph`` with no collection and a cuBLAS workspace the graph owns.
+def capturing(graph: "torch.cuda.CUDAGraph", pool: Any, stream: "torch.cuda.Stream", *,
+              fresh_workspace: bool) -> Iterator[None]:
+    """``torch.cuda.graph`` with no collection; ``fresh_workspace``: a cuBLAS workspace
+    the graphs own.
 
     cuBLAS keeps one workspace per handle and stream in the caching allocator, made at
     the first matmul (the warm-up) and baked into every graph captured after it. Whoever
     clears the workspaces later -- torch.compile's CUDAGraph Trees does before each
     recording -- frees that memory under our graphs: their matmuls then write into other
     tensors, or into memory given back to the driver (an illegal address). Cleared just
-    before capture, the workspace is allocated inside the capture, from the graph's pool,
-    which lives as long as the graphs do.
+    before a backend's first capture, the workspace is allocated inside it, from the
+    graphs' pool, which lives as long as they do; later captures on the same stream
+    reuse it (the graphs never run at once). Cleared before every capture instead, each
+    graph's workspace would go back to the pool, where the next capture could place its
+    outputs -- which replaying the earlier graph would then overwrite.
     """
-    torch._C._cuda_clearCublasWorkspaces()
+    if fresh_workspace:
+        torch._C._cuda_clearCublasWorkspaces()
     with no_collection(), torch.cuda.graph(graph, pool=pool, stream=stream):
         yield
 
@@ -87,6 +93,7 @@ class CudaGraphBackend:
             raise ValueError(f"the 'cuda' graph backend needs a CUDA device, got {self.device}")
         self._pool: Optional[Any] = None
         self._stream: Optional["torch.cuda.Stream"] = None
+        self._captures = 0
 
     @property
     def pool(self) -> Any:
@@ -98,6 +105,10 @@ class CudaGraphBackend:
             with torch.cuda.device(self.device):
                 self._pool = torch.cuda.graph_pool_handle()
                 self._stream = torch.cuda.Stream()
+
+    def _capturing(self, graph: "torch.cuda.CUDAGraph") -> Any:
+        self._captures += 1
+        return capturing(graph, self._pool, self._stream, fresh_workspace=self._captures == 1)
 
     def begin_capture(self) -> "OpenCudaCapture":
         """Start capturing into the shared pool now; ``end(output)`` returns the graph.
@@ -121,7 +132,7 @@ class CudaGraphBackend:
 
             graph = torch.cuda.CUDAGraph()
             try:
-                with capturing(graph, self._pool, stream):
+                with self._capturing(graph):
                     output = fn()
             except RuntimeError as e:
                 if isinstance(e, GraphCaptureError) or "captur" not in str(e).lower():
@@ -138,7 +149,7 @@ class OpenCudaCapture:
         self.backend = backend
         self.graph = torch.cuda.CUDAGraph()
         self._open = contextlib.ExitStack()
-        self._open.enter_context(capturing(self.graph, backend.pool, backend._stream))
+        self._open.enter_context(backend._capturing(self.graph))
 
     def end(self, output: Any) -> CudaGraphWrapper:
         self._open.close()
