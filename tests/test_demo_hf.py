@@ -58,6 +58,7 @@ def test_cli_hf_demo_json(capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--model", "hf-qwen3", "--mode", "prefill"], "argument --model: hf-qwen3 runs decode only, not --mode prefill"),
     (["--model", "hf-llama", "--batches", "3"], "argument --batches: only for --mode prefill, not --mode decode"),
+    (["--model", "hf-llama", "--dp", "2"], "argument --dp: runs the reference model only, not --model hf-llama"),
 ])
 def test_cli_hf_demo_rejects_what_it_cannot_run(monkeypatch, capsys, argv, message):
     from graphslot.cli import demo_hf, main
