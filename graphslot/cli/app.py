@@ -585,24 +585,26 @@ def setup_demo(parser: argparse.ArgumentParser) -> Runner:
         print(json.dumps(result, indent=2) if args.json else format_demo_table(result))
         return 0 if result["mismatching_steps"] == 0 else 1
 
-    def run_hf(args: argparse.Namespace) -> int:
-        max_bs = args.max_bs or 8
-        print(f"graphslot demo: {args.model}, {args.steps} decode steps (max_bs {max_bs}), backend "
-              f"{args.backend}, registry {args.registry}: capturing, then checking each step against "
-              "transformers per request", file=sys.stderr)
-        import_torch()
-        from .demo_hf import format_hf_demo_table, run_hf_demo
-
-        try:
-            result = run_hf_demo(args.model, steps=args.steps, backend=args.backend, mode=args.registry,
-                                 max_bs=max_bs)
-        except (ImportError, RuntimeError, ValueError) as exc:
-            print(f"graphslot demo: error: {exc}", file=sys.stderr)
-            return 1
-        print(json.dumps(result, indent=2) if args.json else format_hf_demo_table(result))
-        return 0 if result["mismatching_steps"] == 0 else 1
-
     return run
+
+
+def run_hf(args: argparse.Namespace) -> int:
+    """``demo --model hf-*``: a tiny transformers model; exit 1 on any mismatch."""
+    max_bs = args.max_bs or 8
+    print(f"graphslot demo: {args.model}, {args.steps} decode steps (max_bs {max_bs}), backend "
+          f"{args.backend}, registry {args.registry}: capturing, then checking each step against "
+          "transformers per request", file=sys.stderr)
+    import_torch()
+    from .demo_hf import format_hf_demo_table, run_hf_demo
+
+    try:
+        result = run_hf_demo(args.model, steps=args.steps, backend=args.backend, mode=args.registry,
+                             max_bs=max_bs)
+    except (ImportError, RuntimeError, ValueError) as exc:
+        print(f"graphslot demo: error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(result, indent=2) if args.json else format_hf_demo_table(result))
+    return 0 if result["mismatching_steps"] == 0 else 1
 
 
 def run_dp(args: argparse.Namespace) -> int:
