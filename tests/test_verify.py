@@ -23,7 +23,13 @@ def verdicts(report):
 
 
 def test_reference_model_passes_verify():
-    report = verify_runner(reference_target("cpu", max_bs=8))
+    target = reference_target("cpu", max_bs=8)
+    target.runner(target.make_batch(3))
+    before = (target.runner.metrics(), dict(target.runner.histogram.counts))
+    report = verify_runner(target)
+    # verify's own replays leave what the runner served untouched
+    assert (target.runner.metrics(), dict(target.runner.histogram.counts)) == before
+    assert before[1] == {3: 1}
     assert report.safe and report.problems == [] and report.external_inputs == []
     assert {padded for _, padded in report.cases} == {4, 8}  # every size that has a tail (2 and 1 have none)
     slots = verdicts(report)

@@ -111,15 +111,14 @@ class DecodeGraphRunner:
         check_slice_output(adapter)
         self.graphs: Dict[int, Any] = {}
         self.capture_seconds = self._capture_all()
-        #: Counters of replays, padding and eager fallbacks (``metrics()``).
-        self.stats = RunnerMetrics()
+        #: Counters of replays, padding and eager fallbacks (``metrics()``), and the raw
+        #: sizes served (``histogram``).
+        self.stats = RunnerMetrics(num_tokens_per_bs=self.k)
         #: ``fn(raw_bs, padded_bs)`` run after each fill, before metadata and replay
         #: (``graphslot verify`` poisons padded tails there).
         self.tail_hook: Optional[Any] = None
         self.guard = (ReplayGuard(lambda: runner_tensors(self.registry, adapter))
                       if guard_wanted(config.guard) else None)
-        #: Raw batch sizes served, replayed or eager: ``.counts``, ``.save(path)`` for ``graphslot plan-sizes``.
-        self.histogram = BatchSizeHistogram(num_tokens_per_bs=self.k)
 
     # -- capture ---------------------------------------------------------------------
     def _capture_all(self) -> float:
@@ -209,8 +208,6 @@ class DecodeGraphRunner:
         stays out of :meth:`metrics` and the histogram."""
         adapter, reg, k = self.adapter, self.registry, self.k
         raw_bs = adapter.batch_size(fb)
-        if count:
-            self.histogram.record(raw_bs)
         bs = self.padded_bs(fb)
         reg.fill_from(fb, raw_bs, bs, raw_bs * k, bs * k, self._side)
         if self.tail_hook is not None:
@@ -232,13 +229,18 @@ class DecodeGraphRunner:
         reason = self.eager_reason(fb)
         if reason is None:
             return self.replay(fb)
-        self.stats.fell_back(reason)
-        self.histogram.record(self.adapter.batch_size(fb))
+        self.stats.fell_back(reason, self.adapter.batch_size(fb))
         return self.adapter.forward_eager(fb)
 
     def metrics(self) -> Dict[str, Any]:
         """Replays per captured size, padded rows and eager fallbacks by reason."""
         return self.stats.as_dict()
+
+    @property
+    def histogram(self) -> BatchSizeHistogram:
+        """Raw batch sizes served, replayed or eager: ``.counts``, ``.save(path)`` for
+        ``graphslot plan-sizes``."""
+        return self.stats.histogram
 
     # -- figures ---------------------------------------------------------------------
     @property

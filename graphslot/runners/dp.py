@@ -140,8 +140,8 @@ class DPDecodeRunner:
         else:
             self.eager_steps += 1
             if fb is not None:  # in the runner's metrics and histogram, as a fallback of its own would be
-                self.runner.stats.fell_back(self.runner.eager_reason(batch) or "another DP rank cannot run a graph")
-                self.runner.histogram.record(self.adapter.batch_size(batch))
+                reason = self.runner.eager_reason(batch) or "another DP rank cannot run a graph"
+                self.runner.stats.fell_back(reason, self.adapter.batch_size(batch))
             rows = max(counts)
             self.adapter.set_dp_buffer_len([rows] * len(counts), rows * len(counts))
             out = self.adapter.forward_eager(batch)

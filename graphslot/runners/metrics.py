@@ -1,4 +1,5 @@
-"""Per-step counters of a graph runner: what replayed, how much padding, what ran eager.
+"""Per-step counters of a graph runner: what replayed, how much padding, what ran eager,
+and the raw batch sizes served (the histogram ``graphslot plan-sizes`` plans from).
 
 Plain integer bumps on the replay path (no tensors, no syncs); :meth:`as_dict` is the
 API (``runner.metrics()``), JSON-ready.
@@ -9,28 +10,34 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Dict
 
+from .histogram import BatchSizeHistogram
+
 
 class RunnerMetrics:
-    """Replays per captured size, padded rows, eager fallbacks by reason."""
+    """Replays per captured size, padded rows, eager fallbacks by reason; every step's raw
+    size in :attr:`histogram`."""
 
-    __slots__ = ("replays", "raw_rows", "padded_rows", "eager")
+    __slots__ = ("replays", "raw_rows", "padded_rows", "eager", "histogram")
 
-    def __init__(self) -> None:
+    def __init__(self, num_tokens_per_bs: int = 1) -> None:
         self.replays: Counter = Counter()  # captured size -> replays
         self.raw_rows = 0
         self.padded_rows = 0  # rows computed only to fill a graph: padded - raw, summed
         self.eager: Counter = Counter()  # reason -> eager steps
+        self.histogram = BatchSizeHistogram(num_tokens_per_bs=num_tokens_per_bs)
 
     def replayed(self, raw: int, padded: int) -> None:
         self.replays[padded] += 1
         self.raw_rows += raw
         self.padded_rows += padded - raw
+        self.histogram.record(raw)
 
-    def fell_back(self, reason: str) -> None:
+    def fell_back(self, reason: str, raw: int) -> None:
         self.eager[reason] += 1
+        self.histogram.record(raw)
 
     def reset(self) -> None:
-        self.__init__()
+        self.__init__(self.histogram.num_tokens_per_bs)
 
     def as_dict(self) -> Dict[str, Any]:
         replays = sum(self.replays.values())
