@@ -161,7 +161,7 @@ def bench_gap(s, rt) -> List[Dict[str, Any]]:
     rows = []
     for bs in s.gap_sizes:
         fb = decode_fb(rt, bs)
-        graph = runner.graphs[runner.padded_bs(fb)]
+        graph = runner.graph(runner.padded_bs(fb))
         step_ms = gpu_ms_per_call(lambda: runner.replay(fb), s.iters, s)
         graph_ms = gpu_ms_per_call(graph.replay, s.iters, s)
         replay_us = each_call_us(lambda: runner.replay(fb), s.iters, s)

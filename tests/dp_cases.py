@@ -57,8 +57,9 @@ class RankRequests:
         return fb
 
 
-def run_rank(rank: int, world_size: int, device: str = "cpu") -> List[Dict[str, Any]]:
-    """The session on one rank: what it saw and computed, step by step."""
+def run_rank(rank: int, world_size: int, device: str = "cpu", lazy: bool = False) -> List[Dict[str, Any]]:
+    """The session on one rank: what it saw and computed, step by step (``lazy``: each
+    graph captured at the step that first needs it, by every rank at once)."""
     from graphslot.reference.dp_model import DPAttention, ReferenceDPDecodeAdapter
     from graphslot.runners.dp import DPDecodeRunner, DPExchange
 
@@ -71,7 +72,7 @@ def run_rank(rank: int, world_size: int, device: str = "cpu") -> List[Dict[str, 
         refused = None
     except ValueError as exc:
         refused = str(exc)
-    dp = DPDecodeRunner(adapter, exchange, max_bs=MAX_BS, progress=False)
+    dp = DPDecodeRunner(adapter, exchange, max_bs=MAX_BS, progress=False, lazy=lazy)
     runner = dp.runner
     requests = RankRequests(rt, rank)
     records = []
@@ -97,7 +98,7 @@ def run_rank(rank: int, world_size: int, device: str = "cpu") -> List[Dict[str, 
             rec["own_rows_in_place"] = torch.equal(gathered[rank * rows:(rank + 1) * rows], local)
         records.append(rec)
     records.append({"graph_steps": dp.graph_steps, "eager_steps": dp.eager_steps, "skipped_steps": dp.skipped_steps,
-                    "captured_sizes": runner.captured_sizes, "metrics": runner.metrics(),
+                    "captured_sizes": runner.captured_sizes, "graphs": sorted(runner.graphs), "metrics": runner.metrics(),
                     "refused": refused})
     return records
 

@@ -192,3 +192,28 @@ def test_cuda_graphs_match_eager(config):
     rt, _, runner = make_runner(config, device="cuda", max_bs=8)
     assert runner.backend.name == "cuda"
     assert len(set(decode_against_eager(rt, runner))) >= 5
+
+
+def test_a_lazy_runner_captures_each_size_when_first_needed_and_replays_it_exactly():
+    rt, adapter, runner = make_runner(max_bs=8, lazy=True)
+    assert runner.graphs == {} and runner.capture_seconds == 0.0 and runner.captured_sizes == [8, 4, 2, 1]
+    same = output_check(rt.device)
+    rpi = rt.req_to_token_pool.alloc(7)
+    for bs, captured in ((3, [4]), (2, [2, 4]), (4, [2, 4]), (7, [2, 4, 8])):
+        # A fresh size is captured before the fill: the capture's dummy batch must not
+        # overwrite this step's inputs.
+        fb = make_decode_batch(rt, rpi[:bs], [5 + i for i in range(bs)], [11 * i + 1 for i in range(bs)])
+        assert same(runner(fb).clone(), rt.forward(fb)), f"bs {bs}"
+        assert sorted(runner.graphs) == captured
+    assert runner.capture_seconds > 0
+    assert runner.metrics()["replays_per_size"] == {"2": 1, "4": 2, "8": 1}
+    with pytest.raises(KeyError, match="batch size 3 is not among the captured sizes"):
+        runner.graph(3)
+
+
+def test_a_lazy_runner_decodes_a_whole_schedule_like_an_eager_capturing_one():
+    rt, _, runner = make_runner(max_bs=8, lazy=True, capture_bs=[8, 6, 3, 1])
+    sizes = decode_against_eager(rt, runner, steps=40)
+    # exactly the sizes the schedule needed, each captured once
+    assert set(runner.graphs) == {min(c for c in (1, 3, 6, 8) if c >= bs) for bs in sizes}
+    assert len(set(runner.graphs)) >= 3

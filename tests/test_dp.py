@@ -129,6 +129,18 @@ def test_idle_ranks_join_the_step_and_a_step_without_work_is_skipped(session):
     assert all(r[nothing]["idle"] and r[nothing]["logits"] is None for r in steps)
 
 
+def test_lazy_capture_happens_on_every_rank_at_the_step_that_first_needs_it():
+    ranks = launch(dp_cases.run_rank, WORLD, "cpu", True, timeout=TIMEOUT)
+    reference = dp_cases.single_process_logits(WORLD)
+    for rank, records in enumerate(ranks):
+        *steps, summary = records
+        needed = {rec["padded_bs"] for rec in steps if rec["padded_bs"] is not None and not rec["idle"]}
+        assert summary["graphs"] == sorted(needed) == [2, 4, 8]  # never 1: no step padded to it
+        for s, rec in enumerate(steps):
+            want = reference[s][rank]
+            assert (rec["logits"] is None) if want is None else torch.equal(rec["logits"], want), (s, rank)
+
+
 # ------------------------------------------------------------------------------ launch
 
 

@@ -80,13 +80,18 @@ class DecodeRunnerConfig:
     #: (:mod:`graphslot.runners.guard`); None: on when ``GRAPHSLOT_DEBUG=1``.
     guard: Optional[bool] = None
     #: "all": warm up before every size's capture; "largest": only before the first
-    #: (largest) one -- once lazy inits are done, a warm-up only costs time and fills the
-    #: general allocator cache with that size's activations.
+    #: capture (the largest size, unless lazy) -- once lazy inits are done, a warm-up only
+    #: costs time and fills the general allocator cache with that size's activations.
     warmup_sizes: str = "all"
+    #: Capture a size when a batch first needs it instead of all at construction: a fast
+    #: start, paid for by that first step (and, captured in any order, a shared pool that
+    #: may grow past the largest graph's needs).
+    lazy: bool = False
 
 
 class DecodeGraphRunner:
-    """Captures on construction; :meth:`replay` runs a batch :meth:`can_run` accepts."""
+    """Captures on construction (or, ``lazy``, each size when first needed);
+    :meth:`replay` runs a batch :meth:`can_run` accepts."""
 
     def __init__(self, adapter: DecodeAdapter, config: Optional[DecodeRunnerConfig] = None, **overrides: Any):
         config = dataclasses.replace(config or DecodeRunnerConfig(), **overrides)
@@ -109,8 +114,11 @@ class DecodeGraphRunner:
         check_dummy_batch(adapter, self.registry, adapter.make_dummy_batch(max_bs, max_bs * self.k),
                           ("batch_size", "num_tokens", "tokens_per_bs"), "DecodeAdapter")
         check_slice_output(adapter)
+        adapter.init_graph_state(max_bs, max_bs * self.k)
+        #: Captured graphs by batch size (lazy: those captured so far).
         self.graphs: Dict[int, Any] = {}
-        self.capture_seconds = self._capture_all()
+        #: Seconds spent capturing (lazy: so far).
+        self.capture_seconds = 0.0 if config.lazy else self._capture_all()
         #: Counters of replays, padding and eager fallbacks (``metrics()``), and the raw
         #: sizes served (``histogram``).
         self.stats = RunnerMetrics(num_tokens_per_bs=self.k)
@@ -122,8 +130,6 @@ class DecodeGraphRunner:
 
     # -- capture ---------------------------------------------------------------------
     def _capture_all(self) -> float:
-        max_bs = self.captured_sizes[0]
-        self.adapter.init_graph_state(max_bs, max_bs * self.k)
         show = self.config.progress
         start = time.perf_counter()
         bar = tqdm(self.captured_sizes, desc="Capturing decode graphs", unit="graph", leave=False,
@@ -136,9 +142,20 @@ class DecodeGraphRunner:
 
     def _capture_one(self, bs: int) -> Any:
         view = self._capture_view(bs)
-        first = bs == self.captured_sizes[0]
-        warmup = self.config.warmup if first or self.config.warmup_sizes == "all" else 0
+        warmup = self.config.warmup if not self.graphs or self.config.warmup_sizes == "all" else 0
         return self.backend.capture(functools.partial(self._forward, view), warmup=warmup)
+
+    def graph(self, bs: int) -> Any:
+        """The graph of captured size ``bs``, captured now if lazy and not yet."""
+        graph = self.graphs.get(bs)
+        if graph is None:
+            if bs not in self.captured_sizes:
+                raise KeyError(f"batch size {bs} is not among the captured sizes {self.captured_sizes}")
+            start = time.perf_counter()
+            with no_collection():
+                graph = self.graphs[bs] = self._capture_one(bs)
+            self.capture_seconds += time.perf_counter() - start
+        return graph
 
     def _forward(self, view: Any) -> Any:
         with torch.no_grad():
@@ -188,7 +205,7 @@ class DecodeGraphRunner:
         if self.adapter.tokens_per_bs(fb) != self.k:
             return f"not {self.k} token(s) per request (another forward mode)"
         needed = self._needed_bs(fb, raw_bs)
-        if self.config.disable_padding and needed not in self.graphs:
+        if self.config.disable_padding and needed not in self.captured_sizes:
             return "no graph of this exact size (padding disabled)"
         if needed > self.captured_sizes[0]:
             return "larger than the largest graph"
@@ -209,6 +226,7 @@ class DecodeGraphRunner:
         adapter, reg, k = self.adapter, self.registry, self.k
         raw_bs = adapter.batch_size(fb)
         bs = self.padded_bs(fb)
+        graph = self.graph(bs)  # before the fill: a lazy capture fills the buffers with its dummy batch
         reg.fill_from(fb, raw_bs, bs, raw_bs * k, bs * k, self._side)
         if self.tail_hook is not None:
             self.tail_hook(raw_bs, bs)
@@ -216,7 +234,6 @@ class DecodeGraphRunner:
         self._set_dp(view, bs * k)
         with torch.no_grad():
             adapter.init_replay_metadata(bs, view, fb)
-        graph = self.graphs[bs]
         if self.guard is not None:
             self.guard.check()
         graph.replay()
@@ -251,7 +268,7 @@ class DecodeGraphRunner:
         """Tensors the graph of size ``bs`` reads that nothing keeps current: not a slot
         buffer, not declared static by the adapter, not made by the graph. A backend that
         cannot list them (CUDA) has the size captured again on the tape to find them."""
-        graph = self.graphs[bs]
+        graph = self.graph(bs)
         if not hasattr(graph, "external_inputs"):
             from .audit import capture_on_tape
 

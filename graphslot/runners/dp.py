@@ -117,7 +117,7 @@ class DPDecodeRunner:
         if not all(flags) or not 1 <= needed <= sizes[-1]:
             return None
         if self.runner.config.disable_padding:
-            return needed if needed in self.runner.graphs else None
+            return needed if needed in self.runner.captured_sizes else None
         return sizes[bisect.bisect_left(sizes, needed)]
 
     def __call__(self, fb: Any) -> Optional[Any]:
