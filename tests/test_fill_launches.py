@@ -125,3 +125,20 @@ def test_a_hook_computing_on_the_device_keeps_its_own_ops_and_writes_only_its_sl
     ops = count_device_ops(gen, fb, 3, 4, 3, 4)
     assert ops[0] == "_foreach_copy_" and len(ops) == 2
     assert gen.slot("num_token_non_padded").buffer.tolist() == [4]  # clamped to the padded count
+
+
+def test_a_contiguous_source_without_a_unit_last_stride_is_not_reinterpreted():
+    """A ``[n, 1]`` source may have any last stride and still be contiguous, but only a
+    unit stride can be viewed as another dtype (found by the differential property)."""
+    spec = gs.parse_spec(
+        "name: unit\nslots:\n"
+        "- {name: flags, shape: [max_bs], dtype: bool, axis: bs, padding: zero}\n"
+        "- {name: scale, shape: [max_bs, 1], dtype: float32, axis: bs, padding: keep_pad}\n", "unit.yaml")
+    interp, gen = (gs.build_registry(spec, 4, 4, mode=mode) for mode in ("interpreted", "generated"))
+    scale = torch.as_strided(torch.tensor([1.5, 2.5, 3.5]), (3, 1), (1, 0))
+    assert scale.is_contiguous() and scale.stride(-1) == 0
+    fb = SimpleNamespace(flags=torch.tensor([True, False, True]), scale=scale)
+    for reg in (interp, gen):
+        reg.fill_from(fb, 3, 4, 3, 4)
+    assert_same_bytes(interp, gen)
+    assert gen.slot("scale").buffer[:3, 0].tolist() == [1.5, 2.5, 3.5]

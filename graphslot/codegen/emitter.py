@@ -201,7 +201,7 @@ class DeviceGroup:
     one dtype; when the slots have several dtypes, every tensor is reinterpreted as the
     integer dtype of the smallest itemsize among them (the *carrier*): destination and pad views are made once per step
     size, a source's view per step, and only after its dtype was found to be the
-    slot's and its layout contiguous — otherwise the step takes the typed lists, where
+    slot's and its layout contiguous with a unit last stride — otherwise the step takes the typed lists, where
     ``copy_`` casts as the contract says (more kernels, same bytes)."""
 
     heads: List[SlotNames] = field(default_factory=list)
@@ -285,7 +285,10 @@ class DeviceGroup:
         checks = []
         for n in self.heads + self.optional_heads:
             if n.slot.dtype_name != self.carrier:
-                check = f"{n.src}.dtype is dt_{n.slot.dtype_name} and {n.src}.is_contiguous()"
+                # view(dtype) needs a unit last stride, which is_contiguous() does not
+                # promise for a last dimension of size 1 (an expanded [n, 1], say).
+                check = (f"{n.src}.dtype is dt_{n.slot.dtype_name} and {n.src}.is_contiguous() "
+                         f"and {n.src}.stride(-1) == 1")
                 checks.append(f"({n.src} is None or ({check}))" if n.slot.optional else check)
         if not checks:
             return self._block("", True)
