@@ -142,3 +142,24 @@ def test_a_contiguous_source_without_a_unit_last_stride_is_not_reinterpreted():
         reg.fill_from(fb, 3, 4, 3, 4)
     assert_same_bytes(interp, gen)
     assert gen.slot("scale").buffer[:3, 0].tolist() == [1.5, 2.5, 3.5]
+
+
+@pytest.mark.parametrize("mode", ["interpreted", "generated"])
+def test_a_row_copied_slot_judges_a_source_overlapping_its_own_buffer_row_by_row(mode):
+    """Both modes copy a ``[L, capacity]`` head as rows, so copy_ refuses a source that
+    partially overlaps the buffer the same way in both (a 2-D copy would not notice,
+    while the rows of the grouped copy do; found by the differential property)."""
+    spec = gs.parse_spec(
+        "name: rows\nslots:\n"
+        "- {name: flags, shape: [max_bs], dtype: bool, axis: bs, padding: zero, device: cpu}\n"
+        "- {name: pos, shape: [2, max_bs], dtype: bool, axis: bs, slice_dim: 1, padding: keep_pad}\n",
+        "rows.yaml")
+    reg = gs.build_registry(spec, 3, 1, mode=mode)
+    assert reg.slot("pos").spec.rows
+    shifted = reg.slot("pos").buffer[:, 1:3]  # the buffer's own columns 1-2 into columns 0-1
+    fb = SimpleNamespace(flags=torch.tensor([True, False]), pos=shifted)
+    with pytest.raises(RuntimeError, match="refer to a single memory location"):
+        reg.fill_from(fb, 2, 2, 0, 0)
+    distinct = SimpleNamespace(flags=torch.tensor([True, False]), pos=torch.tensor([[True, False], [False, True]]))
+    reg.fill_from(distinct, 2, 3, 0, 0)
+    assert reg.slot("pos").buffer[:, :2].tolist() == [[True, False], [False, True]]

@@ -25,7 +25,7 @@ from ..framework.dtypes import DTypeName, dtype_name, is_torch_dtype
 from ..framework.expr import Expr
 from ..framework.hooks import BUILTIN_HOOKS, HOOK_SIGNATURES, is_import_reference
 from ..framework.model import RegistrySpec
-from ..framework.resolve import ResolvedSlot, resolve_slot
+from ..framework.resolve import ResolvedSlot, copied_as_rows, depends_on_capacity, resolve_slot
 
 COUNTS = {"bs": ("raw_bs", "padded_bs"), "tokens": ("raw_num_tokens", "padded_num_tokens")}
 CAPACITY = {"bs": "max_bs", "tokens": "max_num_tokens"}
@@ -123,13 +123,9 @@ class SlotNames:
 
     @property
     def split(self) -> Optional[int]:
-        """Rows of a ``[L, capacity]`` slot sliced along dim 1 (``mrope_positions``): its
-        head and tail are copied as L contiguous 1-D row slices, so they can join a
-        grouped copy. None for every other layout."""
-        shape = self.slot.shape
-        if self.counts is not None and self.slot.slice_dim == 1 and len(shape) == 2 and isinstance(shape[0], int):
-            return shape[0]
-        return None
+        """L for a slot copied as rows (``mrope_positions``, :attr:`ResolvedSlot.rows`),
+        else None."""
+        return self.slot.shape[0] if self.slot.rows else None
 
     def head_rows(self) -> Optional[List[str]]:
         """The dense destinations of the head, or None where it has none."""
@@ -347,12 +343,11 @@ class Emitter:
         is ``None`` here, so any shape the interpreter accepts is accepted."""
         slots = []
         for i, spec_slot in enumerate(self.spec.slots):
-            fixed = [None if isinstance(e, str) and Expr.parse(e).names & set(CAPACITY.values()) else e
-                     for e in spec_slot.shape]
+            fixed = [None if depends_on_capacity(e) else e for e in spec_slot.shape]
             placeholder = spec_slot.model_copy(update={"shape": [1 if e is None else e for e in fixed]})
             resolved = resolve_slot(placeholder, self.params, 1, 1, self.spec.slot_line(i))
             shape = tuple(None if e is None else n for e, n in zip(fixed, resolved.shape))
-            slots.append(dataclasses.replace(resolved, shape=shape))
+            slots.append(dataclasses.replace(resolved, shape=shape, rows=copied_as_rows(spec_slot)))
         return slots
 
     def _unique_names(self) -> List[SlotNames]:

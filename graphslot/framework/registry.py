@@ -197,7 +197,8 @@ class InterpretedRegistry(SlotRegistry):
         for slot in check.plain:
             src = check.plain_source(slot, fb, raw_bs, raw_num_tokens)
             if src is not None:
-                copies.append((slot.head(slot.count(raw_bs, raw_num_tokens)), src))
+                head = slot.head(slot.count(raw_bs, raw_num_tokens))
+                copies += zip(head.unbind(0), src.unbind(0)) if slot.spec.rows else [(head, src)]
         for slot in self.active:
             hook = slot.hooks.get("source") if slot.spec.copy_from_fb else None
             src = None if hook is None else check.hook_source(slot.name, hook(fb, ctx))

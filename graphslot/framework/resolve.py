@@ -44,6 +44,10 @@ class ResolvedSlot:
     source: Optional[str]
     pre_capture: Optional[str]
     line: Optional[int]
+    #: Copied as rows: a ``[L, capacity]`` slot sliced along dim 1 with ``L`` fixed by
+    #: params; both modes copy its head and tail as L 1-D row slices (``copy_`` then
+    #: judges overlapping sources per row, alike), so the rows can join a grouped copy.
+    rows: bool = False
 
     @property
     def dtype(self) -> Any:
@@ -171,6 +175,20 @@ def slot_dtype(slot: SlotSpec, params: Mapping[str, Any]) -> Optional[DTypeName]
     return parse_dtype(params[slot.dtype] if slot.dtype in params else slot.dtype)
 
 
+CAPACITIES = frozenset({"max_bs", "max_num_tokens"})
+
+
+def depends_on_capacity(extent: Any) -> bool:
+    """Whether a declared extent is an expression of ``max_bs`` or ``max_num_tokens``."""
+    return isinstance(extent, str) and bool(Expr.parse(extent).names & CAPACITIES)
+
+
+def copied_as_rows(slot: SlotSpec) -> bool:
+    """See :attr:`ResolvedSlot.rows`."""
+    return (slot.axis != "none" and slot.slice_dim == 1 and len(slot.shape) == 2
+            and not depends_on_capacity(slot.shape[0]))
+
+
 def resolve_slot(
     slot: SlotSpec, params: Mapping[str, Any], max_bs: int, max_num_tokens: int, line: Optional[int] = None
 ) -> ResolvedSlot:
@@ -194,6 +212,7 @@ def resolve_slot(
         post_fill=slot.post_fill,
         source=slot.source,
         pre_capture=slot.pre_capture,
+        rows=copied_as_rows(slot),
         line=line,
     )
 
