@@ -44,9 +44,10 @@ class ResolvedSlot:
     source: Optional[str]
     pre_capture: Optional[str]
     line: Optional[int]
-    #: Copied as rows: a ``[L, capacity]`` slot sliced along dim 1 with ``L`` fixed by
-    #: params; both modes copy its head and tail as L 1-D row slices (``copy_`` then
-    #: judges overlapping sources per row, alike), so the rows can join a grouped copy.
+    #: Copied as rows: a ``[L, capacity]`` device slot sliced along dim 1 with ``L`` fixed
+    #: by params; both modes copy its head and tail as L 1-D row slices (``copy_`` then
+    #: judges overlapping sources per row, alike), so the rows can join the device's
+    #: grouped copy.
     rows: bool = False
 
     @property
@@ -185,7 +186,7 @@ def depends_on_capacity(extent: Any) -> bool:
 
 def copied_as_rows(slot: SlotSpec) -> bool:
     """See :attr:`ResolvedSlot.rows`."""
-    return (slot.axis != "none" and slot.slice_dim == 1 and len(slot.shape) == 2
+    return (slot.axis != "none" and slot.slice_dim == 1 and len(slot.shape) == 2 and slot.device != "cpu"
             and not depends_on_capacity(slot.shape[0]))
 
 
