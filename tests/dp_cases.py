@@ -99,6 +99,7 @@ def run_rank(rank: int, world_size: int, device: str = "cpu", lazy: bool = False
         records.append(rec)
     records.append({"graph_steps": dp.graph_steps, "eager_steps": dp.eager_steps, "skipped_steps": dp.skipped_steps,
                     "captured_sizes": runner.captured_sizes, "graphs": sorted(runner.graphs), "metrics": runner.metrics(),
+                    "histogram": dict(runner.histogram.counts),
                     "refused": refused})
     return records
 

@@ -52,3 +52,13 @@ def test_a_runner_built_from_a_plan_serves_it_and_counts_replayed_and_eager_step
     assert again.captured_sizes == sorted(replan.sizes, reverse=True)
     runner.histogram.clear()
     assert runner.histogram.counts == {} and runner.histogram.steps == 0
+
+
+def test_a_prefill_falling_back_to_eager_is_not_a_decode_size():
+    from graphslot.reference import make_extend_batch
+
+    rt = build_reference_model(device="cpu", max_num_reqs=16)
+    runner = DecodeGraphRunner(ReferenceDecodeAdapter(rt), max_bs=4, progress=False)
+    rpi = rt.req_to_token_pool.alloc(2)
+    runner(make_extend_batch(rt, rpi, [0, 0], [[1, 2, 3], [4, 5]]))  # 2 requests, 5 tokens: eager
+    assert runner.metrics()["eager_fallbacks"] == 1 and runner.histogram.counts == {}

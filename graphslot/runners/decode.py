@@ -238,7 +238,7 @@ class DecodeGraphRunner:
             self.guard.check()
         graph.replay()
         if count:
-            self.stats.replayed(raw_bs, bs)
+            self.stats.replayed(raw_bs, bs, self._needed_bs(fb, raw_bs))
         return adapter.slice_output(graph.output, raw_bs, raw_bs * k, padded_bs=bs, padded_num_tokens=bs * k)
 
     def __call__(self, fb: Any) -> Any:
@@ -246,7 +246,8 @@ class DecodeGraphRunner:
         reason = self.eager_reason(fb)
         if reason is None:
             return self.replay(fb)
-        self.stats.fell_back(reason, self.adapter.batch_size(fb))
+        decode = self.adapter.tokens_per_bs(fb) == self.k
+        self.stats.fell_back(reason, self._needed_bs(fb, self.adapter.batch_size(fb)) if decode else None)
         return self.adapter.forward_eager(fb)
 
     def metrics(self) -> Dict[str, Any]:
@@ -255,8 +256,8 @@ class DecodeGraphRunner:
 
     @property
     def histogram(self) -> BatchSizeHistogram:
-        """Raw batch sizes served, replayed or eager: ``.counts``, ``.save(path)`` for
-        ``graphslot plan-sizes``."""
+        """The batch sizes served, replayed or eager (with DP attention, the busiest
+        rank's): ``.counts``, ``.save(path)`` for ``graphslot plan-sizes``."""
         return self.stats.histogram
 
     # -- figures ---------------------------------------------------------------------

@@ -141,7 +141,7 @@ class DPDecodeRunner:
             self.eager_steps += 1
             if fb is not None:  # in the runner's metrics and histogram, as a fallback of its own would be
                 reason = self.runner.eager_reason(batch) or "another DP rank cannot run a graph"
-                self.runner.stats.fell_back(reason, self.adapter.batch_size(batch))
+                self.runner.stats.fell_back(reason, -(-max(counts) // self.k) if all(flags) else None)
             rows = max(counts)
             self.adapter.set_dp_buffer_len([rows] * len(counts), rows * len(counts))
             out = self.adapter.forward_eager(batch)

@@ -8,14 +8,15 @@ API (``runner.metrics()``), JSON-ready.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 from .histogram import BatchSizeHistogram
 
 
 class RunnerMetrics:
-    """Replays per captured size, padded rows, eager fallbacks by reason; every step's raw
-    size in :attr:`histogram`."""
+    """Replays per captured size, padded rows, eager fallbacks by reason; in
+    :attr:`histogram`, every step's *needed* size: the rows a graph must have, which is
+    the raw size, or with DP attention the busiest rank's (what sizes a plan)."""
 
     __slots__ = ("replays", "raw_rows", "padded_rows", "eager", "histogram")
 
@@ -26,15 +27,17 @@ class RunnerMetrics:
         self.eager: Counter = Counter()  # reason -> eager steps
         self.histogram = BatchSizeHistogram(num_tokens_per_bs=num_tokens_per_bs)
 
-    def replayed(self, raw: int, padded: int) -> None:
+    def replayed(self, raw: int, padded: int, needed: int) -> None:
         self.replays[padded] += 1
         self.raw_rows += raw
         self.padded_rows += padded - raw
-        self.histogram.record(raw)
+        self.histogram.record(needed)
 
-    def fell_back(self, reason: str, raw: int) -> None:
+    def fell_back(self, reason: str, needed: Optional[int]) -> None:
+        """``needed`` None: not a decode step (a prefill), so not a size to plan for."""
         self.eager[reason] += 1
-        self.histogram.record(raw)
+        if needed is not None:
+            self.histogram.record(needed)
 
     def reset(self) -> None:
         self.__init__(self.histogram.num_tokens_per_bs)
