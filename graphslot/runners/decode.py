@@ -13,7 +13,7 @@ import dataclasses
 import functools
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from tqdm import tqdm
@@ -197,35 +197,45 @@ class DecodeGraphRunner:
                 return max(raw_bs, -(-max(counts) // self.k))
         return raw_bs
 
-    def eager_reason(self, fb: Any) -> Optional[str]:
-        """Why ``fb`` cannot replay a graph, or None when it can."""
+    def _decide(self, fb: Any) -> Tuple[Optional[str], int, Optional[int]]:
+        """``(why eager or None, raw_bs, needed_bs)``; needed is None for a batch that is
+        not a decode step at all (empty, or another forward mode)."""
         raw_bs = self.adapter.batch_size(fb)
         if raw_bs < 1:
-            return "empty batch"
+            return "empty batch", raw_bs, None
         if self.adapter.tokens_per_bs(fb) != self.k:
-            return f"not {self.k} token(s) per request (another forward mode)"
+            return f"not {self.k} token(s) per request (another forward mode)", raw_bs, None
         needed = self._needed_bs(fb, raw_bs)
         if self.config.disable_padding and needed not in self.captured_sizes:
-            return "no graph of this exact size (padding disabled)"
+            return "no graph of this exact size (padding disabled)", raw_bs, needed
         if needed > self.captured_sizes[0]:
-            return "larger than the largest graph"
-        return None
+            return "larger than the largest graph", raw_bs, needed
+        return None, raw_bs, needed
+
+    def eager_reason(self, fb: Any) -> Optional[str]:
+        """Why ``fb`` cannot replay a graph, or None when it can."""
+        return self._decide(fb)[0]
 
     def can_run(self, fb: Any) -> bool:
         return self.eager_reason(fb) is None
 
-    def padded_bs(self, fb: Any) -> int:
-        needed = self._needed_bs(fb, self.adapter.batch_size(fb))
+    def _pad(self, needed: int) -> int:
         return self._ascending[bisect.bisect_left(self._ascending, needed)]
+
+    def padded_bs(self, fb: Any) -> int:
+        return self._pad(self._needed_bs(fb, self.adapter.batch_size(fb)))
 
     def replay(self, fb: Any, *, count: bool = True) -> Any:
         """Outputs for ``fb``'s rows: views of the graph's static outputs, valid until
         the next replay of the same size (clone to keep them). ``count=False``: a batch
         of no real requests (an idle DP rank's dummy, replayed to join the collectives)
         stays out of :meth:`metrics` and the histogram."""
+        raw_bs = self.adapter.batch_size(fb)
+        return self._replay(fb, raw_bs, self._needed_bs(fb, raw_bs), count)
+
+    def _replay(self, fb: Any, raw_bs: int, needed: int, count: bool) -> Any:
         adapter, reg, k = self.adapter, self.registry, self.k
-        raw_bs = adapter.batch_size(fb)
-        bs = self.padded_bs(fb)
+        bs = self._pad(needed)
         graph = self.graph(bs)  # before the fill: a lazy capture fills the buffers with its dummy batch
         reg.fill_from(fb, raw_bs, bs, raw_bs * k, bs * k, self._side)
         if self.tail_hook is not None:
@@ -238,16 +248,15 @@ class DecodeGraphRunner:
             self.guard.check()
         graph.replay()
         if count:
-            self.stats.replayed(raw_bs, bs, self._needed_bs(fb, raw_bs))
+            self.stats.replayed(raw_bs, bs, needed)
         return adapter.slice_output(graph.output, raw_bs, raw_bs * k, padded_bs=bs, padded_num_tokens=bs * k)
 
     def __call__(self, fb: Any) -> Any:
         """Replay when a graph fits, else the eager forward."""
-        reason = self.eager_reason(fb)
+        reason, raw_bs, needed = self._decide(fb)
         if reason is None:
-            return self.replay(fb)
-        decode = self.adapter.tokens_per_bs(fb) == self.k
-        self.stats.fell_back(reason, self._needed_bs(fb, self.adapter.batch_size(fb)) if decode else None)
+            return self._replay(fb, raw_bs, needed, True)
+        self.stats.fell_back(reason, needed)
         return self.adapter.forward_eager(fb)
 
     def metrics(self) -> Dict[str, Any]:
