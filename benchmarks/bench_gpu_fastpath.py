@@ -16,7 +16,9 @@ b. the step's host gap: a steady decode loop through ``DecodeGraphRunner`` on a
    ``graph.replay()`` (each call timed from an idle queue);
 c. capture economics: all default decode sizes up to 256 of the same model, one
    subprocess per variant (a clean allocator each): seconds, and
-   ``memory_allocated``/``memory_reserved`` growth per size and in total.
+   ``memory_allocated``/``memory_reserved`` growth per size and in total, split into
+   the graphs' shared pool (reserved, in use, and the bytes the graphs' static outputs
+   keep alive there) and what the allocator reserved outside it (warm-up activations).
 
 ``--smoke``: tiny model, few sizes, CPU tape backend; CUDA-only figures are n/a. Only
 public runner APIs and torch (<= 2.11) are used.
@@ -36,6 +38,7 @@ from types import SimpleNamespace
 from typing import Any, Dict, List, Optional
 
 import torch
+from torch.utils._pytree import tree_leaves
 
 import graphslot as gs
 from graphslot.cli.bench import count_device_ops
@@ -208,7 +211,26 @@ def capture_variant(smoke: bool, variant: str) -> Dict[str, Any]:
         per_size.append({"bs": mark["bs"], **{k: NA if mark[k] is None else nxt[k] - mark[k] for k in after}})
     total = {k: NA if before[k] is None else after[k] - before[k] for k in after}
     return {"variant": variant, "sizes": len(runner.captured_sizes), "runner_capture_s": runner.capture_seconds,
-            "construct_s": seconds, "total": total, "per_size": per_size}
+            "construct_s": seconds, "total": total, "per_size": per_size,
+            "outputs_held": outputs_held(runner), "pool": pool_segments(runner.backend)}
+
+
+def outputs_held(runner) -> int:
+    """Bytes the graphs' static outputs keep alive: every size's are its own."""
+    storages = {}
+    for graph in runner.graphs.values():
+        for leaf in tree_leaves(graph.output):
+            if isinstance(leaf, torch.Tensor):
+                storages[leaf.untyped_storage().data_ptr()] = leaf.untyped_storage().nbytes()
+    return sum(storages.values())
+
+
+def pool_segments(backend) -> Dict[str, Optional[int]]:
+    """The graphs' shared pool in the CUDA allocator: bytes reserved and in use."""
+    if getattr(backend, "name", None) != "cuda" or backend.pool is None:
+        return {"reserved": NA, "allocated": NA}
+    mine = [seg for seg in torch.cuda.memory_snapshot() if tuple(seg["segment_pool_id"]) == tuple(backend.pool)]
+    return {"reserved": sum(seg["total_size"] for seg in mine), "allocated": sum(seg["allocated_size"] for seg in mine)}
 
 
 def bench_capture(s, timeout: float) -> List[Dict[str, Any]]:
@@ -238,6 +260,10 @@ def gib(n) -> str:
     return "n/a" if n is None else f"{n / 2**30:.3f} GiB"
 
 
+def mib(n) -> str:
+    return "n/a" if n is None else f"{n / 2**20:.1f} MiB"
+
+
 def report(result: Dict[str, Any]) -> str:
     lines = [f"graphslot GPU fast path: device {result['device_name']}, torch {result['torch']}"
              + (" (smoke)" if result["smoke"] else ""),
@@ -265,6 +291,10 @@ def report(result: Dict[str, Any]) -> str:
         t = c["total"]
         lines.append(f"   {c['variant']}: {c['sizes']} sizes in {c['runner_capture_s']:.2f} s; allocated "
                      f"+{gib(t['allocated'])}, reserved +{gib(t['reserved'])}")
+        pool = c["pool"]
+        outside = NA if pool["reserved"] is None else t["reserved"] - pool["reserved"]
+        lines.append(f"     graphs' pool: reserved {mib(pool['reserved'])}, in use {mib(pool['allocated'])}, of which "
+                     f"the graphs' outputs {mib(c['outputs_held'])}; reserved outside the pool +{mib(outside)}")
         worst = sorted((p for p in c["per_size"] if p["reserved"] is not None), key=lambda p: -p["reserved"])[:5]
         if worst:
             lines.append("     largest reserved growth: " + ", ".join(

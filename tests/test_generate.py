@@ -261,6 +261,46 @@ def test_config_errors(tmp_path, table, message):
     assert message in str(info.value)
 
 
+ENTRY_ERRORS = """\
+[tool.graphslot]
+output_dir = "gen"
+
+[[tool.graphslot.outputs]]
+module = "a"
+spec = "decode"
+
+[[tool.graphslot.outputs]]
+module = "b"
+spec = "decode"
+preset = "eagr"
+
+[[tool.graphslot.outputs]]
+module = "c"
+spec = "specs/missing.yaml"
+"""
+
+
+@pytest.mark.parametrize("edit, expected", [
+    # An output's preset or params are the entry's fault, not the spec's: its header line.
+    ({}, "pyproject.toml:8: [[tool.graphslot.outputs]] entry 2 (module 'b'): unknown preset 'eagr' "
+         "(presets: eager); did you mean 'eager'?"),
+    ({'"eagr"': '"eager"'}, "pyproject.toml:15: [[tool.graphslot.outputs]] entry 3 (module 'c'): spec "
+                            "'specs/missing.yaml' not found (paths are relative to the folder of pyproject.toml)"),
+    ({'output_dir = "gen"': ""}, "pyproject.toml:1: [tool.graphslot] needs 'output_dir' (where generated "
+                                 "modules go)"),
+])
+def test_errors_of_an_output_entry_name_its_line_in_pyproject(tmp_path, monkeypatch, capsys, edit, expected):
+    from graphslot.cli import main
+
+    text = ENTRY_ERRORS
+    for old, new in edit.items():
+        text = text.replace(old, new)
+    (tmp_path / "pyproject.toml").write_text(text)
+    monkeypatch.chdir(tmp_path)
+    assert main(["generate", "--check"]) == 1
+    assert capsys.readouterr().err.splitlines() == [expected]
+
+
 # --- the command line -----------------------------------------------------------------
 
 

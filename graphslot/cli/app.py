@@ -30,7 +30,7 @@ from ..framework.loading import load_spec, shipped_spec_names, spec_path
 from ..framework.model import RegistrySpec
 from ..framework.resolve import ResolvedSlot, resolve_params, resolve_slots
 from ..framework.schema import schema_text
-from ..framework.project import ProjectConfig, ProjectConfigError, load_project_config
+from ..framework.project import ProjectConfig, ProjectConfigError, display_path, load_project_config
 
 Runner = Callable[[argparse.Namespace], int]
 Setup = Callable[[argparse.ArgumentParser], Runner]
@@ -91,11 +91,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 # Commands that read untrusted spec files: every failure is a message and exit 1.
 SPEC_READING_COMMANDS = ("validate", "show", "schema")
-
-
-def display_path(path: Path) -> str:
-    relative = os.path.relpath(path)
-    return str(path) if relative.startswith("..") else relative
 
 
 # --- validate ------------------------------------------------------------------------
@@ -428,7 +423,8 @@ def setup_generate(parser: argparse.ArgumentParser) -> Runner:
                   "'Generating code ahead of time'", file=sys.stderr)
             return 1
         try:
-            report = generate(config.root, config.raw, check=args.check)
+            text = config.path.read_text(encoding="utf-8")  # for the lines of errors in it
+            report = generate(config.root, config.raw, check=args.check, text=text)
         except ProjectConfigError as exc:
             print(exc, file=sys.stderr)
             return 1

@@ -90,7 +90,8 @@ def find_pyproject(start_dir: Union[str, Path]) -> Optional[Path]:
     return None
 
 
-def _display(path: Optional[Path]) -> str:
+def display_path(path: Optional[Path]) -> str:
+    """``path`` relative to the working directory when it lies below it, else absolute."""
     if path is None:
         return PYPROJECT
     try:
@@ -207,7 +208,7 @@ def output_dir_escape(root: Path, output_dir: str) -> Optional[str]:
 
 class _Checker:
     def __init__(self, path: Optional[Path], text: str):
-        self.file = _display(path)
+        self.file = display_path(path)
         self.where = Locator(text)
         self.issues: List[SpecIssue] = []
 
@@ -321,7 +322,7 @@ def load_project_config(start_dir: Union[str, Path] = ".") -> ProjectConfig:
     path = find_pyproject(start_dir)
     if path is None:
         return ProjectConfig(root=Path(start_dir).resolve())
-    file = _display(path)
+    file = display_path(path)
     try:
         raw_bytes = path.read_bytes()
     except OSError as exc:
