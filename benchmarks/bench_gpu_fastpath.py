@@ -13,12 +13,15 @@ b. the step's host gap: a steady decode loop through ``DecodeGraphRunner`` on a
    around N back-to-back steps) minus the graph's own GPU time (N back-to-back
    ``graph.replay()``) is the time the GPU is not running the graph (idle + the fill's
    and metadata's kernels); and the host µs of ``runner.replay()`` minus
-   ``graph.replay()`` (each call timed from an idle queue);
+   ``graph.replay()`` (each call timed from an idle queue); and the GPU period per step
+   with ``share_outputs`` (the graph's copy into the shared output buffers included);
 c. capture economics: all default decode sizes up to 256 of the same model, one
    subprocess per variant (a clean allocator each): seconds, and
    ``memory_allocated``/``memory_reserved`` growth per size and in total, split into
    the graphs' shared pool (reserved, in use, and the bytes the graphs' static outputs
-   keep alive there) and what the allocator reserved outside it (warm-up activations).
+   keep alive there) and what the allocator reserved outside it (warm-up activations);
+   variants: warm-up before every size, before the first only, and that with
+   ``share_outputs`` (one set of output buffers for all sizes).
 
 ``--smoke``: tiny model, few sizes, CPU tape backend; CUDA-only figures are n/a. Only
 public runner APIs and torch (<= 2.11) are used.
@@ -50,7 +53,8 @@ from graphslot.runners.decode import DecodeGraphRunner, capture_sizes
 CONFIG_1B = TinyConfig(vocab_size=128256, hidden_size=2048, num_layers=16, num_heads=32, num_kv_heads=8,
                        head_dim=64, intermediate_size=8192, max_context_len=64, rope_theta=500000.0)
 CONFIG_SMOKE = TinyConfig()
-VARIANTS = {"warmup-all": {"warmup_sizes": "all"}, "warmup-largest": {"warmup_sizes": "largest"}}
+VARIANTS = {"warmup-all": {"warmup_sizes": "all"}, "warmup-largest": {"warmup_sizes": "largest"},
+            "shared-outputs": {"warmup_sizes": "largest", "share_outputs": True}}
 NA = None  # a figure this device cannot give
 
 
@@ -159,21 +163,30 @@ def gpu_ms_per_call(fn, iters: int, s) -> Optional[float]:
 
 
 def bench_gap(s, rt) -> List[Dict[str, Any]]:
-    runner = DecodeGraphRunner(ReferenceDecodeAdapter(rt), max_bs=max(s.gap_sizes), capture_bs=list(s.gap_sizes),
-                               progress=False)
-    rows = []
+    def runner(share_outputs: bool) -> DecodeGraphRunner:
+        return DecodeGraphRunner(ReferenceDecodeAdapter(rt), max_bs=max(s.gap_sizes), capture_bs=list(s.gap_sizes),
+                                 progress=False, share_outputs=share_outputs)
+
+    rows, plain = [], runner(False)
     for bs in s.gap_sizes:
         fb = decode_fb(rt, bs)
-        graph = runner.graph(runner.padded_bs(fb))
-        step_ms = gpu_ms_per_call(lambda: runner.replay(fb), s.iters, s)
+        graph = plain.graph(plain.padded_bs(fb))
+        step_ms = gpu_ms_per_call(lambda: plain.replay(fb), s.iters, s)
         graph_ms = gpu_ms_per_call(graph.replay, s.iters, s)
-        replay_us = each_call_us(lambda: runner.replay(fb), s.iters, s)
+        replay_us = each_call_us(lambda: plain.replay(fb), s.iters, s)
         launch_us = each_call_us(graph.replay, s.iters, s)
         rows.append({
             "bs": bs, "step_gpu_ms": step_ms, "graph_gpu_ms": graph_ms,
             "gap_us": NA if step_ms is None else max(0.0, (step_ms - graph_ms) * 1e3),
             "replay_host_us": replay_us, "graph_replay_host_us": launch_us, "prep_host_us": replay_us - launch_us,
-            "launches_per_step": cuda_launches(lambda: runner.replay(fb), s)})
+            "launches_per_step": cuda_launches(lambda: plain.replay(fb), s)})
+    # One runner per model at a time: a runner's graph state (the attention backend's
+    # static buffers) replaces the previous runner's.
+    del plain, graph
+    shared = runner(True)
+    for row in rows:
+        fb = decode_fb(rt, row["bs"])
+        row["shared_outputs_step_gpu_ms"] = gpu_ms_per_call(lambda: shared.replay(fb), s.iters, s)  # + the copy
     return rows
 
 
@@ -278,11 +291,13 @@ def report(result: Dict[str, Any]) -> str:
                      f"({r['interpreted_device_ops_padded']}/{r['interpreted_device_ops_unpadded']})"
                      f"{'':14}{la('generated')} ({la('interpreted')})")
     lines.append("b. steady decode through DecodeGraphRunner (%s)" % result["model"])
-    lines.append("   bs  step GPU  graph GPU  gap (GPU not in graph)  replay host  graph.replay host  prep host")
+    lines.append("   bs  step GPU  graph GPU  gap (GPU not in graph)  replay host  graph.replay host  prep host"
+                 "  step GPU, shared outputs")
     for r in result["gap"]:
         lines.append(f"   {r['bs']:>3}  {fmt(r['step_gpu_ms'], '.3f', 'ms'):>8}  {fmt(r['graph_gpu_ms'], '.3f', 'ms'):>9}  "
                      f"{fmt(r['gap_us'], '.1f', 'µs'):>22}  {r['replay_host_us']:9.1f}µs  "
-                     f"{r['graph_replay_host_us']:15.1f}µs  {r['prep_host_us']:7.1f}µs")
+                     f"{r['graph_replay_host_us']:15.1f}µs  {r['prep_host_us']:7.1f}µs"
+                     f"  {fmt(r['shared_outputs_step_gpu_ms'], '.3f', 'ms'):>24}")
     lines.append("c. capture, all default decode sizes (one subprocess per variant)")
     for c in result["capture"]:
         if "error" in c:
@@ -293,16 +308,20 @@ def report(result: Dict[str, Any]) -> str:
                      f"+{gib(t['allocated'])}, reserved +{gib(t['reserved'])}")
         pool = c["pool"]
         outside = NA if pool["reserved"] is None else t["reserved"] - pool["reserved"]
-        lines.append(f"     graphs' pool: reserved {mib(pool['reserved'])}, in use {mib(pool['allocated'])}, of which "
-                     f"the graphs' outputs {mib(c['outputs_held'])}; reserved outside the pool +{mib(outside)}")
+        lines.append(f"     graphs' pool: reserved {mib(pool['reserved'])}, in use {mib(pool['allocated'])}; the graphs' "
+                     f"outputs hold {mib(c['outputs_held'])}; reserved outside the pool +{mib(outside)}")
         worst = sorted((p for p in c["per_size"] if p["reserved"] is not None), key=lambda p: -p["reserved"])[:5]
         if worst:
             lines.append("     largest reserved growth: " + ", ".join(
                 f"bs {p['bs']} +{p['reserved'] / 2**20:.0f} MiB (alloc +{p['allocated'] / 2**20:.0f})" for p in worst))
     capture = [c for c in result["capture"] if "error" not in c]
-    if len(capture) == 2 and capture[0]["runner_capture_s"]:
-        lines.append(f"   {capture[1]['variant']} vs {capture[0]['variant']}: capture time "
-                     f"{capture[0]['runner_capture_s'] / capture[1]['runner_capture_s']:.2f}x faster")
+    for other in capture[1:]:
+        base = capture[0]
+        line = (f"   {other['variant']} vs {base['variant']}: capture time "
+                f"{base['runner_capture_s'] / other['runner_capture_s']:.2f}x faster")
+        if base["total"]["reserved"] is not None:
+            line += f", reserved growth {base['total']['reserved'] / other['total']['reserved']:.2f}x smaller"
+        lines.append(line)
     return "\n".join(lines)
 
 

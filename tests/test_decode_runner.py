@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -217,3 +219,56 @@ def test_a_lazy_runner_decodes_a_whole_schedule_like_an_eager_capturing_one():
     # exactly the sizes the schedule needed, each captured once
     assert set(runner.graphs) == {min(c for c in (1, 3, 6, 8) if c >= bs) for bs in sizes}
     assert len(set(runner.graphs)) >= 3
+
+
+# ------------------------------------------------------------------- shared outputs
+
+
+@pytest.mark.parametrize("lazy", [False, True], ids=["eager-capture", "lazy"])
+def test_shared_outputs_keep_one_largest_output_and_replay_exactly(lazy):
+    rt, _, runner = make_runner(max_bs=8, share_outputs=True, lazy=lazy)
+    assert len(set(decode_against_eager(rt, runner))) >= 4
+    (logits,) = runner.shared_outputs.tensors()
+    vocab = rt.config.vocab_size
+    assert logits.shape == (8, vocab)
+    # every graph's output is a view of the one buffer, whatever order the sizes came in
+    for bs, graph in runner.graphs.items():
+        assert graph.output.shape == (bs, vocab)
+        assert graph.output.untyped_storage().data_ptr() == logits.untyped_storage().data_ptr()
+    assert any(t is logits for t in runner.declared_statics())  # the audit knows the graphs write it
+    assert runner.external_inputs(min(runner.graphs)) == []
+
+
+def test_shared_outputs_with_two_tokens_per_request_size_token_rows():
+    rt, _, runner = make_runner(max_bs=4, num_tokens_per_bs=2, share_outputs=True)
+    assert runner.shared_outputs.tensors()[0].shape[0] == 8  # 4 requests x 2 tokens
+
+
+@pytest.mark.parametrize("output, message", [
+    (lambda fb: fb.input_ids.sum(), "output tensor 0 of shape [] has neither"),
+    (lambda fb: (fb.input_ids[:, None].float(), torch.ones(3)), "output tensor 1 of shape [3] has neither"),
+])
+def test_shared_outputs_refuse_an_output_without_rows(output, message):
+    rt = build_reference_model(max_num_reqs=8)
+
+    class Adapter(ReferenceDecodeAdapter):
+        def forward(self, fb):
+            return output(fb)
+
+        def slice_output(self, out, raw_bs, raw_num_tokens, padded_bs=None, padded_num_tokens=None):
+            return out
+
+    with pytest.raises(TypeError, match=re.escape(message) + ".*or leave share_outputs off"):
+        DecodeGraphRunner(Adapter(rt), max_bs=4, share_outputs=True, progress=False)
+
+
+def test_shared_outputs_refuse_a_size_whose_output_does_not_fit():
+    rt = build_reference_model(max_num_reqs=8)
+
+    class Adapter(ReferenceDecodeAdapter):
+        def forward(self, fb):  # a column more at every size below the largest
+            logits = super().forward(fb)
+            return logits if fb.batch_size == 4 else torch.cat([logits, logits[:, :1]], 1)
+
+    with pytest.raises(TypeError, match=re.escape(f"output tensor 0 of batch size 2 is [2, {rt.config.vocab_size + 1}]")):
+        DecodeGraphRunner(Adapter(rt), max_bs=4, share_outputs=True, progress=False)

@@ -27,6 +27,7 @@ from .graph_backend import get_graph_backend
 from .guard import ReplayGuard, guard_wanted, runner_tensors
 from .histogram import BatchSizeHistogram
 from .metrics import RunnerMetrics
+from .outputs import SharedOutputs
 from .planning import default_capture_schedule, default_ladder  # noqa: F401 (re-exported)
 
 
@@ -87,6 +88,11 @@ class DecodeRunnerConfig:
     #: start, paid for by that first step (and, captured in any order, a shared pool that
     #: may grow past the largest graph's needs).
     lazy: bool = False
+    #: Every size's graph copies its output into one set of largest-size buffers
+    #: (:class:`~graphslot.runners.outputs.SharedOutputs`): the graphs keep one output
+    #: alive, not one per size, for one device copy per output tensor per replay; outputs
+    #: are then valid until the next replay of any size.
+    share_outputs: bool = False
 
 
 class DecodeGraphRunner:
@@ -115,6 +121,7 @@ class DecodeGraphRunner:
                           ("batch_size", "num_tokens", "tokens_per_bs"), "DecodeAdapter")
         check_slice_output(adapter)
         adapter.init_graph_state(max_bs, max_bs * self.k)
+        self.shared_outputs = SharedOutputs(max_bs, max_bs * self.k) if config.share_outputs else None
         #: Captured graphs by batch size (lazy: those captured so far).
         self.graphs: Dict[int, Any] = {}
         #: Seconds spent capturing (lazy: so far).
@@ -143,7 +150,9 @@ class DecodeGraphRunner:
     def _capture_one(self, bs: int) -> Any:
         view = self._capture_view(bs)
         warmup = self.config.warmup if not self.graphs or self.config.warmup_sizes == "all" else 0
-        return self.backend.capture(functools.partial(self._forward, view), warmup=warmup)
+        if self.shared_outputs is None:
+            return self.backend.capture(functools.partial(self._forward, view), warmup=warmup)
+        return self.backend.capture(lambda: self.shared_outputs(self._forward(view), bs, bs * self.k), warmup=warmup)
 
     def graph(self, bs: int) -> Any:
         """The graph of captured size ``bs``, captured now if lazy and not yet."""
@@ -227,7 +236,8 @@ class DecodeGraphRunner:
 
     def replay(self, fb: Any, *, count: bool = True) -> Any:
         """Outputs for ``fb``'s rows: views of the graph's static outputs, valid until
-        the next replay of the same size (clone to keep them). ``count=False``: a batch
+        the next replay of the same size (``share_outputs``: of any size; clone to keep
+        them). ``count=False``: a batch
         of no real requests (an idle DP rank's dummy, replayed to join the collectives)
         stays out of :meth:`metrics` and the histogram."""
         raw_bs = self.adapter.batch_size(fb)
@@ -289,6 +299,7 @@ class DecodeGraphRunner:
         """Slot buffers and the adapter's static tensors: what a graph may read."""
         statics = [s.buffer for s in self.registry.active]
         statics += list(self.adapter.static_tensors())
+        statics += self.shared_outputs.tensors() if self.shared_outputs is not None else []
         return statics
 
     def __repr__(self) -> str:

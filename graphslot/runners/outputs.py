@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 _NO_ROWS = (type(None), bool, int, float, complex, str, bytes)
 
@@ -86,3 +87,67 @@ def _construct(cls: type, where: str, make) -> Any:
     except Exception as exc:  # noqa: BLE001 - any constructor failure gets the same advice
         raise TypeError(f"{where}: could not rebuild a {cls.__module__}.{cls.__qualname__} with its rows cut "
                         f"({type(exc).__name__}: {exc}); " + _FIX) from exc
+
+
+class SharedOutputs:
+    """One set of output buffers for every captured size (``share_outputs=True``).
+
+    Each graph copies its forward's output into the leading rows of these buffers, inside
+    the graph, and returns views of them. The forward's own output is then an
+    intermediate of the capture, whose memory goes back to the graphs' pool for the next
+    size: the graphs keep one largest-size output alive instead of one per size (sglang
+    does the same for its prefill graphs). The price is one device copy per output
+    tensor per replay, and outputs stay valid only until the next replay of any size.
+
+    The output must be tensors in tuples, lists, dicts or other pytree-registered types
+    (transformers' ``ModelOutput`` included), each with ``padded_num_tokens`` or
+    ``padded_bs`` rows along dim 0; anything else is kept as captured.
+    """
+
+    def __init__(self, max_bs: int, max_num_tokens: int):
+        self.max_bs, self.max_num_tokens = max_bs, max_num_tokens
+        self.spec: Any = None
+        #: Per output leaf: (buffer, whether its rows are tokens), or None for a non-tensor.
+        self.buffers: list = []
+
+    def __call__(self, output: Any, padded_bs: int, padded_num_tokens: int) -> Any:
+        leaves, spec = tree_flatten(output)
+        if self.spec is None:
+            self.spec = spec
+            self.buffers = [self._allocate(leaf, i, padded_bs, padded_num_tokens) for i, leaf in enumerate(leaves)]
+        elif spec != self.spec:
+            raise TypeError(f"share_outputs: the forward of batch size {padded_bs} returned another structure "
+                            f"than the first size captured ({spec} vs {self.spec}); every size must return "
+                            "the same structure")
+        shared = []
+        for i, (leaf, entry) in enumerate(zip(leaves, self.buffers)):
+            if entry is None:
+                shared.append(leaf)
+                continue
+            buffer, per_token = entry
+            rows = padded_num_tokens if per_token else padded_bs
+            if not isinstance(leaf, torch.Tensor) or list(leaf.shape) != [rows, *buffer.shape[1:]] \
+                    or leaf.dtype != buffer.dtype:
+                got = f"{list(leaf.shape)} {leaf.dtype}" if isinstance(leaf, torch.Tensor) else type(leaf).__name__
+                raise TypeError(f"share_outputs: output tensor {i} of batch size {padded_bs} is {got}, not the "
+                                f"{[rows, *buffer.shape[1:]]} {buffer.dtype} the first size captured implies")
+            view = buffer[:rows]
+            view.copy_(leaf)
+            shared.append(view)
+        return tree_unflatten(shared, spec)
+
+    def _allocate(self, leaf: Any, i: int, padded_bs: int, padded_num_tokens: int) -> Any:
+        if not isinstance(leaf, torch.Tensor):
+            return None
+        rows = leaf.shape[0] if leaf.dim() else None
+        if rows not in (padded_num_tokens, padded_bs):
+            raise TypeError(f"share_outputs: output tensor {i} of shape {list(leaf.shape)} has neither "
+                            f"{padded_num_tokens} token rows nor {padded_bs} request rows along dim 0, so "
+                            "no buffer of the largest size can hold it; return only tensors with rows "
+                            "from DecodeAdapter.forward, or leave share_outputs off")
+        per_token = rows == padded_num_tokens
+        capacity = self.max_num_tokens if per_token else self.max_bs
+        return torch.empty((capacity, *leaf.shape[1:]), dtype=leaf.dtype, device=leaf.device), per_token
+
+    def tensors(self) -> list:
+        return [entry[0] for entry in self.buffers if entry is not None]
