@@ -137,13 +137,14 @@ def three_request_step(cache):
     return DecodeStep(torch.tensor([7, 8, 9]), lens - 1, torch.tensor(slots), torch.tensor(rows), lens, lens, 3)
 
 
-@pytest.mark.parametrize("keep_cache", [False, True], ids=["logits-only", "with-cache"])
-def test_a_model_output_comes_back_with_raw_rows_or_fails_loudly(keep_cache):
+@pytest.mark.parametrize("keep_cache, share_outputs", [(False, False), (False, True), (True, False)],
+                         ids=["logits-only", "logits-only-shared", "with-cache"])
+def test_a_model_output_comes_back_with_raw_rows_or_fails_loudly(keep_cache, share_outputs):
     model = tiny_model("llama")
     cache = PagedCache(model.config, max_requests=4, max_context_len=16)
     adapter = ModelOutputAdapter(model, cache)
     adapter.keep_cache = keep_cache
-    runner = DecodeGraphRunner(adapter, max_bs=4, backend="cpu", progress=False)
+    runner = DecodeGraphRunner(adapter, max_bs=4, backend="cpu", progress=False, share_outputs=share_outputs)
     step = three_request_step(cache)
     assert runner.padded_bs(step) == 4
     if keep_cache:
@@ -155,6 +156,9 @@ def test_a_model_output_comes_back_with_raw_rows_or_fails_loudly(keep_cache):
     assert type(out) is CausalLMOutputWithPast and out.logits.shape == (3, 1, 128)  # not 4 rows
     assert list(out.keys()) == ["logits"] and out[0] is out.logits
     assert torch.allclose(out.logits[:, 0], adapter.forward_eager(step).logits[:, 0], atol=1e-5, rtol=1e-4)
+    if share_outputs:  # a ModelOutput is a pytree: its logits went to the one shared buffer
+        (shared,) = runner.shared_outputs.tensors()
+        assert out.logits.untyped_storage().data_ptr() == shared.untyped_storage().data_ptr()
 
 
 # ------------------------------------------------------------------ refusals
