@@ -229,7 +229,7 @@ def capture_variant(smoke: bool, variant: str) -> Dict[str, Any]:
 
 
 def outputs_held(runner) -> int:
-    """Bytes the graphs' static outputs keep alive: every size's are its own."""
+    """Bytes of the storages the graphs' static outputs keep alive, each counted once."""
     storages = {}
     for graph in runner.graphs.values():
         for leaf in tree_leaves(graph.output):
@@ -242,8 +242,10 @@ def pool_segments(backend) -> Dict[str, Optional[int]]:
     """The graphs' shared pool in the CUDA allocator: bytes reserved and in use."""
     if getattr(backend, "name", None) != "cuda" or backend.pool is None:
         return {"reserved": NA, "allocated": NA}
-    mine = [seg for seg in torch.cuda.memory_snapshot() if tuple(seg["segment_pool_id"]) == tuple(backend.pool)]
-    return {"reserved": sum(seg["total_size"] for seg in mine), "allocated": sum(seg["allocated_size"] for seg in mine)}
+    pool = tuple(backend.pool)
+    mine = [seg for seg in torch.cuda.memory_snapshot() if tuple(seg.get("segment_pool_id", ())) == pool]
+    return {"reserved": sum(seg["total_size"] for seg in mine),
+            "allocated": sum(seg["allocated_size"] for seg in mine)}
 
 
 def bench_capture(s, timeout: float) -> List[Dict[str, Any]]:
@@ -319,7 +321,7 @@ def report(result: Dict[str, Any]) -> str:
         base = capture[0]
         line = (f"   {other['variant']} vs {base['variant']}: capture time "
                 f"{base['runner_capture_s'] / other['runner_capture_s']:.2f}x faster")
-        if base["total"]["reserved"] is not None:
+        if base["total"]["reserved"] is not None and other["total"]["reserved"] > 0:
             line += f", reserved growth {base['total']['reserved'] / other['total']['reserved']:.2f}x smaller"
         lines.append(line)
     return "\n".join(lines)
