@@ -175,17 +175,27 @@ class CopyGroup:
 _CARRIERS = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
 
 
+def _foreach_lines(dsts: str, srcs: str, tails: str, pads: Optional[str],
+                   optional: List[Tuple[str, str, str]]) -> List[str]:
+    """One ``_foreach_copy_`` over plan lists ``dsts`` (then ``tails``) and sources
+    ``srcs`` (then ``pads``, None when there are none); ``optional``: per head whose
+    field may be None, (its source local, the statement adding its destination(s), the
+    statement adding its source(s))."""
+    if not optional:
+        return [f"__gs_foreach_copy({dsts}, {srcs}{f' + {pads}' if pads else ''})"]
+    lines = [f"dsts, srcs = list({dsts}), {srcs}"]
+    for src, add_dst, add_src in optional:
+        lines += [f"if {src} is not None:", f"    {add_dst}", f"    {add_src}"]
+    if pads:
+        return lines + [f"__gs_foreach_copy(dsts + {tails}, srcs + {pads})"]
+    return lines + ["if dsts:", "    __gs_foreach_copy(dsts, srcs)"]
+
+
 def _group_copy(g: CopyGroup) -> List[str]:
     """The statements of one host group's ``_foreach_copy_``."""
-    srcs = f"[{', '.join(n.src for n in g.heads)}]"
-    if not g.optional_heads:
-        return [f"__gs_foreach_copy(dsts_{g.name}, {srcs}{f' + pads_{g.name}' if g.tails else ''})"]
-    lines = [f"dsts, srcs = list(dsts_{g.name}), {srcs}"]
-    for n in g.optional_heads:
-        lines += [f"if {n.src} is not None:", f"    dsts.append(head_{n.ident})", f"    srcs.append({n.src})"]
-    if g.tails:
-        return lines + [f"__gs_foreach_copy(dsts + tails_{g.name}, srcs + pads_{g.name})"]
-    return lines + ["if dsts:", "    __gs_foreach_copy(dsts, srcs)"]
+    optional = [(n.src, f"dsts.append(head_{n.ident})", f"srcs.append({n.src})") for n in g.optional_heads]
+    return _foreach_lines(f"dsts_{g.name}", f"[{', '.join(n.src for n in g.heads)}]", f"tails_{g.name}",
+                          f"pads_{g.name}" if g.tails else None, optional)
 
 
 @dataclass
@@ -260,18 +270,13 @@ class DeviceGroup:
         return f"*{src}.unbind(0)" if n.split is not None else src
 
     def _block(self, p: str, viewed: bool) -> List[str]:
-        srcs = f"[{', '.join(self._src(n, viewed) for n in self.heads)}]"
-        pads = bool(self.tails or self.values)
-        if not self.optional_heads:
-            return [f"__gs_foreach_copy({p}dsts_dev, {srcs}{f' + {p}pads_dev' if pads else ''})"]
-        lines = [f"dsts, srcs = list({p}dsts_dev), {srcs}"]
+        optional = []
         for n in self.optional_heads:
             src = self._view(n, n.src, viewed)
-            lines += [f"if {n.src} is not None:", f"    dsts += {p}head_{n.ident}",
-                      f"    srcs += {src}.unbind(0)" if n.split is not None else f"    srcs.append({src})"]
-        if pads:
-            return lines + [f"__gs_foreach_copy(dsts + {p}tails_dev, srcs + {p}pads_dev)"]
-        return lines + ["if dsts:", "    __gs_foreach_copy(dsts, srcs)"]
+            optional.append((n.src, f"dsts += {p}head_{n.ident}",
+                             f"srcs += {src}.unbind(0)" if n.split is not None else f"srcs.append({src})"))
+        return _foreach_lines(f"{p}dsts_dev", f"[{', '.join(self._src(n, viewed) for n in self.heads)}]",
+                              f"{p}tails_dev", f"{p}pads_dev" if self.tails or self.values else None, optional)
 
     def fill_lines(self) -> List[str]:
         if self.carrier is None:

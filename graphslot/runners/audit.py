@@ -59,7 +59,7 @@ def capture_on_tape(runner: Any, bs: int) -> Tuple[Any, Any]:
     from .tape import TapeBackend
 
     view = runner._capture_view(bs)
-    return TapeBackend().capture(functools.partial(runner._forward, view), warmup=0), view
+    return TapeBackend().capture(functools.partial(runner._graph_body, view, bs), warmup=0), view
 
 
 def _storage(t: torch.Tensor) -> int:

@@ -150,9 +150,7 @@ class DecodeGraphRunner:
     def _capture_one(self, bs: int) -> Any:
         view = self._capture_view(bs)
         warmup = self.config.warmup if not self.graphs or self.config.warmup_sizes == "all" else 0
-        if self.shared_outputs is None:
-            return self.backend.capture(functools.partial(self._forward, view), warmup=warmup)
-        return self.backend.capture(lambda: self.shared_outputs(self._forward(view), bs, bs * self.k), warmup=warmup)
+        return self.backend.capture(functools.partial(self._graph_body, view, bs), warmup=warmup)
 
     def graph(self, bs: int) -> Any:
         """The graph of captured size ``bs``, captured now if lazy and not yet."""
@@ -166,9 +164,12 @@ class DecodeGraphRunner:
             self.capture_seconds += time.perf_counter() - start
         return graph
 
-    def _forward(self, view: Any) -> Any:
+    def _graph_body(self, view: Any, bs: int) -> Any:
+        """What a graph of size ``bs`` runs: the forward (and, ``share_outputs``, the
+        copy of its output into the shared buffers)."""
         with torch.no_grad():
-            return self.adapter.forward(view)
+            out = self.adapter.forward(view)
+        return out if self.shared_outputs is None else self.shared_outputs(out, bs, bs * self.k)
 
     def _capture_view(self, bs: int) -> Any:
         adapter, reg, n = self.adapter, self.registry, bs * self.k
@@ -215,11 +216,15 @@ class DecodeGraphRunner:
         if self.adapter.tokens_per_bs(fb) != self.k:
             return f"not {self.k} token(s) per request (another forward mode)", raw_bs, None
         needed = self._needed_bs(fb, raw_bs)
+        return self.size_problem(needed), raw_bs, needed
+
+    def size_problem(self, needed: int) -> Optional[str]:
+        """Why no captured graph can run ``needed`` rows, or None when one can."""
         if self.config.disable_padding and needed not in self.captured_sizes:
-            return "no graph of this exact size (padding disabled)", raw_bs, needed
+            return "no graph of this exact size (padding disabled)"
         if needed > self.captured_sizes[0]:
-            return "larger than the largest graph", raw_bs, needed
-        return None, raw_bs, needed
+            return "larger than the largest graph"
+        return None
 
     def eager_reason(self, fb: Any) -> Optional[str]:
         """Why ``fb`` cannot replay a graph, or None when it can."""
@@ -228,24 +233,24 @@ class DecodeGraphRunner:
     def can_run(self, fb: Any) -> bool:
         return self.eager_reason(fb) is None
 
-    def _pad(self, needed: int) -> int:
+    def pad(self, needed: int) -> int:
+        """The captured size a step of ``needed`` rows replays (``size_problem`` None)."""
         return self._ascending[bisect.bisect_left(self._ascending, needed)]
 
     def padded_bs(self, fb: Any) -> int:
-        return self._pad(self._needed_bs(fb, self.adapter.batch_size(fb)))
+        return self.pad(self._needed_bs(fb, self.adapter.batch_size(fb)))
 
     def replay(self, fb: Any, *, count: bool = True) -> Any:
         """Outputs for ``fb``'s rows: views of the graph's static outputs, valid until
         the next replay of the same size (``share_outputs``: of any size; clone to keep
-        them). ``count=False``: a batch
-        of no real requests (an idle DP rank's dummy, replayed to join the collectives)
-        stays out of :meth:`metrics` and the histogram."""
+        them). ``count=False``: a batch of no real requests (an idle DP rank's dummy,
+        replayed to join the collectives) stays out of :meth:`metrics` and the histogram."""
         raw_bs = self.adapter.batch_size(fb)
         return self._replay(fb, raw_bs, self._needed_bs(fb, raw_bs), count)
 
     def _replay(self, fb: Any, raw_bs: int, needed: int, count: bool) -> Any:
         adapter, reg, k = self.adapter, self.registry, self.k
-        bs = self._pad(needed)
+        bs = self.pad(needed)
         graph = self.graph(bs)  # before the fill: a lazy capture fills the buffers with its dummy batch
         reg.fill_from(fb, raw_bs, bs, raw_bs * k, bs * k, self._side)
         if self.tail_hook is not None:

@@ -23,7 +23,6 @@ collectives too), since the choice is made from them.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 from dataclasses import dataclass
 from typing import Any, List, Optional, Tuple
@@ -101,7 +100,6 @@ class DPDecodeRunner:
         exchange.check_same("the batch sizes to capture", sizes)
         self.runner, self.exchange = DecodeGraphRunner(adapter, config), exchange
         self.adapter, self.k = adapter, self.runner.k
-        self._sizes = sorted(self.runner.captured_sizes)
         self.last: Optional[DPStep] = None
         self.graph_steps = self.eager_steps = self.skipped_steps = 0
 
@@ -112,13 +110,10 @@ class DPDecodeRunner:
     def agree(self, counts: List[int], flags: List[bool]) -> Optional[int]:
         """The padded size every rank picks from the same counts and flags; None: eager (or,
         with no tokens anywhere, nothing)."""
-        sizes = self._sizes
         needed = -(-max(counts) // self.k)
-        if not all(flags) or not 1 <= needed <= sizes[-1]:
+        if not all(flags) or needed < 1 or self.runner.size_problem(needed):
             return None
-        if self.runner.config.disable_padding:
-            return needed if needed in self.runner.captured_sizes else None
-        return sizes[bisect.bisect_left(sizes, needed)]
+        return self.runner.pad(needed)
 
     def __call__(self, fb: Any) -> Optional[Any]:
         """This rank's outputs (its rows only), or None when idle or when every rank is."""
