@@ -72,17 +72,21 @@ def _module_name(module: Any) -> str:
     return str(getattr(module, "__name__", None) or repr(module))
 
 
+def _damaged(module: Any, spec: RegistrySpec, function: str, got: str, expected: str) -> SpecError:
+    """A generated function returned what generated code never does: the module was
+    edited or damaged. Refused when the registry is built, never at the first fill."""
+    return SpecError([SpecIssue(spec.source, None, f"generated module '{_module_name(module)}': {function}() "
+                                f"returned {got}, expected {expected}; the module was edited or damaged: "
+                                "regenerate it (graphslot generate)")])
+
+
 def _bound(module: Any, spec: RegistrySpec, bound: Any) -> tuple:
-    """What ``bind()`` returned, when it is ``(fill_from, extract)``; a module whose
-    ``bind`` returns anything else was damaged or edited, and is refused here rather
-    than at the first fill."""
+    """What ``bind()`` returned, when it is ``(fill_from, extract)``."""
     if isinstance(bound, tuple) and len(bound) == 2 and all(callable(f) for f in bound):
         return bound
     got = (f"a {len(bound)}-tuple of {', '.join(type(f).__name__ for f in bound)}" if isinstance(bound, tuple)
            else type(bound).__name__)
-    raise SpecError([SpecIssue(spec.source, None, f"generated module '{_module_name(module)}': bind() returned "
-                               f"{got}, expected (fill_from, extract), two callables; the module was edited or "
-                               "damaged: regenerate it (graphslot generate)")])
+    raise _damaged(module, spec, "bind", got, "(fill_from, extract), two callables")
 
 
 def _value(literals: Mapping[str, str], key: str) -> str:
@@ -103,9 +107,7 @@ class GeneratedRegistry(SlotRegistry):
         buffers = module.allocate(kwargs["max_bs"], kwargs["max_num_tokens"], device, params,
                                   kwargs.pop("pool"), kwargs.pop("source"))
         if not isinstance(buffers, dict):
-            raise SpecError([SpecIssue(spec.source, None, f"generated module '{_module_name(module)}': allocate() "
-                                       f"returned {type(buffers).__name__}, expected a dict of buffers; the module "
-                                       "was edited or damaged: regenerate it (graphslot generate)")])
+            raise _damaged(module, spec, "allocate", type(buffers).__name__, "a dict of buffers")
         super().__init__(spec, slots, hooks, params, buffers=buffers, **kwargs)
         self.module = module
         for slot in self.active:
