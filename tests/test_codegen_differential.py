@@ -6,7 +6,8 @@ are an optimisation of it and must be indistinguishable from it. These tests bui
 same spec in both modes, feed both the same batches, and require:
 
 * bit-identical buffers after allocation and after every fill, whatever the buffers
-  held before (they are poisoned with random values, the same in both);
+  held before (they are poisoned with random values, the same in both); bit for bit, so
+  NaN pad values compare equal and -0.0 differs from 0.0;
 * ``extract`` views with the same attributes, the same tensors (values, shape, dtype),
   each a view of its own registry's buffer, the same non-tensor values, and
   ``batch_size`` set to the padded size;
@@ -121,7 +122,8 @@ def _pad_value(draw, dtype: str, runtime: List[str]):
                              f"{rt} - 70", f"{rt} // 2"]),
         ))
     return draw(st.one_of(
-        st.sampled_from([-2.5, 0.5, 1.25, 3.0, 0.1, -1e-3, 3.3]), st.integers(-3, 50),
+        st.sampled_from([-2.5, 0.5, 1.25, 3.0, 0.1, -1e-3, 3.3, float("-inf"), float("inf"), float("nan"), -0.0]),
+        st.integers(-3, 50),
         st.sampled_from([rt, f"{rt} + 0.5", f"{rt} % 7", f"{rt} * 0.1"]),
     ))
 
@@ -386,6 +388,19 @@ def snapshot(obj, depth: int = 0) -> Dict[str, Any]:
     return out
 
 
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal shapes, dtypes and bits: NaN equals NaN, -0.0 is not 0.0 (torch.equal
+    says neither)."""
+    if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
+        return False
+    if a.dtype.is_floating_point:
+        a, b = (t.contiguous().view(_BITS[t.element_size()]) for t in (a, b))
+    return torch.equal(a, b)
+
+
 def assert_same_snapshot(before, after, where="batch", views=()) -> None:
     """``views``: fields that view a registry buffer (a fill writes through them)."""
     assert before.keys() == after.keys(), f"{where}: attributes changed"
@@ -395,7 +410,7 @@ def assert_same_snapshot(before, after, where="batch", views=()) -> None:
         kind2, ident2, value2 = after[key]
         assert (kind, ident) == (kind2, ident2), f"{where}.{key} was replaced"
         if kind == "tensor":
-            assert torch.equal(value, value2), f"{where}.{key} was written to"
+            assert same_bits(value, value2), f"{where}.{key} was written to"
         elif kind == "ns":
             assert_same_snapshot(value, value2, f"{where}.{key}")
         elif kind == "dict":
@@ -403,7 +418,7 @@ def assert_same_snapshot(before, after, where="batch", views=()) -> None:
             for k in value:
                 assert value[k][0] == value2[k][0]
                 if isinstance(value[k][1], torch.Tensor):
-                    assert torch.equal(value[k][1], value2[k][1]), f"{where}.{key}[{k}] was written to"
+                    assert same_bits(value[k][1], value2[k][1]), f"{where}.{key}[{k}] was written to"
 
 
 def assert_same_buffers(interp: gs.SlotRegistry, gen: gs.SlotRegistry, when: str) -> None:
@@ -411,7 +426,7 @@ def assert_same_buffers(interp: gs.SlotRegistry, gen: gs.SlotRegistry, when: str
     for slot in interp.active:
         a, b = slot.buffer, gen.slot(slot.name).buffer
         assert a.dtype == b.dtype and a.shape == b.shape and a.device == b.device, slot.name
-        assert torch.equal(a, b), (
+        assert same_bits(a, b), (
             f"{when}: buffer '{slot.name}' differs\ninterpreted: {a.tolist()}\ngenerated:   {b.tolist()}")
 
 
@@ -428,7 +443,7 @@ def assert_same_views(interp, gen, fbs, vi, vg, padded_bs, padded_num_tokens) ->
         if isinstance(x, torch.Tensor) and key in slot_names and x is not getattr(fbi, key, None):
             assert isinstance(y, torch.Tensor), key
             assert x.shape == y.shape and x.dtype == y.dtype, key
-            assert torch.equal(x, y), key
+            assert same_bits(x, y), key
             expected = interp.slot(key).slice_for(padded_bs, padded_num_tokens)
             assert x.shape == expected.shape, key
             # each view is a window on its own registry's buffer, starting at its head
@@ -463,11 +478,11 @@ def assert_heads_and_tails(interp, fb, step: Step, views=()) -> None:
         count = slot.count(step.raw_bs, step.raw_num_tokens)
         src = getattr(fb, spec.name, None)
         if isinstance(src, torch.Tensor):
-            assert torch.equal(slot.head(count), src.to(spec.dtype)), spec.name
+            assert same_bits(slot.head(count), src.to(spec.dtype)), spec.name
         if spec.resets_tail:
             padded = slot.count(step.padded_bs, step.padded_num_tokens)
             tail = slot.buffer.narrow(spec.slice_dim, count, padded - count)
-            assert torch.equal(tail, torch.full_like(tail, spec.tail_value)), spec.name
+            assert same_bits(tail, torch.full_like(tail, spec.tail_value)), spec.name
 
 
 def poison(interp, gen, seed: int) -> None:
@@ -694,6 +709,30 @@ REGRESSIONS = {
           - {name: e, shape: [max_bs], dtype: int64, axis: bs, padding: fill_sentinel, pad_value: rt_device}
           - {name: f, shape: [1], dtype: int64, axis: none, copy_from_fb: false, post_fill: stamp}
     """, {"device": 13, "params": 21}),
+    # non-finite, signed-zero, huge and subnormal floats as pad values: literals, folded
+    # expressions (one overflowing to inf), a baked param (in PARAMS too) and a runtime one
+    "non_finite_pad_values": ("""
+        name: r
+        params:
+          big: {type: float, default: 1.0e+308}
+          neg: {type: float, default: -.inf}
+          nan: {type: float, default: .nan}
+          rtf: {type: float, default: .nan, runtime: true}
+        slots:
+          - {name: a, shape: [max_bs], dtype: float32, axis: bs, padding: fill_sentinel, pad_value: -.inf}
+          - {name: b, shape: [max_num_tokens], dtype: bfloat16, axis: tokens, padding: fill_sentinel, pad_value: .nan}
+          - {name: c, shape: [max_bs, 2], dtype: float32, axis: bs, padding: fill_sentinel, pad_value: -0.0}
+          - {name: d, shape: [3], dtype: float64, axis: none, padding: fill_once, pad_value: .inf}
+          - {name: e, shape: [max_bs], dtype: float32, axis: bs, padding: fill_sentinel, pad_value: "big * 10",
+             device: cpu}
+          - {name: f, shape: [max_bs], dtype: float32, axis: bs, padding: fill_once, pad_value: "neg - 1"}
+          - {name: g, shape: [max_bs], dtype: float32, axis: bs, padding: fill_sentinel, pad_value: rtf}
+          - {name: h, shape: [max_bs], dtype: float64, axis: bs, padding: fill_sentinel,
+             pad_value: "-1.7976931348623157e308 if nan != nan else 0.0"}
+          - {name: i, shape: [max_num_tokens, 2], dtype: float64, axis: tokens, padding: fill_sentinel,
+             pad_value: 5.0e-324}
+          - {name: j, shape: [max_bs], dtype: int64, axis: bs, padding: fill_sentinel, pad_value: 3}
+    """, {"rtf": float("-inf")}),
 }
 
 

@@ -23,6 +23,7 @@ import pytest
 import graphslot as gs
 from graphslot.codegen.generator import (DOCSTRING, GeneratedCodeError, check_module_structure,
                                          render_module)
+from graphslot.codegen.handshake import MODULE_FORMAT
 from graphslot.codegen.inprocess import compile_module
 from graphslot.framework.project import ProjectConfigError
 
@@ -108,13 +109,14 @@ def test_generator_escapes_text_validation_let_through(field, kind):
     payload = PAYLOADS[kind]
     spec = gs.parse_spec(_spec_text("name", "victim"), "victim.yaml")
     hostile = spec.model_copy(update={field: payload})
-    assert getattr(hostile, field) == payload and hostile.sha256 == spec.sha256
+    assert getattr(hostile, field) == payload
     text = render_module(hostile, gs.resolve_params(spec))
     _assert_inert(text, payload)
     if field == "name":
-        assert f"# spec:     {ascii(payload)} (sha256 {spec.sha256})\n" in text
+        assert f"# spec:     {ascii(payload)} (identity {hostile.identity})\n" in text
         assert f"SPEC_NAME = {payload!r}\n" in text
-    compile_module(hostile, gs.resolve_params(spec))  # (cached per spec text: may be another name's module)
+    module = compile_module(hostile, gs.resolve_params(spec))
+    assert module.SPEC_IDENTITY == hostile.identity  # its own module: the name is part of the identity
 
 
 @pytest.mark.parametrize("kind", sorted(PAYLOADS))
@@ -160,6 +162,10 @@ def test_hostile_slot_and_runtime_param_names_reaching_the_emitter_are_refused(k
 # --- the structural check ------------------------------------------------------------------
 
 
+RUNTIME_IMPORT = "from graphslot.codegen import runtime as __gs_rt\n"
+HANDSHAKE = f"__gs_rt.require(__name__, version={gs.__version__!r}, format={MODULE_FORMAT})\n"
+
+
 def _good():
     spec = gs.parse_spec(_spec_text("name", "victim"), "victim.yaml")
     return spec, render_module(spec, gs.resolve_params(spec))
@@ -187,6 +193,18 @@ def _good():
      "the attribute '__class__' in `def bind`"),
     (lambda t: t.replace("# Regenerate with", "# x\rimport os\n# Regenerate with"), "control character '\\r'"),
     (lambda t: t.replace("\ndef allocate(", "\ndef allocate(("), "does not parse"),
+    # the version handshake: first, exactly, with this module format
+    (lambda t: t.replace(HANDSHAKE, ""), "expected the handshake `__gs_rt.require(__name__, version=..., format="),
+    (lambda t: t.replace(HANDSHAKE, HANDSHAKE.replace("format=", "format=-1 + ")), "expected the handshake"),
+    (lambda t: t.replace(HANDSHAKE, HANDSHAKE.replace(")\n", ", extra=__import__('os'))\n")),
+     "expected the handshake"),
+    (lambda t: t.replace(HANDSHAKE, HANDSHAKE.replace(")\n", ") or __import__('os')\n")), "expected the handshake"),
+    (lambda t: t.replace(HANDSHAKE, HANDSHAKE.replace(f"format={MODULE_FORMAT}", "format=1")),
+     "expected the handshake"),
+    (lambda t: t.replace(RUNTIME_IMPORT, "from os import path as __gs_rt\n"),
+     "expected `from graphslot.codegen import runtime as __gs_rt`"),
+    (lambda t: t.replace(RUNTIME_IMPORT + "\n" + HANDSHAKE, "import torch\n" + RUNTIME_IMPORT + HANDSHAKE),
+     "expected `from graphslot.codegen import runtime as __gs_rt`"),
 ])
 def test_structure_check_refuses_anything_but_the_skeleton(edit, message):
     spec, text = _good()
@@ -197,6 +215,19 @@ def test_structure_check_refuses_anything_but_the_skeleton(edit, message):
         check_module_structure(edited, spec)
     assert "refusing to generate code for spec 'victim'" in str(info.value)
     assert message in str(info.value), str(info.value)
+
+
+def test_structure_check_holds_the_handshake_to_this_version():
+    from graphslot.codegen import generator
+
+    spec, text = _good()
+    emission = generator.Emitter(spec, gs.resolve_params(spec), gs.__version__, spec.source).emit()
+    expected = generator._expected_constants(spec, emission)
+    check_module_structure(text, spec, expected)
+    other = text.replace(HANDSHAKE, HANDSHAKE.replace(repr(gs.__version__), "'0.0.1'"))
+    assert other != text
+    with pytest.raises(GeneratedCodeError, match="expected the handshake"):
+        check_module_structure(other, spec, expected)
 
 
 def test_structure_check_catches_a_template_regression(monkeypatch):

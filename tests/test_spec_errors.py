@@ -189,6 +189,41 @@ def test_pad_value_must_fit_the_dtype():
     ]
 
 
+@pytest.mark.parametrize("dtype", ["int64", "int32", "uint8", "bool", "int4"])
+@pytest.mark.parametrize("value, shown", [(".inf", "inf"), ("-.inf", "-inf"), (".nan", "nan")])
+def test_a_non_finite_pad_value_does_not_fit_an_integer_or_bool_dtype(dtype, value, shown):
+    text = make_slot_yaml(dtype=dtype, padding="fill_sentinel")
+    assert spec_error(text + f"    pad_value: {value}\n") == [
+        f"spec.yaml:8: slot 'x': pad_value {shown} (float) does not fit dtype {dtype}"
+    ]
+
+
+def test_a_non_finite_param_as_the_pad_value_of_an_integer_slot():
+    text = textwrap.dedent("""\
+        name: t
+        params:
+          p: {type: float, default: -.inf}
+        slots:
+          - {name: x, shape: [max_bs], dtype: int32, axis: bs, padding: fill_once, pad_value: p}
+    """)
+    assert spec_error(text) == ["spec.yaml:5: slot 'x': pad_value -inf (float) does not fit dtype int32"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64", "float8_e4m3fn"])
+@pytest.mark.parametrize("value", [".inf", "-.inf", ".nan", "-0.0"])
+def test_a_non_finite_or_negative_zero_pad_value_fits_a_float_dtype(dtype, value):
+    text = make_slot_yaml(dtype=dtype, padding="fill_sentinel") + f"    pad_value: {value}\n"
+    assert parse(text).slots[0].pad_value is not None
+
+
+def test_a_huge_float_pad_value_must_fit_the_float_dtype():
+    text = make_slot_yaml(dtype="float16", padding="fill_sentinel")
+    assert spec_error(text + "    pad_value: 1.0e+5\n") == [
+        "spec.yaml:8: slot 'x': pad_value 100000.0 (float) does not fit dtype float16"
+    ]
+    assert parse(text + "    pad_value: 65504.0\n").slots[0].pad_value == 65504.0
+
+
 def test_missing_padding_on_a_sliced_axis():
     assert spec_error(make_slot_yaml(padding=None)) == [
         "spec.yaml:3: slot 'x': missing 'padding': a 'bs'-axis slot must say how its padded tail is made safe "

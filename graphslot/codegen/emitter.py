@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..framework.dtypes import DTypeName, dtype_name, is_torch_dtype
-from ..framework.expr import Expr
+from ..framework.expr import Expr, python_literal
 from ..framework.hooks import BUILTIN_HOOKS, HOOK_SIGNATURES, is_import_reference
 from ..framework.model import RegistrySpec
 from ..framework.resolve import ResolvedSlot, copied_as_rows, depends_on_capacity, resolve_slot
@@ -38,9 +38,10 @@ def structural_params(spec: RegistrySpec, params: Mapping[str, Any]) -> Dict[str
 
 
 def params_literal(params: Mapping[str, Any]) -> str:
-    """Byte-stable source for a params dict (dtypes by name, keys sorted)."""
-    items = (f"{k!r}: {dtype_name(v)!r}" if isinstance(v, DTypeName) or is_torch_dtype(v) else f"{k!r}: {v!r}"
-             for k, v in sorted(params.items()))
+    """Byte-stable source for a params dict (dtypes by name, keys sorted, non-finite
+    floats as ``float('inf')``)."""
+    items = (f"{k!r}: {dtype_name(v)!r}" if isinstance(v, DTypeName) or is_torch_dtype(v)
+             else f"{k!r}: {python_literal(v)}" for k, v in sorted(params.items()))
     return "{" + ", ".join(items) + "}"
 
 
@@ -66,16 +67,17 @@ def _get(obj: str, name: str) -> str:
 _MODULE_NAMES = frozenset({
     "torch", "max_bs", "max_num_tokens", "device", "params", "pool", "source", "buffers", "hooks",
     "plans", "views", "make_plan", "fill_from", "make_views", "extract", "allocate", "bind",
-    "make_view", "fields", "exc",
+    "make_view", "fields", "exc", "grad", "plan", "entry",
 }) | frozenset(dir(builtins))
 _GENERATED_PREFIXES = ("rt_", "buf_", "hook_", "pad", "src_", "rows", "head_", "tail_", "dsts", "view_", "__gs_")
 
 # graphslot.codegen.runtime helpers a module may use, with the mangled names it binds
-# them under. The template itself always calls the last two.
+# them under. The template itself always uses the last four.
 RUNTIME_HELPERS = (("FillContext", "__gs_FillContext"), ("SourceMismatch", "__gs_Mismatch"),
                    ("foreach_copy", "__gs_foreach_copy"), ("hook", "__gs_hook"),
-                   ("allocate_buffer", "__gs_allocate"), ("ViewMaker", "__gs_ViewMaker"))
-_TEMPLATE_HELPERS = frozenset({"__gs_allocate", "__gs_ViewMaker"})
+                   ("allocate_buffer", "__gs_allocate"), ("ViewMaker", "__gs_ViewMaker"),
+                   ("grad_enabled", "__gs_grad_enabled"), ("set_grad_enabled", "__gs_set_grad_enabled"))
+_TEMPLATE_HELPERS = frozenset({"__gs_allocate", "__gs_ViewMaker", "__gs_grad_enabled", "__gs_set_grad_enabled"})
 
 
 def runtime_local(name: str) -> str:
@@ -313,7 +315,7 @@ class Emission:
 
     spec_name: str
     spec_source: str
-    spec_sha256: str
+    spec_identity: str
     version: str
     params: Dict[str, Any]
     runtime_params: List[str]
@@ -337,7 +339,8 @@ def _dtype_src(dtype: str) -> str:
 class Emitter:
     def __init__(self, spec: RegistrySpec, params: Mapping[str, Any], version: str, source_label: str):
         self.spec, self.params, self.version, self.source_label = spec, dict(params), version, source_label
-        self.runtime = [n for n, p in spec.params.items() if p.runtime]
+        # sorted: the order of a spec's params is no part of its meaning (RegistrySpec.identity)
+        self.runtime = sorted(n for n, p in spec.params.items() if p.runtime)
         self.slots = [s for s in self._symbolic_slots() if s.enabled]
         self.names = self._unique_names()
         self.hooks = {n.slot.name: self._expected_hooks(n.slot) for n in self.names}
@@ -391,7 +394,7 @@ class Emitter:
             names = {name: name for name in keep}
             names.update({name: runtime_local(name) for name in self.runtime})
             return Expr.parse(value).to_python(baked, keep=names)
-        return repr(value)
+        return python_literal(value)
 
     def _extents(self, slot: ResolvedSlot) -> List[str]:
         return [self._spec_expr(e, CAPACITY.values()) for e in self.spec.slot_spec(slot.name).shape]
@@ -617,7 +620,7 @@ class Emitter:
         runtime_imports = sorted((helper, alias) for helper, alias in RUNTIME_HELPERS
                                  if alias in _TEMPLATE_HELPERS or any(alias in line for line in emitted))
         return Emission(
-            spec_name=self.spec.name, spec_source=self.source_label, spec_sha256=self.spec.sha256,
+            spec_name=self.spec.name, spec_source=self.source_label, spec_identity=self.spec.identity,
             version=self.version, params=structural_params(self.spec, self.params),
             runtime_params=self.runtime, used_runtime_params=[(runtime_local(n), n) for n in used],
             slot_names=[n.slot.name for n in self.names],

@@ -5,15 +5,18 @@ text they hold is ever emitted raw: in the banner it appears only as ``ascii()``
 literals (one line, every control or non-ASCII character escaped), the docstring is
 fixed text, and in code only as ``repr()`` literals. Then, before the source is
 compiled or written, :func:`check_module_structure` compares it with the expected
-skeleton — the module docstring, ``import torch``, one import of known helpers from
-``graphslot.codegen.runtime``, the known constants with literal values, ``def
-allocate`` and ``def bind`` — and refuses anything else (an injection that still
-parses included) with a :class:`GeneratedCodeError`.
+skeleton — the module docstring, the version handshake with
+``graphslot.codegen.runtime``, ``import torch``, one import of known helpers from it,
+the known constants with literal values, ``def allocate`` and ``def bind`` — and
+refuses anything else (an injection that still parses included) with a
+:class:`GeneratedCodeError`.
 """
 
 from __future__ import annotations
 
 import ast
+import copy
+import math
 import re
 from functools import lru_cache
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
@@ -23,17 +26,20 @@ import jinja2
 from .._version import __version__
 from ..framework.dtypes import DTypeName, dtype_name, is_torch_dtype
 from ..framework.errors import SpecError, SpecIssue
+from ..framework.expr import python_literal
 from ..framework.model import RegistrySpec
 from .emitter import PLAN_CACHE_LIMIT, RUNTIME_HELPERS, Emission, Emitter, params_literal
+from .handshake import MODULE_FORMAT
 
 REGENERATE = "graphslot generate"
 RULE = "-" * 86
 DOCSTRING = "Specialised fill_from / extract for one slot spec: SPEC_NAME below, the banner above."
 
 # The top level of every generated module, in order (after the docstring and imports).
-CONSTANTS = ("SPEC_NAME", "SPEC_SHA256", "GRAPHSLOT_VERSION", "PARAMS", "RUNTIME_PARAMS", "SLOTS")
+CONSTANTS = ("SPEC_NAME", "SPEC_IDENTITY", "GRAPHSLOT_VERSION", "PARAMS", "RUNTIME_PARAMS", "SLOTS")
 FUNCTIONS = ("allocate", "bind")
-RUNTIME_MODULE = "graphslot.codegen.runtime"
+RUNTIME_PACKAGE, RUNTIME_NAME, RUNTIME_ALIAS = "graphslot.codegen", "runtime", "__gs_rt"
+RUNTIME_MODULE = f"{RUNTIME_PACKAGE}.{RUNTIME_NAME}"
 _HELPER_ALIASES = dict(RUNTIME_HELPERS)
 
 # Inside the functions generated code never imports, declares globals, defines classes
@@ -49,6 +55,8 @@ _FORBIDDEN_NODES = (ast.Import, ast.ImportFrom, ast.Global, ast.Nonlocal, ast.Cl
 _SAFE_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _VERSION = re.compile(r"[0-9A-Za-z.+_-]+")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+# The values a constant may hold that have no Python literal: non-finite floats.
+_NON_FINITE = ("inf", "-inf", "nan", "-nan")
 
 
 class GeneratedCodeError(SpecError):
@@ -91,7 +99,7 @@ def comment_value(value: Any) -> str:
     if isinstance(value, DTypeName) or is_torch_dtype(value):  # before str: a DTypeName is one
         return comment_name(dtype_name(value))
     if isinstance(value, bool) or value is None or isinstance(value, (int, float)):
-        return repr(value)
+        return python_literal(value)
     return comment_text(value)
 
 
@@ -113,17 +121,57 @@ def _describe(node: ast.AST) -> str:
     return f"line {getattr(node, 'lineno', '?')}: {comment_text(text[:80])}"
 
 
+class _NonFinite(ast.NodeTransformer):
+    """``float('inf')``, ``float('-inf')``, ``float('nan')``, ``float('-nan')`` -> the constant, so
+    :func:`ast.literal_eval` reads them; any other call stays and is refused."""
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        if (isinstance(node.func, ast.Name) and node.func.id == "float" and not node.keywords
+                and len(node.args) == 1 and isinstance(node.args[0], ast.Constant)
+                and node.args[0].value in _NON_FINITE):
+            return ast.Constant(float(node.args[0].value))
+        return node
+
+
 def _literal(node: ast.AST) -> Any:
-    return ast.literal_eval(node)
+    """The value of a literal, non-finite floats (as :func:`python_literal` writes them)
+    included; ValueError for anything else."""
+    return ast.literal_eval(_NonFinite().visit(copy.deepcopy(node)))
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal values of the same types, containers element by element; floats by their
+    repr and sign, so nan matches nan of its sign and -0.0 only -0.0."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (tuple, list)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float):
+        return repr(a) == repr(b) and math.copysign(1.0, a) == math.copysign(1.0, b)
+    return a == b
 
 
 def _expected_constants(spec: RegistrySpec, e: Emission) -> List[Tuple[str, Any]]:
-    try:
-        params = ast.literal_eval(params_literal(e.params))
-    except (ValueError, SyntaxError):
-        raise _refuse(spec, "a param value has no Python literal (such as inf or nan)") from None
-    return [("SPEC_NAME", e.spec_name), ("SPEC_SHA256", e.spec_sha256), ("GRAPHSLOT_VERSION", e.version),
+    params = _literal(ast.parse(params_literal(e.params), mode="eval").body)
+    return [("SPEC_NAME", e.spec_name), ("SPEC_IDENTITY", e.spec_identity), ("GRAPHSLOT_VERSION", e.version),
             ("PARAMS", params), ("RUNTIME_PARAMS", tuple(e.runtime_params)), ("SLOTS", tuple(e.slot_names))]
+
+
+def _is_handshake(node: ast.stmt, version: str | None) -> bool:
+    """``__gs_rt.require(__name__, version=<literal>, format=MODULE_FORMAT)``; with
+    ``version``, that very version."""
+    call = node.value if isinstance(node, ast.Expr) else None
+    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "require"
+            and isinstance(call.func.value, ast.Name) and call.func.value.id == RUNTIME_ALIAS
+            and len(call.args) == 1 and isinstance(call.args[0], ast.Name) and call.args[0].id == "__name__"
+            and [k.arg for k in call.keywords] == ["version", "format"]
+            and all(isinstance(k.value, ast.Constant) for k in call.keywords)):
+        return False
+    got_version, got_format = (k.value.value for k in call.keywords)
+    return (isinstance(got_version, str) and (version is None or got_version == version)
+            and type(got_format) is int and got_format == MODULE_FORMAT)
 
 
 def check_module_structure(text: str, spec: RegistrySpec, expected: Optional[Sequence[Tuple[str, Any]]] = None
@@ -131,7 +179,7 @@ def check_module_structure(text: str, spec: RegistrySpec, expected: Optional[Seq
     """Refuse ``text`` unless its top level is exactly the generated skeleton.
 
     ``expected``: (name, value) of every constant, in order; without it SPEC_NAME and
-    SPEC_SHA256 are checked against ``spec`` and the others only for being literals.
+    SPEC_IDENTITY are checked against ``spec`` and the others only for being literals.
     Raises :class:`GeneratedCodeError` naming the first statement that does not fit.
     """
     bad = [c for c in text if c != "\n" and not c.isprintable()]
@@ -156,6 +204,14 @@ def check_module_structure(text: str, spec: RegistrySpec, expected: Optional[Seq
     take("the module docstring", lambda n: isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)
          and n.value.value == DOCSTRING)
     if not problems:
+        take(f"`from {RUNTIME_PACKAGE} import {RUNTIME_NAME} as {RUNTIME_ALIAS}`",
+             lambda n: isinstance(n, ast.ImportFrom) and n.module == RUNTIME_PACKAGE and n.level == 0
+             and [(a.name, a.asname) for a in n.names] == [(RUNTIME_NAME, RUNTIME_ALIAS)])
+    if not problems:
+        version = dict(expected or {}).get("GRAPHSLOT_VERSION")
+        take(f"the handshake `{RUNTIME_ALIAS}.require(__name__, version=..., format={MODULE_FORMAT})`",
+             lambda n: _is_handshake(n, version))
+    if not problems:
         take("`import torch`", lambda n: isinstance(n, ast.Import)
              and [(a.name, a.asname) for a in n.names] == [("torch", None)])
     if not problems:
@@ -175,10 +231,9 @@ def check_module_structure(text: str, spec: RegistrySpec, expected: Optional[Seq
             except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
                 return False
             if expected is None:  # the spec's own identity, at least
-                known = {"SPEC_NAME": spec.name, "SPEC_SHA256": spec.sha256}
+                known = {"SPEC_NAME": spec.name, "SPEC_IDENTITY": spec.identity}
                 return name not in known or value == known[name]
-            return (expected[position][0] == name and expected[position][1] == value
-                    and type(expected[position][1]) is type(value))
+            return expected[position][0] == name and _same(expected[position][1], value)
 
         take(f"the constant {name} = <its literal value>", constant)
     for name in FUNCTIONS:
@@ -222,8 +277,8 @@ def _check_emission(spec: RegistrySpec, e: Emission) -> None:
     """The few emitted values the template places as code rather than as literals."""
     if not _VERSION.fullmatch(e.version):
         raise _refuse(spec, f"graphslot version {comment_text(e.version)} is not a plain version")
-    if not _SHA256.fullmatch(e.spec_sha256):
-        raise _refuse(spec, "the spec's sha256 is not a hex digest")
+    if not _SHA256.fullmatch(e.spec_identity):
+        raise _refuse(spec, "the spec's identity is not a sha256 hex digest")
     for local, _ in e.used_runtime_params:
         if not (local.isidentifier() and local.isascii()):
             raise _refuse(spec, f"runtime param {comment_text(local)} is not an identifier")
@@ -258,6 +313,7 @@ def render_module(
         runtime_comment=", ".join(comment_name(n) for n in emission.runtime_params),
         params_literal=params_literal(emission.params),
         plan_cache_limit=PLAN_CACHE_LIMIT,
+        module_format=MODULE_FORMAT,
     )
     check_module_structure(text, spec, _expected_constants(spec, emission))
     return text

@@ -1,4 +1,5 @@
-"""What generated modules import: a deliberately small, stable surface."""
+"""What generated modules import: a deliberately small, stable surface. Its first use
+is the handshake, ``require`` (:mod:`.handshake`), before any helper is bound."""
 
 from __future__ import annotations
 
@@ -9,10 +10,16 @@ import torch
 from ..framework.buffers import allocate_buffer
 from ..framework.hooks import FillContext
 from ..framework.registry import ViewMaker
+from .handshake import MODULE_FORMAT, GeneratedModuleMismatch, require
 
 foreach_copy = torch._foreach_copy_
+# fill_from copies sources as data: autograd is off while it runs (the caller's mode
+# restored after), the cheapest way there (torch.no_grad() costs several times more).
+grad_enabled = torch.is_grad_enabled
+set_grad_enabled = torch._C._set_grad_enabled
 
-__all__ = ["FillContext", "SourceMismatch", "ViewMaker", "allocate_buffer", "foreach_copy", "hook"]
+__all__ = ["MODULE_FORMAT", "FillContext", "GeneratedModuleMismatch", "SourceMismatch", "ViewMaker",
+           "allocate_buffer", "foreach_copy", "grad_enabled", "hook", "require", "set_grad_enabled"]
 
 
 class SourceMismatch(Exception):

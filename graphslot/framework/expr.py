@@ -71,11 +71,20 @@ def _free_names(node: ast.AST) -> frozenset[str]:
     return frozenset().union(*(_free_names(c) for c in children))
 
 
-def _literal(value: Any) -> tuple[str, int]:
+def python_literal(value: Any) -> str:
+    """Python source for a spec value (bool, int, float, str): ``repr``, except that a
+    non-finite float, whose repr (``inf``, ``nan``) is no Python source, is written
+    ``float('inf')``, ``float('-inf')``, ``float('nan')`` or ``float('-nan')`` — the
+    NaN's sign kept, as YAML's ``.nan`` has it set and a buffer stores it."""
     if isinstance(value, float) and not math.isfinite(value):
-        return f"float('{value}')", _P_ATOM  # repr gives 'inf', which is not Python source
+        sign = "-" if math.copysign(1.0, value) < 0 else ""
+        return f"float('{sign}{abs(value)}')"
+    return repr(value)
+
+
+def _literal(value: Any) -> tuple[str, int]:
     # torch.int64 -> 'torch.int64'; a dtype name is written the same way
-    src = f"torch.{value}" if isinstance(value, DTypeName) else repr(value)
+    src = f"torch.{value}" if isinstance(value, DTypeName) else python_literal(value)
     return src, _P_UNARY if src.startswith("-") else _P_ATOM
 
 

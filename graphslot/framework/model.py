@@ -9,6 +9,7 @@ a file is reported at once with its line.
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any, Dict, List, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictFloat, StrictInt
@@ -19,6 +20,11 @@ AXES = ("bs", "tokens", "none")
 PADDINGS = ("zero", "fill_sentinel", "keep_pad", "foreach_copy", "fill_once")
 PARAM_TYPES = ("int", "float", "bool", "dtype", "str")
 HOOK_FIELDS = ("post_fill", "source", "pre_capture")
+
+# Free text, not meaning: left out of a spec's canonical form (a param or preset *named*
+# "description" is kept: only these keys of the spec, its params and its slots go).
+NOT_MEANING = {"description": True, "params": {"__all__": {"description"}},
+               "slots": {"__all__": {"description"}}}
 
 # Counts a spec may declare. Validation evaluates every preset against the params and
 # the slots, so these keep it fast on hostile input; real specs use a few dozen.
@@ -123,9 +129,25 @@ class RegistrySpec(_Strict):
     def text(self) -> str:
         return self._text
 
+    def canonical(self) -> dict[str, Any]:
+        """The spec's meaning as plain data (dicts, lists, str, int, float, bool, None):
+        the validated model with every default filled in and every ``description``
+        dropped. Comments, line endings, key order, quoting and descriptions of the
+        file do not reach it; any name, shape, dtype, axis, policy, pad value, hook,
+        ``enabled_if``, flag, param type or default, preset or slot order does."""
+        return self.model_dump(mode="python", exclude=NOT_MEANING)
+
+    def canonical_json(self) -> str:
+        """:meth:`canonical` as one line of ASCII JSON with sorted keys (non-finite
+        floats as ``NaN``/``Infinity``): the same text for the same meaning."""
+        return json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+                          allow_nan=True)
+
     @property
-    def sha256(self) -> str:
-        return hashlib.sha256(self._text.encode()).hexdigest()
+    def identity(self) -> str:
+        """The sha256 hex digest of :meth:`canonical_json`: what a generated module
+        records of the spec it was generated from (``SPEC_IDENTITY``)."""
+        return hashlib.sha256(self.canonical_json().encode("ascii")).hexdigest()
 
     @property
     def locations(self) -> Locations:
