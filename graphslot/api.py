@@ -7,6 +7,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Union
 
 import torch
 
+from .framework.budget import check_buffer_bytes
 from .framework.errors import SpecError, SpecIssue
 from .framework.hooks import BUILTIN_HOOKS, HOOK_SIGNATURES, HookError, bind_hook
 from .framework.loading import load_spec
@@ -60,16 +61,22 @@ def build_registry(
     hooks: Optional[Mapping[str, Callable]] = None,
     strict: bool = False,
     preset: Optional[str] = None,
+    max_bytes: Optional[int] = None,
 ) -> SlotRegistry:
     """Allocate a registry's buffers and bind its ``fill_from`` / ``extract``.
 
     ``mode`` is ``"generated"`` (specialised code compiled in process, the default),
     ``"interpreted"`` (the reference semantics), or a checked-in generated module.
+    ``max_bytes`` caps the bytes of the enabled slots' buffers, checked before any is
+    allocated (default: ``GRAPHSLOT_MAX_BUFFER_BYTES``, else 4 GiB;
+    :mod:`graphslot.framework.budget`).
     """
     if not isinstance(spec, RegistrySpec):
         spec = load_spec(spec)
     resolved_params = resolve_params(spec, params, preset)
     slots = resolve_slots(spec, resolved_params, max_bs, max_num_tokens)
+    check_buffer_bytes(spec.name, ((s.name, s.nbytes) for s in slots if s.enabled),
+                       f"max_bs={max_bs}, max_num_tokens={max_num_tokens}", max_bytes)
     bound = bind_slot_hooks(spec, slots, resolved_params, hooks or {})
     pool = GLOBAL_POOL if share_pool is True else (share_pool or None)
     kwargs = dict(max_bs=max_bs, max_num_tokens=max_num_tokens, device=torch.device(device), pool=pool,

@@ -13,7 +13,7 @@ from hypothesis import given, settings, strategies as st
 
 from graphslot.reference.serving_trace import TraceConfig, serving_histogram, serving_trace
 from graphslot.runners.histogram import MAX_DISTINCT_SIZES, MAX_FILE_BYTES, BatchSizeHistogram, HistogramError
-from graphslot.runners.planning import MAX_GRAPHS, default_ladder, evaluate, plan_capture_sizes
+from graphslot.runners.planning import LADDER_FINE_UNTIL, MAX_GRAPHS, default_ladder, evaluate, plan_capture_sizes
 
 
 def brute_force(counts, graphs, max_bs=None, cost=None, fits=lambda sizes: True):
@@ -145,6 +145,38 @@ def test_bad_budgets_and_models_are_one_clear_error(kwargs, message):
 def test_bad_histograms_through_the_api_are_one_clear_error(counts, message):
     with pytest.raises(ValueError, match="^" + message.replace("[", r"\[").replace("]", r"\]")):
         plan_capture_sizes(counts, 2)
+
+
+# ----------------------------------------------------------------------- the default ladder
+
+
+def sglang_ladder(max_bs):
+    """The ladder as first written: 1, 2, 4, 8, every 8th size up to max_bs, and max_bs."""
+    sizes = [bs for bs in [1, 2, 4, 8] + list(range(16, max_bs + 1, 8)) if bs <= max_bs]
+    return sizes + [max_bs] if max_bs not in sizes else sizes
+
+
+def test_the_default_ladder_is_sglangs_for_every_max_bs_up_to_1024():
+    for max_bs in range(1, LADDER_FINE_UNTIL + 9):
+        assert default_ladder(max_bs) == sglang_ladder(max_bs), max_bs
+    assert len(default_ladder(256)) == 35
+
+
+@pytest.mark.parametrize("max_bs", [1100, 4096, 10**6, 10**9, 2**62 + 3, 10**18])
+def test_above_1024_the_ladder_has_64_sizes_per_doubling_and_pads_at_most_one_in_64(max_bs):
+    ladder = default_ladder(max_bs)
+    assert ladder[-1] == max_bs and ladder == sorted(set(ladder))
+    octaves = math.ceil(math.log2(max_bs / LADDER_FINE_UNTIL))
+    assert len(ladder) <= len(default_ladder(LADDER_FINE_UNTIL)) + 64 * octaves + 1  # and the cap
+    above = [bs for bs in ladder if bs > LADDER_FINE_UNTIL]
+    for smaller, larger in zip([LADDER_FINE_UNTIL] + above, above):
+        assert larger - smaller <= smaller // 64  # a raw size pads by at most 1/64 of itself
+    assert all(bs % 8 == 0 for bs in ladder[3:-1])
+
+
+def test_a_ladder_for_a_huge_max_bs_is_built_without_materialising_every_size():
+    assert len(default_ladder(10**9)) == 1403  # every 8th size would be 125 million
+    assert len(default_ladder(10**18)) < 4000
 
 
 # --------------------------------------------------------------------- histogram files

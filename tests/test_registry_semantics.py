@@ -984,3 +984,65 @@ def test_prefill_num_token_non_padded(params, global_cpu, expected):
     fb = prefill_batch(global_num_token_non_padded_cpu=global_cpu)
     reg.fill_from(fb, 2, 2, 5, 8)
     assert reg.extract(fb, 2, 8).num_token_non_padded.tolist() == [expected]
+
+
+# --- sources are copied as data: requires_grad ------------------------------------------------
+
+GRAD = """\
+    name: grad
+    slots:
+      - {name: kept, shape: [max_bs, 2], dtype: float32, axis: bs, padding: keep_pad}
+      - {name: zeroed, shape: [max_bs], dtype: float32, axis: bs, padding: zero}
+      - {name: sentinel, shape: [max_num_tokens], dtype: float32, axis: tokens, padding: fill_sentinel,
+         pad_value: -1.0}
+      - {name: doubled, shape: [max_bs], dtype: float32, axis: bs, padding: keep_pad, source: double_kept}
+    """
+# The generated side of the contract lands with the codegen branch.
+GENERATED_GRAD = pytest.param("generated", marks=pytest.mark.xfail(
+    strict=True, reason="generated side lands with the codegen branch"))
+
+
+def grad_registry(mode):
+    return gs.build_registry(parse(GRAD), 4, 8, mode=mode,
+                             hooks={"double_kept": lambda fb, ctx: fb.kept[:, 0] * 2})  # a non-leaf result
+
+
+def grad_batch(step):
+    """Sources that require grad: leaves, and a non-leaf (``kept``), as a training loop has."""
+    leaf = torch.tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True)
+    return SimpleNamespace(leaf=leaf, kept=leaf * (step + 1), zeroed=torch.tensor([5.0, 6.0], requires_grad=True),
+                           sentinel=torch.tensor([7.0, 8.0, 9.0], requires_grad=True))
+
+
+def assert_plain_data(reg):
+    for name in reg.slot_names():
+        buffer = reg.slot(name).buffer
+        assert not buffer.requires_grad and buffer.grad_fn is None, f"slot '{name}' records autograd history"
+
+
+@pytest.mark.parametrize("mode", [GENERATED_GRAD, "interpreted"])
+def test_a_source_that_requires_grad_is_copied_by_value_on_every_fill(mode):
+    reg = grad_registry(mode)
+    for step in range(3):
+        fb = grad_batch(step)
+        reg.fill_from(fb, 2, 3, 3, 5)
+        assert reg.slot("kept").buffer[:2].tolist() == [[1.0 * (step + 1), 2.0 * (step + 1)],
+                                                        [3.0 * (step + 1), 4.0 * (step + 1)]]
+        assert reg.slot("zeroed").buffer[:3].tolist() == [5.0, 6.0, 0.0]
+        assert reg.slot("sentinel").buffer[:5].tolist() == [7.0, 8.0, 9.0, -1.0, -1.0]
+        assert reg.slot("doubled").buffer[:2].tolist() == [2.0 * (step + 1), 6.0 * (step + 1)]
+        assert_plain_data(reg)
+        view = reg.extract(fb, 3, 5)
+        assert not any(getattr(view, name).requires_grad for name in ("kept", "zeroed", "sentinel"))
+    fb.kept.sum().backward()  # the sources' own graph is untouched by the copy
+    assert fb.leaf.grad.tolist() == [[3.0, 3.0], [3.0, 3.0]]
+
+
+@pytest.mark.parametrize("mode", [GENERATED_GRAD, "interpreted"])
+def test_keep_pad_slots_accumulate_no_autograd_history_over_many_fills(mode):
+    reg = grad_registry(mode)
+    for step in range(200):
+        reg.fill_from(grad_batch(step % 5), 2, 2 + step % 2, 3, 3 + step % 2)
+    for name in ("kept", "doubled"):  # keep_pad: never reset, so history would chain step after step
+        assert reg.slot(name).buffer.grad_fn is None
+    assert_plain_data(reg)

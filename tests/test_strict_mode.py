@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import graphslot as gs
-from graphslot.framework.stepcheck import StepChecker
+from graphslot.framework.stepcheck import StepChecker, byte_extent
 
 MAX_BS, MAX_NUM_TOKENS = 4, 8
 
@@ -426,6 +426,89 @@ def test_strict_rejects_a_source_aliasing_another_slots_buffer(mode):
     fb.x = reg.slot("y").buffer[:2]
     with pytest.raises(gs.SlotError, match=r"^spec 'alias', slot 'x': the source aliases the buffer of slot 'y'"):
         reg.fill_from(fb, 2, 4, 2, 4)
+
+
+ALIASES = "(a view of a static buffer other than this slot's own head); copy it first, or pass the batch's own tensor"
+
+
+def dlpack_view(buffer, start, stop):
+    """A view made by DLPack: a storage object of its own, starting at ``buffer[start]``."""
+    return torch.from_dlpack(buffer[start:stop])
+
+
+def numpy_view(buffer, start, stop):
+    """A view made through numpy: a storage object of its own, at an offset."""
+    return torch.from_numpy(buffer.numpy()[start:stop])
+
+
+def with_fields(fb, **fields):
+    for name, value in fields.items():
+        setattr(fb, name, value)
+    return fb
+
+
+@pytest.mark.parametrize("field, owner, start", [("x", "x", 2), ("x", "x", 1), ("y", "x", 5), ("x", "y", 1)])
+@pytest.mark.parametrize("make", [dlpack_view, numpy_view])
+@pytest.mark.parametrize("mode", MODES)
+def test_strict_rejects_a_dlpack_or_numpy_view_of_a_buffer_at_an_offset(mode, make, field, owner, start):
+    reg = alias_registry(mode, strict=True)
+    before = buffers(reg)
+    view = make(reg.slot(owner).buffer, start, start + 2)
+    # Another storage object than the buffer's: only its bytes tell that it aliases.
+    assert view.untyped_storage().data_ptr() != reg.slot(owner).buffer.untyped_storage().data_ptr()
+    with pytest.raises(gs.SlotError) as info:
+        reg.fill_from(with_fields(alias_batch(reg), **{field: view}), 2, 4, 2, 4)
+    assert str(info.value) == f"spec 'alias', slot '{field}': the source aliases the buffer of slot '{owner}' {ALIASES}"
+    assert_untouched(reg, before)
+
+
+@pytest.mark.parametrize("make", [dlpack_view, numpy_view])
+@pytest.mark.parametrize("mode", MODES)
+def test_strict_accepts_a_dlpack_or_numpy_view_of_exactly_its_own_head(mode, make):
+    reg = alias_registry(mode, strict=True)
+    reg.fill_from(with_fields(alias_batch(reg), x=make(reg.slot("x").buffer, 0, 2)), 2, 4, 2, 4)
+    assert reg.slot("x").buffer[:5].tolist() == [10, 11, 0, 0, 14]  # copied onto itself, tail reset
+
+
+def adopted_alias_registry(mode):
+    """x, y and z adopted from one tensor, back to back: ``arena[0:8]``, ``[8:16]``, ``[16:24]``."""
+    arena = torch.arange(26)
+    reg = gs.build_registry(gs.parse_spec(ALIAS, source="alias.yaml"), 8, 8, mode=mode, strict=True,
+                            hooks={"rows": lambda fb, ctx: fb.z_rows},
+                            source={"x": arena[0:8], "y": arena[8:16], "z": arena[16:24]})
+    return reg, arena
+
+
+@pytest.mark.parametrize("view", [lambda a: a[24:26], lambda a: torch.from_numpy(a.numpy()[24:26]),
+                                  lambda a: torch.from_dlpack(a[24:26])], ids=["slice", "numpy", "dlpack"])
+@pytest.mark.parametrize("mode", MODES)
+def test_strict_accepts_a_source_next_to_a_buffer_in_the_same_storage(mode, view):
+    reg, arena = adopted_alias_registry(mode)
+    reg.fill_from(with_fields(alias_batch(reg), x=view(arena)), 2, 4, 2, 4)  # right after z's bytes: no overlap
+    assert reg.slot("x").buffer[:4].tolist() == [24, 25, 0, 0]
+
+
+@pytest.mark.parametrize("rows, owners", [((23, 25), ["z"]), ((6, 8), ["x"]), ((7, 9), ["x", "y"])],
+                         ids=["last byte of z", "inside x", "across x and y"])
+@pytest.mark.parametrize("mode", MODES)
+def test_strict_rejects_a_source_overlapping_a_buffer_by_one_row(mode, rows, owners):
+    reg, arena = adopted_alias_registry(mode)
+    before = buffers(reg)
+    fb = with_fields(alias_batch(reg), y=torch.from_numpy(arena.numpy()[rows[0]:rows[1]]))
+    with pytest.raises(gs.SlotError) as info:
+        reg.fill_from(fb, 2, 4, 2, 4)
+    assert str(info.value) in [f"spec 'alias', slot 'y': the source aliases the buffer of slot '{owner}' {ALIASES}"
+                               for owner in owners]
+    assert_untouched(reg, before)
+
+
+def test_byte_extent_spans_a_strided_view_from_its_first_to_its_last_element():
+    base = torch.zeros(3, 8, dtype=torch.int64)
+    start = base.data_ptr()
+    assert byte_extent(base) == (start, start + 3 * 8 * 8)
+    assert byte_extent(base[:, 1:3]) == (start + 8, start + (2 * 8 + 2 + 1) * 8)  # rows 0..2, columns 1..2
+    assert byte_extent(base.t()[2]) == (start + 2 * 8, start + (2 * 8 + 2 + 1) * 8)  # a column: stride 8
+    assert byte_extent(base[:, 1:1]) == (0, 0)  # no elements, no bytes
 
 
 @pytest.mark.parametrize("strict", [False, True])

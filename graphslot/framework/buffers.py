@@ -51,7 +51,12 @@ def allocate_buffer(
                             f"{list(shape)} dtype {dtype}, got shape {list(tensor.shape)} "
                             f"dtype {tensor.dtype}")
         return tensor  # adopted tensors are already initialised by their owner
-    buffer = torch.zeros(shape, dtype=dtype, device=device)
+    try:
+        buffer = torch.zeros(shape, dtype=dtype, device=device)
+    except (RuntimeError, MemoryError) as exc:  # out of memory: the type stays, the slot is named
+        exc.add_note(f"graphslot: while allocating the buffer of slot '{name}' (shape {list(shape)}, {dtype}, "
+                     f"on {device})")
+        raise
     fresh = True
     if pool is not None:
         buffer, fresh = pool.share(name, buffer, init_value)

@@ -186,6 +186,12 @@ class InterpretedRegistry(SlotRegistry):
     mode = "interpreted"
 
     def fill_from(self, fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs=None) -> None:
+        # Sources are copied as data: a source that requires grad is copied by value, and
+        # no buffer ever requires grad or records history.
+        with torch.no_grad():
+            self._fill(fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs)
+
+    def _fill(self, fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs) -> None:
         check = self.checker
         raw_bs, padded_bs, raw_num_tokens, padded_num_tokens = check.step(raw_bs, padded_bs, raw_num_tokens,
                                                                           padded_num_tokens)

@@ -8,11 +8,12 @@ they cannot disagree about what a spec means.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from .dtypes import DTypeName, parse_dtype, torch_dtype, value_fits_dtype
-from .errors import ExprError, SpecError, SpecIssue, did_you_mean
+from .errors import ExprError, SpecError, SpecIssue, did_you_mean, shorten
 from .expr import Expr
 from .model import RegistrySpec, SlotSpec
 
@@ -78,6 +79,11 @@ class ResolvedSlot:
     @property
     def fills_at_allocation(self) -> bool:
         return self.padding in ("fill_sentinel", "fill_once")
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes its buffer takes (computed, as a Python int: never overflows)."""
+        return math.prod(self.shape) * self.dtype_name.itemsize
 
 
 def coerce_param(name: str, ptype: str, value: Any) -> Any:
@@ -222,6 +228,9 @@ def resolve_slots(
     spec: RegistrySpec, params: Mapping[str, Any], max_bs: int, max_num_tokens: int
 ) -> List[ResolvedSlot]:
     """Concrete slots; extents that come out non-positive are errors naming the slot."""
+    for name, value in (("max_bs", max_bs), ("max_num_tokens", max_num_tokens)):
+        if isinstance(value, bool) or not hasattr(type(value), "__index__"):  # ints, numpy ints
+            raise ValueError(f"{name} must be an int, got {type(value).__name__} {shorten(value)}")
     if max_bs < 1 or max_num_tokens < 1:
         raise ValueError(f"max_bs and max_num_tokens must be >= 1, got {max_bs} and {max_num_tokens}")
     resolved, issues = [], []

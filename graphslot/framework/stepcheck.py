@@ -13,12 +13,14 @@ generated code raise the same ``SlotError`` for the same input
   slot; generated code compares shapes inline and calls ``diagnose`` only after
   something failed, so the happy path pays one shape comparison per copied slot;
 * a ``source`` hook's result must be ``None`` or a tensor that fits the buffer;
-* strict mode adds dtype and device equality and rejects a source that aliases a slot
-  buffer (other than exactly its own head view, which copies onto itself).
+* strict mode adds dtype and device equality and rejects a source whose bytes overlap a
+  slot buffer's (other than exactly its own head view, which copies onto itself),
+  whatever made the view: slicing, DLPack, numpy.
 """
 
 from __future__ import annotations
 
+import bisect
 from typing import Any, Iterable, Optional, Tuple
 
 import torch
@@ -44,7 +46,7 @@ class StepChecker:
         self.spec_name, self.max_bs, self.max_num_tokens, self.strict = spec_name, max_bs, max_num_tokens, strict
         self.slots = {slot.name: slot for slot in slots}  # enabled ``Slot`` objects with buffers
         self.plain = tuple(s for s in self.slots.values() if s.spec.copy_from_fb and s.spec.source is None)
-        self._storages = {s.buffer.untyped_storage().data_ptr(): s.name for s in self.slots.values()}
+        self._extents = BufferExtents((s.name, s.buffer) for s in self.slots.values())
         self._seen_steps: dict = {}
         self._seen_views: dict = {}
 
@@ -156,15 +158,67 @@ class StepChecker:
             raise self.fail(slot.name, f"expected dtype {buffer.dtype}, got {src.dtype} (copy_ would cast silently)")
         if src.device != buffer.device:
             raise self.fail(slot.name, f"expected device {buffer.device}, got {src.device}")
-        owner = self._storages.get(src.untyped_storage().data_ptr())
-        if owner is not None and not (owner == slot.name and _same_view(src, head)):
+        if _same_view(src, head):
+            return  # exactly its own head, however it was made: copies onto itself
+        owner = self._extents.overlapping(src)
+        if owner is not None:
             raise self.fail(slot.name, f"the source aliases the buffer of slot '{owner}' (a view of a static "
                                        "buffer other than this slot's own head); copy it first, or pass the "
                                        "batch's own tensor")
 
 
 def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
+    return (a.device == b.device and a.data_ptr() == b.data_ptr() and a.shape == b.shape
+            and a.stride() == b.stride())
+
+
+def byte_extent(t: torch.Tensor) -> Tuple[int, int]:
+    """``[first, end)``: the addresses of the bytes ``t``'s elements span (``(0, 0)``
+    when it has none). Computed from the tensor's own pointer, sizes and strides, so a
+    view made by DLPack, numpy or ``as_strided`` (a storage object of its own) is
+    placed where its bytes are."""
+    if t.numel() == 0:
+        return 0, 0
+    low = high = 0
+    for size, stride in zip(t.shape, t.stride()):
+        if stride < 0:
+            low += (size - 1) * stride
+        else:
+            high += (size - 1) * stride
+    start, item = t.data_ptr(), t.element_size()
+    return start + low * item, start + (high + 1) * item
+
+
+class BufferExtents:
+    """Which of some named buffers a tensor's bytes overlap: per device, the buffers'
+    extents sorted by start with the running farthest end, so a lookup is one bisection."""
+
+    def __init__(self, buffers: Iterable[Tuple[str, torch.Tensor]]):
+        by_device: dict = {}
+        for name, buffer in buffers:
+            start, end = byte_extent(buffer)
+            if end > start:
+                by_device.setdefault(buffer.device, []).append((start, end, name))
+        self._tables = {}
+        for device, extents in by_device.items():
+            extents.sort()
+            reach, farthest = [], (0, "")
+            for _, end, name in extents:
+                farthest = max(farthest, (end, name))
+                reach.append(farthest)
+            self._tables[device] = ([e[0] for e in extents], reach)
+
+    def overlapping(self, t: torch.Tensor) -> Optional[str]:
+        """The name of a buffer sharing a byte address with ``t``'s extent, or None."""
+        table = self._tables.get(t.device)
+        if table is None:
+            return None
+        start, end = byte_extent(t)
+        starts, reach = table
+        i = bisect.bisect_left(starts, end)  # the buffers starting before t's end
+        if end > start and i and reach[i - 1][0] > start:
+            return reach[i - 1][1]
+        return None
 
 
 def parse_bool_env(name: str, value: str) -> bool:

@@ -93,6 +93,9 @@ class DecodeRunnerConfig:
     #: alive, not one per size, for one device copy per output tensor per replay; outputs
     #: are then valid until the next replay of any size.
     share_outputs: bool = False
+    #: Cap on the registry's buffer bytes (``build_registry(max_bytes=)``); None:
+    #: ``GRAPHSLOT_MAX_BUFFER_BYTES``, else 4 GiB.
+    max_bytes: Optional[int] = None
 
 
 class DecodeGraphRunner:
@@ -110,7 +113,8 @@ class DecodeGraphRunner:
         self._ascending = sorted(self.captured_sizes)
         max_bs = self.captured_sizes[0]
         self.registry = build_registry(config.spec, max_bs, max_bs * self.k, adapter.device,
-                                       params={**adapter.spec_params(), **config.params}, mode=config.mode)
+                                       params={**adapter.spec_params(), **config.params}, mode=config.mode,
+                                       max_bytes=config.max_bytes)
         p = self.registry.params
         self.gathered = bool(p.get("require_gathered_buffer"))
         self._dp_ranks = int(p.get("dp_size", 1)) if p.get("require_mlp_tp_gather") else 1

@@ -42,9 +42,23 @@ MEMORY_DP_WORK = 1 << 23
 MIN_MEMORY_UNITS, MAX_MEMORY_UNITS = 64, 1024
 
 
+#: The default schedule takes every 8th size up to here (sglang's), then 64 sizes per
+#: doubling: the step doubles with the size, so a padded batch stays within 1.6% of its
+#: raw size and a ladder has O(log max_bs) sizes (1403 for max_bs = 10**9).
+LADDER_FINE_UNTIL = 1024
+
+
 def default_capture_schedule(max_bs: int) -> List[int]:
-    """sglang's schedule: 1, 2, 4, 8, then every 8th size up to ``max_bs``."""
-    return [bs for bs in [1, 2, 4, 8] + list(range(16, max_bs + 1, 8)) if bs <= max_bs]
+    """sglang's schedule: 1, 2, 4, 8, then every 8th size up to ``max_bs`` (above
+    ``LADDER_FINE_UNTIL`` the step doubles with each doubling of the size)."""
+    sizes = [bs for bs in (1, 2, 4, 8) if bs <= max_bs]
+    bs, step = 16, 8
+    while bs <= max_bs:
+        sizes.append(bs)
+        if bs >= LADDER_FINE_UNTIL and bs & (bs - 1) == 0:  # a power of two: the next octave
+            step = bs // 64
+        bs += step
+    return sizes
 
 
 def default_ladder(max_bs: int) -> List[int]:

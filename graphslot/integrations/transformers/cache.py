@@ -35,14 +35,30 @@ attention kernel instead).
 
 from __future__ import annotations
 
+import os
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from ...framework.budget import BufferBudgetError, byte_cap, format_bytes
 from ...reference.memory import PagedKVCache, ReqToTokenPool
 
 FULL, SLIDING = "full_attention", "sliding_attention"
+#: Overrides PagedCache's default cap on its pool's bytes (the device's total memory).
+MAX_KV_BYTES_ENV = "GRAPHSLOT_MAX_KV_BYTES"
+
+
+def device_memory(device: torch.device) -> Optional[int]:
+    """The total memory of ``device`` (host RAM for the CPU), or None where unknown."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    if device.type == "cpu" and hasattr(os, "sysconf"):
+        try:
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError):
+            return None
+    return None
 
 
 def attention_layers(config) -> List[Tuple[str, Optional[int]]]:
@@ -112,7 +128,8 @@ class PagedCache(Cache):
     """
 
     def __init__(self, config, *, max_requests: int, max_context_len: int, num_slots: Optional[int] = None,
-                 dtype: torch.dtype = torch.float32, device: Union[str, torch.device] = "cpu"):
+                 dtype: torch.dtype = torch.float32, device: Union[str, torch.device] = "cpu",
+                 max_bytes: Optional[int] = None):
         if max_requests < 1 or max_context_len < 1:
             raise ValueError(f"PagedCache needs max_requests >= 1 and max_context_len >= 1, got {max_requests} "
                              f"and {max_context_len}")
@@ -122,14 +139,33 @@ class PagedCache(Cache):
         self.device, self.dtype = torch.device(device), dtype
         self.num_kv_heads = getattr(self.config, "num_key_value_heads", None) or self.config.num_attention_heads
         self.head_dim = head_dim(self.config)
+        num_slots = num_slots or max_requests * max_context_len + 1
+        self._check_bytes(num_slots, max_bytes)
         self.pool = PagedKVCache(len(self.layer_kinds), self.num_kv_heads, self.head_dim,
-                                 num_slots or max_requests * max_context_len + 1, dtype=dtype, device=self.device)
+                                 num_slots, dtype=dtype, device=self.device)
         self.req_to_token_pool = ReqToTokenPool(max_requests + 1, max_context_len, self.device)
         #: ``[1, 1, max_context_len]`` positions of the gathered keys, made once (a static input).
         self.kv_positions = torch.arange(max_context_len, device=self.device).view(1, 1, -1)
         self._loc: Optional[torch.Tensor] = None
         self._rows: Optional[torch.Tensor] = None
         super().__init__(layers=[PagedCacheLayer(self, i, t, w) for i, (t, w) in enumerate(self.layer_kinds)])
+
+    def _check_bytes(self, num_slots: int, max_bytes: Optional[int]) -> None:
+        """Refuse, before allocating, a pool over the cap: ``max_bytes``, else
+        ``GRAPHSLOT_MAX_KV_BYTES``, else the device's total memory (what can never fit)."""
+        itemsize = self.dtype.itemsize
+        kv = num_slots * len(self.layer_kinds) * self.num_kv_heads * self.head_dim * 2 * itemsize
+        table = (self.max_requests + 1) * self.max_context_len * 8  # req_to_token, int64
+        cap, origin = byte_cap(max_bytes, MAX_KV_BYTES_ENV, device_memory(self.device),
+                               f"the total memory of {self.device}")
+        if cap is not None and kv + table > cap:
+            raise BufferBudgetError(
+                f"PagedCache: max_requests={self.max_requests} x max_context_len={self.max_context_len} need a KV "
+                f"pool of {num_slots} slots x {len(self.layer_kinds)} layers x {self.num_kv_heads} KV heads x "
+                f"head_dim {self.head_dim} x 2 (K and V) x {itemsize} bytes = {format_bytes(kv)}, plus "
+                f"{format_bytes(table)} of request table: over the cap of {format_bytes(cap)} ({origin}). Nothing "
+                f"was allocated. Lower max_requests (ContinuousBatcher's max_bs) or max_context_len, or raise the "
+                f"cap: PagedCache(max_bytes=N) or the environment variable {MAX_KV_BYTES_ENV}=N")
 
     # -- the step ------------------------------------------------------------------
     def bind(self, out_cache_loc: torch.Tensor, req_pool_indices: torch.Tensor) -> None:

@@ -1,0 +1,81 @@
+"""Byte budgets: what a registry may allocate, decided before anything is.
+
+Static input buffers are small (a few MiB for a real ``max_bs`` / ``max_num_tokens``),
+so a registry whose buffers would take more than a cap is a wrong argument -- a
+``max_bs=10**9`` typed for ``10**3`` -- and is refused with a :class:`BufferBudgetError`
+naming the total, the largest slot and how to raise the cap, before a byte is
+zero-filled. The cap is ``max_bytes=`` where given (``build_registry``, the runner
+configs), else the environment variable ``GRAPHSLOT_MAX_BUFFER_BYTES``, else
+:data:`DEFAULT_MAX_BUFFER_BYTES`. A buffer torch cannot size at all (2**63 bytes or
+more) is refused whatever the cap, naming its slot. Torch-free.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterable, Optional, Tuple
+
+from .errors import shorten
+
+#: The default cap on the bytes of one registry's buffers (4 GiB): the shipped decode
+#: spec takes about 20 KiB at max_bs = max_num_tokens = 256.
+DEFAULT_MAX_BUFFER_BYTES = 4 << 30
+MAX_BUFFER_BYTES_ENV = "GRAPHSLOT_MAX_BUFFER_BYTES"
+#: torch sizes a storage in signed 64-bit bytes: no buffer can reach this.
+TORCH_MAX_BYTES = 1 << 63
+
+
+class BufferBudgetError(ValueError):
+    """Buffers over their byte cap (or beyond what torch can size); nothing was allocated."""
+
+
+def format_bytes(n: int) -> str:
+    """``5368709120 bytes (5.0 GiB)``."""
+    value, unit = float(n), "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        if value < 1024 or unit == "EiB":
+            break
+        value /= 1024
+    return f"{n} bytes" if unit == "B" else f"{n} bytes ({value:.1f} {unit})"
+
+
+def byte_cap(max_bytes: Optional[int], env: str, default: Optional[int],
+             default_origin: str = "the default") -> Tuple[Optional[int], str]:
+    """The cap and where it came from: ``max_bytes`` when given, else the environment
+    variable ``env`` when set (and not empty), else ``default`` (None: no cap)."""
+    if max_bytes is not None:
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+            raise ValueError(f"max_bytes must be a positive int (a number of bytes), got {shorten(max_bytes)}")
+        return max_bytes, "max_bytes"
+    text = os.environ.get(env, "").strip()
+    if text:
+        if not (text.isascii() and text.isdigit()) or int(text) < 1:
+            raise ValueError(f"{env}={shorten(text)} is not a byte count: set it to a positive integer number "
+                             "of bytes (e.g. 8589934592 for 8 GiB), or unset it")
+        return int(text), env
+    return default, default_origin
+
+
+def check_buffer_bytes(spec_name: str, sized: Iterable[Tuple[str, int]], where: str,
+                       max_bytes: Optional[int] = None) -> int:
+    """The total of ``sized`` (``(slot name, bytes)`` pairs), or a BufferBudgetError.
+
+    ``where`` says at which capacities (``max_bs=…, max_num_tokens=…``). Refused: any
+    buffer of 2**63 bytes or more (named), and a total over the cap.
+    """
+    cap, origin = byte_cap(max_bytes, MAX_BUFFER_BYTES_ENV, DEFAULT_MAX_BUFFER_BYTES)
+    total, largest = 0, (0, "")
+    for name, nbytes in sized:
+        if nbytes >= TORCH_MAX_BYTES:
+            raise BufferBudgetError(f"spec '{spec_name}', slot '{name}': its buffer would take {nbytes} bytes at "
+                                    f"{where}, beyond what torch can allocate (under 2**63 bytes); lower the "
+                                    "capacities or the params its shape is made of")
+        total += nbytes
+        largest = max(largest, (nbytes, name))
+    if total > cap:
+        raise BufferBudgetError(
+            f"spec '{spec_name}': its buffers would take {format_bytes(total)} at {where}, over the cap of "
+            f"{format_bytes(cap)} ({origin}); the largest is slot '{largest[1]}', {format_bytes(largest[0])}. "
+            f"Nothing was allocated. Lower the capacities, or raise the cap: max_bytes=N (build_registry, "
+            f"DecodeRunnerConfig) or the environment variable {MAX_BUFFER_BYTES_ENV}=N")
+    return total
