@@ -102,7 +102,9 @@ def test_the_batch_type_is_a_frozen_dataclass_and_is_never_written():
     for n in (3, 5, 2):
         engine.add_request(list(range(1, n + 1)), max_new_tokens=5)
     engine.step()
-    batch = engine._decode_step(engine.running, [4, 5, 6])
+    reqs = engine.running
+    locs = [engine.cache.alloc_tokens(r.row, r.cached, 1)[0] for r in reqs]
+    batch = engine._decode_step([4, 5, 6], [r.cached for r in reqs], [r.row for r in reqs], locs)
     assert dataclasses.fields(DecodeStep) and DecodeStep.__dataclass_params__.frozen
     ids = batch.input_ids
     logits = engine.runner(batch)

@@ -78,7 +78,8 @@ def hf_target(family: str = "llama", max_bs: int = 4) -> VerifyTarget:
         engine.add_request([(7 * i + j) % 100 + 1 for j in range(3 + i)], max_new_tokens=8)
     engine.step()  # prefill all, decode once
     batch = list(engine.running)
-    step = engine._decode_step(batch, [r.output[-1] for r in batch])
+    locs = [engine.cache.alloc_tokens(r.row, r.cached, 1)[0] for r in batch]
+    step = engine._decode_step([r.output[-1] for r in batch], [r.cached for r in batch], [r.row for r in batch], locs)
 
     def make_batch(n):
         fields = {f.name: getattr(step, f.name)[:n] for f in dataclasses.fields(step) if f.name != "batch_size"}
