@@ -997,9 +997,6 @@ GRAD = """\
          pad_value: -1.0}
       - {name: doubled, shape: [max_bs], dtype: float32, axis: bs, padding: keep_pad, source: double_kept}
     """
-# The generated side of the contract lands with the codegen branch.
-GENERATED_GRAD = pytest.param("generated", marks=pytest.mark.xfail(
-    strict=True, reason="generated side lands with the codegen branch"))
 
 
 def grad_registry(mode):
@@ -1020,7 +1017,7 @@ def assert_plain_data(reg):
         assert not buffer.requires_grad and buffer.grad_fn is None, f"slot '{name}' records autograd history"
 
 
-@pytest.mark.parametrize("mode", [GENERATED_GRAD, "interpreted"])
+@pytest.mark.parametrize("mode", ["generated", "interpreted"])
 def test_a_source_that_requires_grad_is_copied_by_value_on_every_fill(mode):
     reg = grad_registry(mode)
     for step in range(3):
@@ -1038,7 +1035,7 @@ def test_a_source_that_requires_grad_is_copied_by_value_on_every_fill(mode):
     assert fb.leaf.grad.tolist() == [[3.0, 3.0], [3.0, 3.0]]
 
 
-@pytest.mark.parametrize("mode", [GENERATED_GRAD, "interpreted"])
+@pytest.mark.parametrize("mode", ["generated", "interpreted"])
 def test_keep_pad_slots_accumulate_no_autograd_history_over_many_fills(mode):
     reg = grad_registry(mode)
     for step in range(200):
