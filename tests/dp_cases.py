@@ -8,10 +8,12 @@ rank's batches through the plain reference model and compare logits.
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Dict, List, Union
 
 import torch
 
+from graphslot import SlotError
 from graphslot.reference import build_reference_model, make_decode_batch, make_extend_batch
 
 MAX_BS = 8  # captured: 8, 4, 2, 1
@@ -70,7 +72,7 @@ def run_rank(rank: int, world_size: int, device: str = "cpu", lazy: bool = False
     try:  # rank 1 would capture a size more: refused on every rank, before any capture
         DPDecodeRunner(adapter, exchange, max_bs=MAX_BS - rank, capture_bs=[MAX_BS - rank, 4, 2, 1], progress=False)
         refused = None
-    except ValueError as exc:
+    except SlotError as exc:
         refused = str(exc)
     dp = DPDecodeRunner(adapter, exchange, max_bs=MAX_BS, progress=False, lazy=lazy)
     runner = dp.runner
@@ -118,14 +120,98 @@ def single_process_logits(world_size: int = 2) -> List[List[Any]]:
     return out
 
 
+# ------------------------------------------------------------------ fail fast, never hang
+
+#: Per-rank runner settings that must agree (rank 0's, rank 1's), by the setting an error names.
+MISMATCHES = {
+    "lazy": ({}, {"lazy": True}),
+    "num_tokens_per_bs": ({}, {"num_tokens_per_bs": 2}),
+    "disable_padding": ({}, {"disable_padding": True}),
+    "spec param cache_loc_dtype": ({}, {"params": {"cache_loc_dtype": "int32"}}),
+    # Not a disagreement: rank 1 cannot build its runner at all (its dummy batch lacks encoder_lens).
+    "a rank that cannot build": ({}, {"params": {"is_encoder_decoder": True}}),
+}
+
+
+def refuse_mismatches(rank: int, world_size: int) -> Dict[str, Dict[str, Any]]:
+    """Each MISMATCHES case built on both ranks: the error each rank raised, and whether
+    the model ran at all (a capture, or its warm-up, runs the forward)."""
+    from graphslot.reference.dp_model import DPAttention, ReferenceDPDecodeAdapter
+    from graphslot.runners.dp import DPDecodeRunner, DPExchange
+
+    torch.set_num_threads(1)
+    out = {}
+    for case, per_rank in MISMATCHES.items():
+        adapter = ReferenceDPDecodeAdapter(build_reference_model(max_num_reqs=16), DPAttention())
+        try:
+            DPDecodeRunner(adapter, DPExchange(), max_bs=MAX_BS, progress=False, **per_rank[rank])
+            error = None
+        except SlotError as exc:
+            error = {"type": type(exc).__name__, "message": str(exc)}
+        out[case] = {"error": error, "forward_ran": bool(adapter.graph_gathers) or adapter.dp.last_gather is not None}
+    return out
+
+
+BAD_STEP = 2  # (3, 1): a graph step (both pad to 4), where rank 1's batch is malformed
+NOT_A_BATCH_STEP = 4  # (2, 10): an eager step, where rank 0 first passes something that is not a batch
+
+
+def malformed(fb: Any) -> Any:
+    """``fb`` with one KV slot too few: the fill refuses it (a SlotError naming the slot)."""
+    bad = copy.copy(fb)
+    bad.out_cache_loc = fb.out_cache_loc[:-1]
+    return bad
+
+
+def run_with_a_bad_batch(rank: int, world_size: int, on_error: str) -> Dict[str, Any]:
+    """The scripted session where rank 1's batch is malformed at BAD_STEP (and, with
+    ``on_error="retry"``, rank 0 passes a non-batch at NOT_A_BATCH_STEP). ``on_error``:
+    "retry": every rank catches the error and runs the step again with its good batch;
+    "raise": no rank catches it; "failing rank retries": rank 1 catches it and goes on,
+    rank 0 does not catch it."""
+    from graphslot.reference.dp_model import DPAttention, ReferenceDPDecodeAdapter
+    from graphslot.runners.dp import DPDecodeRunner, DPExchange
+
+    torch.set_num_threads(1)
+    rt = build_reference_model(max_num_reqs=16)
+    dp = DPDecodeRunner(ReferenceDPDecodeAdapter(rt, DPAttention()), DPExchange(), max_bs=MAX_BS, progress=False)
+    requests = RankRequests(rt, rank)
+    logits: List[Any] = []
+    errors: List[Dict[str, Any]] = []
+    trials = {BAD_STEP: {1: malformed}, NOT_A_BATCH_STEP: {0: lambda fb: object()}}
+    if on_error != "retry":
+        del trials[NOT_A_BATCH_STEP]
+    for step, actions in enumerate(STEPS):
+        fb = requests.batch(actions[rank], step)
+        if step in trials:  # every rank calls the runner; one with a bad batch
+            bad = trials[step].get(rank)
+            try:
+                out = dp(fb if bad is None else bad(fb))
+                errors.append({"step": step, "type": None})
+            except SlotError as exc:
+                errors.append({"step": step, "type": type(exc).__name__, "message": str(exc),
+                               "failed_ranks": exc.failed_ranks, "graph_steps": dp.graph_steps,
+                               "eager_steps": dp.eager_steps})
+                if on_error == "raise" or (on_error == "failing rank retries" and rank == 0):
+                    raise
+                out = dp(fb)  # the step again, with the good batch
+        else:
+            out = dp(fb)
+        logits.append(None if out is None else out.detach().cpu().clone())
+    return {"errors": errors, "logits": logits}
+
+
 def barrier_without_rank_one(rank: int, world_size: int) -> None:
+    """Rank 1 never joins; rank 0 waits for it in a collective that times out after 2 s."""
+    import datetime
     import time
 
     import torch.distributed as dist
 
+    group = dist.new_group(timeout=datetime.timedelta(seconds=2))
     if rank == 1:
         time.sleep(60)  # never joins
-    dist.barrier()
+    dist.barrier(group=group)
 
 
 def rank_zero_fails(rank: int, world_size: int) -> None:
@@ -134,3 +220,20 @@ def rank_zero_fails(rank: int, world_size: int) -> None:
     if rank == 0:
         raise ValueError("rank 0 gives up")
     dist.barrier()  # waits for rank 0 in vain
+
+
+def rank_one_aborts(rank: int, world_size: int) -> None:
+    """Rank 1 dies without a word (as gloo's aborts did); rank 0 waits for it in vain."""
+    import os
+
+    import torch.distributed as dist
+
+    if rank == 1:
+        os.abort()
+    dist.barrier()
+
+
+def sleep_forever(rank: int, world_size: int) -> None:
+    import time
+
+    time.sleep(600)

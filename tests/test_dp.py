@@ -8,6 +8,7 @@ slow. Every launch has a hard timeout, so a hang in a collective fails the test.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections import Counter
 
@@ -17,11 +18,13 @@ import torch
 import dp_cases
 from dp_cases import EXTEND, STEPS
 from graphslot.cli import demo_dp, main
-from graphslot.reference.dp_launch import RankFailure, launch
+from graphslot.reference.dp_launch import RankFailure, RankReport, Watched, launch, verdict
 from graphslot.reference.model import TinyConfig
 
 TIMEOUT = 120.0  # seconds for a whole launch; a healthy one takes well under 30
 WORLD = 2
+MUST_AGREE = ("every rank must build its runner alike (captured sizes, settings, slot spec and buffer params), or "
+              "their captures and steps run different collectives, which hang or abort; nothing was captured")
 
 
 @pytest.fixture(scope="module")
@@ -64,9 +67,7 @@ def test_ranks_that_would_capture_different_sizes_are_refused_before_capture(ses
     _, summary = session
     for totals in summary:
         assert totals["refused"] == (
-            "DP ranks disagree on the batch sizes to capture (rank 0: [8, 4, 2, 1], rank 1: [7, 4, 2, 1]); every "
-            "rank must capture the same sizes (same max_bs, capture_bs and request pool), or they hang in the "
-            "capture's collectives and cannot agree on a graph")
+            "DP ranks disagree on the captured sizes (rank 0: [8, 4, 2, 1], rank 1: [7, 4, 2, 1]): " + MUST_AGREE)
 
 
 def test_gathered_buffers_and_global_num_tokens_slots_follow_the_spec(session):
@@ -146,23 +147,139 @@ def test_lazy_capture_happens_on_every_rank_at_the_step_that_first_needs_it():
             assert (rec["logits"] is None) if want is None else torch.equal(rec["logits"], want), (s, rank)
 
 
+# ---------------------------------------------------------------- fail fast, never hang
+
+
+@pytest.fixture(scope="module")
+def mismatches():
+    return launch(dp_cases.refuse_mismatches, WORLD, timeout=TIMEOUT)
+
+
+@pytest.mark.parametrize("setting, values", [
+    ("lazy", "rank 0: False, rank 1: True"),
+    ("num_tokens_per_bs", "rank 0: 1, rank 1: 2"),
+    ("disable_padding", "rank 0: False, rank 1: True"),
+    ("spec param cache_loc_dtype", "rank 0: int64, rank 1: int32"),
+])
+def test_ranks_that_differ_in_a_setting_are_refused_on_every_rank_before_capture(mismatches, setting, values):
+    for rank in range(WORLD):
+        case = mismatches[rank][setting]
+        assert case["error"] == {"type": "SlotError", "message": f"DP ranks disagree on {setting} ({values}): "
+                                                                 + MUST_AGREE}
+        assert not case["forward_ran"]  # neither capture nor its warm-up ran the model's collectives
+
+
+def test_a_rank_that_cannot_build_its_runner_fails_every_rank_before_capture(mismatches):
+    for rank in range(WORLD):
+        case = mismatches[rank]["a rank that cannot build"]
+        assert case["error"]["type"] == "DPStepError"  # a SlotError
+        assert case["error"]["message"].startswith(
+            "DP rank 1 failed building its runner: SlotError: spec 'decode': the ForwardBatch from "
+            "ReferenceDPDecodeAdapter.make_dummy_batch has no 'encoder_lens' (None or missing)")
+        assert case["error"]["message"].endswith("; every rank raised this error, before any capture")
+        assert not case["forward_ran"]
+
+
+AFTER_A_STEP_ERROR = ", and no rank ran this step: all may go on with their next step, or all stop"
+BAD_FILL = "SlotError: spec 'decode', slot 'out_cache_loc': expected shape [1], got [0] (copy_ would broadcast or fail)"
+
+
+def test_a_rank_with_a_malformed_batch_fails_every_rank_and_all_can_go_on():
+    ranks = launch(dp_cases.run_with_a_bad_batch, WORLD, "retry", timeout=TIMEOUT)
+    for run in ranks:
+        bad_fill, not_a_batch = run["errors"]
+        # Rank 1's fill raised after the exchange: rank 0, whose batch was fine, raised too, before its replay.
+        assert bad_fill == {
+            "step": dp_cases.BAD_STEP, "type": "DPStepError", "failed_ranks": [1], "graph_steps": 2, "eager_steps": 0,
+            "message": f"DP rank 1 failed at DP step 3, preparing its batch: {BAD_FILL}; every rank raised this "
+                       f"error{AFTER_A_STEP_ERROR}"}
+        # Rank 0 could not even count its tokens: both raised at the exchange (the retry was DP step 4).
+        assert not_a_batch == {
+            "step": dp_cases.NOT_A_BATCH_STEP, "type": "DPStepError", "failed_ranks": [0], "graph_steps": 4,
+            "eager_steps": 0,
+            "message": "DP rank 0 failed at DP step 6, before the exchange: AttributeError: 'object' object has no "
+                       f"attribute 'input_ids'; every rank raised this error{AFTER_A_STEP_ERROR}"}
+    # Every rank caught its error and ran the step again: the session is what one process computes.
+    reference = dp_cases.single_process_logits(WORLD)
+    for s in range(len(STEPS)):
+        for rank in range(WORLD):
+            mine, ref = ranks[rank]["logits"][s], reference[s][rank]
+            assert (mine is None) if ref is None else torch.equal(mine, ref), (s, rank)
+
+
+def test_the_launch_names_the_rank_with_the_malformed_batch_not_the_survivor():
+    start = time.monotonic()
+    with pytest.raises(RankFailure) as info:
+        launch(dp_cases.run_with_a_bad_batch, WORLD, "raise", timeout=TIMEOUT)
+    assert time.monotonic() - start < 60
+    assert info.value.summary == f"DP rank 1 of 2 failed: {BAD_FILL}; rank 0 stopped because rank 1 failed"
+    assert info.value.culprits == [1]
+    # Rank 1's own traceback: the fill's error, then the DPStepError it caused.
+    assert "RankFailure" not in info.value.details and "slot 'out_cache_loc'" in info.value.details
+    assert "DPStepError: DP rank 1 failed at DP step 3" in info.value.details
+
+
+def test_a_failing_rank_that_carries_on_alone_is_still_the_one_named():
+    with pytest.raises(RankFailure) as info:  # rank 0 stops on the error; rank 1 catches it and goes on alone
+        launch(dp_cases.run_with_a_bad_batch, WORLD, "failing rank retries", timeout=TIMEOUT)
+    assert info.value.summary == f"DP rank 1 of 2 failed: {BAD_FILL}; rank 0 stopped because rank 1 failed"
+
+
 # ------------------------------------------------------------------------------ launch
 
 
-def test_a_hung_rank_fails_the_launch_within_its_timeout():
+def test_a_hung_rank_fails_the_launch_naming_it_not_the_rank_waiting_for_it():
     start = time.monotonic()
-    with pytest.raises(RankFailure, match=r"rank\(s\) 0, 1 of 2 still running after 6 s \(a hang in a collective\?\); killed"):
-        launch(dp_cases.barrier_without_rank_one, WORLD, timeout=6.0)
-    assert time.monotonic() - start < 30
+    with pytest.raises(RankFailure, match=r"^DP rank 1 of 2 still running after \d+ s \(a hang in a collective\?\); "
+                                          r"killed; rank 0 stopped waiting for rank 1$") as info:
+        launch(dp_cases.barrier_without_rank_one, WORLD, timeout=90.0)
+    assert info.value.culprits == [1]
+    assert time.monotonic() - start < 60  # rank 0's collective timed out: the launch did not wait for the deadline
+
+
+def test_ranks_still_running_at_the_deadline_are_killed():
+    start = time.monotonic()
+    with pytest.raises(RankFailure, match=r"^DP ranks 0, 1 of 2 still running after 10 s \(a hang in a collective\?\); "
+                                          r"killed$"):
+        launch(dp_cases.sleep_forever, WORLD, timeout=10.0)
+    assert time.monotonic() - start < 20
 
 
 def test_a_failing_rank_fails_the_launch_at_once_with_its_error():
     start = time.monotonic()
-    with pytest.raises(RankFailure, match=r"^DP rank 0 of 2 failed: ValueError: rank 0 gives up\n") as info:
+    summary = "DP rank 0 of 2 failed: ValueError: rank 0 gives up; rank 1 stopped because rank 0 failed"
+    with pytest.raises(RankFailure, match=f"^{re.escape(summary)}\n") as info:
         launch(dp_cases.rank_zero_fails, WORLD, timeout=TIMEOUT)
     assert time.monotonic() - start < 30  # not the timeout: rank 1 waits for rank 0 in vain
-    assert info.value.summary == "DP rank 0 of 2 failed: ValueError: rank 0 gives up"
-    assert "Traceback" in str(info.value)
+    assert info.value.summary == summary
+    assert info.value.details.startswith("Traceback") and info.value.details in str(info.value)
+
+
+def test_a_rank_that_dies_without_a_word_is_named_not_the_survivor():
+    with pytest.raises(RankFailure) as info:
+        launch(dp_cases.rank_one_aborts, WORLD, timeout=TIMEOUT)
+    assert info.value.summary == ("DP rank 1 of 2 died without reporting an error (killed by SIGABRT); rank 0 stopped "
+                                  "because rank 1 failed")
+
+
+def report(rank, at, error, consequence=False, blamed=None):
+    return RankReport(rank, at, error, f"Traceback of rank {rank}", consequence, blamed or {})
+
+
+def test_the_verdict_blames_the_first_own_error_even_when_a_consequence_was_reported_first():
+    lost = ("RuntimeError", "[pair.cc:553] Connection closed by peer [127.0.0.1]:1234")
+    failure = verdict(Watched({0: report(0, 10.0, lost, consequence=True), 1: report(1, 10.5, ("KeyError", "'x'"))},
+                              {0: (11.0, 1), 1: (11.0, 1)}, [], 12.0), WORLD)
+    assert (failure.summary, failure.details, failure.culprits) == (
+        "DP rank 1 of 2 failed: KeyError: 'x'; rank 0 stopped because rank 1 failed", "Traceback of rank 1", [1])
+
+
+def test_the_verdict_names_every_rank_that_raised_the_same_error_and_no_one_when_all_finished():
+    same = ("SlotError", "DP ranks disagree on lazy (rank 0: False, rank 1: True): ...")
+    failure = verdict(Watched({0: report(0, 1.0, same), 1: report(1, 0.9, same)}, {0: (2.0, 1), 1: (2.0, 1)}, [], 3.0),
+                      WORLD)
+    assert failure.summary == f"DP ranks 0, 1 of 2 failed: {same[0]}: {same[1]}"
+    assert verdict(Watched({}, {0: (1.0, 0), 1: (1.0, 0)}, [], 1.0), WORLD) is None
 
 
 # -------------------------------------------------------------------------------- demo

@@ -179,7 +179,7 @@ def format_dp_table(result: Dict[str, Any]) -> str:
         ("disagreeing steps", str(len(result["disagreeing_steps"]))),
         ("mismatching forwards", f"{result['mismatching_forwards']} of {result['checked_forwards']} "
                                  f"({result['check']} vs one process, no DP)"),
-        ("graph step", f"{result['graph_step_ms']:.3f} ms (exchange + fill + replay)"),
-        ("eager step", f"{result['eager_step_ms']:.3f} ms (exchange + eager)"),
+        ("graph step", f"{result['graph_step_ms']:.3f} ms (exchange + fill + ok flags + replay)"),
+        ("eager step", f"{result['eager_step_ms']:.3f} ms (exchange + ok flags + eager)"),
     ]
     return metric_table(rows)

@@ -2,35 +2,68 @@
 
 :func:`launch` runs ``fn(rank, world_size, *args)`` in ``world_size`` spawned processes
 joined in one process group (gloo over localhost on a free port, or NCCL with one GPU a
-rank) and returns their results in rank order. A rank that raises fails the launch with
-its traceback at once (the others, likely waiting for it in a collective, are killed);
-ranks still running at the deadline (a hang in a collective) are killed and the launch
-fails naming them -- it never waits longer than ``timeout``.
+rank) and returns their results in rank order. It never waits longer than ``timeout``.
+
+A rank that raises reports it at once over its own pipe (the error's type, message,
+traceback and a timestamp); the launcher then gives the others a moment to report too
+and kills those still running. It blames the rank whose own error came first, never a
+survivor: a rank that only stopped because of a peer -- a
+:class:`~graphslot.runners.dp.DPStepError` naming another rank, a collective that lost
+its peer (connection closed, timed out), the launcher's kill -- is listed as a
+consequence ("DP rank 1 of 2 failed: SlotError: ...; rank 0 stopped because rank 1
+failed"). A rank that dies without a report (a signal, an abort) is the culprit when no
+rank reported an error of its own.
 """
 
 from __future__ import annotations
 
 import datetime
 import pickle
+import signal
 import socket
 import tempfile
 import time
 import traceback
+from dataclasses import dataclass, field
 from multiprocessing import connection
 from pathlib import Path
-from typing import Any, Callable, List, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+#: Seconds the launcher waits, after a rank's own error, for the others' reports.
+GRACE_AFTER_ERROR = 1.0
+#: Seconds it waits, after only consequences or deaths, for the culprit's report.
+GRACE_AFTER_CONSEQUENCE = 5.0
+MAX_TRACEBACK_CHARS = 20_000
+#: What gloo or NCCL says when a collective's peer is gone: a consequence, not a cause.
+PEER_LOST = ("connection closed by peer", "connection reset by peer", "timed out waiting",
+             "watchdog caught collective operation timeout", "nccl communicator was aborted")
+
 
 class RankFailure(RuntimeError):
-    """A rank raised, or did not finish in time; ``summary`` is one line, ``str`` adds the
-    failing rank's traceback."""
+    """A rank raised, died, or did not finish in time. ``summary`` is one line naming
+    the failing rank and its own error; ``details`` (also in ``str``) adds the
+    failing rank's traceback; ``culprits`` the ranks blamed."""
 
-    def __init__(self, summary: str, traceback_text: str = ""):
-        super().__init__(f"{summary}\n{traceback_text}" if traceback_text else summary)
-        self.summary = summary
+    def __init__(self, summary: str, details: str = "", culprits: Sequence[int] = ()):
+        super().__init__(f"{summary}\n{details}" if details else summary)
+        self.summary, self.details, self.culprits = summary, details, list(culprits)
+
+
+@dataclass
+class RankReport:
+    """What a failing rank tells the launcher (picklable, plain data)."""
+
+    rank: int
+    time: float
+    #: (type name, message) of the rank's own error, or of the error it stopped on.
+    error: Tuple[str, str]
+    traceback: str
+    #: True: the rank stopped because of a peer (``blamed`` says which, when it knows).
+    consequence: bool = False
+    blamed: Dict[int, Tuple[str, str]] = field(default_factory=dict)
 
 
 def free_port() -> int:
@@ -39,9 +72,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def peer_lost(exc: BaseException) -> bool:
+    """Whether a collective raised because a peer is gone (closed, reset, timed out)."""
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and any(sign in text for sign in PEER_LOST)
+
+
+def rank_report(rank: int, exc: BaseException) -> RankReport:
+    """The report of ``rank``, which raised ``exc``."""
+    from ..runners.dp import DPStepError, describe_error
+
+    text = traceback.format_exc()[-MAX_TRACEBACK_CHARS:]
+    error = describe_error(exc)
+    if isinstance(exc, DPStepError):
+        own = exc.failures.get(rank)
+        return RankReport(rank, time.time(), own or error, text, consequence=own is None, blamed=exc.failures)
+    return RankReport(rank, time.time(), error, text, consequence=peer_lost(exc))
+
+
 def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int, backend: str,
-               timeout: float, args: Sequence[Any], out_dir: str) -> None:
-    out = Path(out_dir) / f"rank{rank}"
+               timeout: float, args: Sequence[Any], out_dir: str, report: Any) -> None:
     try:
         if backend == "nccl":
             import torch
@@ -49,14 +99,78 @@ def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int, ba
             torch.cuda.set_device(rank)
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world_size, timeout=datetime.timedelta(seconds=timeout))
-        try:
-            result = fn(rank, world_size, *args)
-        finally:
-            dist.destroy_process_group()
-        out.with_suffix(".pkl").write_bytes(pickle.dumps(result))
-    except BaseException:
-        out.with_suffix(".err").write_text(traceback.format_exc())
-        raise SystemExit(1)
+        result = fn(rank, world_size, *args)
+        (Path(out_dir) / f"rank{rank}.pkl").write_bytes(pickle.dumps(result))
+    except BaseException as exc:  # noqa: BLE001 -- reported, then the rank exits
+        report.send(rank_report(rank, exc))  # first: the launcher may kill this process any moment now
+        raise SystemExit(1) from None  # no group teardown: its peers may be gone (the launcher kills a hang)
+    dist.destroy_process_group()
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+
+
+@dataclass
+class Watched:
+    """How the ranks ended: their reports, the ranks that exited (when, with what
+    code, by the monotonic clock), those still running when the watch ended (then
+    killed), and how long it ran."""
+
+    reports: Dict[int, RankReport]
+    exits: Dict[int, Tuple[float, int]]
+    running: List[int]
+    seconds: float
+
+
+def verdict(w: Watched, world_size: int) -> Optional[RankFailure]:
+    """None when every rank finished; else the failure to raise, blaming in this order
+    the rank whose own error came first, the rank(s) a peer's DPStepError names, the
+    first rank that died without a report, the ranks still running (a hang)."""
+    own = sorted((r for r in w.reports.values() if not r.consequence), key=lambda r: r.time)
+    blamed: Dict[int, Tuple[str, str]] = {}
+    for report in w.reports.values():
+        blamed.update(report.blamed)
+    silent = sorted((t, rank) for rank, (t, code) in w.exits.items() if code != 0 and rank not in w.reports)
+    details, waiting = "", False
+    if own:
+        culprits = sorted(r.rank for r in own if r.error == own[0].error)
+        what, details = "failed: {}: {}".format(*own[0].error), own[0].traceback
+    elif blamed:
+        culprits = sorted(blamed)
+        errors = [f"{t}: {m}" for t, m in blamed.values()]
+        what = "failed: " + (errors[0] if len(set(errors)) == 1 else " / ".join(errors))
+        details = next(r.traceback for r in w.reports.values() if r.blamed)
+    elif silent:
+        culprits = [silent[0][1]]
+        code = w.exits[culprits[0]][1]
+        how = f"killed by {_signal_name(code)}" if code < 0 else f"exit code {code}"
+        what = f"died without reporting an error ({how})"
+    elif w.running:
+        culprits, waiting = list(w.running), True
+        what = f"still running after {w.seconds:.0f} s (a hang in a collective?); killed"
+    elif w.reports:
+        first = min(w.reports.values(), key=lambda r: r.time)
+        culprits, details = [first.rank], first.traceback
+        what = "failed: {}: {}".format(*first.error)
+    else:
+        return None
+    parts = [f"DP {_ranks(culprits)} of {world_size} {what}"]
+    parts += ["rank {} failed too: {}: {}".format(r.rank, *r.error) for r in own if r.rank not in culprits]
+    done = {rank for rank, (_, code) in w.exits.items() if code == 0}
+    stopped = [r for r in range(world_size) if r not in culprits and r not in done
+               and not (r in w.reports and not w.reports[r].consequence)]
+    if stopped:
+        why = "waiting for" if waiting else "because"
+        parts.append(f"{_ranks(stopped)} stopped {why} {_ranks(culprits)}{'' if waiting else ' failed'}")
+    return RankFailure("; ".join(parts), details, culprits)
 
 
 def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 120.0,
@@ -66,33 +180,54 @@ def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float =
     ctx = mp.get_context("spawn")
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="graphslot-dp-") as out_dir:
+        pipes = [ctx.Pipe(duplex=False) for _ in range(world_size)]
         procs = [ctx.Process(target=_rank_main, daemon=True,
-                             args=(fn, rank, world_size, port, backend, timeout, args, out_dir))
+                             args=(fn, rank, world_size, port, backend, timeout, args, out_dir, pipes[rank][1]))
                  for rank in range(world_size)]
         for p in procs:
             p.start()
-        deadline = time.monotonic() + timeout
-        running = list(procs)
-        # Until all are done, one fails (the others may wait for it in a collective), or time is up.
-        while running and time.monotonic() < deadline and all(p.exitcode in (None, 0) for p in procs):
-            connection.wait([p.sentinel for p in running], timeout=deadline - time.monotonic())
-            running = [p for p in running if p.is_alive()]
-        hung = [rank for rank, p in enumerate(procs) if p.is_alive()]
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join()
-        errors = {rank: (Path(out_dir) / f"rank{rank}.err") for rank in range(world_size)}
-        for rank, path in errors.items():
-            if path.exists():
-                text = path.read_text()
-                last = [line for line in text.splitlines() if line.strip()][-1]
-                raise RankFailure(f"DP rank {rank} of {world_size} failed: {last}", text)
-        if hung:
-            raise RankFailure(f"DP rank(s) {', '.join(map(str, hung))} of {world_size} still running after "
-                              f"{timeout:.0f} s (a hang in a collective?); killed")
-        failed = [rank for rank, p in enumerate(procs) if p.exitcode != 0]
-        if failed:
-            raise RankFailure(f"DP rank(s) {', '.join(map(str, failed))} exited with "
-                              f"{', '.join(str(procs[r].exitcode) for r in failed)}")
+        for _, sender in pipes:
+            sender.close()  # the ranks hold theirs: a reader sees EOF once its rank is gone
+        failure = verdict(watch(procs, [reader for reader, _ in pipes], timeout), world_size)
+        if failure is not None:
+            raise failure
         return [pickle.loads((Path(out_dir) / f"rank{rank}.pkl").read_bytes()) for rank in range(world_size)]
+
+
+def watch(procs: List[Any], readers: List[Any], timeout: float) -> Watched:
+    """Wait until every rank has ended, or for a moment after the first failure (so the
+    others can report theirs), or until ``timeout``; then kill what still runs."""
+    started = time.monotonic()
+    end = started + timeout
+    reports: Dict[int, RankReport] = {}
+    exits: Dict[int, Tuple[float, int]] = {}
+    unread = dict(enumerate(readers))
+    while len(exits) < len(procs) and time.monotonic() < end:
+        running = [p.sentinel for rank, p in enumerate(procs) if rank not in exits]
+        for ready in connection.wait(running + list(unread.values()), timeout=max(0.0, end - time.monotonic())):
+            rank = next((r for r, reader in unread.items() if reader is ready), None)
+            if rank is not None:
+                _read(unread.pop(rank), rank, reports)
+        for rank, p in enumerate(procs):
+            if rank not in exits and p.exitcode is not None:
+                exits[rank] = (time.monotonic(), p.exitcode)
+        if reports or any(code != 0 for _, code in exits.values()):
+            own = any(not r.consequence for r in reports.values())
+            end = min(end, time.monotonic() + (GRACE_AFTER_ERROR if own else GRACE_AFTER_CONSEQUENCE))
+    running = [rank for rank in range(len(procs)) if rank not in exits]
+    for rank in running:
+        procs[rank].kill()
+    for p in procs:
+        p.join()
+    for rank, reader in unread.items():  # sent just before the end; a killed writer's reader ends in EOF
+        if reader.poll(0):
+            _read(reader, rank, reports)
+    return Watched(reports, exits, running, time.monotonic() - started)
+
+
+def _read(reader: Any, rank: int, reports: Dict[int, RankReport]) -> None:
+    try:
+        reports[rank] = reader.recv()
+    except (EOFError, OSError, pickle.UnpicklingError):  # a rank that ended without a report
+        pass
+    reader.close()

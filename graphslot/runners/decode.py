@@ -13,7 +13,7 @@ import dataclasses
 import functools
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from tqdm import tqdm
@@ -98,11 +98,25 @@ class DecodeRunnerConfig:
     max_bytes: Optional[int] = None
 
 
+class PreparedReplay(NamedTuple):
+    """A batch staged in its graph's buffers (:meth:`DecodeGraphRunner.prepare`)."""
+
+    graph: Any
+    raw_bs: int
+    #: The captured size replayed.
+    bs: int
+    #: The rows the step needed, for the metrics; None: not counted.
+    needed: Optional[int]
+
+
 class DecodeGraphRunner:
     """Captures on construction (or, ``lazy``, each size when first needed);
     :meth:`replay` runs a batch :meth:`can_run` accepts."""
 
-    def __init__(self, adapter: DecodeAdapter, config: Optional[DecodeRunnerConfig] = None, **overrides: Any):
+    def __init__(self, adapter: DecodeAdapter, config: Optional[DecodeRunnerConfig] = None, *,
+                 defer_capture: bool = False, **overrides: Any):
+        """``defer_capture``: capture nothing yet, :meth:`capture_all` does (a DP runner
+        agrees with its peers first: capture runs their collectives)."""
         config = dataclasses.replace(config or DecodeRunnerConfig(), **overrides)
         self.adapter, self.config = adapter, config
         if config.warmup_sizes not in ("all", "largest"):
@@ -129,7 +143,7 @@ class DecodeGraphRunner:
         #: Captured graphs by batch size (lazy: those captured so far).
         self.graphs: Dict[int, Any] = {}
         #: Seconds spent capturing (lazy: so far).
-        self.capture_seconds = 0.0 if config.lazy else self._capture_all()
+        self.capture_seconds = 0.0 if config.lazy or defer_capture else self._capture_all()
         #: Counters of replays, padding and eager fallbacks (``metrics()``), and the raw
         #: sizes served (``histogram``).
         self.stats = RunnerMetrics(num_tokens_per_bs=self.k)
@@ -150,6 +164,10 @@ class DecodeGraphRunner:
                 bar.set_postfix(bs=bs)
                 self.graphs[bs] = self._capture_one(bs)
         return time.perf_counter() - start
+
+    def capture_all(self) -> None:
+        """Capture every size (after ``defer_capture``; construction does it otherwise)."""
+        self.capture_seconds += self._capture_all()
 
     def _capture_one(self, bs: int) -> Any:
         view = self._capture_view(bs)
@@ -248,11 +266,19 @@ class DecodeGraphRunner:
         """Outputs for ``fb``'s rows: views of the graph's static outputs, valid until
         the next replay of the same size (``share_outputs``: of any size; clone to keep
         them). ``count=False``: a batch of no real requests (an idle DP rank's dummy,
-        replayed to join the collectives) stays out of :meth:`metrics` and the histogram."""
-        raw_bs = self.adapter.batch_size(fb)
-        return self._replay(fb, raw_bs, self._needed_bs(fb, raw_bs), count)
+        replayed to join the collectives) stays out of :meth:`metrics` and the histogram.
+        :meth:`prepare` then :meth:`launch`."""
+        return self.launch(self.prepare(fb, count=count))
 
-    def _replay(self, fb: Any, raw_bs: int, needed: int, count: bool) -> Any:
+    def prepare(self, fb: Any, *, count: bool = True) -> PreparedReplay:
+        """Stage ``fb`` for its graph: every host step of a replay that can raise (a lazy
+        capture, the fill, the tail hook, extract, the replay metadata, the guard), so
+        that :meth:`launch` only replays. Nothing else may fill or replay in between:
+        the buffers hold this batch."""
+        raw_bs = self.adapter.batch_size(fb)
+        return self._prepare(fb, raw_bs, self._needed_bs(fb, raw_bs), count)
+
+    def _prepare(self, fb: Any, raw_bs: int, needed: int, count: bool) -> PreparedReplay:
         adapter, reg, k = self.adapter, self.registry, self.k
         bs = self.pad(needed)
         graph = self.graph(bs)  # before the fill: a lazy capture fills the buffers with its dummy batch
@@ -265,17 +291,28 @@ class DecodeGraphRunner:
             adapter.init_replay_metadata(bs, view, fb)
         if self.guard is not None:
             self.guard.check()
+        return PreparedReplay(graph, raw_bs, bs, needed if count else None)
+
+    def launch(self, step: PreparedReplay) -> Any:
+        """Replay a step :meth:`prepare` staged; its outputs, as :meth:`replay` returns them."""
+        graph, raw_bs, bs, needed = step
         graph.replay()
-        if count:
+        if needed is not None:
             self.stats.replayed(raw_bs, bs, needed)
-        return adapter.slice_output(graph.output, raw_bs, raw_bs * k, padded_bs=bs, padded_num_tokens=bs * k)
+        k = self.k
+        return self.adapter.slice_output(graph.output, raw_bs, raw_bs * k, padded_bs=bs, padded_num_tokens=bs * k)
+
+    def record_eager(self, reason: str, needed: Optional[int]) -> None:
+        """Count an eager step in :meth:`metrics` and (``needed`` not None) the histogram:
+        for a caller that runs the eager forward itself (the DP runner)."""
+        self.stats.fell_back(reason, needed)
 
     def __call__(self, fb: Any) -> Any:
         """Replay when a graph fits, else the eager forward."""
         reason, raw_bs, needed = self._decide(fb)
         if reason is None:
-            return self._replay(fb, raw_bs, needed, True)
-        self.stats.fell_back(reason, needed)
+            return self.launch(self._prepare(fb, raw_bs, needed, True))
+        self.record_eager(reason, needed)
         return self.adapter.forward_eager(fb)
 
     def metrics(self) -> Dict[str, Any]:
