@@ -166,7 +166,7 @@ def runner_settings(runner: DecodeGraphRunner) -> Dict[str, Any]:
     settings: Dict[str, Any] = {
         "the captured sizes": list(runner.captured_sizes), "lazy": config.lazy, "num_tokens_per_bs": runner.k,
         "disable_padding": config.disable_padding, "warmup": config.warmup, "warmup_sizes": config.warmup_sizes,
-        "the graph backend": runner.backend.name, "the slot spec": f"{spec.name} (sha256 {spec.sha256[:12]})",
+        "the graph backend": runner.backend.name, "the slot spec": f"{spec.name} (identity {spec.identity[:12]})",
     }
     for name in buffer_params(spec):
         value = registry.params[name]
