@@ -22,7 +22,7 @@ import time
 from typing import Any, Dict, List
 
 from graphslot.reference.serving_trace import TraceConfig, serving_histogram
-from graphslot.runners.planning import default_ladder, evaluate, plan_capture_sizes
+from graphslot.planning.planner import default_ladder, evaluate, plan_capture_sizes
 
 MAX_BS = 256
 TRACES = {"busy": TraceConfig(arrival_rate=0.6), "light": TraceConfig(arrival_rate=0.1)}

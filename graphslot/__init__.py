@@ -11,21 +11,21 @@ imported on first use (PEP 562), so ``import graphslot`` alone stays light.
 import importlib
 
 from ._version import __version__
-from .framework.dtypes import import_torch
-from .framework.errors import SlotError, SpecError, SpecIssue
-from .framework.hooks import BUILTIN_HOOKS, CaptureContext, FillContext
-from .framework.loading import load_spec, parse_spec, shipped_spec_names
-from .framework.model import RegistrySpec, SlotSpec
-from .framework.resolve import resolve_params
+from .spec.dtypes import import_torch
+from .spec.errors import SlotError, SpecError, SpecIssue
+from .spec.hooks import BUILTIN_HOOKS, CaptureContext, FillContext
+from .spec.loading import load_spec, parse_spec, shipped_spec_names
+from .spec.model import RegistrySpec, SlotSpec
+from .spec.resolve import resolve_params
 
 
 # Public names whose modules import torch: loaded on first access.
 _LAZY = {
     "build_registry": ".api",
-    "BufferPool": ".framework.pool",
-    "Slot": ".framework.registry",
-    "SlotRegistry": ".framework.registry",
-    "InterpretedRegistry": ".framework.registry",
+    "BufferPool": ".registry.pool",
+    "Slot": ".registry.base",
+    "SlotRegistry": ".registry.base",
+    "InterpretedRegistry": ".registry.interpreter",
 }
 
 

@@ -7,15 +7,16 @@ from typing import Any, Callable, Dict, Mapping, Optional, Union
 
 import torch
 
-from .framework.budget import check_buffer_bytes
-from .framework.errors import SpecError, SpecIssue
-from .framework.hooks import BUILTIN_HOOKS, HOOK_SIGNATURES, HookError, bind_hook
-from .framework.loading import load_spec
-from .framework.model import RegistrySpec
-from .framework.pool import GLOBAL_POOL, BufferPool
-from .framework.registry import InterpretedRegistry, SlotRegistry
-from .framework.resolve import resolve_params, resolve_slots
-from .framework.stepcheck import parse_bool_env
+from .spec.budget import check_buffer_bytes
+from .spec.errors import SpecError, SpecIssue
+from .spec.hooks import BUILTIN_HOOKS, HOOK_SIGNATURES, HookError, bind_hook
+from .spec.loading import load_spec
+from .spec.model import RegistrySpec
+from .registry.pool import GLOBAL_POOL, BufferPool
+from .registry.base import SlotRegistry
+from .registry.interpreter import InterpretedRegistry
+from .spec.resolve import resolve_params, resolve_slots
+from .registry.stepcheck import parse_bool_env
 
 
 def strict_from_env() -> bool:
@@ -69,7 +70,7 @@ def build_registry(
     ``"interpreted"`` (the reference semantics), or a checked-in generated module.
     ``max_bytes`` caps the bytes of the enabled slots' buffers, checked before any is
     allocated (default: ``GRAPHSLOT_MAX_BUFFER_BYTES``, else 4 GiB;
-    :mod:`graphslot.framework.budget`).
+    :mod:`graphslot.spec.budget`).
     """
     if not isinstance(spec, RegistrySpec):
         spec = load_spec(spec)

@@ -30,11 +30,11 @@ from graphslot.runners.breakable import (
     eager_on_graph,
     is_eager_on_graph,
 )
-from graphslot.runners.graph_backend import GraphCaptureError
+from graphslot.graphs.backend import GraphCaptureError
 from graphslot.runners.prefill import default_token_buckets, token_buckets
-from graphslot.runners.segments import EagerStep
+from graphslot.graphs.segments import EagerStep
 from graphslot.runners.prefill_adapter import LayerStackError
-from graphslot.runners.tape import TapeBackend
+from graphslot.graphs.tape import TapeBackend
 
 make_runner = functools.partial(make_prefill_runner, runner_cls=BreakableGraphRunner,
                                 adapter_cls=ReferencePrefillAdapter)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import graphslot as gs
-from graphslot.framework.budget import (
+from graphslot.spec.budget import (
     DEFAULT_MAX_BUFFER_BYTES,
     BufferBudgetError,
     format_bytes,

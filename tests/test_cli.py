@@ -10,8 +10,8 @@ import textwrap
 import pytest
 
 from graphslot.cli.app import SUBCOMMANDS, human_bytes, main
-from graphslot.framework.loading import SHIPPED_DIR, shipped_spec_names
-from graphslot.framework.project import load_project_config
+from graphslot.spec.loading import SHIPPED_DIR, shipped_spec_names
+from graphslot.spec.project import load_project_config
 
 BAD_SPEC = textwrap.dedent("""\
     name: bad

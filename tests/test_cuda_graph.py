@@ -7,8 +7,8 @@ import gc
 import pytest
 import torch
 
-from graphslot.runners.cuda_graph import CudaGraphBackend, CudaGraphWrapper
-from graphslot.runners.graph_backend import get_graph_backend
+from graphslot.graphs.cuda import CudaGraphBackend, CudaGraphWrapper
+from graphslot.graphs.backend import get_graph_backend
 
 pytestmark = [
     pytest.mark.cuda,

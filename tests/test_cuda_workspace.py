@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 
-import graphslot.runners.cuda_graph as cuda_graph
+import graphslot.graphs.cuda as cuda_graph
 
 
 def test_the_workspace_is_made_fresh_at_a_backends_first_capture_only(monkeypatch):

@@ -93,7 +93,7 @@ def test_env_var_off_means_copy(monkeypatch):
 
 def test_a_spec_of_your_own_is_used_and_must_have_the_eager_preset(tmp_path):
     import graphslot as gs
-    from graphslot.framework.loading import spec_path
+    from graphslot.spec.loading import spec_path
 
     text = spec_path("decode").read_text(encoding="utf-8").replace("name: decode", "name: my_decode", 1)
     (tmp_path / "my_decode.yaml").write_text(text, encoding="utf-8")

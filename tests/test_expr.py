@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from graphslot.framework.errors import ExprError
-from graphslot.framework.expr import (
+from graphslot.spec.errors import ExprError
+from graphslot.spec.expr import (
     ALLOWED,
     TYPES,
     Expr,

@@ -19,7 +19,7 @@ import graphslot as gs
 from graphslot.codegen.aot import ConfigError, generate, plan_outputs
 from graphslot.codegen.generator import render_module
 from graphslot.codegen.inprocess import compile_module
-from graphslot.framework.project import load_project_config
+from graphslot.spec.project import load_project_config
 
 REPO = Path(__file__).resolve().parent.parent
 

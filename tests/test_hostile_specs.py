@@ -19,7 +19,7 @@ import pytest
 
 import graphslot as gs
 from graphslot.cli import main
-from graphslot.framework import checks, expr, yaml_loader
+from graphslot.spec import checks, expr, yaml_loader
 
 BUDGET_S = 2.0
 BUDGET_MB = 200

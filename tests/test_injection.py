@@ -25,7 +25,7 @@ from graphslot.codegen.generator import (DOCSTRING, GeneratedCodeError, check_mo
                                          render_module)
 from graphslot.codegen.handshake import MODULE_FORMAT
 from graphslot.codegen.inprocess import compile_module
-from graphslot.framework.project import ProjectConfigError
+from graphslot.spec.project import ProjectConfigError
 
 MARK = "GRAPHSLOT_INJECTION_RAN"
 CODE = f"__import__('os').environ.__setitem__({MARK!r}, '1')"

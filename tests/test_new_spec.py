@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from graphslot import __version__
 from graphslot.cli.app import SUBCOMMANDS, main
 from graphslot.cli.new_spec import add_spec_entry, pyproject_with_entry, renamed
-from graphslot.framework.loading import SHIPPED_DIR, parse_spec
+from graphslot.spec.loading import SHIPPED_DIR, parse_spec
 
 ERROR = "graphslot new-spec: error: "
 PROVENANCE = f"# Started from the shipped 'decode' spec of graphslot {__version__} (graphslot new-spec).\n"

@@ -26,8 +26,8 @@ from graphslot.reference.piecewise_ops import (
     install_attention_ops,
 )
 from graphslot.reference.prefill_adapter import install_attention_breaks
-from graphslot.runners.graph_backend import GraphCaptureError
-from graphslot.runners.segments import EagerStep
+from graphslot.graphs.backend import GraphCaptureError
+from graphslot.graphs.segments import EagerStep
 from graphslot.runners.piecewise import (
     PiecewiseGraphRunner,
     PiecewiseRunnerConfig,
@@ -115,7 +115,7 @@ def test_user_declared_split_op():
             return torch.ops.graphslot_test.host_scale(x + 1) - 1
 
     from graphslot.runners.piecewise import _Recording, _recording
-    from graphslot.runners.tape import TapeBackend
+    from graphslot.graphs.tape import TapeBackend
 
     compiled_modules = []
     m = torch.compile(M(), backend=make_graphslot_backend(["graphslot_test::host_scale"], compiled_modules),

@@ -80,7 +80,7 @@ def test_json_holds_the_table(capsys, histogram):
 
 
 def test_a_runner_dump_is_read_as_it_was_written(capsys, tmp_path):
-    from graphslot.runners.histogram import BatchSizeHistogram
+    from graphslot.planning.histogram import BatchSizeHistogram
 
     path = tmp_path / "dump.json"
     BatchSizeHistogram({int(bs): n for bs, n in COUNTS.items()}).save(path)

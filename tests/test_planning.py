@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from graphslot.reference.serving_trace import TraceConfig, serving_histogram, serving_trace
-from graphslot.runners.histogram import MAX_DISTINCT_SIZES, MAX_FILE_BYTES, BatchSizeHistogram, HistogramError
-from graphslot.runners.planning import LADDER_FINE_UNTIL, MAX_GRAPHS, default_ladder, evaluate, plan_capture_sizes
+from graphslot.planning.histogram import MAX_DISTINCT_SIZES, MAX_FILE_BYTES, BatchSizeHistogram, HistogramError
+from graphslot.planning.planner import LADDER_FINE_UNTIL, MAX_GRAPHS, default_ladder, evaluate, plan_capture_sizes
 
 
 def brute_force(counts, graphs, max_bs=None, cost=None, fits=lambda sizes: True):

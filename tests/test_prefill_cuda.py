@@ -11,7 +11,7 @@ from graphslot.reference import TinyConfig
 from graphslot.reference.piecewise_ops import PiecewiseReferencePrefillAdapter
 from graphslot.reference.prefill_adapter import ReferencePrefillAdapter
 from graphslot.runners.breakable import BreakableGraphRunner
-from graphslot.runners.cuda_graph import CudaGraphWrapper
+from graphslot.graphs.cuda import CudaGraphWrapper
 from graphslot.runners.piecewise import PiecewiseGraphRunner
 
 pytestmark = [

@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 from graphslot.cli import main
-from graphslot.framework.project import ProjectConfigError, load_project_config
+from graphslot.spec.project import ProjectConfigError, load_project_config
 
 SPEC = textwrap.dedent("""
     name: tiny

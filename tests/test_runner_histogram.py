@@ -8,8 +8,8 @@ from graphslot.reference import Scheduler, build_reference_model
 from graphslot.reference.adapter import ReferenceDecodeAdapter
 from graphslot.reference.numerics import output_check
 from graphslot.runners.decode import DecodeGraphRunner, DecodeRunnerConfig
-from graphslot.runners.histogram import BatchSizeHistogram
-from graphslot.runners.planning import plan_capture_sizes
+from graphslot.planning.histogram import BatchSizeHistogram
+from graphslot.planning.planner import plan_capture_sizes
 
 
 def serve(rt, runner, steps):

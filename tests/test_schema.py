@@ -7,10 +7,10 @@ import json
 import pytest
 import yaml
 
-from graphslot.framework.hooks import BUILTIN_HOOKS
-from graphslot.framework.loading import SHIPPED_DIR, shipped_spec_names
-from graphslot.framework.model import PADDINGS, PARAM_KEYS, SLOT_KEYS, TOP_KEYS
-from graphslot.framework.schema import SCHEMA_FILE_NAME, schema_text, spec_json_schema
+from graphslot.spec.hooks import BUILTIN_HOOKS
+from graphslot.spec.loading import SHIPPED_DIR, shipped_spec_names
+from graphslot.spec.model import PADDINGS, PARAM_KEYS, SLOT_KEYS, TOP_KEYS
+from graphslot.spec.schema import SCHEMA_FILE_NAME, schema_text, spec_json_schema
 
 SHIPPED_SCHEMA = SHIPPED_DIR / SCHEMA_FILE_NAME
 

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 import graphslot as gs
 from graphslot.codegen.generator import render_module
-from graphslot.framework.loading import spec_path
+from graphslot.spec.loading import spec_path
 
 SOURCES = {name: spec_path(name).read_text() for name in ("decode", "prefill")}
 

@@ -23,9 +23,9 @@ import yaml
 
 import graphslot as gs
 from graphslot.codegen.aot import generate
-from graphslot.framework.loading import SHIPPED_DIR
-from graphslot.framework.project import load_project_config
-from graphslot.framework.yaml_loader import load_yaml
+from graphslot.spec.loading import SHIPPED_DIR
+from graphslot.spec.project import load_project_config
+from graphslot.spec.yaml_loader import load_yaml
 from graphslot.generated import decode_default, decode_eager, prefill_default
 
 REPO = Path(__file__).resolve().parent.parent

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import graphslot as gs
-from graphslot.framework.stepcheck import StepChecker, byte_extent
+from graphslot.registry.stepcheck import StepChecker, byte_extent
 
 MAX_BS, MAX_NUM_TOKENS = 4, 8
 

@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from graphslot.runners.graph_backend import GraphCaptureError, get_graph_backend
-from graphslot.runners.tape import TapeBackend, TapeGraph
+from graphslot.graphs.backend import GraphCaptureError, get_graph_backend
+from graphslot.graphs.tape import TapeBackend, TapeGraph
 
 
 def capture(fn, warmup=1) -> TapeGraph:

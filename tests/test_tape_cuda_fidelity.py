@@ -1,5 +1,5 @@
 """Where the ``cpu`` tape differs from a CUDA graph: one test (at least) per row of the
-table in :mod:`graphslot.runners.tape`'s docstring, each marked with the row's id."""
+table in :mod:`graphslot.graphs.tape`'s docstring, each marked with the row's id."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 import torch.utils._python_dispatch as python_dispatch
 
-from graphslot.runners import tape
-from graphslot.runners.graph_backend import GraphCaptureError
-from graphslot.runners.tape import TapeBackend, TapeGraph
+from graphslot.graphs import tape
+from graphslot.graphs.backend import GraphCaptureError
+from graphslot.graphs.tape import TapeBackend, TapeGraph
 
 TESTED: dict[str, list[str]] = {}
 

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import graphslot as gs
-from graphslot.framework.dtypes import TORCH_MISSING, DTYPES, DTypeName, dtype_name, parse_dtype, torch_dtype, value_fits_dtype
+from graphslot.spec.dtypes import TORCH_MISSING, DTYPES, DTypeName, dtype_name, parse_dtype, torch_dtype, value_fits_dtype
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -51,10 +51,10 @@ REPORT = textwrap.dedent("""
 """)
 
 TOOLCHAIN_MODULES = [
-    "graphslot", "graphslot.cli", "graphslot.cli.app", "graphslot.framework.project", "graphslot.framework.loading", "graphslot.framework.model",
-    "graphslot.framework.checks", "graphslot.framework.yaml_loader", "graphslot.framework.expr",
-    "graphslot.framework.errors", "graphslot.framework.dtypes", "graphslot.framework.schema",
-    "graphslot.framework.resolve", "graphslot.framework.hooks", "graphslot.codegen.generator",
+    "graphslot", "graphslot.cli", "graphslot.cli.app", "graphslot.spec.project", "graphslot.spec.loading", "graphslot.spec.model",
+    "graphslot.spec.checks", "graphslot.spec.yaml_loader", "graphslot.spec.expr",
+    "graphslot.spec.errors", "graphslot.spec.dtypes", "graphslot.spec.schema",
+    "graphslot.spec.resolve", "graphslot.spec.hooks", "graphslot.codegen.generator",
     "graphslot.codegen.emitter", "graphslot.codegen.aot", "graphslot.cli.new_spec",
 ]
 
@@ -318,7 +318,7 @@ def test_numpy_warning_is_silenced_where_graphslot_imports_torch(tmp_path):
     env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
     strict = "import warnings\nwarnings.filterwarnings('error', message='Failed to initialize NumPy')\n"
     quiet = run_python(strict + textwrap.dedent("""
-        from graphslot.framework.dtypes import import_torch
+        from graphslot.spec.dtypes import import_torch
         before = list(warnings.filters)
         torch = import_torch()
         assert warnings.filters == before, "the filter must be restored"

@@ -12,9 +12,9 @@ import graphslot as gs
 from conftest import parse
 from graphslot.cli.app import main
 from graphslot.reference.verify_target import reference_target
-from graphslot.runners.audit import audit_external_inputs
-from graphslot.runners.poison import Poisoner, poisonable
-from graphslot.runners.verify import format_report, sample_raw_sizes, span, verify_runner
+from graphslot.tools.audit import audit_external_inputs
+from graphslot.tools.poison import Poisoner, poisonable
+from graphslot.tools.verify import format_report, sample_raw_sizes, span, verify_runner
 from verify_targets import hf_target, keep_pad_out_cache_loc_spec, stale_logit_bias
 
 

@@ -7,11 +7,11 @@ import dataclasses
 
 import torch
 
-from graphslot.framework.loading import spec_path
+from graphslot.spec.loading import spec_path
 from graphslot.reference.adapter import ReferenceDecodeAdapter
 from graphslot.reference.verify_target import reference_target
 from graphslot.runners.decode import DecodeGraphRunner, DecodeRunnerConfig
-from graphslot.runners.verify import VerifyTarget
+from graphslot.tools.verify import VerifyTarget
 
 OUT_CACHE_LOC_ZERO = """  - name: out_cache_loc
     shape: [max_num_tokens]

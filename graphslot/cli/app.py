@@ -22,15 +22,15 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import yaml
 
 from .. import __version__
-from ..framework.dtypes import import_torch
-from ..framework.checks import DEFAULT_MAX_BYTES
-from ..framework.errors import SpecError, SpecIssue, shorten
-from ..framework.hooks import HOOK_SIGNATURES, is_import_reference
-from ..framework.loading import load_spec, shipped_spec_names, spec_path
-from ..framework.model import RegistrySpec
-from ..framework.resolve import ResolvedSlot, resolve_params, resolve_slots
-from ..framework.schema import schema_text
-from ..framework.project import ProjectConfig, ProjectConfigError, display_path, load_project_config
+from ..spec.dtypes import import_torch
+from ..spec.checks import DEFAULT_MAX_BYTES
+from ..spec.errors import SpecError, SpecIssue, shorten
+from ..spec.hooks import HOOK_SIGNATURES, is_import_reference
+from ..spec.loading import load_spec, shipped_spec_names, spec_path
+from ..spec.model import RegistrySpec
+from ..spec.resolve import ResolvedSlot, resolve_params, resolve_slots
+from ..spec.schema import schema_text
+from ..spec.project import ProjectConfig, ProjectConfigError, display_path, load_project_config
 
 Runner = Callable[[argparse.Namespace], int]
 Setup = Callable[[argparse.ArgumentParser], Runner]

@@ -25,8 +25,8 @@ from tqdm import tqdm
 from .. import __version__
 from ..api import build_registry
 from ..codegen.generator import render_module
-from ..framework.loading import load_spec
-from ..framework.resolve import resolve_params
+from ..spec.loading import load_spec
+from ..spec.resolve import resolve_params
 
 SIZES = ((3, 4), (30, 32), (200, 256))
 MAX_BS = 256

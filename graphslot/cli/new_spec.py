@@ -35,10 +35,10 @@ from typing import Any, Dict, List, Optional, Tuple
 import yaml
 
 from .._version import __version__
-from ..framework.checks import is_identifier
-from ..framework.errors import SpecError, did_you_mean, one_of, shorten
-from ..framework.loading import SHIPPED_DIR, parse_spec, shipped_spec_names
-from ..framework.project import (PYPROJECT, TABLE, ProjectConfig, ProjectConfigError, find_pyproject,
+from ..spec.checks import is_identifier
+from ..spec.errors import SpecError, did_you_mean, one_of, shorten
+from ..spec.loading import SHIPPED_DIR, parse_spec, shipped_spec_names
+from ..spec.project import (PYPROJECT, TABLE, ProjectConfig, ProjectConfigError, find_pyproject,
                                  load_project_config, validate_table)
 
 try:

@@ -1,7 +1,7 @@
 """``graphslot plan-sizes``: capture sizes from a served-batch-size histogram.
 
 Torch-free: reads the JSON a runner's ``histogram.save(path)`` wrote (or a bare
-``{"size": steps}`` object), plans with :mod:`graphslot.runners.planning` and compares
+``{"size": steps}`` object), plans with :mod:`graphslot.planning.planner` and compares
 the plan with the default ladder at the same ``max_bs``.
 """
 
@@ -14,8 +14,8 @@ import sys
 from typing import Any, Callable, Dict, Optional
 
 from .app import format_table, positive_int
-from ..runners.histogram import BatchSizeHistogram, HistogramError
-from ..runners.planning import MAX_GRAPHS, Plan, default_ladder, evaluate, plan_capture_sizes
+from ..planning.histogram import BatchSizeHistogram, HistogramError
+from ..planning.planner import MAX_GRAPHS, Plan, default_ladder, evaluate, plan_capture_sizes
 
 UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
          "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}

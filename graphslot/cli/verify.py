@@ -1,7 +1,7 @@
 """``graphslot verify``: the padding of a model's spec proven safe, stale inputs found.
 
 TARGET is ``package.module:function``; the function (called with no arguments) returns a
-:class:`graphslot.runners.verify.VerifyTarget`, or a ``(runner, make_batch)`` or
+:class:`graphslot.tools.verify.VerifyTarget`, or a ``(runner, make_batch)`` or
 ``(runner, make_batch, release)`` tuple: a captured ``DecodeGraphRunner`` and a function
 making a real batch of ``n`` requests for it. Without TARGET (or with ``--reference``)
 the shipped reference model is verified.
@@ -16,7 +16,7 @@ import os
 import sys
 from typing import Any
 
-from ..framework.dtypes import import_torch
+from ..spec.dtypes import import_torch
 
 
 def add_arguments(parser: argparse.ArgumentParser, positive_int: Any) -> None:
@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser, positive_int: Any) -> None:
 
 def load_entry(reference: str) -> Any:
     """The VerifyTarget that ``module:function`` returns (errors: ValueError, one line)."""
-    from ..runners.verify import VerifyTarget
+    from ..tools.verify import VerifyTarget
 
     module_name, _, attr = reference.partition(":")
     if not module_name or not attr:
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return 1
     what = args.target or f"the reference model (spec {args.spec}, max_bs {args.max_bs})"
     print(f"graphslot verify: {what}: capturing, auditing inputs, replaying poisoned tails", file=sys.stderr)
-    from ..runners.verify import format_report, verify_runner
+    from ..tools.verify import format_report, verify_runner
 
     try:
         if args.target:

@@ -33,10 +33,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List, Mapping, Optional
 
-from ..framework.errors import SpecError, SpecIssue
-from ..framework.loading import SHIPPED_DIR, parse_spec, shipped_spec_names
-from ..framework.resolve import resolve_params
-from ..framework.project import (OUTPUTS, PYPROJECT, TABLE, Locator, OutputConfig, ProjectConfigError,
+from ..spec.errors import SpecError, SpecIssue
+from ..spec.loading import SHIPPED_DIR, parse_spec, shipped_spec_names
+from ..spec.resolve import resolve_params
+from ..spec.project import (OUTPUTS, PYPROJECT, TABLE, Locator, OutputConfig, ProjectConfigError,
                                  display_path, output_dir_escape, validate_table)
 from .generator import REGENERATE, RULE, render_module
 

@@ -21,11 +21,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..framework.dtypes import DTypeName, dtype_name, is_torch_dtype
-from ..framework.expr import Expr, python_literal
-from ..framework.hooks import BUILTIN_HOOKS, HOOK_SIGNATURES, is_import_reference
-from ..framework.model import RegistrySpec
-from ..framework.resolve import ResolvedSlot, copied_as_rows, depends_on_capacity, resolve_slot
+from ..spec.dtypes import DTypeName, dtype_name, is_torch_dtype
+from ..spec.expr import Expr, python_literal
+from ..spec.hooks import BUILTIN_HOOKS, HOOK_SIGNATURES, is_import_reference
+from ..spec.model import RegistrySpec
+from ..spec.resolve import ResolvedSlot, copied_as_rows, depends_on_capacity, resolve_slot
 
 COUNTS = {"bs": ("raw_bs", "padded_bs"), "tokens": ("raw_num_tokens", "padded_num_tokens")}
 CAPACITY = {"bs": "max_bs", "tokens": "max_num_tokens"}

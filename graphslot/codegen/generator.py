@@ -24,10 +24,10 @@ from typing import Any, List, Mapping, Optional, Sequence, Tuple
 import jinja2
 
 from .._version import __version__
-from ..framework.dtypes import DTypeName, dtype_name, is_torch_dtype
-from ..framework.errors import SpecError, SpecIssue
-from ..framework.expr import python_literal
-from ..framework.model import RegistrySpec
+from ..spec.dtypes import DTypeName, dtype_name, is_torch_dtype
+from ..spec.errors import SpecError, SpecIssue
+from ..spec.expr import python_literal
+from ..spec.model import RegistrySpec
 from .emitter import PLAN_CACHE_LIMIT, RUNTIME_HELPERS, Emission, Emitter, params_literal
 from .handshake import MODULE_FORMAT
 

@@ -10,10 +10,10 @@ from typing import Any, Dict, List, Mapping
 import torch
 
 from .._version import __version__
-from ..framework.errors import SpecError, SpecIssue
-from ..framework.model import RegistrySpec
-from ..framework.registry import SlotRegistry
-from ..framework.resolve import ResolvedSlot
+from ..spec.errors import SpecError, SpecIssue
+from ..spec.model import RegistrySpec
+from ..registry.base import SlotRegistry
+from ..spec.resolve import ResolvedSlot
 from .emitter import params_literal, structural_params
 from .generator import render_module
 

@@ -7,9 +7,9 @@ from typing import Callable, Dict
 
 import torch
 
-from ..framework.buffers import allocate_buffer
-from ..framework.hooks import FillContext
-from ..framework.registry import ViewMaker
+from ..registry.buffers import allocate_buffer
+from ..spec.hooks import FillContext
+from ..registry.base import ViewMaker
 from .handshake import MODULE_FORMAT, GeneratedModuleMismatch, require
 
 foreach_copy = torch._foreach_copy_

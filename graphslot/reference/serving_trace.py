@@ -17,7 +17,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import List
 
-from ..runners.histogram import BatchSizeHistogram
+from ..planning.histogram import BatchSizeHistogram
 
 
 @dataclass(frozen=True)

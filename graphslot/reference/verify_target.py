@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ..runners.decode import DecodeGraphRunner, DecodeRunnerConfig
-from ..runners.verify import VerifyTarget
+from ..tools.verify import VerifyTarget
 from .adapter import ReferenceDecodeAdapter
 from .model import TinyConfig, build_reference_model
 from .scheduler import make_decode_batch, make_extend_batch

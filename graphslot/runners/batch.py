@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ..framework.errors import SlotError
+from ..spec.errors import SlotError
 
 
 def count_requests(adapter: Any, base: str, fb: Any) -> int:

@@ -31,9 +31,9 @@ from typing import Any, Callable, List, Optional
 
 import torch
 
-from .graph_backend import GraphCaptureError
+from ..graphs.backend import GraphCaptureError
 from .prefill import PrefillGraphRunner
-from .segments import EagerStep, SegmentedGraph
+from ..graphs.segments import EagerStep, SegmentedGraph
 
 # --------------------------------------------------------------------------- decorator
 

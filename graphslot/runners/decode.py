@@ -19,16 +19,16 @@ import torch
 from tqdm import tqdm
 
 from ..api import build_registry
-from ..framework.errors import SlotError
+from ..spec.errors import SlotError
 from .adapter import DecodeAdapter
 from .batch import check_dummy_batch, check_slice_output, describe_dummy
-from .cuda_graph import no_collection
-from .graph_backend import get_graph_backend
+from ..graphs.cuda import no_collection
+from ..graphs.backend import get_graph_backend
 from .guard import ReplayGuard, guard_wanted, runner_tensors
-from .histogram import BatchSizeHistogram
+from ..planning.histogram import BatchSizeHistogram
 from .metrics import RunnerMetrics
 from .outputs import SharedOutputs
-from .planning import default_capture_schedule, default_ladder  # noqa: F401 (re-exported)
+from ..planning.planner import default_capture_schedule, default_ladder  # noqa: F401 (re-exported)
 
 
 def capture_sizes(
@@ -60,7 +60,7 @@ class DecodeRunnerConfig:
     max_bs: int = 32
     #: The decode slot spec: a shipped name, a YAML path or a loaded RegistrySpec.
     spec: Any = "decode"
-    #: Explicit sizes, or a :class:`~graphslot.runners.planning.Plan` (with ``max_bs=plan.max_bs``,
+    #: Explicit sizes, or a :class:`~graphslot.planning.planner.Plan` (with ``max_bs=plan.max_bs``,
     #: or ``**plan.runner_kwargs()``); None takes :func:`default_capture_schedule`.
     capture_bs: Optional[Sequence[int]] = None
     capture_bs_multiple: Optional[int] = None
@@ -336,7 +336,7 @@ class DecodeGraphRunner:
         cannot list them (CUDA) has the size captured again on the tape to find them."""
         graph = self.graph(bs)
         if not hasattr(graph, "external_inputs"):
-            from .audit import capture_on_tape
+            from ..tools.audit import capture_on_tape
 
             graph, _ = capture_on_tape(self, bs)
         return graph.external_inputs(self.declared_statics())

@@ -63,10 +63,10 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from ..framework.dtypes import dtype_name, is_torch_dtype
-from ..framework.errors import SlotError, shorten
-from ..framework.expr import Expr
-from ..framework.model import RegistrySpec
+from ..spec.dtypes import dtype_name, is_torch_dtype
+from ..spec.errors import SlotError, shorten
+from ..spec.expr import Expr
+from ..spec.model import RegistrySpec
 from .adapter import DecodeAdapter
 from .decode import DecodeGraphRunner, DecodeRunnerConfig
 

@@ -15,8 +15,8 @@ import os
 from typing import Any, Mapping, Optional
 
 from ..api import build_registry
-from ..framework.loading import load_spec
-from ..framework.model import RegistrySpec
+from ..spec.loading import load_spec
+from ..spec.model import RegistrySpec
 from .adapter import DecodeAdapter
 
 NO_COPY_ENV = "GRAPHSLOT_EAGER_INPUT_NO_COPY"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Dict, Optional
 
-from .histogram import BatchSizeHistogram
+from ..planning.histogram import BatchSizeHistogram
 
 
 class RunnerMetrics:

@@ -15,8 +15,8 @@ token-padded buffers (batch size not padded), exactly as the breakable runner: a
 through the graph backend (``backend.capture(lambda: piece(*inputs))``; its inputs are
 the stack's static inputs or what earlier pieces and split ops returned, so their
 addresses are fixed) and each split op runs eagerly and is recorded as an
-:class:`~graphslot.runners.segments.EagerStep`. The result is a
-:class:`~graphslot.runners.segments.SegmentedGraph` whose segments are the pieces:
+:class:`~graphslot.graphs.segments.EagerStep`. The result is a
+:class:`~graphslot.graphs.segments.SegmentedGraph` whose segments are the pieces:
 replay runs ``[piece, split op, piece, ..., piece]``; the compiled function itself runs
 only in capture passes.
 
@@ -41,9 +41,9 @@ import torch
 import torch.fx
 from torch.fx.passes.split_module import split_module
 
-from .graph_backend import GraphCaptureError
+from ..graphs.backend import GraphCaptureError
 from .prefill import PrefillGraphRunner, PrefillRunnerConfig
-from .segments import EagerStep, SegmentedGraph
+from ..graphs.segments import EagerStep, SegmentedGraph
 
 # ------------------------------------------------------------ the Dynamo backend
 

@@ -5,7 +5,7 @@ prefill spec's token-padded buffers. The batch size is not padded: the stack nev
 sees it, so one graph serves batches of any number of requests. The embedding head and
 the logits tail run eagerly on the live batch, and the attention metadata hook runs on
 the live batch at every replay. Subclasses say only how one bucket's stack run becomes
-a :class:`~graphslot.runners.segments.SegmentedGraph` (:meth:`PrefillGraphRunner.capture_stack`).
+a :class:`~graphslot.graphs.segments.SegmentedGraph` (:meth:`PrefillGraphRunner.capture_stack`).
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ import torch
 from tqdm import tqdm
 
 from ..api import build_registry
-from ..framework.errors import SlotError
+from ..spec.errors import SlotError
 from .batch import check_dummy_batch, describe_dummy
-from .graph_backend import GraphCaptureError, get_graph_backend
+from ..graphs.backend import GraphCaptureError, get_graph_backend
 from .prefill_adapter import PrefillAdapter, resolve_layer_stack
-from .segments import SegmentedGraph
+from ..graphs.segments import SegmentedGraph
 
 
 def default_token_buckets(max_num_tokens: int) -> List[int]:

@@ -41,7 +41,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from ...framework.budget import BufferBudgetError, byte_cap, format_bytes
+from ...spec.budget import BufferBudgetError, byte_cap, format_bytes
 from ...reference.memory import PagedKVCache, ReqToTokenPool
 
 FULL, SLIDING = "full_attention", "sliding_attention"

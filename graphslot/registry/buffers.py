@@ -7,9 +7,9 @@ from typing import Any, Optional, Tuple, Union
 
 import torch
 
-from .errors import SlotError
+from ..spec.errors import SlotError
 from .pool import BufferPool
-from .resolve import ResolvedSlot
+from ..spec.resolve import ResolvedSlot
 
 _MISSING = object()
 

@@ -13,8 +13,8 @@ import math
 import operator
 from typing import Any, Collection, Mapping, Optional
 
-from graphslot.framework.dtypes import DTypeName, is_torch_dtype
-from graphslot.framework.errors import ExprError, did_you_mean, shorten
+from graphslot.spec.dtypes import DTypeName, is_torch_dtype
+from graphslot.spec.errors import ExprError, did_you_mean, shorten
 
 TYPES = ("int", "float", "bool", "str", "dtype")
 _NUMERIC = ("int", "float")

@@ -114,7 +114,7 @@ import torch
 import torch.utils._python_dispatch as _python_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from graphslot.runners.graph_backend import GraphCaptureError
+from graphslot.graphs.backend import GraphCaptureError
 
 _SYNC_HINT = (
     "a CUDA graph cannot hand device values to the host during capture; keep the value "

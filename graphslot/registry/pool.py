@@ -22,7 +22,7 @@ from typing import Any, Dict, Tuple
 
 import torch
 
-from .errors import SlotError
+from ..spec.errors import SlotError
 
 PoolKey = Tuple[str, int, torch.dtype, torch.device]
 

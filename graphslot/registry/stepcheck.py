@@ -25,7 +25,7 @@ from typing import Any, Iterable, Optional, Tuple
 
 import torch
 
-from .errors import SlotError
+from ..spec.errors import SlotError
 
 SIZE_MEMO_LIMIT = 4096  # sizes remembered; a server sees about one per captured size
 _MISSING = object()

@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import torch
 
-from graphslot.runners.graph_backend import GraphCaptureError
+from graphslot.graphs.backend import GraphCaptureError
 
 _CAPTURE_HINT = (
     "common causes are a host sync (.item(), .tolist(), bool(tensor)), a data-dependent "

@@ -3,8 +3,8 @@
 Two backends share one protocol so that runners are written once and tested
 without a GPU:
 
-* ``cuda`` (:mod:`graphslot.runners.cuda_graph`): ``torch.cuda.CUDAGraph``.
-* ``cpu`` (:mod:`graphslot.runners.tape`): a recorded tape of ATen ops with
+* ``cuda`` (:mod:`graphslot.graphs.cuda`): ``torch.cuda.CUDAGraph``.
+* ``cpu`` (:mod:`graphslot.graphs.tape`): a recorded tape of ATen ops with
   CUDA-graph semantics (fixed addresses, frozen Python control flow, no host
   syncs or data-dependent shapes during capture).
 
@@ -52,11 +52,11 @@ def get_graph_backend(name: str, device: torch.device | str) -> GraphBackend:
         name = "cuda" if device.type == "cuda" else "cpu"
     # Imported here: both modules import GraphCaptureError from this one.
     if name == "cuda":
-        from graphslot.runners.cuda_graph import CudaGraphBackend
+        from graphslot.graphs.cuda import CudaGraphBackend
 
         return CudaGraphBackend(device)
     if name == "cpu":
-        from graphslot.runners.tape import TapeBackend
+        from graphslot.graphs.tape import TapeBackend
 
         return TapeBackend()
     raise ValueError(

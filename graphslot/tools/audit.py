@@ -56,7 +56,7 @@ def capture_on_tape(runner: Any, bs: int) -> Tuple[Any, Any]:
     """Size ``bs`` of a decode runner captured again on the CPU tape, whatever its
     backend: ``(graph, view)``. It writes what a capture writes (slot buffers, attention
     metadata), so call it between steps."""
-    from .tape import TapeBackend
+    from ..graphs.tape import TapeBackend
 
     view = runner._capture_view(bs)
     return TapeBackend().capture(functools.partial(runner._graph_body, view, bs), warmup=0), view

@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, Iterable, List
 import torch
 from torch.utils._pytree import tree_flatten
 
-from .graph_backend import GraphCaptureError
+from .backend import GraphCaptureError
 
 
 def _tensor_leaves(value: Any) -> List[torch.Tensor]:

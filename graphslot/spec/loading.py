@@ -43,7 +43,7 @@ def load_spec(name_or_path: Union[str, os.PathLike], *, import_hooks: bool = Fal
     ``import_hooks``: import ``module:function`` hooks and check their signatures (off:
     only the reference's form is checked, and no user code runs). ``max_bytes``: the cap
     on the bytes the spec declares at the validation capacities (default
-    :data:`graphslot.framework.checks.DEFAULT_MAX_BYTES`).
+    :data:`graphslot.spec.checks.DEFAULT_MAX_BYTES`).
     """
     path = spec_path(name_or_path)
     source = _display_path(path)

@@ -1,0 +1,1 @@
+"""Graph backends: CUDA graphs and the CPU tape, behind one protocol."""

@@ -1,0 +1,1 @@
+"""Batch-size histograms and the capture-size planner. Imports no torch."""

@@ -1,0 +1,87 @@
+"""The interpreter: the executable definition of the slot semantics
+(``graphslot/slot_specs/README.md``, "Slot semantics"). Written for clarity, not speed:
+it is what generated code is proven equal to.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Tuple
+
+import torch
+
+from .base import SlotRegistry
+
+
+class InterpretedRegistry(SlotRegistry):
+    """The reference semantics, slot by slot (``graphslot/slot_specs/README.md``,
+    "Slot semantics")."""
+
+    mode = "interpreted"
+
+    def fill_from(self, fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs=None) -> None:
+        # Sources are copied as data: a source that requires grad is copied by value, and
+        # no buffer ever requires grad or records history.
+        with torch.no_grad():
+            self._fill(fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs)
+
+    def _fill(self, fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs) -> None:
+        check = self.checker
+        raw_bs, padded_bs, raw_num_tokens, padded_num_tokens = check.step(raw_bs, padded_bs, raw_num_tokens,
+                                                                          padded_num_tokens)
+        ctx = self.fill_context(raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs)
+
+        # 0. every source (batch fields, source hooks) is read and checked before
+        #    anything is written
+        copies, hook_copies = [], []
+        for slot in check.plain:
+            src = check.plain_source(slot, fb, raw_bs, raw_num_tokens)
+            if src is not None:
+                head = slot.head(slot.count(raw_bs, raw_num_tokens))
+                copies += zip(head.unbind(0), src.unbind(0)) if slot.spec.rows else [(head, src)]
+        for slot in self.active:
+            hook = slot.hooks.get("source") if slot.spec.copy_from_fb else None
+            src = None if hook is None else check.hook_source(slot.name, hook(fb, ctx))
+            if src is not None:
+                hook_copies.append((slot.buffer.narrow(slot.spec.slice_dim, 0, src.shape[slot.spec.slice_dim]), src))
+
+        # 1. copy heads; device copies grouped by dtype pair, one kernel each
+        groups: Dict[tuple, Tuple[list, list]] = {}
+        for dst, src in copies:
+            dsts, srcs = groups.setdefault((dst.device, dst.dtype, src.dtype), ([], []))
+            dsts.append(dst)
+            srcs.append(src)
+        for dsts, srcs in groups.values():
+            torch._foreach_copy_(dsts, srcs)
+
+        # 2. make the padded tail safe
+        for slot in self.active:
+            spec = slot.spec
+            raw, padded = slot.count(raw_bs, raw_num_tokens), slot.count(padded_bs, padded_num_tokens)
+            if spec.resets_tail and raw < padded:
+                tail = slot.buffer.narrow(spec.slice_dim, raw, padded - raw)
+                if spec.padding == "zero":
+                    tail.zero_()
+                else:
+                    tail.fill_(spec.pad_value)
+
+        # 3. source hooks' results go to [:len(src)], after the resets
+        for dst, src in hook_copies:
+            dst.copy_(src)
+
+        # 4. computed slots
+        for slot in self.active:
+            hook = slot.hooks.get("post_fill")
+            if hook is not None:
+                hook(slot.buffer, fb, ctx)
+
+    def extract(self, fb, padded_bs, padded_num_tokens):
+        padded_bs, padded_num_tokens = self.checker.view(padded_bs, padded_num_tokens)
+        fields = {"batch_size": padded_bs}
+        for slot in self.active:
+            spec = slot.spec
+            if spec.structured:
+                continue
+            if spec.plain_copy and getattr(fb, spec.name, None) is None:
+                continue  # absent this step: carry the None, never a stale buffer
+            fields[spec.name] = slot.slice_for(padded_bs, padded_num_tokens)
+        return self.make_view(fb, fields)

@@ -1,0 +1,1 @@
+"""Per-model diagnostics over the public runner and graph API: verify, poison, audit."""
