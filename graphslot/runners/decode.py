@@ -22,8 +22,8 @@ from ..api import build_registry
 from ..spec.errors import SlotError
 from .adapter import DecodeAdapter
 from .batch import check_dummy_batch, check_slice_output, describe_dummy
-from ..graphs.cuda import no_collection
-from ..graphs.backend import get_graph_backend
+from ..graphs.util import no_collection
+from ..graphs.backend import InspectableGraph, get_graph_backend
 from .guard import ReplayGuard, guard_wanted, runner_tensors
 from ..planning.histogram import BatchSizeHistogram
 from .metrics import RunnerMetrics
@@ -335,7 +335,7 @@ class DecodeGraphRunner:
         buffer, not declared static by the adapter, not made by the graph. A backend that
         cannot list them (CUDA) has the size captured again on the tape to find them."""
         graph = self.graph(bs)
-        if not hasattr(graph, "external_inputs"):
+        if not isinstance(graph, InspectableGraph):
             from ..tools.audit import capture_on_tape
 
             graph, _ = capture_on_tape(self, bs)
