@@ -81,11 +81,11 @@ def _fn_name(fn: Callable) -> str:
 
 
 class _BreakableCapture:
-    def __init__(self, backend: Any) -> None:
+    def __init__(self, backend: GraphBackend) -> None:
         self.backend = backend
         self.steps: List[Any] = []
         self.in_eager = False
-        self.segment: Any = None
+        self.segment: Optional[OpenCapture] = None
         self.last_break = "the start"
 
     def _close(self, output: Any) -> Any:
@@ -130,7 +130,7 @@ class _BreakableCapture:
         return SegmentedGraph(self.steps, output)
 
 
-def capture_breakable(backend: Any, fn: Callable[[], Any], *, warmup: int = 1) -> SegmentedGraph:
+def capture_breakable(backend: GraphBackend, fn: Callable[[], Any], *, warmup: int = 1) -> SegmentedGraph:
     """Capture ``fn`` as segments split at :func:`eager_on_graph` calls."""
     for _ in range(warmup):
         fn()  # no capture active: marked functions run as plain calls
