@@ -6,9 +6,9 @@ subpackage of ``graphslot`` (``graphslot.runners.*`` is ``runners``) or one of t
 top-level modules (``api``, ``kvpool``, ``_version``; ``graphslot/__init__.py`` is
 ``root``). The table reads as the specification:
 
-=============  ===============================================================  ==========================================
+=============  ===============================================================  ===========================================
 layer          may import (besides itself)                                       why
-=============  ===============================================================  ==========================================
+=============  ===============================================================  ===========================================
 _version       nothing                                                           the version string
 spec           _version                                                          the format: torch-free
 planning       spec                                                              capture-size planning: torch-free
@@ -19,12 +19,12 @@ api            spec, registry, codegen                                          
 root           _version, spec, api, registry                                     ``import graphslot`` (lazy names)
 graphs         spec.errors                                                       backends know nothing of slots or runners
 kvpool         nothing                                                           the paged KV pool (torch)
-runners        spec, registry, api, graphs, planning                             codegen only through api
+runners        spec, registry, api, graphs, planning                             codegen only through api; no kvpool
 tools          runners, graphs, registry, spec                                   diagnostics over the public runner API
 integrations   runners, graphs, tools, spec, registry, kvpool                    never the reference (demo) package
 reference      runners, graphs, kvpool, spec, registry, api, planning, tools     an example engine: any library layer
 cli            anything                                                          the top
-=============  ===============================================================  ==========================================
+=============  ===============================================================  ===========================================
 
 and, whatever the layer:
 
@@ -250,6 +250,15 @@ def test_the_table_names_every_layer_there_is():
     layers = {layer_of(module_name(path)) for path, _ in MODULES}
     assert layers == set(ALLOWED), f"layers without a rule: {sorted(layers - set(ALLOWED))}; " \
                                    f"rules without a layer: {sorted(set(ALLOWED) - layers)}"
+
+
+def test_the_table_above_is_the_table_enforced():
+    rows = __doc__.split("why\n", 1)[1].split("\n\nand,", 1)[0].splitlines()[1:-1]
+    documented = {}
+    for row in rows:
+        layer, allowed = row[:15].strip(), row[15:80].strip()
+        documented[layer] = {"nothing": (), "anything": (ANYTHING,)}.get(allowed, tuple(allowed.split(", ")))
+    assert documented == ALLOWED
 
 
 def test_every_import_points_the_allowed_way():
