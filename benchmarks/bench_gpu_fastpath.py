@@ -47,7 +47,8 @@ import graphslot as gs
 from graphslot.cli.bench import count_device_ops
 from graphslot.reference import TinyConfig, build_reference_model, make_decode_batch
 from graphslot.reference.adapter import ReferenceDecodeAdapter
-from graphslot.runners.decode import DecodeGraphRunner, capture_sizes
+from graphslot.runners.decode import DecodeGraphRunner
+from graphslot.runners.dispatch import capture_sizes
 
 # Llama-3.2-1B's shape (random weights): hidden 2048, 16 layers, 32 heads, 8 KV heads.
 CONFIG_1B = TinyConfig(vocab_size=128256, hidden_size=2048, num_layers=16, num_heads=32, num_kv_heads=8,

@@ -21,7 +21,8 @@ from graphslot.spec.budget import (
     format_bytes,
 )
 from graphslot.runners.adapter import DecodeAdapter
-from graphslot.runners.decode import DecodeGraphRunner, capture_sizes
+from graphslot.runners.decode import DecodeGraphRunner
+from graphslot.runners.dispatch import capture_sizes
 
 MODES = ["generated", "interpreted"]
 

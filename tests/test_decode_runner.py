@@ -10,7 +10,8 @@ import torch
 from graphslot.reference import Scheduler, TinyConfig, build_reference_model, make_decode_batch, make_extend_batch
 from graphslot.reference.adapter import ReferenceDecodeAdapter
 from graphslot.reference.numerics import output_check
-from graphslot.runners.decode import DecodeGraphRunner, DecodeRunnerConfig, capture_sizes
+from graphslot.runners.decode import DecodeGraphRunner, DecodeRunnerConfig
+from graphslot.runners.dispatch import capture_sizes
 
 SWA_CONFIG = TinyConfig(sliding_window=4, swa_layers=(0,))
 DP_PARAMS = {"require_gathered_buffer": True, "require_mlp_tp_gather": True, "dp_size": 2}

@@ -375,7 +375,7 @@ def test_a_failure_inside_the_tape_is_a_capture_error_naming_the_op(monkeypatch)
     def broken(t):
         raise ValueError("no metadata")
 
-    monkeypatch.setattr(tape, "_meta", broken)
+    monkeypatch.setattr(tape.record, "meta", broken)  # what the recorder reads of each tensor
     with pytest.raises(GraphCaptureError) as err:
         capture(lambda: x + 1)
     assert str(err.value) == (

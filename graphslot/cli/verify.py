@@ -51,7 +51,7 @@ def load_entry(reference: str) -> Any:
     made = fn()
     if isinstance(made, VerifyTarget):
         return made
-    if isinstance(made, tuple) and len(made) in (2, 3) and hasattr(made[0], "tail_hook"):
+    if isinstance(made, tuple) and len(made) in (2, 3) and hasattr(made[0], "add_observer"):
         return VerifyTarget(*made, label=reference)
     raise ValueError(f"{reference} returned {type(made).__name__}; expected a VerifyTarget or a "
                      "(DecodeGraphRunner, make_batch[, release]) tuple")

@@ -10,11 +10,22 @@ without a GPU:
 
 A backend instance owns the memory pool shared by every graph it captures, so
 a runner keeps one backend for all its batch sizes.
+
+The protocols are the whole contract between backends and their callers:
+
+* :class:`GraphBackend`: ``capture(fn)`` runs ``fn`` into a :class:`Graph`;
+  ``begin_capture()`` opens an :class:`OpenCapture` while Python code runs on, whose
+  ``end(output)`` returns the graph (``abort()`` abandons it): the breakable runner cuts
+  one run of a model into segments with it;
+* :class:`Graph`: ``replay()`` and the ``output`` it rewrites in place;
+* :class:`InspectableGraph`: a graph that can also list the tensors it reads that
+  nothing keeps current (``external_inputs``); the tape's graphs can, CUDA graphs cannot.
+  Callers test ``isinstance(graph, InspectableGraph)``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import AbstractSet, Any, Callable, Iterable, List, Protocol, runtime_checkable
 
 import torch
 
@@ -35,14 +46,44 @@ class Graph(Protocol):
 
 
 @runtime_checkable
+class InspectableGraph(Graph, Protocol):
+    """A graph that knows which tensors it reads and which memory is its own."""
+
+    #: Data pointers of the storages the graph allocates or writes: its own memory,
+    #: never a stale input.
+    produced: AbstractSet[int]
+
+    def external_inputs(self, statics: Iterable[torch.Tensor] = ()) -> List[torch.Tensor]:
+        """Tensors the graph reads that it neither made nor was told (``statics``) are
+        kept current: on a GPU, addresses baked in at capture."""
+        ...
+
+
+@runtime_checkable
+class OpenCapture(Protocol):
+    """A capture in progress (:meth:`GraphBackend.begin_capture`)."""
+
+    def end(self, output: Any) -> Graph:
+        """Close the capture; the graph replays what ran since it began, ``output``
+        being what replay rewrites."""
+        ...
+
+    def abort(self) -> None:
+        """Abandon the capture (after an error); no graph is made."""
+        ...
+
+
+@runtime_checkable
 class GraphBackend(Protocol):
     name: str
 
-    def capture(self, fn: Callable[[], Any], *, warmup: int = 1) -> Graph: ...
+    def capture(self, fn: Callable[[], Any], *, warmup: int = 1) -> Graph:
+        """``warmup`` eager calls of ``fn``, then one captured call, as a graph."""
+        ...
 
-    # Backends also offer ``begin_capture()``: a capture left open while Python code
-    # runs on, whose ``end(output)`` returns the Graph (``abort()`` abandons it). The
-    # breakable runner cuts one run of a model into segments with it.
+    def begin_capture(self) -> OpenCapture:
+        """Start capturing now, on this backend's pool; the caller ends or aborts it."""
+        ...
 
 
 def get_graph_backend(name: str, device: torch.device | str) -> GraphBackend:
@@ -52,11 +93,11 @@ def get_graph_backend(name: str, device: torch.device | str) -> GraphBackend:
         name = "cuda" if device.type == "cuda" else "cpu"
     # Imported here: both modules import GraphCaptureError from this one.
     if name == "cuda":
-        from graphslot.graphs.cuda import CudaGraphBackend
+        from .cuda import CudaGraphBackend
 
         return CudaGraphBackend(device)
     if name == "cpu":
-        from graphslot.graphs.tape import TapeBackend
+        from .tape import TapeBackend
 
         return TapeBackend()
     raise ValueError(

@@ -9,42 +9,18 @@ construction time, so the module is safe on a CPU-only build of torch.
 from __future__ import annotations
 
 import contextlib
-import gc
 from typing import Any, Callable, Iterator, Optional
 
 import torch
 
-from graphslot.graphs.backend import GraphCaptureError
+from .backend import GraphCaptureError
+from .util import no_collection
 
 _CAPTURE_HINT = (
     "common causes are a host sync (.item(), .tolist(), bool(tensor)), a data-dependent "
     "shape (nonzero, x[mask]) or a host<->device copy inside the captured function; "
     "capture it with the 'cpu' graph backend to get the offending op named"
 )
-
-
-@contextlib.contextmanager
-def no_collection() -> Iterator[None]:
-    """No garbage collection while a graph is captured: a collection walks every Python
-    object (slow) and may run finalizers that call into CUDA mid-capture.
-
-    What exists now is frozen, so that a collection someone forces anyway stays cheap,
-    unless the process froze objects itself (engines do, at start-up): ``gc.unfreeze``
-    cannot tell our objects from theirs, so then automatic collection is only paused.
-    """
-    gc.collect()
-    owns_freeze = gc.get_freeze_count() == 0
-    if owns_freeze:
-        gc.freeze()
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-        if owns_freeze:
-            gc.unfreeze()
 
 
 @contextlib.contextmanager

@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, Iterable, List
 import torch
 from torch.utils._pytree import tree_flatten
 
-from .backend import GraphCaptureError
+from .backend import GraphCaptureError, InspectableGraph
 
 
 def _tensor_leaves(value: Any) -> List[torch.Tensor]:
@@ -79,24 +79,25 @@ class SegmentedGraph:
                 step.replay()
 
     def external_inputs(self, statics: Iterable[torch.Tensor] = ()) -> List[torch.Tensor]:
-        """What the segments read that nothing keeps current (tape segments only).
+        """What the segments read that nothing keeps current (segments that are
+        :class:`~graphslot.graphs.backend.InspectableGraph` s, the tape's, only).
 
         Tensors made by an earlier segment, or returned by an eager step, count as the
         graph's own; what the eager steps read is not checked (they run eagerly).
         """
+        if not all(isinstance(s, InspectableGraph) for s in self.segments):
+            raise NotImplementedError("this graph backend cannot list its inputs; capture with 'cpu'")
         known = {t.untyped_storage().data_ptr() for t in statics}
         found: Dict[int, torch.Tensor] = {}
         for step in self.steps:
             if isinstance(step, EagerStep):
                 known.update(t.untyped_storage().data_ptr() for t in step.outputs)
                 continue
-            if not hasattr(step, "external_inputs"):
-                raise NotImplementedError("this graph backend cannot list its inputs; capture with 'cpu'")
             for t in step.external_inputs():
                 ptr = t.untyped_storage().data_ptr()
                 if ptr not in known and ptr not in found:
                     found[ptr] = t
-            known.update(getattr(step, "produced", ()))
+            known.update(step.produced)
         return list(found.values())
 
     def __repr__(self) -> str:

@@ -6,7 +6,8 @@ It stands in for an inference engine's model runner so graph runners can be exer
 
 from .attention import TorchAttentionBackend, TorchAttnMetadata
 from .forward_batch import ForwardBatch, ForwardMode
-from .memory import PagedKVCache, ReqToTokenPool, SWAKVCache
+from ..kvpool import PagedKVCache, ReqToTokenPool
+from .memory import SWAKVCache
 from .model import ReferenceRuntime, TinyConfig, TinyLlama, build_reference_model
 from .scheduler import (
     Request,

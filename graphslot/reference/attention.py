@@ -20,7 +20,8 @@ from typing import Dict, List, Optional
 import torch
 
 from .forward_batch import ForwardBatch, ForwardMode
-from .memory import PagedKVCache, ReqToTokenPool, SWAKVCache
+from ..kvpool import PagedKVCache, ReqToTokenPool
+from .memory import SWAKVCache
 
 
 @dataclass

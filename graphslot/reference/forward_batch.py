@@ -15,7 +15,7 @@ Conventions (as in sglang):
 * EXTEND: requests of mixed lengths packed along tokens; ``seq_lens`` is prefix plus
   new tokens, ``extend_seq_lens_cpu`` the new tokens per request.
 * Padded rows use request slot 0, ``seq_lens`` 1 and KV slot 0, all reserved as
-  harmless dummies by :mod:`graphslot.reference.memory`.
+  harmless dummies by :mod:`graphslot.kvpool`.
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ from torch import nn
 
 from .attention import TorchAttentionBackend
 from .forward_batch import ForwardBatch
-from .memory import PagedKVCache, ReqToTokenPool, SWAKVCache
+from ..kvpool import PagedKVCache, ReqToTokenPool
+from .memory import SWAKVCache
 
 
 @dataclass

@@ -14,10 +14,11 @@ Replay alternates segments and eager steps. Outside a breakable capture (eager r
 warm-up, the decode runner) the decorator is a plain call.
 
 Segments are captured with the low-level begin/end form of capture that CUDA graphs
-have (``capture_begin``/``capture_end``): a backend may provide
-``begin_capture() -> handle`` with ``handle.end(output) -> Graph`` and
-``handle.abort()``; the two shipped backends (``cpu`` tape, ``cuda``) are handled
-here (on CUDA every segment is its own ``CUDAGraph`` in the backend's shared pool).
+have (``capture_begin``/``capture_end``), which the
+:class:`~graphslot.graphs.backend.GraphBackend` protocol declares:
+``begin_capture() -> OpenCapture``, whose ``end(output)`` returns the segment's graph
+and ``abort()`` abandons it (on CUDA every segment is its own ``CUDAGraph`` in the
+backend's shared pool).
 
 The runner's bucket schedule, capture loop and replay are those of every prefill
 runner (:mod:`graphslot.runners.prefill`).
@@ -31,9 +32,9 @@ from typing import Any, Callable, List, Optional
 
 import torch
 
-from ..graphs.backend import GraphCaptureError
-from .prefill import PrefillGraphRunner
+from ..graphs.backend import GraphBackend, GraphCaptureError, OpenCapture
 from ..graphs.segments import EagerStep, SegmentedGraph
+from .prefill import PrefillGraphRunner
 
 # --------------------------------------------------------------------------- decorator
 
@@ -65,14 +66,14 @@ def is_eager_on_graph(fn: Callable) -> bool:
 # ------------------------------------------------------------------ segment capture
 
 
-def begin_segment(backend: Any) -> Any:
-    """Open a capture on ``backend``; the handle's ``end(output)`` returns its Graph."""
-    begin = getattr(backend, "begin_capture", None)
-    if not callable(begin):
+def begin_segment(backend: GraphBackend) -> OpenCapture:
+    """Open a capture on ``backend``; its ``end(output)`` returns the segment's Graph."""
+    if not isinstance(backend, GraphBackend):
         raise GraphCaptureError(
             f"graph backend {getattr(backend, 'name', type(backend).__name__)!r} cannot capture "
-            "segments; give it begin_capture() returning a handle with end(output) and abort()")
-    return begin()
+            "segments: it does not implement the GraphBackend protocol (name, capture(fn), "
+            "begin_capture() returning an OpenCapture with end(output) and abort())")
+    return backend.begin_capture()
 
 
 def _fn_name(fn: Callable) -> str:
@@ -80,11 +81,11 @@ def _fn_name(fn: Callable) -> str:
 
 
 class _BreakableCapture:
-    def __init__(self, backend: Any) -> None:
+    def __init__(self, backend: GraphBackend) -> None:
         self.backend = backend
         self.steps: List[Any] = []
         self.in_eager = False
-        self.segment: Any = None
+        self.segment: Optional[OpenCapture] = None
         self.last_break = "the start"
 
     def _close(self, output: Any) -> Any:
@@ -129,7 +130,7 @@ class _BreakableCapture:
         return SegmentedGraph(self.steps, output)
 
 
-def capture_breakable(backend: Any, fn: Callable[[], Any], *, warmup: int = 1) -> SegmentedGraph:
+def capture_breakable(backend: GraphBackend, fn: Callable[[], Any], *, warmup: int = 1) -> SegmentedGraph:
     """Capture ``fn`` as segments split at :func:`eager_on_graph` calls."""
     for _ in range(warmup):
         fn()  # no capture active: marked functions run as plain calls

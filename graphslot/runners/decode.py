@@ -3,80 +3,56 @@
 Generic over model, batch type and attention backend through a
 :class:`~graphslot.runners.adapter.DecodeAdapter`; the static inputs are the decode
 spec's registry, so what is copied and how padded rows look is the spec's business,
-not this module's.
+not this module's. Which size a step replays, or why it runs eager, is the
+:class:`~graphslot.runners.dispatch.SizeDispatcher`'s (``runner.dispatch``); this module
+captures and replays.
+
+Public capture API (what ``graphslot verify``'s audit and the runner itself use):
+:meth:`DecodeGraphRunner.capture_view` stages a size's dummy batch,
+:meth:`DecodeGraphRunner.graph_body` is what its graph runs, and
+:meth:`DecodeGraphRunner.capture_on` captures the two on any graph backend.
+
+Observers (:class:`StepObserver`, :meth:`DecodeGraphRunner.add_observer`) see each
+replayed step right after its fill, before the replay metadata and the replay.
 """
 
 from __future__ import annotations
 
-import bisect
-import dataclasses
 import functools
 import time
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Any, Dict, List, NamedTuple, Optional, Protocol, Sequence, Tuple
 
 import torch
 from tqdm import tqdm
 
 from ..api import build_registry
+from ..graphs.backend import Graph, GraphBackend, InspectableGraph, get_graph_backend
+from ..graphs.util import no_collection
+from ..planning.histogram import BatchSizeHistogram
 from ..spec.errors import SlotError
 from .adapter import DecodeAdapter
 from .batch import check_dummy_batch, check_slice_output, describe_dummy
-from ..graphs.cuda import no_collection
-from ..graphs.backend import get_graph_backend
+from .config import GraphRunnerConfig, runner_config
+from .dispatch import SizeDispatcher, capture_sizes
 from .guard import ReplayGuard, guard_wanted, runner_tensors
-from ..planning.histogram import BatchSizeHistogram
 from .metrics import RunnerMetrics
 from .outputs import SharedOutputs
-from ..planning.planner import default_capture_schedule, default_ladder  # noqa: F401 (re-exported)
-
-
-def capture_sizes(
-    max_bs: int,
-    explicit: Optional[Sequence[int]] = None,
-    multiple: Optional[int] = None,
-    max_requests: Optional[int] = None,
-) -> List[int]:
-    """Sizes to capture, largest first (so the largest graph sizes the shared pool).
-
-    A default schedule also gets its cap itself, so every batch up to the cap runs;
-    sizes beyond the request pool can never be filled and are dropped.
-    """
-    cap = max_bs if max_requests is None else min(max_bs, max_requests)
-    if explicit is None:
-        sizes = default_ladder(cap)
-    else:
-        sizes = [bs for bs in explicit if 1 <= bs <= cap]
-    if multiple:
-        sizes = [bs for bs in sizes if bs % multiple == 0]
-    if not sizes:
-        raise ValueError(f"no batch size to capture (max_bs={max_bs}, capture_bs={explicit}, "
-                         f"capture_bs_multiple={multiple}, request pool={max_requests})")
-    return sorted(set(sizes), reverse=True)
 
 
 @dataclass
-class DecodeRunnerConfig:
+class DecodeRunnerConfig(GraphRunnerConfig):
     max_bs: int = 32
     #: The decode slot spec: a shipped name, a YAML path or a loaded RegistrySpec.
     spec: Any = "decode"
     #: Explicit sizes, or a :class:`~graphslot.planning.planner.Plan` (with ``max_bs=plan.max_bs``,
-    #: or ``**plan.runner_kwargs()``); None takes :func:`default_capture_schedule`.
+    #: or ``**plan.runner_kwargs()``); None takes :func:`~graphslot.planning.planner.default_capture_schedule`.
     capture_bs: Optional[Sequence[int]] = None
     capture_bs_multiple: Optional[int] = None
     #: > 1: speculative target-verify, k tokens per request.
     num_tokens_per_bs: int = 1
-    backend: str = "auto"
-    #: Registry mode: "generated", "interpreted" or a generated module.
-    mode: Any = "generated"
-    #: Decode spec params, over the adapter's :meth:`~DecodeAdapter.spec_params`.
-    params: Mapping[str, Any] = field(default_factory=dict)
     #: Run only batches whose size was captured exactly.
     disable_padding: bool = False
-    #: Progress bar over capture; None shows it on a TTY only.
-    progress: Optional[bool] = None
-    #: Eager runs before each capture (lazy inits, autotuning happen outside the graph).
-    warmup: int = 1
     #: Check before each replay that no slot buffer or static tensor moved
     #: (:mod:`graphslot.runners.guard`); None: on when ``GRAPHSLOT_DEBUG=1``.
     guard: Optional[bool] = None
@@ -93,9 +69,16 @@ class DecodeRunnerConfig:
     #: alive, not one per size, for one device copy per output tensor per replay; outputs
     #: are then valid until the next replay of any size.
     share_outputs: bool = False
-    #: Cap on the registry's buffer bytes (``build_registry(max_bytes=)``); None:
-    #: ``GRAPHSLOT_MAX_BUFFER_BYTES``, else 4 GiB.
-    max_bytes: Optional[int] = None
+
+
+class StepObserver(Protocol):
+    """Sees every replayed step of a :class:`DecodeGraphRunner` it is added to."""
+
+    def after_fill(self, raw_bs: int, padded_bs: int) -> None:
+        """The slot buffers hold the step (``raw_bs`` real rows padded to ``padded_bs``);
+        the replay metadata, the guard and the replay come next. ``graphslot verify``
+        poisons padded tails here. An exception aborts the step before its replay."""
+        ...
 
 
 class PreparedReplay(NamedTuple):
@@ -117,22 +100,23 @@ class DecodeGraphRunner:
                  defer_capture: bool = False, **overrides: Any):
         """``defer_capture``: capture nothing yet, :meth:`capture_all` does (a DP runner
         agrees with its peers first: capture runs their collectives)."""
-        config = dataclasses.replace(config or DecodeRunnerConfig(), **overrides)
+        config = runner_config(DecodeRunnerConfig, config, overrides)
         self.adapter, self.config = adapter, config
         if config.warmup_sizes not in ("all", "largest"):
             raise ValueError(f"warmup_sizes must be 'all' or 'largest', got {config.warmup_sizes!r}")
         self.k = int(config.num_tokens_per_bs)
-        self.captured_sizes = capture_sizes(config.max_bs, config.capture_bs, config.capture_bs_multiple,
-                                            adapter.max_requests)
-        self._ascending = sorted(self.captured_sizes)
-        max_bs = self.captured_sizes[0]
+        #: Which captured size a step replays, or why it runs eager.
+        self.dispatch = SizeDispatcher(
+            capture_sizes(config.max_bs, config.capture_bs, config.capture_bs_multiple, adapter.max_requests),
+            num_tokens_per_bs=self.k, disable_padding=config.disable_padding)
+        max_bs = self.dispatch.largest
         self.registry = build_registry(config.spec, max_bs, max_bs * self.k, adapter.device,
                                        params={**adapter.spec_params(), **config.params}, mode=config.mode,
                                        max_bytes=config.max_bytes)
         p = self.registry.params
         self.gathered = bool(p.get("require_gathered_buffer"))
         self._dp_ranks = int(p.get("dp_size", 1)) if p.get("require_mlp_tp_gather") else 1
-        self.backend = get_graph_backend(config.backend, adapter.device)
+        self.backend: GraphBackend = get_graph_backend(config.backend, adapter.device)
         self._side = adapter.side_inputs()
         # Before any capture: what would otherwise fail in the first capture or step.
         check_dummy_batch(adapter, self.registry, adapter.make_dummy_batch(max_bs, max_bs * self.k),
@@ -141,17 +125,32 @@ class DecodeGraphRunner:
         adapter.init_graph_state(max_bs, max_bs * self.k)
         self.shared_outputs = SharedOutputs(max_bs, max_bs * self.k) if config.share_outputs else None
         #: Captured graphs by batch size (lazy: those captured so far).
-        self.graphs: Dict[int, Any] = {}
+        self.graphs: Dict[int, Graph] = {}
         #: Seconds spent capturing (lazy: so far).
         self.capture_seconds = 0.0 if config.lazy or defer_capture else self._capture_all()
         #: Counters of replays, padding and eager fallbacks (``metrics()``), and the raw
         #: sizes served (``histogram``).
         self.stats = RunnerMetrics(num_tokens_per_bs=self.k)
-        #: ``fn(raw_bs, padded_bs)`` run after each fill, before metadata and replay
-        #: (``graphslot verify`` poisons padded tails there).
-        self.tail_hook: Optional[Any] = None
+        self._observers: Tuple[StepObserver, ...] = ()
         self.guard = (ReplayGuard(lambda: runner_tensors(self.registry, adapter))
                       if guard_wanted(config.guard) else None)
+
+    @property
+    def captured_sizes(self) -> List[int]:
+        """The captured (lazy: capturable) batch sizes, largest first."""
+        return self.dispatch.sizes
+
+    # -- observers -------------------------------------------------------------------
+    def add_observer(self, observer: StepObserver) -> None:
+        """Call ``observer.after_fill(raw_bs, padded_bs)`` at every replayed step, in the
+        order observers were added. Without observers a step pays one emptiness check."""
+        self._observers = (*self._observers, observer)
+
+    def remove_observer(self, observer: StepObserver) -> None:
+        """Stop calling ``observer`` (ValueError if it was not added)."""
+        observers = list(self._observers)
+        observers.remove(observer)
+        self._observers = tuple(observers)
 
     # -- capture ---------------------------------------------------------------------
     def _capture_all(self) -> float:
@@ -169,16 +168,24 @@ class DecodeGraphRunner:
         """Capture every size (after ``defer_capture``; construction does it otherwise)."""
         self.capture_seconds += self._capture_all()
 
-    def _capture_one(self, bs: int) -> Any:
-        view = self._capture_view(bs)
+    def _capture_one(self, bs: int) -> Graph:
         warmup = self.config.warmup if not self.graphs or self.config.warmup_sizes == "all" else 0
-        return self.backend.capture(functools.partial(self._graph_body, view, bs), warmup=warmup)
+        return self.capture_on(self.backend, bs, warmup=warmup)[0]
 
-    def graph(self, bs: int) -> Any:
+    def capture_on(self, backend: GraphBackend, bs: int, *, warmup: int = 0) -> Tuple[Graph, Any]:
+        """Size ``bs`` captured on ``backend``: ``(graph, view)``, ``view`` being the
+        staged dummy batch the graph ran on (:meth:`capture_view`, :meth:`graph_body`).
+        The runner captures its own graphs so; the stale-input audit captures again on the
+        CPU tape, whatever the runner's backend. It writes what a capture writes (slot
+        buffers, attention metadata): call it between steps."""
+        view = self.capture_view(bs)
+        return backend.capture(functools.partial(self.graph_body, view, bs), warmup=warmup), view
+
+    def graph(self, bs: int) -> Graph:
         """The graph of captured size ``bs``, captured now if lazy and not yet."""
         graph = self.graphs.get(bs)
         if graph is None:
-            if bs not in self.captured_sizes:
+            if bs not in self.dispatch:
                 raise KeyError(f"batch size {bs} is not among the captured sizes {self.captured_sizes}")
             start = time.perf_counter()
             with no_collection():
@@ -186,18 +193,22 @@ class DecodeGraphRunner:
             self.capture_seconds += time.perf_counter() - start
         return graph
 
-    def _graph_body(self, view: Any, bs: int) -> Any:
-        """What a graph of size ``bs`` runs: the forward (and, ``share_outputs``, the
-        copy of its output into the shared buffers)."""
+    def graph_body(self, view: Any, bs: int) -> Any:
+        """What a graph of size ``bs`` runs on ``view`` (from :meth:`capture_view`): the
+        forward (and, ``share_outputs``, the copy of its output into the shared buffers)."""
         with torch.no_grad():
             out = self.adapter.forward(view)
         return out if self.shared_outputs is None else self.shared_outputs(out, bs, bs * self.k)
 
-    def _capture_view(self, bs: int) -> Any:
+    def capture_view(self, bs: int) -> Any:
+        """Stage a capture of size ``bs``: the pre-capture hooks, the adapter's dummy batch
+        filled through the spec (every row a padded row, as the spec pads at replay), its
+        view of the static buffers, DP buffer sizes and the capture metadata. Returns the
+        view, which :meth:`graph_body` takes. Raises SlotError naming the dummy batch when
+        it does not fit the spec."""
         adapter, reg, n = self.adapter, self.registry, bs * self.k
         reg.run_pre_capture(bs, n, self._side)
         dummy = adapter.make_dummy_batch(bs, n)
-        # Raw size 0: every row is a padded row, exactly as the spec pads at replay.
         where = f"capturing batch size {bs}: {describe_dummy(adapter, dummy)}"
         try:
             reg.fill_from(dummy, 0, bs, 0, n, self._side)
@@ -220,33 +231,25 @@ class DecodeGraphRunner:
             view.global_num_tokens_cpu = counts
         self.adapter.set_dp_buffer_len(counts, sum(counts))
 
-    # -- replay ----------------------------------------------------------------------
+    # -- dispatch --------------------------------------------------------------------
     def _needed_bs(self, fb: Any, raw_bs: int) -> int:
         """Rows the graph must have: with MLP gather, the busiest rank decides."""
         if self.gathered and self._dp_ranks > 1:
             counts = self.adapter.global_num_tokens_cpu(fb)
             if counts:
-                return max(raw_bs, -(-max(counts) // self.k))
+                return max(raw_bs, self.dispatch.rows_for_tokens(max(counts)))
         return raw_bs
 
     def _decide(self, fb: Any) -> Tuple[Optional[str], int, Optional[int]]:
         """``(why eager or None, raw_bs, needed_bs)``; needed is None for a batch that is
         not a decode step at all (empty, or another forward mode)."""
         raw_bs = self.adapter.batch_size(fb)
-        if raw_bs < 1:
-            return "empty batch", raw_bs, None
-        if self.adapter.tokens_per_bs(fb) != self.k:
-            return f"not {self.k} token(s) per request (another forward mode)", raw_bs, None
+        tokens_per_bs = self.adapter.tokens_per_bs(fb) if raw_bs >= 1 else None  # an empty batch is read no further
+        problem = self.dispatch.step_problem(raw_bs, tokens_per_bs)
+        if problem is not None:
+            return problem, raw_bs, None
         needed = self._needed_bs(fb, raw_bs)
-        return self.size_problem(needed), raw_bs, needed
-
-    def size_problem(self, needed: int) -> Optional[str]:
-        """Why no captured graph can run ``needed`` rows, or None when one can."""
-        if self.config.disable_padding and needed not in self.captured_sizes:
-            return "no graph of this exact size (padding disabled)"
-        if needed > self.captured_sizes[0]:
-            return "larger than the largest graph"
-        return None
+        return self.dispatch.size_problem(needed), raw_bs, needed
 
     def eager_reason(self, fb: Any) -> Optional[str]:
         """Why ``fb`` cannot replay a graph, or None when it can."""
@@ -255,13 +258,10 @@ class DecodeGraphRunner:
     def can_run(self, fb: Any) -> bool:
         return self.eager_reason(fb) is None
 
-    def pad(self, needed: int) -> int:
-        """The captured size a step of ``needed`` rows replays (``size_problem`` None)."""
-        return self._ascending[bisect.bisect_left(self._ascending, needed)]
-
     def padded_bs(self, fb: Any) -> int:
-        return self.pad(self._needed_bs(fb, self.adapter.batch_size(fb)))
+        return self.dispatch.pad(self._needed_bs(fb, self.adapter.batch_size(fb)))
 
+    # -- replay ----------------------------------------------------------------------
     def replay(self, fb: Any, *, count: bool = True) -> Any:
         """Outputs for ``fb``'s rows: views of the graph's static outputs, valid until
         the next replay of the same size (``share_outputs``: of any size; clone to keep
@@ -272,7 +272,7 @@ class DecodeGraphRunner:
 
     def prepare(self, fb: Any, *, count: bool = True) -> PreparedReplay:
         """Stage ``fb`` for its graph: every host step of a replay that can raise (a lazy
-        capture, the fill, the tail hook, extract, the replay metadata, the guard), so
+        capture, the fill, the observers, extract, the replay metadata, the guard), so
         that :meth:`launch` only replays. Nothing else may fill or replay in between:
         the buffers hold this batch."""
         raw_bs = self.adapter.batch_size(fb)
@@ -280,11 +280,12 @@ class DecodeGraphRunner:
 
     def _prepare(self, fb: Any, raw_bs: int, needed: int, count: bool) -> PreparedReplay:
         adapter, reg, k = self.adapter, self.registry, self.k
-        bs = self.pad(needed)
+        bs = self.dispatch.pad(needed)
         graph = self.graph(bs)  # before the fill: a lazy capture fills the buffers with its dummy batch
         reg.fill_from(fb, raw_bs, bs, raw_bs * k, bs * k, self._side)
-        if self.tail_hook is not None:
-            self.tail_hook(raw_bs, bs)
+        if self._observers:
+            for observer in self._observers:
+                observer.after_fill(raw_bs, bs)
         view = reg.extract(fb, bs, bs * k)
         self._set_dp(view, bs * k)
         with torch.no_grad():
@@ -332,13 +333,11 @@ class DecodeGraphRunner:
 
     def external_inputs(self, bs: int) -> List[torch.Tensor]:
         """Tensors the graph of size ``bs`` reads that nothing keeps current: not a slot
-        buffer, not declared static by the adapter, not made by the graph. A backend that
+        buffer, not declared static by the adapter, not made by the graph. A graph that
         cannot list them (CUDA) has the size captured again on the tape to find them."""
         graph = self.graph(bs)
-        if not hasattr(graph, "external_inputs"):
-            from ..tools.audit import capture_on_tape
-
-            graph, _ = capture_on_tape(self, bs)
+        if not isinstance(graph, InspectableGraph):
+            graph = self.capture_on(get_graph_backend("cpu", "cpu"), bs)[0]
         return graph.external_inputs(self.declared_statics())
 
     def declared_statics(self) -> List[torch.Tensor]:

@@ -55,7 +55,6 @@ peers are in the collectives already.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
@@ -68,6 +67,7 @@ from ..spec.errors import SlotError, shorten
 from ..spec.expr import Expr
 from ..spec.model import RegistrySpec
 from .adapter import DecodeAdapter
+from .config import runner_config
 from .decode import DecodeGraphRunner, DecodeRunnerConfig
 
 #: Characters of one rank's error message sent to its peers.
@@ -207,7 +207,7 @@ class DPDecodeRunner:
 
     def __init__(self, adapter: DecodeAdapter, exchange: DPExchange, config: Optional[DecodeRunnerConfig] = None,
                  **overrides: Any):
-        config = dataclasses.replace(config or DecodeRunnerConfig(), **overrides)
+        config = runner_config(DecodeRunnerConfig, config, overrides)
         try:  # everything local first: a rank failing here must not leave the others in a capture
             self._check_dp_params(adapter, config, exchange.size)
             runner = DecodeGraphRunner(adapter, config, defer_capture=True)
@@ -246,10 +246,11 @@ class DPDecodeRunner:
     def agree(self, counts: List[int], flags: List[bool]) -> Optional[int]:
         """The padded size every rank picks from the same counts and flags; None: eager (or,
         with no tokens anywhere, nothing)."""
-        needed = -(-max(counts) // self.k)
-        if not all(flags) or needed < 1 or self.runner.size_problem(needed):
+        dispatch = self.runner.dispatch
+        needed = dispatch.rows_for_tokens(max(counts))
+        if not all(flags) or needed < 1 or dispatch.size_problem(needed):
             return None
-        return self.runner.pad(needed)
+        return dispatch.pad(needed)
 
     def __call__(self, fb: Any) -> Optional[Any]:
         """This rank's outputs (its rows only), or None when idle or when every rank is.
@@ -293,7 +294,7 @@ class DPDecodeRunner:
             reason = self.runner.eager_reason(batch) or "another DP rank cannot run a graph"
         rows = max(counts)
         self.adapter.set_dp_buffer_len([rows] * len(counts), rows * len(counts))
-        needed = -(-rows // self.k) if all(step.can_run) else None
+        needed = self.runner.dispatch.rows_for_tokens(rows) if all(step.can_run) else None
         return functools.partial(self._eager, batch, reason, needed)
 
     def _replay(self, prepared: Any, real: bool) -> Optional[Any]:

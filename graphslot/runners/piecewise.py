@@ -186,7 +186,7 @@ def _dynamo_limits(n: int):
 @dataclass
 class PiecewiseRunnerConfig(PrefillRunnerConfig):
     #: Op names (``"ns::name"``) the compiled graph is split at; they run eagerly.
-    #: None takes the adapter's ``split_ops`` attribute.
+    #: None takes the adapter's :attr:`~graphslot.runners.prefill_adapter.PrefillAdapter.split_ops`.
     split_ops: Optional[Sequence[str]] = None
 
 
@@ -199,7 +199,7 @@ class PiecewiseGraphRunner(PrefillGraphRunner):
     def setup(self) -> None:
         split_ops = self.config.split_ops
         if split_ops is None:
-            split_ops = getattr(self.adapter, "split_ops", None)
+            split_ops = self.adapter.split_ops
         if not split_ops:
             raise ValueError("no split ops: pass split_ops=(\"ns::op\", ...) (the custom ops the compiled "
                              "layer stack is split at, e.g. attention)")

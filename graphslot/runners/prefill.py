@@ -11,20 +11,20 @@ a :class:`~graphslot.graphs.segments.SegmentedGraph` (:meth:`PrefillGraphRunner.
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import time
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 from tqdm import tqdm
 
 from ..api import build_registry
+from ..graphs.backend import GraphCaptureError, get_graph_backend
+from ..graphs.segments import SegmentedGraph
 from ..spec.errors import SlotError
 from .batch import check_dummy_batch, describe_dummy
-from ..graphs.backend import GraphCaptureError, get_graph_backend
+from .config import GraphRunnerConfig, runner_config
 from .prefill_adapter import PrefillAdapter, resolve_layer_stack
-from ..graphs.segments import SegmentedGraph
 
 
 def default_token_buckets(max_num_tokens: int) -> List[int]:
@@ -48,22 +48,13 @@ def token_buckets(max_num_tokens: int, explicit: Optional[Sequence[int]] = None)
 
 
 @dataclass
-class PrefillRunnerConfig:
+class PrefillRunnerConfig(GraphRunnerConfig):
     #: Most requests one prefill batch may hold (the batch size is not padded).
     max_bs: int = 8
     #: Cap of the default bucket schedule.
     max_num_tokens: int = 256
     #: Explicit token buckets; None takes :func:`default_token_buckets`.
     token_buckets: Optional[Sequence[int]] = None
-    backend: str = "auto"
-    #: Registry mode: "generated", "interpreted" or a generated module.
-    mode: Any = "generated"
-    #: Prefill spec params, over the adapter's :meth:`~PrefillAdapter.spec_params`.
-    params: Mapping[str, Any] = field(default_factory=dict)
-    #: Progress bar over capture; None shows it on a TTY only.
-    progress: Optional[bool] = None
-    #: Warm-up runs before each capture.
-    warmup: int = 1
 
 
 class PrefillGraphRunner:
@@ -74,7 +65,7 @@ class PrefillGraphRunner:
     kind = "prefill"
 
     def __init__(self, adapter: PrefillAdapter, config: Optional[PrefillRunnerConfig] = None, **overrides: Any):
-        config = dataclasses.replace(config or self.config_class(), **overrides)
+        config = runner_config(self.config_class, config, overrides)
         self.adapter, self.config = adapter, config
         self.stack = resolve_layer_stack(adapter)
         self.buckets = token_buckets(config.max_num_tokens, config.token_buckets)
@@ -84,7 +75,7 @@ class PrefillGraphRunner:
         params = {**adapter.spec_params(), **config.params, "register_input_embeds": True,
                   "hidden_size": adapter.hidden_size, "embed_dtype": adapter.hidden_dtype}
         self.registry = build_registry("prefill", self.max_bs, self.buckets[0], adapter.device,
-                                       params=params, mode=config.mode)
+                                       params=params, mode=config.mode, max_bytes=config.max_bytes)
         self.backend = get_graph_backend(config.backend, adapter.device)
         self._side = adapter.side_inputs()
         # Before any capture: what would otherwise fail in the first capture or step.

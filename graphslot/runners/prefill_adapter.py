@@ -22,7 +22,7 @@ and per replayed batch ``fb`` (``raw_tokens <= n``)::
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import torch
 from torch import nn
@@ -39,6 +39,9 @@ class PrefillAdapter:
 
     #: Device the registry's buffers and the graphs live on.
     device: torch.device = torch.device("cpu")
+    #: The custom ops (``"ns::name"``) the piecewise runner splits the compiled layer
+    #: stack at, unless its config names them; None: none.
+    split_ops: Optional[Sequence[str]] = None
 
     # -- the capture boundary ------------------------------------------------------
     @property

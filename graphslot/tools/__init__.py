@@ -1,1 +1,25 @@
-"""Per-model diagnostics over the public runner and graph API: verify, poison, audit."""
+"""Per-model diagnostics over the public runner and graph API.
+
+``graphslot verify``'s engine: :func:`verify_runner` replays a :class:`VerifyTarget`
+with poisoned padded tails (:mod:`.poison`) and runs the stale-input audit
+(:func:`audit_external_inputs`); :func:`format_report` prints a :class:`VerifyReport`.
+"""
+
+from .audit import ExternalInput, audit_external_inputs, capture_on_tape
+from .poison import PATTERNS, UNTOUCHED_POLICIES, Poisoner, poisonable
+from .verify import SlotVerdict, VerifyReport, VerifyTarget, format_report, verify_runner
+
+__all__ = [
+    "ExternalInput",
+    "PATTERNS",
+    "Poisoner",
+    "SlotVerdict",
+    "UNTOUCHED_POLICIES",
+    "VerifyReport",
+    "VerifyTarget",
+    "audit_external_inputs",
+    "capture_on_tape",
+    "format_report",
+    "poisonable",
+    "verify_runner",
+]

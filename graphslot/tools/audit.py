@@ -15,12 +15,14 @@ the adapter (``adapter.runtime.model.extra``).
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
+
+from ..graphs.tape import TapeBackend, TapeGraph
+from ..runners.decode import DecodeGraphRunner
 
 #: How deep the name search walks attributes from the batch and the adapter.
 NAME_SEARCH_DEPTH = 4
@@ -52,14 +54,11 @@ class ExternalInput:
         return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype, "sizes": self.sizes}
 
 
-def capture_on_tape(runner: Any, bs: int) -> Tuple[Any, Any]:
+def capture_on_tape(runner: DecodeGraphRunner, bs: int) -> Tuple[TapeGraph, Any]:
     """Size ``bs`` of a decode runner captured again on the CPU tape, whatever its
-    backend: ``(graph, view)``. It writes what a capture writes (slot buffers, attention
-    metadata), so call it between steps."""
-    from ..graphs.tape import TapeBackend
-
-    view = runner._capture_view(bs)
-    return TapeBackend().capture(functools.partial(runner._graph_body, view, bs), warmup=0), view
+    backend: ``(graph, view)`` (:meth:`DecodeGraphRunner.capture_on`). It writes what a
+    capture writes (slot buffers, attention metadata), so call it between steps."""
+    return runner.capture_on(TapeBackend(), bs)
 
 
 def _storage(t: torch.Tensor) -> int:
@@ -102,7 +101,7 @@ def find_names(roots: Dict[str, Any], storages: set, depth: int = NAME_SEARCH_DE
     return found
 
 
-def audit_external_inputs(runner: Any) -> List[ExternalInput]:
+def audit_external_inputs(runner: DecodeGraphRunner) -> List[ExternalInput]:
     """External inputs of every captured size of a decode runner, merged by tensor."""
     statics = runner.declared_statics()
     merged: Dict[int, ExternalInput] = {}

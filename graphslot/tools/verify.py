@@ -13,7 +13,6 @@ on CUDA graphs.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import random
 from collections.abc import Mapping
@@ -22,6 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from ..runners.decode import DecodeGraphRunner
 from .audit import ExternalInput, audit_external_inputs
 from .poison import PATTERNS, Poisoner, hostile_name, poisonable
 
@@ -143,13 +143,26 @@ class _State:
                 t.copy_(saved)
 
 
-def _replay(runner: Any, fb: Any, state: _State, hook: Optional[Callable[[int, int], None]]) -> List[torch.Tensor]:
+class _AfterFill:
+    """A :class:`~graphslot.runners.decode.StepObserver` running ``fn(raw_bs, padded_bs)``."""
+
+    def __init__(self, fn: Callable[[int, int], None]):
+        self.after_fill = fn
+
+
+def _replay(runner: DecodeGraphRunner, fb: Any, state: _State,
+            hook: Optional[Callable[[int, int], None]]) -> List[torch.Tensor]:
+    """The raw rows' outputs of one replay of ``fb`` from ``state``, ``hook`` seeing the
+    step after its fill; kept out of the runner's metrics (``count=False``)."""
     state.restore()
-    runner.tail_hook = hook
+    observer = _AfterFill(hook) if hook is not None else None
+    if observer is not None:
+        runner.add_observer(observer)
     try:
-        return [t.clone() for t in _tensors(runner.replay(fb))]
+        return [t.clone() for t in _tensors(runner.replay(fb, count=False))]
     finally:
-        runner.tail_hook = None
+        if observer is not None:
+            runner.remove_observer(observer)
 
 
 def verify_runner(target: VerifyTarget, samples: int = 2, seed: int = 0, audit: bool = True,
@@ -164,7 +177,6 @@ def verify_runner(target: VerifyTarget, samples: int = 2, seed: int = 0, audit: 
     exercised: Dict[str, int] = {s.name: 0 for s in slots}
     cases = [] if runner.config.disable_padding else sample_raw_sizes(runner.captured_sizes, samples, seed)
     done: List[Tuple[int, int]] = []
-    stats = copy.deepcopy(runner.stats)
     for raw, padded in cases:
         fb = target.make_batch(raw)
         try:
@@ -198,7 +210,6 @@ def verify_runner(target: VerifyTarget, samples: int = 2, seed: int = 0, audit: 
         finally:
             if target.release is not None:
                 target.release(fb)
-    runner.stats = stats
     verdicts = [_verdict(s, slots, leaks, exercised) for s in reg.active]
     return VerifyReport(target.label, runner.backend.name, done, verdicts, external, problems)
 

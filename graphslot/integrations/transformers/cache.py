@@ -8,9 +8,9 @@ which request it is, through the decode spec's slots, so one pool serves every
 captured size:
 
 * the pool holds K and V per layer as ``[num_slots, kv_heads, head_dim]``
-  (:class:`graphslot.reference.memory.PagedKVCache`), and ``req_to_token[r, p]`` is the
+  (:class:`graphslot.kvpool.PagedKVCache`), and ``req_to_token[r, p]`` is the
   slot of position ``p`` of the request in row ``r``
-  (:class:`~graphslot.reference.memory.ReqToTokenPool`). Slot 0 and row 0 are
+  (:class:`~graphslot.kvpool.ReqToTokenPool`). Slot 0 and row 0 are
   reserved dummies: a padded row (``req_pool_indices`` 0, ``out_cache_loc`` 0,
   ``positions`` 0) writes and reads only them;
 * before a forward, :meth:`PagedCache.bind` points the cache at the step's
@@ -42,7 +42,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from ...spec.budget import BufferBudgetError, byte_cap, format_bytes
-from ...reference.memory import PagedKVCache, ReqToTokenPool
+from ...kvpool import PagedKVCache, ReqToTokenPool
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 #: Overrides PagedCache's default cap on its pool's bytes (the device's total memory).

@@ -1,0 +1,118 @@
+"""What the tape knows of an ATen op: its kind (what replay does with it), its check, and
+the record of one call; and the walks over the tensors of op arguments.
+
+Kinds: ``alloc`` (no kernel: nothing to replay), ``scalar`` (0-dim host data, a
+constant of the graph), ``view`` (aliases, no kernel), ``mutate`` (writes an input:
+re-run as is), ``compute`` (a result in new memory: re-run, copied into the tensor it
+made at capture), ``collective`` (re-issued over the process group and waited for).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional
+
+import torch
+from torch.utils import _python_dispatch
+
+from .checks import HOST_DATA_OPS, OpCheck, op_check
+
+# Allocation only: on a GPU these launch no kernel, so there is nothing to replay.
+_ALLOC_OPS = frozenset({
+    "aten.empty.memory_format", "aten.empty_like.default", "aten.empty_strided.default",
+    "aten.new_empty.default", "aten.new_empty_strided.default",
+})
+# Collectives: functional collectives (torch.distributed._functional_collectives and the
+# ops under it) and c10d's own ops (torch.distributed's Python API). Replay re-issues each
+# one and waits for it at once; every rank replays the same graph, so they match up.
+_COLLECTIVE_NAMESPACES = frozenset({"_c10d_functional", "c10d_functional", "c10d"})
+# Waits have nothing left to do at replay: the collective waited when it ran.
+_WAIT_OPS = frozenset({"_c10d_functional.wait_tensor.default", "c10d_functional.wait_tensor.default"})
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    kind: str  # "alloc" | "scalar" | "view" | "mutate" | "compute" | "collective"
+    check: Optional[OpCheck]
+    out_kwargs: frozenset  # write-only out= arguments: not inputs of the graph
+
+
+@functools.lru_cache(maxsize=None)
+def op_info(func: torch._ops.OpOverload) -> OpInfo:
+    name, tags, schema = str(func), set(func.tags), func._schema
+    writes = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+    if name in _ALLOC_OPS:
+        kind = "alloc"
+    elif name in _WAIT_OPS:
+        kind = "view"  # returns its argument; replay waited when it re-issued the collective
+    elif func.namespace in _COLLECTIVE_NAMESPACES:
+        kind = "collective"
+    elif name in HOST_DATA_OPS:
+        kind = "scalar"  # only 0-dim host data gets past the check
+    elif torch.Tag.inplace_view in tags:
+        kind = "view"  # squeeze_, t_, as_strided_ ...: metadata only, no kernel
+    elif writes:
+        kind = "mutate"
+    elif func.is_view or any(r.alias_info is not None for r in schema.returns):
+        kind = "view"
+    else:
+        kind = "compute"
+    out_kwargs = frozenset(a.name for a in schema.arguments if getattr(a, "is_out", False))
+    return OpInfo(kind, op_check(name, tags), out_kwargs)
+
+
+@dataclass
+class Record:
+    """One op as captured: its tensors by reference."""
+
+    func: torch._ops.OpOverload
+    info: OpInfo
+    args: tuple
+    kwargs: dict
+    out: Any
+    metas: list  # (tensor, metadata right after the op) for every tensor it touched
+    value: Optional[torch.Tensor] = None  # a host scalar's value at capture
+
+
+def tensors(x: Any) -> Iterator[torch.Tensor]:
+    """Tensor leaves of op args: ATen nests at most Tensor[] inside the arg tuple."""
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, (tuple, list)):
+        for y in x:
+            yield from tensors(y)
+    elif isinstance(x, dict):
+        for y in x.values():
+            yield from tensors(y)
+
+
+def swap(x: Any, new: dict[int, torch.Tensor]) -> Any:
+    """``x`` with every tensor whose ``id`` is in ``new`` replaced."""
+    if isinstance(x, torch.Tensor):
+        return new.get(id(x), x)
+    if isinstance(x, (tuple, list)):
+        return type(x)(swap(y, new) for y in x)
+    if isinstance(x, dict):
+        return {k: swap(v, new) for k, v in x.items()}
+    return x
+
+
+def meta(t: torch.Tensor) -> tuple:
+    return (t.size(), t.stride(), t.storage_offset())
+
+
+def storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def unrecordable(args: Any) -> Optional[str]:
+    """Why the tape cannot record an op on these tensors (arguments and results), or None."""
+    for t in tensors(args):
+        if t.is_nested:
+            return "it touches a nested tensor"
+        if t.layout is not torch.strided:
+            return f"it touches a {str(t.layout).removeprefix('torch.')} tensor"
+        if _python_dispatch.is_traceable_wrapper_subclass(t):
+            return f"it touches a tensor subclass ({type(t).__name__})"
+    return None

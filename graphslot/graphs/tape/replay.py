@@ -1,0 +1,158 @@
+"""Replay of a captured tape: :class:`TapeGraph` re-runs the recorded ops on the
+capture's own tensors and writes each result where the op put it at capture."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Iterable, Optional
+
+import torch
+
+from ..backend import GraphCaptureError
+from .checks import unsupported_error
+from .ops import Record, meta, storage, swap, tensors
+
+
+def _naming_op(rec: Record, build: Callable[[Record], Any]) -> Any:
+    """``build(rec)``, any failure turned into a GraphCaptureError naming the op."""
+    try:
+        return build(rec)
+    except GraphCaptureError:
+        raise
+    except Exception as e:
+        raise unsupported_error(str(rec.func), f"{type(e).__name__}: {e}") from e
+
+
+def _copy_into(dst: torch.Tensor, call: Callable[[], torch.Tensor]) -> None:
+    dst.copy_(call())
+
+
+def _copy_many(pairs: list[tuple[int, torch.Tensor]], call: Callable[[], Any]) -> None:
+    result = call()
+    for i, dst in pairs:
+        dst.copy_(result[i])
+
+
+def _run_collective(call: Callable[[], Any], fresh: list[tuple[int, torch.Tensor]]) -> None:
+    """Issue a recorded collective, wait for it, and put fresh results where capture had them."""
+    result = call()
+    results = result if isinstance(result, (tuple, list)) else (result,)
+    for x in results:
+        if isinstance(x, torch.Tensor):
+            torch.ops._c10d_functional.wait_tensor(x)  # no-op unless work is pending on x
+        elif hasattr(x, "wait"):  # c10d's ops return their Work
+            x.wait()
+    for i, dst in fresh:
+        dst.copy_(results[i])
+
+
+class TapeGraph:
+    """A captured op tape; :meth:`replay` re-runs it on the capture's tensors.
+
+    An :class:`~graphslot.graphs.backend.InspectableGraph`: it lists the tensors it
+    reads that nothing keeps current (:meth:`external_inputs`).
+    """
+
+    def __init__(self, records: list[Record], output: Any) -> None:
+        self.output = output
+        self.ops: list[str] = [str(r.func) for r in records]
+        self._records = [_naming_op(r, self._pin_metadata) for r in records]
+        #: Storages the graph allocates or writes: its own, never a stale input.
+        self.produced: set[int] = self._produced_storages()
+        steps = (_naming_op(r, self._step) for r in self._records)
+        self._steps = [s for s in steps if s is not None]
+
+    @property
+    def num_replay_ops(self) -> int:
+        return len(self._steps)
+
+    def replay(self) -> None:
+        # Inference mode: no autograd bookkeeping, and in-place writes into
+        # inference tensors made by a capture under inference_mode are allowed.
+        with torch.inference_mode():
+            for step in self._steps:
+                step()
+
+    @staticmethod
+    def _pin_metadata(rec: Record) -> Record:
+        """Point the record at its tensors as they were when the op ran.
+
+        An in-place view op later in the capture (``squeeze_`` inside
+        ``F.linear`` on 1-D input) changes a tensor object's shape; the op that
+        ran before it must keep seeing the old shape, on the same storage.
+        """
+        new = {}
+        for t, seen in rec.metas:
+            if meta(t) != seen and id(t) not in new:
+                with torch.no_grad():
+                    new[id(t)] = t.as_strided(*seen)
+        if new:
+            rec.args, rec.kwargs, rec.out = swap((rec.args, rec.kwargs, rec.out), new)
+        rec.metas = []
+        return rec
+
+    @staticmethod
+    def _fresh_outputs(rec: Record) -> list[tuple[int, torch.Tensor]]:
+        """(position, tensor) of outputs in new memory; ``_unsafe_view`` is a view by another name."""
+        inputs = {storage(t) for t in tensors((rec.args, rec.kwargs))}
+        outs = rec.out if isinstance(rec.out, (tuple, list)) else (rec.out,)
+        return [(i, t) for i, t in enumerate(outs)
+                if isinstance(t, torch.Tensor) and storage(t) not in inputs]
+
+    def _produced_storages(self) -> set[int]:
+        produced: set[int] = set()
+        for rec in self._records:
+            if rec.info.kind == "alloc":
+                produced.update(storage(t) for t in tensors(rec.out))
+            elif rec.info.kind == "scalar":  # a host scalar is the graph's own too
+                produced.update(storage(t) for t in tensors((rec.args, rec.out)))
+            elif rec.info.kind in ("compute", "collective"):
+                produced.update(storage(t) for _, t in self._fresh_outputs(rec))
+        return produced
+
+    def _step(self, rec: Record) -> Optional[Callable[[], Any]]:
+        kind = rec.info.kind
+        if kind in ("alloc", "view"):
+            return None  # no kernel; views alias storage that replay updates
+        if kind == "scalar":
+            return functools.partial(rec.out.copy_, rec.value)
+        call = functools.partial(rec.func, *rec.args, **rec.kwargs)
+        if kind == "collective":
+            return functools.partial(_run_collective, call, self._fresh_outputs(rec))
+        if kind == "mutate":
+            return call
+        if isinstance(rec.out, torch.Tensor):
+            fresh = self._fresh_outputs(rec)
+            return functools.partial(_copy_into, rec.out, call) if fresh else None
+        if isinstance(rec.out, (tuple, list)):
+            fresh = self._fresh_outputs(rec)
+            return functools.partial(_copy_many, fresh, call) if fresh else None
+        return call  # no tensor output (an assert, say): re-run it for its effect
+
+    def external_inputs(self, statics: Iterable[torch.Tensor] = ()) -> list[torch.Tensor]:
+        """Tensors the graph reads that it neither made nor was told are static.
+
+        On a GPU these are addresses baked into the graph at capture: writing a
+        new tensor to the same Python name later does not reach the graph.
+        In-place targets count as reads; write-only ``out=`` arguments do not.
+        One tensor per storage, in the order the graph first reads them.
+        """
+        known = self.produced | {storage(t) for t in statics}
+        found: dict[int, torch.Tensor] = {}
+        for rec in self._records:
+            if rec.info.kind in ("alloc", "scalar"):
+                continue  # empty_like(t) reads no data; host scalars are the graph's own
+            reads = [rec.args] + [v for k, v in rec.kwargs.items() if k not in rec.info.out_kwargs]
+            for t in tensors(reads):
+                ptr = storage(t)
+                if ptr and ptr not in known and ptr not in found:
+                    found[ptr] = t
+        return list(found.values())
+
+    def describe_external_inputs(self, statics: Iterable[torch.Tensor] = ()) -> list[str]:
+        """``"(4, 8) float32"`` per external input, for error messages."""
+        return [f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}"
+                for t in self.external_inputs(statics)]
+
+    def __repr__(self) -> str:
+        return f"TapeGraph({len(self.ops)} ops, {self.num_replay_ops} replayed)"

@@ -1,0 +1,32 @@
+"""Capture helpers that are not specific to one backend: the CUDA backend and the
+runners that capture several graphs in a row use them alike."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from typing import Iterator
+
+
+@contextlib.contextmanager
+def no_collection() -> Iterator[None]:
+    """No garbage collection while a graph is captured: a collection walks every Python
+    object (slow) and may run finalizers that call into CUDA mid-capture.
+
+    What exists now is frozen, so that a collection someone forces anyway stays cheap,
+    unless the process froze objects itself (engines do, at start-up): ``gc.unfreeze``
+    cannot tell our objects from theirs, so then automatic collection is only paused.
+    """
+    gc.collect()
+    owns_freeze = gc.get_freeze_count() == 0
+    if owns_freeze:
+        gc.freeze()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+        if owns_freeze:
+            gc.unfreeze()

@@ -1,0 +1,68 @@
+"""The paged KV pool and the request-to-token table (``graphslot.kvpool``): what the
+transformers integration and the reference model share, outside the demo package."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from graphslot.kvpool import FreeList, PagedKVCache, ReqToTokenPool, host_slots
+from graphslot.reference.memory import SWAKVCache
+
+
+def test_a_free_list_never_hands_out_the_dummy_index_0():
+    free = FreeList(4, "pool")
+    assert free.take(2) == [1, 2] and free.available == 1
+    free.give_back([1])
+    assert free.take(2) == [3, 1]
+    with pytest.raises(RuntimeError, match=r"^pool exhausted: asked for 1, 0 free$"):
+        free.take(1)
+    with pytest.raises(ValueError, match=r"^pool: cannot free index 0$"):
+        free.give_back([0])
+    with pytest.raises(ValueError, match=r"^pool needs size >= 2 \(index 0 is reserved\), got 1$"):
+        FreeList(1, "pool")
+
+
+def test_host_slots_reads_a_tensor_or_a_sequence():
+    assert host_slots(torch.tensor([3, 1])) == [3, 1] and host_slots((2, 5)) == [2, 5]
+
+
+def test_the_req_to_token_table_keeps_row_0_for_padded_rows():
+    pool = ReqToTokenPool(3, 4)
+    rows = pool.alloc(2)
+    assert rows == [1, 2] and pool.available == 0
+    pool.write(1, 1, torch.tensor([7, 8]))
+    pool.write_tokens(torch.tensor([2]), torch.tensor([3]), torch.tensor([9]))
+    assert pool.req_to_token.tolist() == [[0, 0, 0, 0], [0, 7, 8, 0], [0, 0, 0, 9]]
+    pool.free(1)
+    pool.free(torch.tensor([2]))
+    assert pool.available == 2
+
+
+def test_the_kv_pool_allocates_on_the_host_and_writes_without_syncs():
+    kv = PagedKVCache(num_layers=2, num_kv_heads=1, head_dim=2, size=4)
+    assert [b.shape for b in kv.k_buffer] == [torch.Size([4, 1, 2])] * 2 and kv.layer_size(1) == 4
+    loc = kv.alloc(2)
+    assert loc.tolist() == [1, 2] and loc.dtype == torch.int64 and kv.available == 1
+    kv.set_kv(1, loc.int(), torch.ones(2, 1, 2), torch.full((2, 1, 2), 2.0))
+    assert kv.k_buffer[1][1:3].eq(1).all() and kv.v_buffer[1][1:3].eq(2).all() and kv.k_buffer[0].eq(0).all()
+    kv.free(loc)
+    assert kv.take_slots(3) == [3, 1, 2]
+    with pytest.raises(RuntimeError, match=r"^PagedKVCache exhausted: asked for 1, 0 free$"):
+        kv.alloc(1)
+
+
+def test_the_sliding_window_pool_builds_on_the_shared_one():
+    kv = SWAKVCache(num_layers=2, num_kv_heads=1, head_dim=2, size=6, swa_size=3, swa_layers=[0])
+    assert [b.shape[0] for b in kv.k_buffer] == [3, 6]
+    full = kv.alloc(2)
+    assert full.tolist() == [1, 2] and kv.translate_to_swa(full).tolist() == [1, 2]
+    with pytest.raises(RuntimeError, match=r"^SWAKVCache \(swa\) exhausted: asked for 1, 0 free$"):
+        kv.alloc(1)
+    kv.free(full)
+    assert kv.available == 5 and kv.swa_available == 2
+
+
+def test_the_hf_integration_uses_the_shared_pool():
+    hf_cache = pytest.importorskip("graphslot.integrations.transformers.cache")  # the `hf` extra
+    assert hf_cache.PagedKVCache is PagedKVCache and hf_cache.ReqToTokenPool is ReqToTokenPool
