@@ -24,8 +24,8 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import re
 import stat
+import string
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -38,8 +38,8 @@ from .._version import __version__
 from ..framework.checks import is_identifier
 from ..framework.errors import SpecError, did_you_mean, one_of, shorten
 from ..framework.loading import SHIPPED_DIR, parse_spec, shipped_spec_names
-from ..framework.project import (PYPROJECT, TABLE, ProjectConfig, ProjectConfigError, find_pyproject,
-                                 load_project_config, validate_table)
+from ..framework.project import (PYPROJECT, TABLE, ProjectConfig, ProjectConfigError, find_pyproject, line_key,
+                                 load_project_config, table_header, validate_table)
 
 try:
     import tomllib
@@ -124,22 +124,39 @@ def with_provenance(text: str, source: str) -> str:
     return provenance_line(source) + text
 
 
-_NAME_LINE = re.compile(r"^name:[ \t]+[A-Za-z_][A-Za-z0-9_]*(?P<comment>[ \t]+#[^\r\n]*)?[ \t]*(?=\r?$)", re.M)
+_IDENTIFIER_CHARS = string.ascii_letters + string.digits + "_"
+
+
+def _name_comment(line: str) -> Optional[str]:
+    """For a top-level ``name: identifier`` line (``line`` without its newline), the
+    comment after the name with the spaces before it ("" when none); else None."""
+    if not line.startswith("name:") or "\r" in line:
+        return None
+    value = line[5:].lstrip(" \t")
+    after = value.lstrip(_IDENTIFIER_CHARS)
+    name = value[:len(value) - len(after)]
+    if len(value) == len(line) - 5 or not name or name[0].isdigit():
+        return None
+    rest = after.lstrip(" \t")
+    if not rest:
+        return ""
+    return after if rest.startswith("#") and rest != after else None
 
 
 def renamed(text: str, name: str) -> str:
     """``text`` with its top-level ``name:`` set to ``name``: the one ``name: identifier``
     line at column 0 is rewritten, and the result must read as the same mapping with
     only ``name`` changed (NewSpecError otherwise)."""
-    lines = list(_NAME_LINE.finditer(text))
+    lines = [(offset, line, comment) for offset, line in _lines(text)
+             if (comment := _name_comment(line)) is not None]
     if len(lines) != 1:
         raise NewSpecError("cannot set the spec's name safely (no single 'name: ...' line); "
                            "leave out --name and edit the name: line by hand")
     value = name
     if yaml.safe_load(f"v: {name}") != {"v": name}:  # yes, no, on, null, true...: quote them
         value = f"'{name}'"
-    match = lines[0]
-    new = text[:match.start()] + f"name: {value}{match.group('comment') or ''}" + text[match.end():]
+    offset, line, comment = lines[0]
+    new = text[:offset] + f"name: {value}{comment}" + text[offset + len(line):]
     expected = yaml.safe_load(text)
     if isinstance(expected, dict):
         expected["name"] = name
@@ -205,9 +222,6 @@ def destination(raw: str, root: Path, cwd: Path, has_pyproject: bool) -> Tuple[P
 
 # --- pyproject.toml, edited as text -----------------------------------------------------
 
-_HEADER = re.compile(r"^[ \t]*(\[\[?)[ \t]*([^\]#]*?)[ \t]*\]\]?[ \t]*(#.*)?$")
-_SPECS_KEY = re.compile(r"^[ \t]*(?:specs|\"specs\"|'specs')[ \t]*=[ \t]*")
-
 
 def toml_string(text: str) -> str:
     """``text`` as a TOML basic string (control characters were refused before)."""
@@ -223,13 +237,9 @@ def _lines(text: str) -> List[Tuple[int, str]]:
     return result
 
 
-def _header(line: str) -> Optional[Tuple[bool, str]]:
-    """``(is_array, dotted name)`` of a table header line, else None."""
-    match = _HEADER.match(line)
-    if not match:
-        return None
-    name = re.sub(r"[ \t]*\.[ \t]*", ".", match.group(2)).replace('"', "").replace("'", "")
-    return match.group(1) == "[[", name
+def _indent(line: str) -> str:
+    """The spaces and tabs ``line`` starts with."""
+    return line[:len(line) - len(line.lstrip(" \t"))]
 
 
 def _skip_blank(text: str, i: int) -> int:
@@ -317,7 +327,7 @@ def _insert_into_array(text: str, layout: ArrayLayout, item: str, key_indent: st
                 break
         if indent is None:
             inside = [line for _, line in _lines(text[layout.open:close_line])[1:] if line.strip()]
-            indent = (re.match(r"[ \t]*", inside[-1]).group(0) if inside else key_indent + "    ")
+            indent = _indent(inside[-1]) if inside else key_indent + "    "
         trailing = layout.comma is not None or not layout.elements
         new_line = indent + item + ("," if trailing else "") + nl
         text = text[:close_line] + new_line + text[close_line:]
@@ -343,7 +353,7 @@ def add_spec_entry(text: str, entry: str) -> str:
     nl = "\r\n" if "\r\n" in text else "\n"
     item = toml_string(entry)
     lines = _lines(text)
-    headers = [(n, _header(line)) for n, (_, line) in enumerate(lines)]
+    headers = [(n, table_header(line)) for n, (_, line) in enumerate(lines)]
     headers = [(n, h) for n, h in headers if h is not None]
     table = [n for n, (is_array, name) in headers if name == "tool.graphslot" and not is_array]
     if not table:
@@ -364,14 +374,13 @@ def add_spec_entry(text: str, entry: str) -> str:
     end = next((n for n, _ in headers if n > start), len(lines))
     for n in range(start + 1, end):
         offset, line = lines[n]
-        match = _SPECS_KEY.match(line)
-        if match:
-            value = offset + match.end()
+        key = line_key(line)
+        if key is not None and key[0] == "specs":
+            value = offset + key[1]
             if not text.startswith("[", value):
                 raise CannotEdit("its specs value is not written as an array [...]")
             layout = scan_array(text, value)
-            key_indent = re.match(r"[ \t]*", line).group(0)
-            return _insert_into_array(text, layout, item, key_indent, nl)
+            return _insert_into_array(text, layout, item, _indent(line), nl)
     if start + 1 >= len(lines):  # the header is the last line and has no newline
         return text + nl + f"specs = [{item}]{nl}"
     offset = lines[start + 1][0]
