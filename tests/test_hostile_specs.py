@@ -8,9 +8,12 @@ the Python API and through the command line (``graphslot.cli.main`` in process).
 
 from __future__ import annotations
 
+import gc
 import resource
+import signal
 import sys
 import textwrap
+import threading
 import time
 import tracemalloc
 from contextlib import contextmanager
@@ -60,6 +63,76 @@ def measured(fn):
     assert peak < BUDGET_MB, f"allocated {peak:.0f} MB (budget {BUDGET_MB} MB)"
     assert _maxrss_mb() - rss_before < BUDGET_MB, "the process grew beyond the budget"
     return result
+
+
+# Complexity tests time an operation at size n and 4n and bound the ratio: linear is 4x
+# (less with fixed costs), a quadratic 16x, so RATIO_BOUND leaves a loaded machine room.
+# Each attempt takes the best of REPEATS runs per size, the sizes interleaved so that a
+# burst of load elsewhere slows both alike, with the garbage collector off; the ratio must
+# hold in one of ATTEMPTS (a superlinear operation fails them all). A run past HANG_S
+# fails at once: a superlinear scan of a few hundred KB runs for hours.
+RATIO_BOUND = 8.0
+REPEATS = 3
+ATTEMPTS = 3
+HANG_S = 20.0
+
+
+class _Hang(Exception):
+    pass
+
+
+@contextmanager
+def _deadline(seconds: float):
+    """Raise _Hang after ``seconds`` (SIGALRM: the main thread of a POSIX process; the
+    regex engine and pure-Python parsers check for signals, so they are interrupted)."""
+    if not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def hang(signum, frame):
+        raise _Hang()
+
+    previous = signal.signal(signal.SIGALRM, hang)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def timed(fn) -> float:
+    gc.collect()
+    gc.disable()
+    try:
+        with _deadline(HANG_S):
+            start = time.perf_counter()
+            fn()
+            return time.perf_counter() - start
+    except _Hang:
+        pytest.fail(f"one run took over {HANG_S} s: superlinear")
+    finally:
+        gc.enable()
+
+
+def assert_linear(run, make, n: int, loops: int = 1) -> None:
+    """``run(make(size))`` at sizes n and 4n: the larger takes under RATIO_BOUND times as
+    long. ``loops`` runs per timing lengthen a short operation without growing its input
+    (a large input adds cache misses that make even a linear scan look superlinear)."""
+    small, large = make(n), make(4 * n)
+
+    def repeat(value):
+        for _ in range(loops):
+            run(value)
+
+    ratios = []
+    for _ in range(ATTEMPTS):
+        times = [(timed(lambda: repeat(small)), timed(lambda: repeat(large))) for _ in range(REPEATS)]
+        t_small, t_large = min(t for t, _ in times), min(t for _, t in times)
+        ratios.append(f"{t_small * 1000:.1f} ms -> {t_large * 1000:.1f} ms ({t_large / t_small:.1f}x)")
+        if t_large < RATIO_BOUND * t_small:
+            return
+    pytest.fail(f"size {n} -> {4 * n}: {'; '.join(ratios)}; linear is 4x")
 
 
 def errors(text: str, **kwargs) -> list:
@@ -190,11 +263,14 @@ def test_too_many_slots_params_presets():
 
 
 def test_a_10_mb_spec_validates_in_linear_time():
-    slots = "".join(f"  - name: s{i}\n    shape: [max_bs, 4]\n    dtype: int64\n    axis: bs\n    padding: zero\n"
-                    f"    description: {'d' * 2400}\n" for i in range(4096))
-    text = "name: t\nslots:\n" + slots
-    assert len(text) > 10_000_000
-    assert len(parses(text).slots) == 4096
+    def spec(slots: int) -> str:
+        return "name: t\nslots:\n" + "".join(
+            f"  - name: s{i}\n    shape: [max_bs, 4]\n    dtype: int64\n    axis: bs\n    padding: zero\n"
+            f"    description: {'d' * 2400}\n" for i in range(slots))
+
+    assert len(spec(4096)) > 10_000_000
+    assert len(gs.parse_spec(spec(4096), source="spec.yaml").slots) == 4096
+    assert_linear(lambda text: gs.parse_spec(text, source="spec.yaml"), spec, 1024)
 
 
 # --- expressions -----------------------------------------------------------------------
@@ -539,11 +615,20 @@ def test_validate_max_bytes(capsys, hostile_dir):
 
 def test_show_is_linear_in_the_number_of_slots(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    slots = "".join(f"  - {{name: s{i}, shape: [max_bs, 4], dtype: int64, axis: bs, padding: zero}}\n"
-                    for i in range(4096))
-    (tmp_path / "many.yaml").write_text("name: t\nslots:\n" + slots)
-    status, out, _ = cli(capsys, "show", "many.yaml")
-    assert status == 0 and out[-1] == "total: 33554432 bytes (32.0 MiB) in 4096 of 4096 slots enabled"
+
+    def spec_file(slots: int) -> str:
+        slot_lines = "".join(f"  - {{name: s{i}, shape: [max_bs, 4], dtype: int64, axis: bs, padding: zero}}\n"
+                             for i in range(slots))
+        (tmp_path / f"many{slots}.yaml").write_text("name: t\nslots:\n" + slot_lines)
+        return f"many{slots}.yaml"
+
+    def show(path: str) -> None:
+        assert main(["show", path]) == 0
+        capsys.readouterr()
+
+    assert main(["show", spec_file(4096)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "total: 33554432 bytes (32.0 MiB) in 4096 of 4096 slots enabled"
+    assert_linear(show, spec_file, 256)
 
 
 def test_show_division_by_zero_from_a_param(capsys, tmp_path, monkeypatch):
@@ -574,3 +659,122 @@ def test_limits_are_module_level_settings():
     assert (expr.MAX_EXPR_LENGTH, expr.MAX_EXPR_DEPTH, expr.INT_LIMIT) == (1000, 50, 2**63)
     assert (checks.MAX_PARAM_CHAIN, checks.MAX_RANK, checks.VALIDATION_CAPACITIES) == (
         64, 16, {"max_bs": 256, "max_num_tokens": 256})
+
+
+# --- pyproject.toml ----------------------------------------------------------------------------
+# pyproject.toml arrives in pull requests like the specs, and every command scans its text
+# for the lines of table headers and keys. Each hostile line sits in a multi-line string
+# (valid TOML, so the scans see it): 4 KB and 16 KB (the old table-header scan took two
+# minutes on a 4 KB line, and longer than the test allows on 16 KB).
+
+PYPROJECT = '''[project]
+name = "victim"
+description = {quote}
+{line}
+{quote}
+
+[tool.graphslot]
+specs = ["t.yaml"]
+output_dir = "gen"
+
+[[tool.graphslot.outputs]]
+module = "t_default"
+spec = "t.yaml"
+'''
+HOSTILE_LINES = {
+    "open bracket": lambda n: "[" + " " * n,
+    "open double bracket": lambda n: "[[" + " " * n,
+    "bracket spaces bracket text": lambda n: "[" + " " * n + "]x",
+    "header then spaces and text": lambda n: "[a]" + " " * n + "x",
+    "header of spaced dots": lambda n: "[a" + " ." * (n // 2),
+    "spaces around a key": lambda n: " " * (n // 2) + "specs" + " " * (n // 2) + "x",
+    "a key after every comma": lambda n: ",a." * (n // 3),
+    "a quoted key after every brace": lambda n: "{'a'." * (n // 5),
+    "quotes": lambda n: "'" * n,
+}
+
+
+@pytest.fixture
+def pyproject_dirs(tmp_path, monkeypatch):
+    """``make(text)`` -> a new project directory holding pyproject.toml ``text`` and t.yaml."""
+    def make(text: str):
+        directory = tmp_path / f"p{len(list(tmp_path.iterdir()))}"
+        directory.mkdir()
+        (directory / "pyproject.toml").write_text(text)
+        (directory / "t.yaml").write_text(SPEC)
+        return directory
+    return make
+
+
+def hostile_pyproject(shape: str, n: int) -> str:
+    line = HOSTILE_LINES[shape](n)
+    return PYPROJECT.format(line=line, quote='"""' if "'" in line else "'''")
+
+
+def run_in(capsys, monkeypatch, directory, argv, status: int) -> None:
+    monkeypatch.chdir(directory)
+    assert main(argv) == status
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+
+
+@pytest.mark.parametrize("shape", HOSTILE_LINES)
+@pytest.mark.parametrize("argv, status", [(["validate"], 0), (["generate", "--check"], 1)])
+def test_pyproject_scans_are_linear(capsys, monkeypatch, pyproject_dirs, shape, argv, status):
+    assert_linear(lambda d: run_in(capsys, monkeypatch, d, argv, status),
+                  lambda n: pyproject_dirs(hostile_pyproject(shape, n)), 4096, loops=3)
+    monkeypatch.chdir(pyproject_dirs(hostile_pyproject(shape, 16384)))
+    assert main(argv) == status
+    out, err = capsys.readouterr()
+    if argv == ["validate"]:
+        assert out == "ok  t.yaml (1 slots)\n"
+    else:
+        assert err.splitlines()[-1] == ("out of date: 1 of 1 generated module(s), the package __init__.py; run "
+                                        "`graphslot generate` and commit the result")
+
+
+def unknown_keys(n: int) -> str:
+    return "".join(f"unknown{i} = 1\n" for i in range(n))  # one error line each
+
+
+def outputs(n: int) -> str:
+    return "".join(f'\n[[tool.graphslot.outputs]]\nmodule = "m{i}"\nspec = "t.yaml"\n' for i in range(n))
+
+
+@pytest.mark.parametrize("entries, status", [(unknown_keys, 1), (outputs, 0)])
+def test_pyproject_errors_and_entries_are_linear(capsys, monkeypatch, pyproject_dirs, entries, status):
+    def make(n: int):
+        return pyproject_dirs('[tool.graphslot]\nspecs = ["t.yaml"]\noutput_dir = "gen"\n' + entries(n))
+
+    monkeypatch.chdir(make(3))
+    assert main(["validate"]) == status
+    out, err = capsys.readouterr()
+    assert (out + err).splitlines() == (
+        ["graphslot validate: error: " * (i == 0) + f"pyproject.toml:{4 + i}: [tool.graphslot]: unknown key "
+         f"'unknown{i}' (allowed: import_hooks, output_dir, outputs, specs)" for i in range(3)]
+        if status else ["ok  t.yaml (1 slots)"])
+    assert_linear(lambda d: run_in(capsys, monkeypatch, d, ["validate"], status), make, 1000)
+
+
+@pytest.mark.parametrize("shape", HOSTILE_LINES)
+def test_new_specs_pyproject_editor_is_linear(shape):
+    from graphslot.cli.new_spec import pyproject_with_entry
+
+    def edit(text: str) -> None:
+        assert pyproject_with_entry(text, "specs/new.yaml").count('"specs/new.yaml"') == 1
+
+    assert_linear(edit, lambda n: hostile_pyproject(shape, n), 4096, loops=10)
+
+
+def test_a_long_dotted_key_is_refused_in_linear_time(capsys, monkeypatch, pyproject_dirs):
+    # tomllib takes time and memory quadratic in the parts of a key: 80 000 parts, a
+    # 160 KB line, exhausted the memory of the machine.
+    def make(parts: int):
+        return pyproject_dirs('[project]\nname = "x"\n' + ".".join(["a"] * parts) + " = 1\n")
+
+    assert_linear(lambda d: run_in(capsys, monkeypatch, d, ["validate"], 1), make, 2000)
+    monkeypatch.chdir(make(129))
+    assert main(["validate"]) == 1
+    assert capsys.readouterr().err == (
+        "graphslot validate: error: pyproject.toml:3: a dotted key of more than 128 parts: TOML parsers take time "
+        "and memory quadratic in them, so graphslot does not read the file\n")

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
+import threading
 import tomllib
 
 import pytest
@@ -18,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from graphslot import __version__
+from graphslot.cli import new_spec as new_spec_module
 from graphslot.cli.app import SUBCOMMANDS, main
 from graphslot.cli.new_spec import add_spec_entry, pyproject_with_entry, renamed
 from graphslot.spec.loading import SHIPPED_DIR, parse_spec
@@ -492,3 +496,76 @@ def test_no_temporary_files_are_left(project, capsys):
     root = project('[tool.graphslot]\nspecs = []\n')
     assert new_spec(capsys, "--from", "decode", "specs/decode.yaml")[0] == 0
     assert files(root) == ["pyproject.toml", "specs", "specs/decode.yaml"]
+
+
+# --- concurrent runs ------------------------------------------------------------------------
+
+
+def listed_specs(root) -> list:
+    return tomllib.loads((root / "pyproject.toml").read_text())["tool"]["graphslot"]["specs"]
+
+
+def run_together(monkeypatch, root, count: int) -> list:
+    """``count`` new-spec runs in threads, adding specs/sN.yaml: every run plans (reads
+    pyproject.toml) before any writes it. Their exit statuses."""
+    planned = threading.Barrier(count, timeout=60)
+    plan = new_spec_module.plan_new_spec
+
+    def plan_then_wait(*args):
+        result = plan(*args)
+        planned.wait()
+        return result
+
+    monkeypatch.setattr(new_spec_module, "plan_new_spec", plan_then_wait)
+    statuses = [None] * count
+
+    def one(i):
+        statuses[i] = new_spec_module.new_spec("decode", f"specs/s{i}.yaml", None, root)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    return statuses
+
+
+@pytest.mark.parametrize("before", ['[project]\nname = "engine"\n\n[tool.graphslot]\nspecs = []\n', None],
+                         ids=["pyproject.toml", "none yet"])
+def test_concurrent_runs_all_land_their_entry(project, capsys, monkeypatch, before):
+    root = project(before)
+    statuses = run_together(monkeypatch, root, 6)
+    out, err = capsys.readouterr()
+    assert statuses == [0] * 6, err
+    assert sorted(listed_specs(root)) == [f"specs/s{i}.yaml" for i in range(6)]
+    assert out.count("added    ") + out.count("created  pyproject.toml") == 6
+    assert [p.name for p in root.iterdir() if p.name.endswith(".tmp")] == []
+    assert main(["validate"]) == 0
+
+
+def test_concurrent_processes_all_land_their_entry(project):
+    root = project('[tool.graphslot]\nspecs = []\n')
+    runs = [subprocess.Popen([sys.executable, "-m", "graphslot.cli", "new-spec", "--from", "prefill",
+                              f"specs/p{i}.yaml"], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            for i in range(6)]
+    results = [(run.wait(120), run.stderr.read().decode()) for run in runs]
+    for run in runs:
+        run.stdout.close()
+        run.stderr.close()
+    assert results == [(0, "")] * 6
+    assert sorted(listed_specs(root)) == [f"specs/p{i}.yaml" for i in range(6)]
+
+
+def test_a_run_waits_for_the_lock_and_says_when_it_gives_up(project, capsys, monkeypatch):
+    fcntl = pytest.importorskip("fcntl")  # no advisory locks on Windows: there the re-read alone guards
+    root = project('[tool.graphslot]\nspecs = []\n')
+    monkeypatch.setattr(new_spec_module, "LOCK_WAIT_S", 0.3)
+    with open(root / "pyproject.toml", "rb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        status, _, err = new_spec(capsys, "--from", "decode", "specs/decode.yaml")
+    assert status == 1 and one_error(err) == (
+        "specs/decode.yaml was created, but pyproject.toml was left unchanged (another process held its lock for "
+        'over 0.3 s); add the path by hand under [tool.graphslot]: specs = ["specs/decode.yaml"]')
+    assert listed_specs(root) == []
+    status, _, err = new_spec(capsys, "--from", "decode", "specs/other.yaml")  # the lock is free again
+    assert (status, err) == (0, "") and listed_specs(root) == ["specs/other.yaml"]

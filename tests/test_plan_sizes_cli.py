@@ -122,3 +122,18 @@ def test_plan_sizes_runs_without_torch(histogram):
     assert blocked["attempts"] == [] and blocked["loaded"] == []
     assert [code for _, code, _, _ in blocked["runs"]] == [0, 0, 0]
     assert blocked["runs"] == run_commands(commands, block_torch=False)["runs"]
+
+
+@pytest.mark.parametrize("text, key", [
+    ('{"4": 10, "8": 5, "4": 1}', "'4'"),
+    ('{"format": "graphslot.batch_size_histogram", "counts": {"2": 1}, "counts": {"3": 1}}', "'counts'"),
+    ('{"counts": {"1": 1}, "num_tokens_per_bs": 1, "num_tokens_per_bs": 2}', "'num_tokens_per_bs'"),
+])
+def test_a_key_given_twice_is_refused_naming_it(capsys, tmp_path, text, key):
+    # json keeps the last value of a duplicated key without a word.
+    path = tmp_path / "dup.json"
+    path.write_text(text)
+    status, out, err = run(capsys, str(path))
+    assert (status, out) == (1, "")
+    assert err == (f"graphslot plan-sizes: error: {path}: key {key} appears twice in one JSON object; JSON readers "
+                   "keep only one of the values: remove the other\n")

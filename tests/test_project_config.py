@@ -3,11 +3,12 @@ type is a ``pyproject.toml:LINE: message`` error (exit 1 from the command line, 
 traceback)."""
 
 import textwrap
+import tomllib
 
 import pytest
 
 from graphslot.cli import main
-from graphslot.spec.project import ProjectConfigError, load_project_config
+from graphslot.spec.project import MAX_PYPROJECT_BYTES, ProjectConfigError, load_project_config
 
 SPEC = textwrap.dedent("""
     name: tiny
@@ -171,3 +172,79 @@ def test_cli_prints_file_line_message_and_exits_1(tmp_path, monkeypatch, capsys,
         assert err.startswith(expected), err
         assert "Traceback" not in out + err
     assert not (project / "gen").exists()
+
+
+BOM = "\ufeff"
+
+
+def test_a_byte_order_mark_is_named(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    # TOML has no byte-order mark: tomllib (which pip and build read pyproject.toml with)
+    # refuses one, so graphslot says what it is instead of accepting what they refuse.
+    with pytest.raises(tomllib.TOMLDecodeError):
+        tomllib.loads(BOM + '[tool.graphslot]\nspecs = ["specs/tiny.yaml"]\n')
+    message = ("pyproject.toml:1: starts with a UTF-8 byte-order mark, which TOML does not allow (tomllib, and so "
+               "pip, refuse it); save it without one")
+    assert _errors(tmp_path, BOM + '[tool.graphslot]\nspecs = ["specs/tiny.yaml"]\n') == [message]
+    for argv in (["validate"], ["generate", "--check"], ["new-spec", "--from", "decode", "specs/new.yaml"]):
+        assert main(argv) == 1
+        out, err = capsys.readouterr()
+        assert err.splitlines()[-1].endswith(message) and "Traceback" not in out + err
+    assert not (tmp_path / "specs" / "new.yaml").exists()
+
+
+def test_a_spec_file_may_start_with_a_byte_order_mark(tmp_path, monkeypatch, capsys):
+    # YAML allows one, so a spec that starts with it reads as without it.
+    _write(tmp_path, '[tool.graphslot]\nspecs = ["specs/tiny.yaml"]\n')
+    (tmp_path / "specs" / "tiny.yaml").write_text(BOM + SPEC)
+    monkeypatch.chdir(tmp_path)
+    assert main(["validate"]) == 0
+    assert capsys.readouterr().out == "ok  specs/tiny.yaml (1 slots)\n"
+
+
+def test_a_pyproject_over_the_size_limit_is_not_read(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    text = '[tool.graphslot]\nspecs = ["specs/tiny.yaml"]\n# padding\n'
+    _write(tmp_path, text + "#" * (MAX_PYPROJECT_BYTES - len(text) - 1) + "\n")
+    assert load_project_config(tmp_path).specs == [(tmp_path / "specs" / "tiny.yaml").resolve()]
+    assert _errors(tmp_path, text + "#" * (MAX_PYPROJECT_BYTES - len(text)) + "\n") == [
+        "pyproject.toml: the file is larger than 1048576 bytes; a pyproject.toml is a few KiB"]
+
+
+@pytest.mark.parametrize("line, number", [
+    (".".join(["a"] * 129) + " = 1", 3),
+    ("[" + ".".join(['"a"'] * 129) + "]", 3),
+    ("x = { b = 1, " + " . ".join(["'a'"] * 129) + " = 1 }", 3),
+], ids=["key", "header", "inline table"])
+def test_a_key_of_more_than_128_parts_is_not_parsed(tmp_path, monkeypatch, line, number):
+    monkeypatch.chdir(tmp_path)
+    assert _errors(tmp_path, '[project]\nname = "x"\n' + line + "\n") == [
+        f"pyproject.toml:{number}: a dotted key of more than 128 parts: TOML parsers take time and memory "
+        "quadratic in them, so graphslot does not read the file"]
+
+
+def test_keys_of_128_parts_and_dots_in_strings_are_fine(tmp_path):
+    _write(tmp_path, '[project]\nname = "x"\n' + ".".join(["a"] * 128) + " = 1\n"
+           + 'description = "' + "a." * 500 + '"\nurls = { home = "' + "x." * 300 + '" }\n'
+           + '[tool.graphslot]\nspecs = ["specs/tiny.yaml"]\n')
+    assert load_project_config(tmp_path).specs == [(tmp_path / "specs" / "tiny.yaml").resolve()]
+
+
+@pytest.mark.parametrize("value", ["[" * 600 + "]" * 600, "{a = " * 400 + "1" + "}" * 400],
+                         ids=["arrays", "inline tables"])
+def test_deeply_nested_values_are_one_error(tmp_path, monkeypatch, capsys, value):
+    monkeypatch.chdir(tmp_path)
+    message = "pyproject.toml: not valid TOML: arrays or inline tables nested too deeply"
+    assert _errors(tmp_path, f"x = {value}\n") == [message]
+    assert main(["generate"]) == 1
+    out, err = capsys.readouterr()
+    assert err == message + "\n" and out == ""
+
+
+def test_header_and_key_lines_are_found_in_any_layout(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    text = ('[project]\nname = "x"\n\n  [ tool . "graphslot" ]   # settings\n  "specs" = 5\n'
+            "  [[tool.'graphslot'.outputs]]\n  module = 7\n  spec = 'specs/tiny.yaml'\n")
+    assert _errors(tmp_path, text) == [
+        "pyproject.toml:5: [tool.graphslot] specs must be a list of paths (strings), got 5",
+        "pyproject.toml:7: [[tool.graphslot.outputs]] entry 1: module must be a string, got an integer"]

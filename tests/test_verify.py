@@ -3,18 +3,24 @@ the stale-input audit names the batch field a graph reads without a slot."""
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import json
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 import graphslot as gs
+import verify_targets
 from conftest import parse
 from graphslot.cli.app import main
+from graphslot.spec.project import display_path
 from graphslot.reference.verify_target import reference_target
 from graphslot.tools.audit import audit_external_inputs
 from graphslot.tools.poison import Poisoner, poisonable
-from graphslot.tools.verify import format_report, sample_raw_sizes, span, verify_runner
+from graphslot.tools.verify import TargetError, format_report, sample_raw_sizes, span, verify_runner
 from verify_targets import hf_target, keep_pad_out_cache_loc_spec, stale_logit_bias
 
 
@@ -139,20 +145,111 @@ def test_cli_verify_a_spec_with_a_leaking_tail_exits_1(tmp_path, capsys):
     assert out.rstrip().endswith("verdict: UNSAFE")
 
 
+def verify_error(capsys, *argv) -> tuple:
+    """(exit status, last stderr line) of ``graphslot verify ARGV``; never a traceback."""
+    status = main(["verify", *argv])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    return status, err.splitlines()[-1]
+
+
 def test_cli_verify_entry_points(capsys):
     assert main(["verify", "verify_targets:stale_logit_bias"]) == 1
     out = capsys.readouterr().out
     assert "fb.logit_bias [128] float32: read by the graph of size(s) 1, 2, 4" in out
     assert main(["verify", "verify_targets:reference_tuple"]) == 0
     capsys.readouterr()
-    assert main(["verify", "verify_targets:not_a_target"]) == 1
-    err = capsys.readouterr().err.splitlines()
-    assert err[-1] == ("graphslot verify: error: ValueError: verify_targets:not_a_target returned int; expected a "
-                       "VerifyTarget or a (DecodeGraphRunner, make_batch[, release]) tuple")
-    assert main(["verify", "verify_targets"]) == 1
-    assert capsys.readouterr().err.splitlines()[-1].endswith("TARGET must be package.module:function, "
-                                                             "got 'verify_targets'")
-    assert main(["verify", "x:y", "--reference"]) == 2
+    assert verify_error(capsys, "verify_targets:not_a_target") == (2, (
+        "graphslot verify: error: target 'verify_targets:not_a_target': returned int; expected a VerifyTarget or a "
+        "(DecodeGraphRunner, make_batch[, release]) tuple"))
+    assert verify_error(capsys, "verify_targets:no_such_function") == (2, (
+        "graphslot verify: error: target 'verify_targets:no_such_function': module 'verify_targets' has no "
+        "attribute 'no_such_function'"))
+    assert verify_error(capsys, "verify_targets") == (2, (
+        "graphslot verify: error: TARGET must be package.module:function, got 'verify_targets'"))
+    assert verify_error(capsys, "x:y", "--reference") == (2, "graphslot verify: error: give TARGET or --reference, "
+                                                             "not both")
+
+
+@pytest.fixture
+def target_dir(tmp_path, monkeypatch):
+    """A directory on sys.path (and the current one); ``target_dir(name, text)`` writes
+    the module ``name`` there, forgotten by sys.modules after the test."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def write(name: str, text: str) -> None:
+        (tmp_path / f"{name}.py").write_text(text)
+        monkeypatch.delitem(sys.modules, name, raising=False)
+        importlib.invalidate_caches()
+
+    return write
+
+
+@pytest.mark.parametrize("name, text, error", [
+    ("target_syntax", "import graphslot\n\nx = (1\n",
+     "cannot import it (target_syntax.py:3: SyntaxError: '(' was never closed)"),
+    ("target_raises", "import graphslot\nraise RuntimeError('needs a GPU')\n",
+     "cannot import it (target_raises.py:2: RuntimeError: needs a GPU)"),
+    ("target_imports_missing", "import not_a_module_anywhere\n",
+     "cannot import it (target_imports_missing.py:1: ModuleNotFoundError: No module named 'not_a_module_anywhere')"),
+    ("target_exits", "import sys\nsys.exit(3)\n", "cannot import it (target_exits.py:2: SystemExit: 3)"),
+])
+def test_a_target_that_cannot_be_imported_is_one_line_naming_it(capsys, target_dir, name, text, error):
+    target_dir(name, text)
+    assert verify_error(capsys, f"{name}:make") == (2, f"graphslot verify: error: target '{name}:make': {error}")
+
+
+def test_a_missing_target_module_is_one_line(capsys, target_dir):
+    assert verify_error(capsys, "no_such_target_module:make") == (2, (
+        "graphslot verify: error: target 'no_such_target_module:make': cannot import it (ModuleNotFoundError: No "
+        "module named 'no_such_target_module')"))
+
+
+def test_a_target_that_raises_when_called_is_one_line_naming_where(capsys):
+    status, line = verify_error(capsys, "verify_targets:raises_when_called")
+    assert status == 2 and line == (
+        "graphslot verify: error: target 'verify_targets:raises_when_called': calling it raised "
+        f"({display_path(Path(verify_targets.__file__))}:{raises_line()}: RuntimeError: no model checkpoint "
+        "configured)")
+
+
+def raises_line() -> int:
+    source, start = inspect.getsourcelines(verify_targets.raises_when_called)
+    return start + next(i for i, line in enumerate(source) if "raise RuntimeError" in line)
+
+
+def test_a_make_batch_that_ignores_n_is_a_target_error_not_an_unsafe_slot(capsys):
+    message = "make_batch(3) returned a batch of 4 requests; make_batch(n) must make a batch of exactly n requests"
+    with pytest.raises(TargetError) as info:
+        verify_runner(verify_targets.ignores_n())
+    assert str(info.value) == message
+    assert verify_error(capsys, "verify_targets:ignores_n") == (
+        2, f"graphslot verify: error: target 'verify_targets:ignores_n': {message}")
+
+
+def test_a_make_batch_that_raises_is_a_target_error():
+    target = reference_target("cpu", max_bs=4)
+
+    def make_batch(n):
+        raise KeyError(n)
+
+    target.make_batch = make_batch
+    with pytest.raises(TargetError) as info:
+        verify_runner(target)
+    line = inspect.getsourcelines(make_batch)[1] + 1
+    assert str(info.value) == f"make_batch(3) raised ({display_path(Path(__file__))}:{line}: KeyError: 3)"
+
+
+@pytest.mark.parametrize("options, named", [
+    (["--spec", "decode.yaml"], "--spec"),
+    (["--max-bs", "4", "--backend", "cpu"], "--max-bs, --backend"),
+    (["--backend", "auto"], "--backend"),
+])
+def test_reference_model_options_with_a_target_are_a_usage_error(capsys, options, named):
+    assert verify_error(capsys, "verify_targets:reference_tuple", *options) == (2, (
+        f"graphslot verify: error: {named} apply only to the reference model, not to TARGET "
+        "'verify_targets:reference_tuple', whose runner has its own spec, sizes and backend"))
 
 
 def test_the_transformers_integration_passes_verify():

@@ -68,6 +68,18 @@ def not_a_target():
     return 42
 
 
+def ignores_n():
+    """A target whose make_batch(n) always makes a batch of max_bs (4) requests."""
+    target = reference_target("cpu", max_bs=4)
+    make = target.make_batch
+    target.make_batch = lambda n: make(4)
+    return target
+
+
+def raises_when_called():
+    raise RuntimeError("no model checkpoint configured")
+
+
 def hf_target(family: str = "llama", max_bs: int = 4) -> VerifyTarget:
     """A tiny transformers model behind the HF decode adapter, ``max_bs`` requests
     prefilled; ``make_batch(n)`` is the first ``n`` rows of one decode step."""

@@ -642,8 +642,10 @@ def setup_verify(parser: argparse.ArgumentParser) -> Runner:
     tensors a graph reads that are neither slots nor declared static (stale inputs).
 
     TARGET is package.module:function returning a VerifyTarget or (runner, make_batch[,
-    release]); without it the shipped reference model is verified. Prints a table (slot,
-    policy, verdict) or --json; exit 1 when anything is unsafe.
+    release]); without it the shipped reference model is verified (--spec, --max-bs and
+    --backend are its options, a usage error with TARGET). Prints a table (slot, policy,
+    verdict) or --json; exit 1 when anything is unsafe, 2 when TARGET cannot be used
+    (it cannot be imported, raises, or make_batch(n) makes a batch of another size).
     """
     from .verify import add_arguments, run as run_verify
 

@@ -14,6 +14,8 @@ pyproject.toml keeps its own. There is no TOML writer, so pyproject.toml is edit
 text, minimally (the user's layout and comments are kept), and the edit is accepted
 only when the edited text parses to the old document plus the new path at the end of
 ``specs``; otherwise pyproject.toml is left alone and the user is shown the line to add.
+The edit holds an exclusive lock on pyproject.toml from reading it to replacing it and
+is planned again on what it holds then, so concurrent runs each land their entry.
 
 Everything here is torch-free and plain functions; ``graphslot.cli.app`` registers the
 command.
@@ -24,13 +26,15 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import re
 import stat
+import string
 import sys
 import tempfile
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import yaml
 
@@ -38,18 +42,25 @@ from .._version import __version__
 from ..spec.checks import is_identifier
 from ..spec.errors import SpecError, did_you_mean, one_of, shorten
 from ..spec.loading import SHIPPED_DIR, parse_spec, shipped_spec_names
-from ..spec.project import (PYPROJECT, TABLE, ProjectConfig, ProjectConfigError, find_pyproject,
-                                 load_project_config, validate_table)
+from ..spec.project import (PYPROJECT, TABLE, ProjectConfig, ProjectConfigError, find_pyproject, line_key,
+                                 parse_pyproject, read_pyproject, table_header, validate_table)
 
 try:
     import tomllib
 except ImportError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None  # type: ignore[assignment]
+
 COMMAND = "graphslot new-spec"
 SPEC_SUFFIXES = (".yaml", ".yml")
 MODELINE = "# yaml-language-server:"
 SCHEMA_FILE = "graphslot.schema.json"
+# Longest a run waits for another to finish editing pyproject.toml.
+LOCK_WAIT_S = 30.0
 
 
 class NewSpecError(Exception):
@@ -124,22 +135,39 @@ def with_provenance(text: str, source: str) -> str:
     return provenance_line(source) + text
 
 
-_NAME_LINE = re.compile(r"^name:[ \t]+[A-Za-z_][A-Za-z0-9_]*(?P<comment>[ \t]+#[^\r\n]*)?[ \t]*(?=\r?$)", re.M)
+_IDENTIFIER_CHARS = string.ascii_letters + string.digits + "_"
+
+
+def _name_comment(line: str) -> Optional[str]:
+    """For a top-level ``name: identifier`` line (``line`` without its newline), the
+    comment after the name with the spaces before it ("" when none); else None."""
+    if not line.startswith("name:") or "\r" in line:
+        return None
+    value = line[5:].lstrip(" \t")
+    after = value.lstrip(_IDENTIFIER_CHARS)
+    name = value[:len(value) - len(after)]
+    if len(value) == len(line) - 5 or not name or name[0].isdigit():
+        return None
+    rest = after.lstrip(" \t")
+    if not rest:
+        return ""
+    return after if rest.startswith("#") and rest != after else None
 
 
 def renamed(text: str, name: str) -> str:
     """``text`` with its top-level ``name:`` set to ``name``: the one ``name: identifier``
     line at column 0 is rewritten, and the result must read as the same mapping with
     only ``name`` changed (NewSpecError otherwise)."""
-    lines = list(_NAME_LINE.finditer(text))
+    lines = [(offset, line, comment) for offset, line in _lines(text)
+             if (comment := _name_comment(line)) is not None]
     if len(lines) != 1:
         raise NewSpecError("cannot set the spec's name safely (no single 'name: ...' line); "
                            "leave out --name and edit the name: line by hand")
     value = name
     if yaml.safe_load(f"v: {name}") != {"v": name}:  # yes, no, on, null, true...: quote them
         value = f"'{name}'"
-    match = lines[0]
-    new = text[:match.start()] + f"name: {value}{match.group('comment') or ''}" + text[match.end():]
+    offset, line, comment = lines[0]
+    new = text[:offset] + f"name: {value}{comment}" + text[offset + len(line):]
     expected = yaml.safe_load(text)
     if isinstance(expected, dict):
         expected["name"] = name
@@ -205,9 +233,6 @@ def destination(raw: str, root: Path, cwd: Path, has_pyproject: bool) -> Tuple[P
 
 # --- pyproject.toml, edited as text -----------------------------------------------------
 
-_HEADER = re.compile(r"^[ \t]*(\[\[?)[ \t]*([^\]#]*?)[ \t]*\]\]?[ \t]*(#.*)?$")
-_SPECS_KEY = re.compile(r"^[ \t]*(?:specs|\"specs\"|'specs')[ \t]*=[ \t]*")
-
 
 def toml_string(text: str) -> str:
     """``text`` as a TOML basic string (control characters were refused before)."""
@@ -223,13 +248,9 @@ def _lines(text: str) -> List[Tuple[int, str]]:
     return result
 
 
-def _header(line: str) -> Optional[Tuple[bool, str]]:
-    """``(is_array, dotted name)`` of a table header line, else None."""
-    match = _HEADER.match(line)
-    if not match:
-        return None
-    name = re.sub(r"[ \t]*\.[ \t]*", ".", match.group(2)).replace('"', "").replace("'", "")
-    return match.group(1) == "[[", name
+def _indent(line: str) -> str:
+    """The spaces and tabs ``line`` starts with."""
+    return line[:len(line) - len(line.lstrip(" \t"))]
 
 
 def _skip_blank(text: str, i: int) -> int:
@@ -317,7 +338,7 @@ def _insert_into_array(text: str, layout: ArrayLayout, item: str, key_indent: st
                 break
         if indent is None:
             inside = [line for _, line in _lines(text[layout.open:close_line])[1:] if line.strip()]
-            indent = (re.match(r"[ \t]*", inside[-1]).group(0) if inside else key_indent + "    ")
+            indent = _indent(inside[-1]) if inside else key_indent + "    "
         trailing = layout.comma is not None or not layout.elements
         new_line = indent + item + ("," if trailing else "") + nl
         text = text[:close_line] + new_line + text[close_line:]
@@ -343,7 +364,7 @@ def add_spec_entry(text: str, entry: str) -> str:
     nl = "\r\n" if "\r\n" in text else "\n"
     item = toml_string(entry)
     lines = _lines(text)
-    headers = [(n, _header(line)) for n, (_, line) in enumerate(lines)]
+    headers = [(n, table_header(line)) for n, (_, line) in enumerate(lines)]
     headers = [(n, h) for n, h in headers if h is not None]
     table = [n for n, (is_array, name) in headers if name == "tool.graphslot" and not is_array]
     if not table:
@@ -364,14 +385,13 @@ def add_spec_entry(text: str, entry: str) -> str:
     end = next((n for n, _ in headers if n > start), len(lines))
     for n in range(start + 1, end):
         offset, line = lines[n]
-        match = _SPECS_KEY.match(line)
-        if match:
-            value = offset + match.end()
+        key = line_key(line)
+        if key is not None and key[0] == "specs":
+            value = offset + key[1]
             if not text.startswith("[", value):
                 raise CannotEdit("its specs value is not written as an array [...]")
             layout = scan_array(text, value)
-            key_indent = re.match(r"[ \t]*", line).group(0)
-            return _insert_into_array(text, layout, item, key_indent, nl)
+            return _insert_into_array(text, layout, item, _indent(line), nl)
     if start + 1 >= len(lines):  # the header is the last line and has no newline
         return text + nl + f"specs = [{item}]{nl}"
     offset = lines[start + 1][0]
@@ -460,6 +480,44 @@ def replace_file(path: Path, data: bytes) -> None:
         raise
 
 
+class LockTimeout(Exception):
+    """Another process held the lock on pyproject.toml for longer than LOCK_WAIT_S."""
+
+
+@contextmanager
+def locked_file(path: Path, wait_s: float) -> Iterator[None]:
+    """Hold an exclusive advisory lock (``flock``) on the file ``path`` names.
+
+    Every ``new-spec`` takes it around its read-check-replace of pyproject.toml, so
+    concurrent runs edit one after another and none loses another's entry. Replacing
+    the file makes a new file, so once the lock is taken ``path`` must still name the
+    locked file, else the lock is taken again on the new one. LockTimeout after
+    ``wait_s`` seconds. Without ``fcntl`` (Windows) nothing is locked and an edit
+    relies on the re-read alone.
+    """
+    deadline = time.monotonic() + wait_s
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    while True:
+        fd = os.open(path, flags)
+        try:
+            while fcntl is not None:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise LockTimeout() from None
+                    time.sleep(0.005)
+            held, now = os.fstat(fd), os.stat(path, follow_symlinks=False)
+            if (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino):
+                yield
+                return
+        finally:
+            os.close(fd)  # releases the lock
+        if time.monotonic() > deadline:
+            raise LockTimeout()
+
+
 # --- the command -----------------------------------------------------------------------
 
 
@@ -483,34 +541,42 @@ class Plan:
     register_problem: Optional[str] = None  # why pyproject.toml is left alone
 
 
+SYMLINK = "it is a symbolic link, and graphslot does not write through links"
+
+
+def plan_edit(plan: Plan, data: bytes, config: ProjectConfig) -> None:
+    """Set what :func:`register` writes when pyproject.toml holds ``data`` (b"": none),
+    which reads as ``config``."""
+    plan.config, plan.old_pyproject = config, data
+    plan.new_pyproject = plan.register_problem = None
+    plan.already_listed = any(listed == plan.spec_path for listed in config.specs)
+    if plan.already_listed:
+        return
+    try:
+        plan.new_pyproject = pyproject_with_entry(data.decode("utf-8"), plan.entry)
+    except CannotEdit as exc:
+        plan.register_problem = str(exc)
+    except ProjectConfigError as exc:
+        plan.register_problem = f"the edited table would not be valid: {exc.issues[0].message}"
+
+
 def plan_new_spec(source: str, raw_destination: str, name: Optional[str], cwd: Path) -> Plan:
     """Check everything; NewSpecError or ProjectConfigError (the messages
     ``graphslot validate`` gives) when the command cannot go ahead."""
     cwd = cwd.resolve()
     pyproject = find_pyproject(cwd)
-    config = load_project_config(cwd)  # a bad pyproject.toml: ProjectConfigError
+    data = b"" if pyproject is None else read_pyproject(pyproject)
+    # A bad pyproject.toml: ProjectConfigError.
+    config = ProjectConfig(root=cwd) if pyproject is None else parse_pyproject(pyproject, data)
     root = pyproject.parent if pyproject is not None else cwd
     path, entry = destination(raw_destination, root, cwd, pyproject is not None)
     text = spec_text(source, name, _display(path, cwd))
     plan = Plan(root=root, cwd=cwd, spec_path=path, entry=entry, spec_text=text, spec_name=name or source,
                 source=source, config=config, pyproject=pyproject or root / PYPROJECT,
                 pyproject_exists=pyproject is not None)
-    if any(listed == path for listed in config.specs):
-        plan.already_listed = True
-        return plan
-    if pyproject is None:
-        plan.new_pyproject = pyproject_with_entry("", entry)
-        return plan
-    if pyproject.is_symlink():
-        plan.register_problem = "it is a symbolic link, and graphslot does not write through links"
-        return plan
-    plan.old_pyproject = pyproject.read_bytes()
-    try:
-        plan.new_pyproject = pyproject_with_entry(plan.old_pyproject.decode("utf-8"), entry)
-    except CannotEdit as exc:
-        plan.register_problem = str(exc)
-    except ProjectConfigError as exc:
-        plan.register_problem = f"the edited table would not be valid: {exc.issues[0].message}"
+    plan_edit(plan, data, config)
+    if not plan.already_listed and pyproject is not None and pyproject.is_symlink():
+        plan.register_problem = SYMLINK
     return plan
 
 
@@ -526,23 +592,42 @@ def write_spec(plan: Plan) -> None:
                            "overwrite it") from None
 
 
+def _edit_locked(plan: Plan) -> Optional[str]:
+    """Under the lock: re-read pyproject.toml; when it changed since it was planned
+    (another run added its spec), plan the edit again on what it holds now; replace it."""
+    path = plan.pyproject
+    with locked_file(path, LOCK_WAIT_S):
+        try:
+            data = read_pyproject(path)
+            if data != plan.old_pyproject:
+                plan_edit(plan, data, parse_pyproject(path, data))
+        except ProjectConfigError as exc:
+            return f"it changed while graphslot was editing it and is no longer valid ({exc.issues[0]})"
+        if plan.already_listed or plan.register_problem is not None:
+            return plan.register_problem
+        replace_file(path, plan.new_pyproject.encode("utf-8"))
+    return None
+
+
 def register(plan: Plan) -> Optional[str]:
-    """Write pyproject.toml as planned; why it was not written, or None."""
+    """Write pyproject.toml as planned; why it was not written, or None (with
+    ``plan.already_listed`` when, re-read, it listed the spec already)."""
     if plan.register_problem is not None:
         return plan.register_problem
-    data = plan.new_pyproject.encode("utf-8")
     try:
         if not plan.pyproject_exists:
-            create_file(plan.pyproject, data)
-            return None
-        if plan.pyproject.is_symlink() or plan.pyproject.read_bytes() != plan.old_pyproject:
-            return "it changed while graphslot was editing it"
-        replace_file(plan.pyproject, data)
-    except FileExistsError:
-        return "it was created while graphslot was running"
+            try:
+                create_file(plan.pyproject, plan.new_pyproject.encode("utf-8"))
+                return None
+            except FileExistsError:  # another run created it meanwhile: add the entry to that one
+                plan.pyproject_exists = True
+        if plan.pyproject.is_symlink():
+            return SYMLINK
+        return _edit_locked(plan)
+    except LockTimeout:
+        return f"another process held its lock for over {LOCK_WAIT_S:g} s"
     except OSError as exc:
         return f"cannot write it: {exc.strerror or exc}"
-    return None
 
 
 def suggested_module(plan: Plan) -> str:
@@ -585,15 +670,13 @@ def new_spec(source: str, raw_destination: str, name: Optional[str], cwd: Path) 
     shown = _display(plan.spec_path, plan.cwd)
     pyproject = _display(plan.pyproject, plan.cwd)
     print(f"created  {shown} (from the shipped '{source}' spec of graphslot {__version__})")
-    problem = None
-    if plan.already_listed:
+    problem = None if plan.already_listed else register(plan)
+    if problem is None and plan.already_listed:
         print(f"listed   {toml_string(plan.entry)} is already in {TABLE} specs of {pyproject}; left as it is")
-    else:
-        problem = register(plan)
-        if problem is None and plan.pyproject_exists:
-            print(f"added    {toml_string(plan.entry)} to {TABLE} specs in {pyproject}")
-        elif problem is None:
-            print(f"created  {pyproject} with {TABLE} specs = [{toml_string(plan.entry)}]")
+    elif problem is None and plan.pyproject_exists:
+        print(f"added    {toml_string(plan.entry)} to {TABLE} specs in {pyproject}")
+    elif problem is None:
+        print(f"created  {pyproject} with {TABLE} specs = [{toml_string(plan.entry)}]")
     for line in next_steps(plan):
         print(line)
     if problem is not None:

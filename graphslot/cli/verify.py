@@ -4,7 +4,10 @@ TARGET is ``package.module:function``; the function (called with no arguments) r
 :class:`graphslot.tools.verify.VerifyTarget`, or a ``(runner, make_batch)`` or
 ``(runner, make_batch, release)`` tuple: a captured ``DecodeGraphRunner`` and a function
 making a real batch of ``n`` requests for it. Without TARGET (or with ``--reference``)
-the shipped reference model is verified.
+the shipped reference model is verified; ``--spec``, ``--max-bs`` and ``--backend`` are
+its options (with a TARGET they are a usage error). A target that cannot be imported,
+raises, or whose ``make_batch(n)`` makes a batch of another size is one error line
+naming it, exit 2 (1 is kept for what verify finds: an unsafe spec or stale input).
 """
 
 from __future__ import annotations
@@ -18,16 +21,21 @@ from typing import Any
 
 from ..spec.dtypes import import_torch
 
+# Options of the reference model: a TARGET brings its own runner (spec, sizes, backend).
+REFERENCE_ONLY = {"spec": ("--spec", "decode"), "max_bs": ("--max-bs", 8), "backend": ("--backend", "auto")}
+TARGET_FORM = "TARGET must be package.module:function"
+
 
 def add_arguments(parser: argparse.ArgumentParser, positive_int: Any) -> None:
     parser.add_argument("target", nargs="?", metavar="TARGET",
                         help="package.module:function returning a VerifyTarget or (runner, make_batch[, release])")
     parser.add_argument("--reference", action="store_true", help="verify the shipped reference model (the default)")
-    parser.add_argument("--spec", default="decode",
+    parser.add_argument("--spec",
                         help="reference model only: the decode spec, a shipped name or a YAML path (default decode)")
-    parser.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto",
-                        help="reference model only: graph backend (auto: cuda on a GPU machine, else the cpu tape)")
-    parser.add_argument("--max-bs", type=positive_int, default=8, help="reference model only: largest graph (default 8)")
+    parser.add_argument("--backend", choices=("auto", "cpu", "cuda"),
+                        help="reference model only: graph backend (auto, the default: cuda on a GPU machine, else "
+                             "the cpu tape)")
+    parser.add_argument("--max-bs", type=positive_int, help="reference model only: largest graph (default 8)")
     parser.add_argument("--samples", type=positive_int, default=2,
                         help="raw sizes replayed per captured size (default 2; the smallest is always one)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the raw-size sample and the reference batches")
@@ -35,31 +43,59 @@ def add_arguments(parser: argparse.ArgumentParser, positive_int: Any) -> None:
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
+def check_arguments(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Usage errors (exit 2): TARGET with --reference, a TARGET not of the form
+    module:function, options of the reference model given with a TARGET. Fills in the
+    reference model's defaults."""
+    if args.target and args.reference:
+        parser.error("give TARGET or --reference, not both")
+    if args.target:
+        module_name, _, attr = args.target.partition(":")
+        if not module_name or not attr:
+            parser.error(f"{TARGET_FORM}, got {args.target!r}")
+        given = [flag for name, (flag, _) in REFERENCE_ONLY.items() if getattr(args, name) is not None]
+        if given:
+            parser.error(f"{', '.join(given)} apply only to the reference model, not to TARGET {args.target!r}, "
+                         "whose runner has its own spec, sizes and backend")
+    for name, (_, default) in REFERENCE_ONLY.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+
+
 def load_entry(reference: str) -> Any:
-    """The VerifyTarget that ``module:function`` returns (errors: ValueError, one line)."""
-    from ..tools.verify import VerifyTarget
+    """The VerifyTarget that ``module:function`` returns; TargetError (one line, without
+    the target's name) when it cannot be imported, raises or returns something else."""
+    from ..tools.verify import TargetError, VerifyTarget, describe_exception
 
     module_name, _, attr = reference.partition(":")
     if not module_name or not attr:
-        raise ValueError(f"TARGET must be package.module:function, got {reference!r}")
+        raise TargetError(TARGET_FORM)
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # `graphslot verify mymodule:fn` from a project's root
     try:
-        fn = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"cannot load {reference}: {type(exc).__name__}: {exc}") from None
-    made = fn()
+        module = importlib.import_module(module_name)
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the target's code: report it, with where
+        raise TargetError(f"cannot import it ({describe_exception(exc)})") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        what = "has no attribute" if fn is None else "has a non-callable"
+        raise TargetError(f"module {module_name!r} {what} {attr!r}")
+    try:
+        made = fn()
+    except (Exception, SystemExit) as exc:  # noqa: BLE001
+        raise TargetError(f"calling it raised ({describe_exception(exc)})") from None
     if isinstance(made, VerifyTarget):
         return made
     if isinstance(made, tuple) and len(made) in (2, 3) and hasattr(made[0], "add_observer"):
         return VerifyTarget(*made, label=reference)
-    raise ValueError(f"{reference} returned {type(made).__name__}; expected a VerifyTarget or a "
-                     "(DecodeGraphRunner, make_batch[, release]) tuple")
+    raise TargetError(f"returned {type(made).__name__}; expected a VerifyTarget or a "
+                      "(DecodeGraphRunner, make_batch[, release]) tuple")
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    if args.target and args.reference:
-        parser.error("give TARGET or --reference, not both")
+    """Exit 0: safe; 1: unsafe, or the verification failed; 2: a usage error, or TARGET
+    cannot be used (it cannot be imported, raises, or make_batch(n) gives another size)."""
+    check_arguments(args, parser)
     torch = import_torch()
     if args.backend == "cuda" and not torch.cuda.is_available():
         print(f"graphslot verify: error: --backend cuda needs a CUDA GPU; this torch ({torch.__version__}) sees none",
@@ -67,7 +103,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return 1
     what = args.target or f"the reference model (spec {args.spec}, max_bs {args.max_bs})"
     print(f"graphslot verify: {what}: capturing, auditing inputs, replaying poisoned tails", file=sys.stderr)
-    from ..tools.verify import format_report, verify_runner
+    from ..tools.verify import TargetError, format_report, verify_runner
 
     try:
         if args.target:
@@ -82,7 +118,11 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             report = verify_runner(target, samples=args.samples, seed=args.seed, audit=not args.no_audit)
         finally:
             torch.set_num_threads(saved)
-    except (ValueError, TypeError, RuntimeError, KeyError) as exc:
+    except TargetError as exc:
+        name = f"target {args.target!r}" if args.target else "the reference model"
+        print(f"graphslot verify: error: {name}: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # noqa: BLE001 - one line, never a traceback
         print(f"graphslot verify: error: {type(exc).__name__}: {exc}".splitlines()[0], file=sys.stderr)
         return 1
     print(json.dumps(report.as_dict(), indent=2) if args.json else format_report(report))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 #: ``"format"`` of the file a runner writes.
 FORMAT = "graphslot.batch_size_histogram"
@@ -66,7 +66,7 @@ class BatchSizeHistogram:
             raise HistogramError(f"{path}: larger than {MAX_FILE_BYTES} bytes; a histogram has at most "
                                  f"{MAX_DISTINCT_SIZES} sizes")
         try:
-            return parse_histogram(json.loads(data.decode("utf-8")))
+            return parse_histogram(_strict_json(data.decode("utf-8")))
         except (UnicodeDecodeError, RecursionError, ValueError) as exc:  # JSONDecodeError is a ValueError
             if isinstance(exc, HistogramError):
                 raise HistogramError(f"{path}: {exc}") from None
@@ -74,6 +74,24 @@ class BatchSizeHistogram:
 
     def __repr__(self) -> str:
         return f"<BatchSizeHistogram {len(self.counts)} sizes, {self.steps} steps>"
+
+
+def _unique_keys(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
+    """A JSON object's members as a dict, refusing a key given twice (``json`` would keep
+    the last value silently)."""
+    result: Dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            shown = repr(key)
+            raise HistogramError(f"key {shown if len(shown) <= 40 else shown[:37] + '...'} appears twice in one "
+                                 "JSON object; JSON readers keep only one of the values: remove the other")
+        result[key] = value
+    return result
+
+
+def _strict_json(text: str) -> Any:
+    """``json.loads`` for a file from a user: a duplicate key is a HistogramError."""
+    return json.loads(text, object_pairs_hook=_unique_keys)
 
 
 def _bounded_int(value: Any, low: int, high: int, what: str) -> int:

@@ -16,7 +16,10 @@
 pyproject.toml arrives in pull requests like spec files do, so the table is validated
 as strictly: an unknown key or a value of the wrong type is an error naming
 ``pyproject.toml:LINE`` (found by scanning the text: tomllib reports no locations),
-and every string it holds is treated as untrusted text.
+and every string it holds is treated as untrusted text: the file is read up to
+MAX_PYPROJECT_BYTES, every scan of its text is linear in its length, and what would make
+the TOML parser superlinear (a key of more than MAX_KEY_PARTS dotted parts) or overflow
+its recursion is an error with the line.
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ from __future__ import annotations
 import keyword
 import os
 import re
+from collections import Counter
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path, PurePosixPath, PureWindowsPath
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .errors import SpecIssue, did_you_mean, one_of
 
@@ -41,6 +46,10 @@ OUTPUTS = "[[tool.graphslot.outputs]]"
 TABLE_KEYS = ("specs", "output_dir", "outputs", "import_hooks")
 OUTPUT_KEYS = ("module", "spec", "preset", "params")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Largest pyproject.toml read (a real one is a few KiB).
+MAX_PYPROJECT_BYTES = 1 << 20
+# Most parts a dotted key may have (``a.b.c`` has 3; see long_key_line).
+MAX_KEY_PARTS = 128
 
 
 class ProjectConfigError(ValueError):
@@ -102,15 +111,58 @@ def display_path(path: Optional[Path]) -> str:
 
 
 # --- locations ---------------------------------------------------------------------------
+#
+# pyproject.toml is untrusted text, so every scan of it is linear in its length: string
+# methods, and regular expressions whose repeated parts cannot match the same text two
+# ways (overlapping quantifiers backtrack polynomially: the old header pattern took two
+# minutes on a line of "[" and 4 KB of spaces).
 
-_HEADER = re.compile(r"^\s*\[\[?\s*([^\]]*?)\s*\]\]?\s*(#.*)?$")
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 
-def _header_name(line: str) -> Optional[str]:
-    match = _HEADER.match(line)
-    if not match:
+def table_header(line: str) -> Optional[Tuple[bool, str]]:
+    """``(is_array, dotted name)`` of a table header line such as ``[tool.graphslot]`` or
+    ``[[ tool . "graphslot" . outputs ]]  # comment`` (quotes dropped, spaces around dots
+    removed); None for any other line. ``line`` holds no newline."""
+    body = line.strip(" \t")
+    if not body.startswith("["):
         return None
-    return re.sub(r"\s*\.\s*", ".", match.group(1)).replace('"', "").replace("'", "")
+    is_array = body.startswith("[[")
+    body = body[2 if is_array else 1:]
+    close = body.find("]")
+    if close < 0:
+        return None
+    name, rest = body[:close], body[close + 1:]
+    if is_array:
+        if not rest.startswith("]"):
+            return None
+        rest = rest[1:]
+    rest = rest.lstrip(" \t")
+    if rest and not rest.startswith("#"):
+        return None
+    name = ".".join(part.strip(" \t") for part in name.split("."))
+    return is_array, name.replace('"', "").replace("'", "")
+
+
+def line_key(line: str) -> Optional[Tuple[str, int]]:
+    """``(key, offset of the value)`` of a ``key = value`` line whose key is one bare or
+    quoted part (``specs = [...]``, ``"specs" = [...]``); None for any other line. The
+    offset is past the ``=`` and the spaces after it."""
+    stripped = line.lstrip(" \t")
+    if stripped[:1] in ("'", '"'):
+        end = stripped.find(stripped[0], 1)
+        if end < 0:
+            return None
+        key, rest = stripped[1:end], stripped[end + 1:]
+    else:
+        match = _BARE_KEY.match(stripped)
+        if match is None:
+            return None
+        key, rest = match.group(0), stripped[match.end():]
+    rest = rest.lstrip(" \t")
+    if not rest.startswith("="):
+        return None
+    return key, len(line) - len(rest[1:].lstrip(" \t"))
 
 
 class Locator:
@@ -118,26 +170,35 @@ class Locator:
 
     Only the common layouts are understood (``[tool.graphslot]`` and
     ``[[tool.graphslot.outputs]]`` headers, ``key = ...`` lines under them); anything
-    else gives ``None`` and the error names the file alone.
+    else gives ``None`` and the error names the file alone. The text is scanned once,
+    on the first question, into an index: any number of questions stays linear.
     """
 
     def __init__(self, text: str):
-        self.lines = text.splitlines()
+        self.text = text
+
+    @cached_property
+    def _index(self) -> Tuple[Dict[str, List[int]], Dict[int, Dict[str, int]]]:
+        """(header name -> its 0-based lines, header line -> {key: 1-based line under it})."""
+        sections: Dict[str, List[int]] = {}
+        keys: Dict[int, Dict[str, int]] = {}
+        current: Optional[Dict[str, int]] = None
+        for i, line in enumerate(self.text.splitlines()):
+            header = table_header(line)
+            if header is not None:
+                sections.setdefault(header[1], []).append(i)
+                current = keys[i] = {}
+            elif current is not None:
+                found = line_key(line)
+                if found is not None:
+                    current.setdefault(found[0], i + 1)
+        return sections, keys
 
     def _sections(self, name: str) -> List[int]:
-        return [i for i, line in enumerate(self.lines) if _header_name(line) == name]
+        return self._index[0].get(name, [])
 
     def _key_in(self, start: Optional[int], key: str) -> Optional[int]:
-        if start is None:
-            return None
-        pattern = re.compile(r"^\s*(?:" + re.escape(key) + r"|\"" + re.escape(key) + r"\"|'" + re.escape(key)
-                             + r"')\s*=")
-        for i in range(start + 1, len(self.lines)):
-            if _header_name(self.lines[i]) is not None:
-                break
-            if pattern.match(self.lines[i]):
-                return i + 1
-        return None
+        return None if start is None else self._index[1][start].get(key)
 
     def table(self, key: Optional[str] = None) -> Optional[int]:
         sections = self._sections("tool.graphslot")
@@ -274,8 +335,8 @@ def _check_outputs(check: _Checker, outputs: Any) -> List[OutputConfig]:
         if bad or len(check.issues) > before:
             continue
         result.append(OutputConfig(entry["module"], entry["spec"], entry.get("preset"), params, header))
-    names = [o.module for o in result]
-    for name in sorted({n for n in names if names.count(n) > 1}):
+    uses = Counter(o.module for o in result)
+    for name in sorted(n for n, count in uses.items() if count > 1):
         line = next(o.line for o in result if o.module == name)
         check.error(line, f"{TABLE} outputs: module name used twice: {name}")
     return result
@@ -317,31 +378,99 @@ def validate_table(table: Any, text: str = "", path: Optional[Path] = None) -> D
     return {"specs": specs, "output_dir": output_dir, "outputs": outputs, "import_hooks": import_hooks}
 
 
-def load_project_config(start_dir: Union[str, Path] = ".") -> ProjectConfig:
-    """The settings of the project around ``start_dir``; empty without a pyproject or table."""
-    path = find_pyproject(start_dir)
-    if path is None:
-        return ProjectConfig(root=Path(start_dir).resolve())
+# --- reading -----------------------------------------------------------------------------
+
+_SPACES = re.compile(r"[ \t]*")
+_KEY_PART = re.compile(r"""[A-Za-z0-9_-]+|"[^"\\]*(?:\\.[^"\\]*)*"|'[^']*'""")  # bare, "basic", 'literal'
+_KEY_STARTS = re.compile(r"[{,]")
+
+
+def _key_parts(line: str, i: int) -> int:
+    """The parts of the dotted key at ``line[i:]`` (0: no key there), counted up to one
+    more than MAX_KEY_PARTS."""
+    parts = 0
+    while parts <= MAX_KEY_PARTS:
+        part = _KEY_PART.match(line, _SPACES.match(line, i).end())
+        if part is None:
+            return parts
+        parts += 1
+        i = _SPACES.match(line, part.end()).end()
+        if not line.startswith(".", i):
+            return parts
+        i += 1
+    return parts
+
+
+def long_key_line(text: str) -> Optional[int]:
+    """The first line (1-based) where a key of more than MAX_KEY_PARTS dotted parts may
+    start, else None. tomllib takes time and memory quadratic in the parts of a key (a
+    160 KB line of ``a.a.a…= 1`` exhausts memory), so the text is checked before it is
+    parsed: at the start of each line (after ``[`` or ``[[``) and after each ``{`` and
+    ``,``, wherever TOML can have a key. A line with fewer dots holds no such key."""
+    for number, line in enumerate(text.split("\n"), 1):
+        if line.count(".") < MAX_KEY_PARTS:
+            continue
+        first = _SPACES.match(line).end()
+        first += 2 if line.startswith("[[", first) else 1 if line.startswith("[", first) else 0
+        starts = [first] + [m.end() for m in _KEY_STARTS.finditer(line)]
+        if any(_key_parts(line, i) > MAX_KEY_PARTS for i in starts):
+            return number
+    return None
+
+
+def _toml_error(exc: Exception) -> Tuple[Optional[int], str]:
+    """(line, message) of a TOMLDecodeError, whose text ends in "(at line L, column C)"."""
+    message, sep, where = str(exc).rpartition(" (at line ")
+    if not sep:
+        return None, str(exc)
+    line = where.partition(",")[0]
+    return (int(line) if line.isdigit() else None), message
+
+
+def read_pyproject(path: Path) -> bytes:
+    """The bytes of ``path``, at most MAX_PYPROJECT_BYTES (ProjectConfigError otherwise)."""
     file = display_path(path)
     try:
-        raw_bytes = path.read_bytes()
+        with open(path, "rb") as f:
+            data = f.read(MAX_PYPROJECT_BYTES + 1)
     except OSError as exc:
         raise ProjectConfigError([SpecIssue(file, None, f"cannot read: {exc.strerror or exc}")]) from None
+    if len(data) > MAX_PYPROJECT_BYTES:
+        raise ProjectConfigError([SpecIssue(file, None, f"the file is larger than {MAX_PYPROJECT_BYTES} bytes; "
+                                                        "a pyproject.toml is a few KiB")])
+    return data
+
+
+def parse_pyproject(path: Path, data: bytes) -> ProjectConfig:
+    """The settings in ``data``, the bytes of the pyproject.toml at ``path``."""
+    file = display_path(path)
+
+    def error(line: Optional[int], message: str) -> ProjectConfigError:
+        return ProjectConfigError([SpecIssue(file, line, message)])
+
     try:
-        text = raw_bytes.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        line = raw_bytes[: exc.start].count(b"\n") + 1
-        raise ProjectConfigError([SpecIssue(file, line, "is not valid UTF-8")]) from None
+        raise error(data.count(b"\n", 0, exc.start) + 1, "is not valid UTF-8") from None
+    if text.startswith("\ufeff"):
+        # YAML allows a byte-order mark (a spec may start with one); TOML does not, and
+        # tomllib, which pip and build read pyproject.toml with, refuses it.
+        raise error(1, "starts with a UTF-8 byte-order mark, which TOML does not allow (tomllib, and so pip, "
+                       "refuse it); save it without one")
+    long_key = long_key_line(text)
+    if long_key is not None:
+        raise error(long_key, f"a dotted key of more than {MAX_KEY_PARTS} parts: TOML parsers take time and "
+                              "memory quadratic in them, so graphslot does not read the file")
     try:
-        data = tomllib.loads(text)
+        document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        match = re.search(r"\(at line (\d+)", str(exc))
-        message = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(exc))
-        raise ProjectConfigError([SpecIssue(file, int(match.group(1)) if match else None,
-                                            f"not valid TOML: {message}")]) from None
-    tool = data.get("tool", {})
+        line, message = _toml_error(exc)
+        raise error(line, f"not valid TOML: {message}") from None
+    except RecursionError:
+        raise error(None, "not valid TOML: arrays or inline tables nested too deeply") from None
+    tool = document.get("tool", {})
     if not isinstance(tool, dict):
-        raise ProjectConfigError([SpecIssue(file, None, "[tool] must be a table")])
+        raise error(None, "[tool] must be a table")
     if "graphslot" not in tool:
         return ProjectConfig(root=path.parent, path=path)
     fields = validate_table(tool["graphslot"], text, path)
@@ -349,8 +478,15 @@ def load_project_config(start_dir: Union[str, Path] = ".") -> ProjectConfig:
     if fields["output_dir"] is not None:
         problem = output_dir_escape(root, fields["output_dir"])
         if problem:
-            raise ProjectConfigError([SpecIssue(file, Locator(text).table("output_dir"),
-                                                f"{TABLE} output_dir {problem}")])
+            raise error(Locator(text).table("output_dir"), f"{TABLE} output_dir {problem}")
     return ProjectConfig(root=root, specs=[(root / s).resolve() for s in fields["specs"]],
                          raw=dict(tool["graphslot"]), path=path, output_dir=fields["output_dir"],
                          outputs=fields["outputs"], import_hooks=fields["import_hooks"])
+
+
+def load_project_config(start_dir: Union[str, Path] = ".") -> ProjectConfig:
+    """The settings of the project around ``start_dir``; empty without a pyproject or table."""
+    path = find_pyproject(start_dir)
+    if path is None:
+        return ProjectConfig(root=Path(start_dir).resolve())
+    return parse_pyproject(path, read_pyproject(path))

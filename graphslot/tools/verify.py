@@ -14,16 +14,46 @@ on CUDA graphs.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import random
+import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from ..runners.decode import DecodeGraphRunner
+from ..spec.project import display_path
 from .audit import ExternalInput, audit_external_inputs
 from .poison import PATTERNS, Poisoner, hostile_name, poisonable
+
+_IMPORTLIB = Path(importlib.__file__).parent
+
+
+class TargetError(ValueError):
+    """The target, not the model's spec, is at fault: it cannot be imported, it raises,
+    or its ``make_batch(n)`` does not make a batch of ``n`` requests. The message says
+    what, without naming the target (the caller knows it)."""
+
+
+def describe_exception(exc: BaseException) -> str:
+    """``file:line: Type: message`` of ``exc`` caught where it was, one short line: the
+    line of a SyntaxError, else of the innermost frame below the catching one that is
+    not the import machinery's (none: ``Type: message``)."""
+    if isinstance(exc, SyntaxError):
+        where, line, message = exc.filename, exc.lineno, exc.msg
+    else:
+        frames = [f for f in traceback.extract_tb(exc.__traceback__)[1:]
+                  if not (f.filename.startswith("<frozen") or Path(f.filename).parent == _IMPORTLIB)]
+        where, line = (frames[-1].filename, frames[-1].lineno) if frames else (None, None)
+        message = str(exc).splitlines()[0] if str(exc).strip() else ""
+    if where and not where.startswith("<"):
+        where = display_path(Path(where))
+    prefix = f"{where}:{line}: " if where and line else ""
+    text = f"{prefix}{type(exc).__name__}" + (f": {message}" if message else "")
+    return text if len(text) <= 300 else text[:299] + "…"
 
 
 @dataclass
@@ -178,8 +208,12 @@ def verify_runner(target: VerifyTarget, samples: int = 2, seed: int = 0, audit: 
     cases = [] if runner.config.disable_padding else sample_raw_sizes(runner.captured_sizes, samples, seed)
     done: List[Tuple[int, int]] = []
     for raw, padded in cases:
-        fb = target.make_batch(raw)
         try:
+            fb = target.make_batch(raw)
+        except Exception as exc:  # noqa: BLE001 - the target's code: report it, with where it failed
+            raise TargetError(f"make_batch({raw}) raised ({describe_exception(exc)})") from exc
+        try:
+            _check_batch_size(runner, fb, raw)
             if not runner.can_run(fb) or runner.padded_bs(fb) != padded:
                 problems.append(f"make_batch({raw}) gave a batch that does not replay at size {padded}")
                 continue
@@ -212,6 +246,20 @@ def verify_runner(target: VerifyTarget, samples: int = 2, seed: int = 0, audit: 
                 target.release(fb)
     verdicts = [_verdict(s, slots, leaks, exercised) for s in reg.active]
     return VerifyReport(target.label, runner.backend.name, done, verdicts, external, problems)
+
+
+def _check_batch_size(runner: Any, fb: Any, raw: int) -> None:
+    """TargetError unless ``fb``, what ``make_batch(raw)`` returned, holds ``raw`` requests:
+    a batch of another size would be verified as if it had ``raw`` (real rows poisoned
+    as tail, reported as a leak of the spec)."""
+    try:
+        got = runner.adapter.batch_size(fb)
+    except Exception as exc:  # noqa: BLE001 - not a batch the runner can read
+        raise TargetError(f"make_batch({raw}) returned {type(fb).__name__}, which the runner cannot read as a "
+                          f"batch ({describe_exception(exc)})") from exc
+    if got != raw:
+        raise TargetError(f"make_batch({raw}) returned a batch of {got} requests; make_batch(n) must make a "
+                          "batch of exactly n requests")
 
 
 def _poisoned_leak(runner, fb, state, slot, raw_rows, pattern, poisoner, clean) -> Optional[Dict[str, Any]]:
