@@ -1,7 +1,7 @@
 """Non-finite and extreme float pad values reach generated source as Python (issue 22).
 
 ``pad_value: -.inf`` (the usual pad of a float mask) and ``.nan`` validate for float
-slots; generated code must write them as ``float('-inf')`` / ``float('-nan')`` — in pad
+slots; generated code must write them as ``float("-inf")`` / ``float("-nan")`` — in pad
 constants, folded expressions, ``PARAMS`` and the banner — never as a bare ``inf``, a
 NameError at import. Both modes then fill the same bits (tests/test_codegen_differential.py
 compares them bit for bit, regression ``non_finite_pad_values``). Integer and bool slots
@@ -57,12 +57,12 @@ def test_the_rendered_module_writes_non_finite_floats_as_python():
     spec = gs.parse_spec(SPEC, "masks.yaml")
     text = render_module(spec, gs.resolve_params(spec))
     assert not {"inf", "nan", "Infinity", "NaN"} & _code_names(text)  # every one is a float('...') call
-    assert "torch.full((max_bs,), float('-inf'), dtype=torch.float32, device=device)" in text
-    assert "padval_logit = float('-nan')" in text  # a 2-D tail is filled, YAML's NaN (sign set) kept
-    assert "torch.float64, device, float('inf'), pool, source)" in text  # fill_once: 1e308 * 10 overflowed
-    assert "PARAMS = {'big': 1e+308, 'nanp': float('-nan'), 'neg': float('-inf')}\n" in text
-    assert "# params:   big=1e+308, nanp=float('-nan'), neg=float('-inf')\n" in text  # the banner
-    assert "float('-nan')" in text.split("def bind", 1)[1]  # nanp + 1 folded to a NaN
+    assert 'pad_dev_float32_bs_neginf = torch.full(\n        (max_bs,), float("-inf"), dtype=torch.float32' in text
+    assert 'padval_logit = float("-nan")' in text  # a 2-D tail is filled, YAML's NaN (sign set) kept
+    assert '"once": new_buffer("once", (max_bs,), torch.float64, device, float("inf"))' in text  # 1e308 * 10
+    assert 'PARAMS = {\n    "big": 1e308,\n    "nanp": float("-nan"),\n    "neg": float("-inf"),\n}\n' in text
+    assert "# params:   big=1e+308\n#           nanp=float('-nan')\n#           neg=float('-inf')\n" in text  # banner
+    assert 'float("-nan")' in text.split("def bind", 1)[1]  # nanp + 1 folded to a NaN
 
 
 def test_the_module_compiles_and_both_modes_fill_the_same_values():

@@ -25,6 +25,7 @@ from graphslot.codegen.generator import (DOCSTRING, GeneratedCodeError, check_mo
                                          render_module)
 from graphslot.codegen.handshake import MODULE_FORMAT
 from graphslot.codegen.inprocess import compile_module
+from graphslot.codegen.layout import py_str
 from graphslot.spec.project import ProjectConfigError
 
 MARK = "GRAPHSLOT_INJECTION_RAN"
@@ -113,8 +114,8 @@ def test_generator_escapes_text_validation_let_through(field, kind):
     text = render_module(hostile, gs.resolve_params(spec))
     _assert_inert(text, payload)
     if field == "name":
-        assert f"# spec:     {ascii(payload)} (identity {hostile.identity})\n" in text
-        assert f"SPEC_NAME = {payload!r}\n" in text
+        assert f"# spec:     {ascii(payload)}\n# identity: {hostile.identity}\n" in text
+        assert f"SPEC_NAME = {py_str(payload)}\n" in text
     module = compile_module(hostile, gs.resolve_params(spec))
     assert module.SPEC_IDENTITY == hostile.identity  # its own module: the name is part of the identity
 
@@ -127,7 +128,7 @@ def test_generator_escapes_hostile_param_values(kind):
     params["mode"] = payload  # as if params validation had let it through
     text = render_module(spec, params)
     _assert_inert(text, payload)
-    assert f"mode={ascii(payload)}" in text and f"'mode': {payload!r}" in text
+    assert f"mode={ascii(payload)}" in text and f'"mode": {py_str(payload)}' in text
 
 
 @pytest.mark.parametrize("kind", sorted(PAYLOADS))
@@ -163,7 +164,10 @@ def test_hostile_slot_and_runtime_param_names_reaching_the_emitter_are_refused(k
 
 
 RUNTIME_IMPORT = "from graphslot.codegen import runtime as __gs_rt\n"
-HANDSHAKE = f"__gs_rt.require(__name__, version={gs.__version__!r}, format={MODULE_FORMAT})\n"
+HANDSHAKE = f"__gs_rt.require(__name__, version={py_str(gs.__version__)}, format={MODULE_FORMAT})\n"
+TORCH = "torch = __gs_rt.torch\n"
+VIEW_MAKER = "__gs_ViewMaker = __gs_rt.ViewMaker\n"
+KNOWN_HELPER = "expected `<helper> = __gs_rt.<helper>` of a known helper, found line"
 
 
 def _good():
@@ -172,18 +176,24 @@ def _good():
 
 
 @pytest.mark.parametrize("edit, message", [
-    (lambda t: t.replace("import torch\n", "import torch\nimport os\n"),
-     "expected `from graphslot.codegen.runtime import (...)` of known helpers, found line"),
-    (lambda t: t.replace("import torch\n", "import os as torch\n"), "expected `import torch`"),
+    # torch and the helpers: bound from the runtime, after the handshake, nothing else
+    (lambda t: t.replace(TORCH, TORCH + "import os\n"), KNOWN_HELPER),
+    (lambda t: t.replace(TORCH, "import torch\n"), "expected `torch = __gs_rt.torch`"),
+    (lambda t: t.replace(TORCH, "torch = __gs_rt.os\n"), "expected `torch = __gs_rt.torch`"),
+    (lambda t: t.replace(TORCH, "__gs_rt.torch = __import__('os')\n" + TORCH), "expected `torch = __gs_rt.torch`"),
+    (lambda t: t.replace(VIEW_MAKER, VIEW_MAKER + "__gs_os = __gs_rt.os\n"), KNOWN_HELPER),
+    (lambda t: t.replace(VIEW_MAKER, "__gs_ViewMaker = __gs_rt.allocate_buffer\n"), KNOWN_HELPER),
+    (lambda t: t.replace(VIEW_MAKER, VIEW_MAKER + VIEW_MAKER), KNOWN_HELPER),
+    (lambda t: t.replace(VIEW_MAKER, "__gs_ViewMaker = __import__('os').system\n"),
+     "expected the constant SPEC_NAME = <its literal value>, found line"),
+    (lambda t: t.replace(VIEW_MAKER, "from graphslot.codegen.runtime import ViewMaker as __gs_ViewMaker\n"),
+     "expected the constant SPEC_NAME = <its literal value>, found line"),
     (lambda t: t.replace("\nSPEC_NAME =", "\n__import__('os')\nSPEC_NAME ="),
      "expected the constant SPEC_NAME = <its literal value>, found line"),
-    (lambda t: t.replace("SPEC_NAME = 'victim'", "SPEC_NAME = __import__('os').getcwd()"),
+    (lambda t: t.replace('SPEC_NAME = "victim"', "SPEC_NAME = __import__('os').getcwd()"),
      "expected the constant SPEC_NAME"),
-    (lambda t: t.replace("SPEC_NAME = 'victim'", "SPEC_NAME = 'other'"), "expected the constant SPEC_NAME"),
+    (lambda t: t.replace('SPEC_NAME = "victim"', "SPEC_NAME = 'other'"), "expected the constant SPEC_NAME"),
     (lambda t: t.replace(f'"""{DOCSTRING}"""', '"""Something else."""'), "expected the module docstring"),
-    (lambda t: t.replace("from graphslot.codegen.runtime import (\n",
-                         "from graphslot.codegen.runtime import (\n    os as __gs_os,\n"),
-     "of known helpers"),
     (lambda t: t.replace("\ndef allocate(", "\n@print\ndef allocate("), "expected `def allocate(...)`"),
     (lambda t: t + "\n\ndef extra():\n    pass\n", "unexpected statement after `def bind`"),
     (lambda t: t + "\n__import__('os')\n", "unexpected statement after `def bind`"),
@@ -205,6 +215,7 @@ def _good():
      "expected `from graphslot.codegen import runtime as __gs_rt`"),
     (lambda t: t.replace(RUNTIME_IMPORT + "\n" + HANDSHAKE, "import torch\n" + RUNTIME_IMPORT + HANDSHAKE),
      "expected `from graphslot.codegen import runtime as __gs_rt`"),
+    (lambda t: t.replace(HANDSHAKE, "import torch\n" + HANDSHAKE), "expected the handshake"),
 ])
 def test_structure_check_refuses_anything_but_the_skeleton(edit, message):
     spec, text = _good()
@@ -224,7 +235,7 @@ def test_structure_check_holds_the_handshake_to_this_version():
     emission = generator.Emitter(spec, gs.resolve_params(spec), gs.__version__, spec.source).emit()
     expected = generator._expected_constants(spec, emission)
     check_module_structure(text, spec, expected)
-    other = text.replace(HANDSHAKE, HANDSHAKE.replace(repr(gs.__version__), "'0.0.1'"))
+    other = text.replace(HANDSHAKE, HANDSHAKE.replace(py_str(gs.__version__), '"0.0.1"'))
     assert other != text
     with pytest.raises(GeneratedCodeError, match="expected the handshake"):
         check_module_structure(other, spec, expected)

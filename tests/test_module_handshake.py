@@ -1,10 +1,11 @@
 """A generated module checks its graphslot version before anything else (issue 22).
 
 Its first statements are the handshake with ``graphslot.codegen.runtime``; only then does
-it import torch and bind helpers. So a module written by another graphslot, which may
-import a helper this one lacks, says "regenerate" instead of failing with a bare
-ImportError; and a module whose ``allocate()`` / ``bind()`` were tampered with is refused
-when the registry is built, naming the module, not at the first fill.
+it bind torch and the helpers it uses from there. So a module written by another
+graphslot, which may use a helper this one lacks, says "regenerate" instead of failing
+with a bare AttributeError or ImportError; and a module whose ``allocate()`` / ``bind()``
+were tampered with is refused when the registry is built, naming the module, not at the
+first fill.
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ import pytest
 import graphslot as gs
 from graphslot.codegen.generator import render_module
 from graphslot.codegen.handshake import MODULE_FORMAT, GeneratedModuleMismatch, require
+from graphslot.codegen.layout import py_str
 
 REPO = Path(__file__).resolve().parent.parent
 GENERATED = REPO / "graphslot" / "generated"
 DECODE = (GENERATED / "decode_default.py").read_text(encoding="utf-8")
-VERSION = repr(gs.__version__)
-HELPERS = "from graphslot.codegen.runtime import (\n"
+VERSION = py_str(gs.__version__)
+TORCH = "torch = __gs_rt.torch\n"
 
 
 @pytest.fixture
@@ -52,11 +54,11 @@ def _from_another_version(text: str, version: str = "0.0.1") -> str:
     """``text`` as another graphslot version would have written it: its version, and a
     helper this version's runtime does not have."""
     assert text.count(VERSION) == 2  # the handshake and GRAPHSLOT_VERSION
-    text = text.replace(VERSION, repr(version))
-    return text.replace(HELPERS, HELPERS + "    helper_of_the_future as __gs_future,\n")
+    text = text.replace(VERSION, py_str(version))
+    return text.replace(TORCH, TORCH + "__gs_future = __gs_rt.helper_of_the_future\n")
 
 
-def test_a_module_of_another_version_asks_to_be_regenerated_before_importing_helpers(import_module):
+def test_a_module_of_another_version_asks_to_be_regenerated_before_binding_helpers(import_module):
     with pytest.raises(ImportError) as info:
         import_module("decode_old", _from_another_version(DECODE))
     assert isinstance(info.value, GeneratedModuleMismatch)
@@ -103,9 +105,11 @@ def test_the_handshake_is_the_first_thing_a_rendered_module_runs():
 def _assert_handshake_first(body):
     assert isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)  # the docstring
     assert ast.unparse(body[1]) == "from graphslot.codegen import runtime as __gs_rt"
-    assert ast.unparse(body[2]) == (f"__gs_rt.require(__name__, version={VERSION}, format={MODULE_FORMAT})")
-    assert ast.unparse(body[3]) == "import torch"
-    assert ast.unparse(body[4]).startswith("from graphslot.codegen.runtime import ")
+    assert ast.unparse(body[2]) == (f"__gs_rt.require(__name__, version={gs.__version__!r}, format={MODULE_FORMAT})")
+    assert ast.unparse(body[3]) == "torch = __gs_rt.torch"
+    helpers = [ast.unparse(n) for n in body[4:] if isinstance(n, ast.Assign) and "__gs_rt." in ast.unparse(n)]
+    assert helpers and all(h.startswith("__gs_") for h in helpers)
+    assert not [n for n in body if isinstance(n, (ast.Import, ast.ImportFrom))][1:]  # nothing imported after it
 
 
 # --- a module tampered with after generation ---------------------------------------------------

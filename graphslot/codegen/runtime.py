@@ -1,5 +1,7 @@
 """What generated modules import: a deliberately small, stable surface. Its first use
-is the handshake, ``require`` (:mod:`.handshake`), before any helper is bound."""
+is the handshake, ``require`` (:mod:`.handshake`); only then does a module bind torch
+and the helpers it uses (``torch = __gs_rt.torch``, ``__gs_allocate =
+__gs_rt.allocate_buffer``, …), so no import follows a statement in it."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ foreach_copy = torch._foreach_copy_
 grad_enabled = torch.is_grad_enabled
 set_grad_enabled = torch._C._set_grad_enabled
 
-__all__ = ["MODULE_FORMAT", "FillContext", "GeneratedModuleMismatch", "SourceMismatch", "ViewMaker",
+__all__ = ["MODULE_FORMAT", "torch", "FillContext", "GeneratedModuleMismatch", "SourceMismatch", "ViewMaker",
            "allocate_buffer", "foreach_copy", "grad_enabled", "hook", "require", "set_grad_enabled"]
 
 

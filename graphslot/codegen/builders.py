@@ -1,0 +1,277 @@
+"""One builder per piece of a generated module (torchgen's ``dest/`` style).
+
+Each function returns the lines of one piece, laid out by :mod:`.layout` at the
+indentation the template places it at; the template (``registry_module.py.j2``) holds
+the fixed statements and puts the pieces in order. Per step the generated
+``fill_from`` looks its step size up in a plan cache (``make_plan``: every slice and
+view computed once per size), reads and checks every field, then issues the copy
+groups' ``_foreach_copy_`` calls (:mod:`.groups`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Dict, List, Tuple
+
+from ..spec.dtypes import DTypeName, dtype_name, is_torch_dtype
+from ..spec.expr import python_literal
+from .groups import Copies, foreach
+from .layout import (Chain, Item, assign, call, condition, dict_of, layout, method, normalise, py_str,
+                     subscript, tuple_of, unpack)
+from .names import SlotNames, dtype_src, runtime_local, shape_name, shape_src, unique
+
+if TYPE_CHECKING:
+    from .emitter import Emitter
+
+# Where the template places each piece: a function's body, a closure's, the fill's try
+# block, the inner try block that reads and copies the fields.
+BODY, CLOSURE, FILL, COPY = 4, 8, 12, 16
+STEP_COUNTS = "raw_bs, padded_bs, raw_num_tokens, padded_num_tokens"
+
+
+def value_literal(value: Any) -> str:
+    """A param value as source: dtypes by name, non-finite floats as ``float("inf")``."""
+    if isinstance(value, DTypeName) or is_torch_dtype(value):
+        return py_str(dtype_name(value))
+    return normalise(python_literal(value))
+
+
+# --- module level ---------------------------------------------------------------------------
+
+
+def helper_lines(imports: List[Tuple[str, str]]) -> List[str]:
+    """torch and the runtime helpers the module uses, bound after the handshake."""
+    return ["torch = __gs_rt.torch"] + [f"{alias} = __gs_rt.{helper}" for helper, alias in imports]
+
+
+def constant_lines(em: "Emitter") -> List[str]:
+    """SPEC_NAME, SPEC_IDENTITY, GRAPHSLOT_VERSION, PARAMS, RUNTIME_PARAMS, SLOTS."""
+    params = sorted(em.params.items())
+    baked = [(py_str(k), value_literal(v)) for k, v in params if k not in em.runtime]
+    return ([f"SPEC_NAME = {py_str(em.spec.name)}", f"SPEC_IDENTITY = {py_str(em.spec.identity)}",
+             f"GRAPHSLOT_VERSION = {py_str(em.version)}"]
+            + assign("PARAMS", dict_of(baked), 0)
+            + assign("RUNTIME_PARAMS", tuple_of([py_str(n) for n in em.runtime]), 0)
+            + assign("SLOTS", tuple_of([py_str(n.slot.name) for n in em.names]), 0))
+
+
+def _uses(lines: List[str], name: str) -> bool:
+    """Whether ``lines`` use the local ``name`` (not merely a string or a longer name)."""
+    return re.search(rf"(?<![\w\"']){re.escape(name)}(?![\w\"'])", "\n".join(lines)) is not None
+
+
+def _runtime_binds(em: "Emitter", body: List[str]) -> List[str]:
+    """The runtime params ``body`` reads (pad values), from ``params``."""
+    used = [(runtime_local(n), n) for n in em.used_runtime_params()]
+    return [" " * BODY + f"{local} = params[{py_str(n)}]" for local, n in used if _uses(body, local)]
+
+
+def allocate_lines(em: "Emitter") -> List[str]:
+    """``allocate`` after its ``new_buffer``: the runtime params pad values read, then
+    one buffer per slot."""
+    entries = []
+    for n in em.names:
+        s = n.slot
+        init = [em.pad_src(s)] if s.fills_at_allocation else []
+        entries.append((py_str(s.name), call("new_buffer", py_str(s.name), shape_src(em.extents(s)),
+                                             dtype_src(s.dtype_name), py_str("cpu") if s.host else "device", *init)))
+    body = layout(dict_of(entries), BODY, "return ")
+    return _runtime_binds(em, body) + body
+
+
+# --- bind: what every step size shares --------------------------------------------------------
+
+
+@dataclass
+class Shapes:
+    """The expected shape of every copied field, one local per distinct shape, named by
+    it: in the plan when it depends on the step's counts, else once in bind."""
+
+    of: Dict[str, str] = field(default_factory=dict)  # slot ident -> local
+    in_plan: List[Tuple[str, List[str]]] = field(default_factory=list)  # (local, extents)
+    in_bind: List[Tuple[str, List[str]]] = field(default_factory=list)
+
+
+def expected_shapes(em: "Emitter", copies: Copies) -> Shapes:
+    shapes, names = Shapes(), {}
+    for n in copies.copied(em.names):
+        extents = n.expected_extents(em.extents(n.slot))
+        name = unique(names, shape_name(extents), repr(extents))
+        if name not in shapes.of.values():
+            (shapes.in_bind if n.counts is None else shapes.in_plan).append((name, extents))
+        shapes.of[n.ident] = name
+    return shapes
+
+
+def _size(extents: List[str]) -> Item:
+    return call("torch.Size", shape_src(extents))
+
+
+def _hook_binds(em: "Emitter") -> List[str]:
+    lines = []
+    for n in em.names:
+        for kind in em.hooks[n.slot.name]:
+            hook = call("__gs_hook", "hooks", py_str(n.slot.name), py_str(kind))
+            if kind == "pre_capture":  # run by the runner at capture: only checked to be bound here
+                lines += layout(hook, BODY)
+            else:
+                lines += assign(f"hook_{kind}_{n.ident}", hook, BODY)
+    return lines
+
+
+def bind_lines(em: "Emitter", copies: Copies, shapes: Shapes, others: List[str]) -> List[str]:
+    """``bind``'s own statements: runtime params, the buffers ``others`` (the rest of
+    the module) use, hooks, pad constants and values, dtypes, shapes, the view maker."""
+    lines = []
+    for n in em.names:
+        if _uses(others, n.buf):
+            lines += assign(n.buf, subscript("buffers", py_str(n.slot.name)), BODY)
+    lines += _hook_binds(em)
+    for c in copies.constants:
+        where = py_str("cpu") if c.host else "device"
+        full = call("torch.full", f"({c.length},)", c.value, f"dtype={dtype_src(c.dtype)}", f"device={where}")
+        lines += assign(c.name, full, BODY)
+    lines += [" " * BODY + f"padval_{n.ident} = {em.pad_src(n.slot)}" for n in copies.separate_resets
+              if n.slot.padding == "fill_sentinel"]
+    lines += [" " * BODY + f"dt_{d} = {dtype_src(d)}" for d in copies.dev.dtypes_named()]
+    for name, extents in shapes.in_bind:
+        lines += assign(name, _size(extents), BODY)
+    view_names = ["batch_size"] + [n.slot.name for n in em.names if not n.slot.structured]
+    maker = call("__gs_ViewMaker", tuple_of([py_str(v) for v in view_names]), py_str(em.spec.name))
+    lines += assign("make_view", maker, BODY)
+    return _runtime_binds(em, lines) + lines
+
+
+# --- make_plan: every slice a step size needs, once -------------------------------------------
+
+
+def plan_fields(copies: Copies, shapes: Shapes) -> List[Tuple[str, Item]]:
+    """(name, value) of everything a plan holds, in order: the copy groups' lists, the
+    heads and tails no group takes, the expected shapes."""
+    fields = [f for g in copies.host_groups for f in g.plan_fields()]
+    fields += [f for p in copies.dev.prefixes() for f in copies.dev.plan_fields(p)]
+    fields += [(f"head_{n.ident}", n.head()) for n in copies.separate_copies]
+    fields += [(f"tail_{n.ident}", n.tail()) for n in copies.separate_resets]
+    return fields + [(name, _size(extents)) for name, extents in shapes.in_plan]
+
+
+def plan_lines(copies: Copies, shapes: Shapes) -> List[str]:
+    """``make_plan``'s body up to the cache: the counts checked, the values computed
+    slots are filled with, every field, then ``plan``."""
+    lines = [" " * CLOSURE + f"__gs_check.counts({STEP_COUNTS})"]
+    for name, extents, dtype, count in copies.values:
+        value = call("torch.full", shape_src(extents), count, f"dtype={dtype_src(dtype)}", "device=device")
+        lines += assign(name, value, CLOSURE)
+    resets = {f"tail_{n.ident}": n.counts for n in copies.separate_resets}
+    for name, value in plan_fields(copies, shapes):
+        if name in resets:  # None when the step has no tail, so the fill skips it
+            raw, padded = resets[name]
+            lines += [" " * CLOSURE + f"{name} = None", " " * CLOSURE + f"if {raw} < {padded}:"]
+            lines += assign(name, value, CLOSURE + 4)
+        else:
+            lines += assign(name, value, CLOSURE)
+    return lines + assign("plan", tuple_of([name for name, _ in plan_fields(copies, shapes)]), CLOSURE)
+
+
+# --- fill_from ----------------------------------------------------------------------------------
+
+
+def _shape_checks(copied: List[SlotNames], shapes: Shapes) -> List[str]:
+    """One condition over the required fields, one per optional field: the happy path
+    pays one shape comparison per field; a mismatch is diagnosed slot by slot."""
+    required = [n for n in copied if not n.slot.optional]
+    raises = " " * (COPY + 4) + "raise __gs_Mismatch"
+    lines = []
+    if required:
+        checks = tuple(f"{n.src}.shape != {shapes.of[n.ident]}" for n in required)
+        lines += condition("if", Chain("or", checks), COPY) + [raises]
+    for n in copied:
+        if n.slot.optional:
+            checks = (f"{n.src} is not None", f"{n.src}.shape != {shapes.of[n.ident]}")
+            lines += condition("if", Chain("and", checks), COPY) + [raises]
+    return lines
+
+
+def _hook_reads(em: "Emitter", hooked: List[SlotNames], indent: int) -> List[str]:
+    lines = []
+    for n in hooked:
+        read = call("__gs_check.hook_source", py_str(n.slot.name), call(f"hook_source_{n.ident}", "fb", "ctx"))
+        lines += assign(n.src, read, indent)
+    return lines
+
+
+def _copy_fields(em: "Emitter", copies: Copies, shapes: Shapes, hooked: List[SlotNames]) -> List[str]:
+    """Read and check every field, then copy; anything that fails is diagnosed slot by
+    slot in the except branch, as the interpreter reports it."""
+    copied = copies.copied(em.names)
+    body = [line for n in copied for line in n.read_source(COPY)] + _shape_checks(copied, shapes)
+    body += _hook_reads(em, hooked, COPY)  # after the fields, as the interpreter reads them
+    for g in copies.host_groups:
+        body += g.copy_lines(COPY)
+    body += copies.dev.fill_lines(COPY)
+    pad = " " * COPY
+    for n in copies.separate_copies:
+        copy = call(f"head_{n.ident}.copy_", n.src)
+        if n.slot.optional:
+            body += [f"{pad}if {n.src} is not None:"] + layout(copy, COPY + 4)
+        else:
+            body += layout(copy, COPY)
+    pad = " " * FILL
+    return [pad + "try:"] + body + [pad + "except Exception as exc:",
+                                    pad + "    __gs_check.diagnose(fb, raw_bs, raw_num_tokens, exc)"]
+
+
+def fill_lines(em: "Emitter", copies: Copies, shapes: Shapes) -> List[str]:
+    """``fill_from``'s body after the plan lookup."""
+    pad = " " * FILL
+    lines = unpack([name for name, _ in plan_fields(copies, shapes)], "plan", FILL)
+    if any(set(em.hooks[n.slot.name]) - {"pre_capture"} for n in em.names):
+        lines += assign("ctx", call("__gs_FillContext", *STEP_COUNTS.split(", "), "params", "side_inputs"), FILL)
+    hooked = [n for n in copies.source_copies if "source" in em.hooks[n.slot.name]]
+    if copies.copied(em.names):
+        lines += _copy_fields(em, copies, shapes, hooked)
+    else:  # tails (and computed values) only
+        lines += _hook_reads(em, hooked, FILL)
+        for g in copies.host_groups:
+            lines += foreach(f"dsts_{g.name}", f"pads_{g.name}", FILL) if g.tails else []
+        lines += copies.dev.fill_lines(FILL)
+    for n in copies.separate_resets:
+        reset = call(f"tail_{n.ident}.zero_") if n.slot.padding == "zero" else call(
+            f"tail_{n.ident}.fill_", f"padval_{n.ident}")
+        lines += [f"{pad}if tail_{n.ident} is not None:"] + layout(reset, FILL + 4)
+    for n in hooked:  # a source gives any row count up to the capacity
+        d = n.slot.slice_dim
+        narrow = call(f"{n.buf}.narrow", str(d), "0", f"{n.src}.shape[{d}]")
+        lines += [f"{pad}if {n.src} is not None:"] + layout(method(narrow, "copy_", n.src), FILL + 4)
+    for n in em.names:
+        if "post_fill" in em.hooks[n.slot.name]:
+            lines += layout(call(f"hook_post_fill_{n.ident}", n.buf, "fb", "ctx"), FILL)
+    return lines
+
+
+# --- extract ------------------------------------------------------------------------------------
+
+
+def _viewed(em: "Emitter") -> List[SlotNames]:
+    return [n for n in em.names if not n.slot.structured]
+
+
+def view_lines(em: "Emitter") -> List[str]:
+    """``make_views``: every slot's view at a padded size, once per size."""
+    return assign("entry", tuple_of([n.padded_view() for n in _viewed(em)]), CLOSURE)
+
+
+def extract_lines(em: "Emitter") -> List[str]:
+    """``extract`` after the view lookup: the batch's fields, set on a copy of it."""
+    viewed = _viewed(em)
+    lines = unpack([f"view_{n.ident}" for n in viewed], "entry", CLOSURE)
+    always = [n for n in viewed if not (n.slot.plain_copy and n.slot.optional)]
+    entries = [(py_str("batch_size"), "padded_bs")] + [(py_str(n.slot.name), f"view_{n.ident}") for n in always]
+    lines += assign("fields", dict_of(entries), CLOSURE)
+    pad = " " * CLOSURE
+    for n in viewed:
+        if n not in always:
+            lines += condition("if", f'getattr(fb, {py_str(n.slot.name)}, None) is not None', CLOSURE)
+            lines += assign(f"fields[{py_str(n.slot.name)}]", f"view_{n.ident}", CLOSURE + 4)
+    return lines + [f"{pad}return make_view(fb, fields)"]

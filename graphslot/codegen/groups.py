@@ -1,0 +1,292 @@
+"""Which copies share one ``_foreach_copy_``: the copy groups of one (spec, params).
+
+Per step, generated code issues
+
+* one ``_foreach_copy_`` for everything written on the device (:class:`DeviceGroup`):
+  dense heads (2-D ones as rows), tail resets whose source is a slice of a constant pad
+  tensor, and step-count hooks; mixed dtypes ride as byte-reinterpreted views of one
+  integer *carrier* dtype, with a typed fallback when a source's dtype or layout is off;
+* one per dtype for the host-side (CPU) slots (:class:`CopyGroup`);
+* a ``copy_`` / ``fill_`` for what no group can take (a wide tail, a strided head).
+
+:func:`plan_copies` sorts the slots into groups; the groups build their own plan
+fields and fill statements (lists of lines, laid out by :mod:`.layout`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
+
+from ..spec.hooks import BUILTIN_HOOKS, is_import_reference
+from .layout import Chain, Item, Operand, assign, call, condition, flat, layout, list_of, method
+from .names import CAPACITY, SlotNames, pad_name, unique, value_name
+
+if TYPE_CHECKING:
+    from .emitter import Emitter
+
+_CARRIERS = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
+
+
+def foreach(dsts: str, srcs: str, indent: int) -> List[str]:
+    return layout(call("__gs_foreach_copy", dsts, srcs), indent)
+
+
+# A head whose field may be None: its source local, and the statements (at an
+# indentation) adding its destinations and sources to the step's lists.
+OptionalHead = Tuple[str, Callable[[int], List[str]]]
+
+
+def _copy_lines(dsts: str, pads: Optional[str], tails: str, sources: List[Item], optional: List[OptionalHead],
+                indent: int) -> List[str]:
+    """One ``_foreach_copy_`` over the plan's ``dsts`` (then ``tails``) from ``sources``
+    (then ``pads``, None when there are none), and the ``optional`` heads present."""
+    pad = " " * indent
+    if not optional:
+        if not sources:
+            return foreach(dsts, pads, indent)
+        return assign("srcs", list_of(sources), indent) + foreach(dsts, f"srcs + {pads}" if pads else "srcs", indent)
+    lines = [f"{pad}dsts = list({dsts})"] + assign("srcs", list_of(sources), indent)
+    for src, add in optional:
+        lines += [f"{pad}if {src} is not None:"] + add(indent + 4)
+    if pads:
+        return lines + foreach(f"dsts + {tails}", f"srcs + {pads}", indent)
+    return lines + [f"{pad}if dsts:"] + foreach("dsts", "srcs", indent + 4)
+
+
+@dataclass
+class PadConstant:
+    """A constant tensor tails are copied from, as long as its axis' capacity."""
+
+    name: str
+    host: bool
+    dtype: str
+    value: str  # source of the value (a literal or a runtime param's local)
+    length: str  # the capacity
+
+
+@dataclass
+class CopyGroup:
+    """The host-side slots of one dtype: heads then 1-D tails, one ``_foreach_copy_``."""
+
+    dtype: str
+    heads: List[SlotNames] = field(default_factory=list)
+    optional_heads: List[SlotNames] = field(default_factory=list)
+    tails: List[Tuple[SlotNames, str]] = field(default_factory=list)  # (slot, pad constant)
+
+    @property
+    def name(self) -> str:
+        return f"host_{self.dtype}"
+
+    def plan_fields(self) -> List[Tuple[str, Item]]:
+        heads, tails = [n.head() for n in self.heads], [n.tail() for n, _ in self.tails]
+        if self.optional_heads:  # heads whose presence varies go between the others and the tails
+            fields = [(f"dsts_{self.name}", list_of(heads)), (f"tails_{self.name}", list_of(tails))]
+        else:
+            fields = [(f"dsts_{self.name}", list_of(heads + tails))]
+        if self.tails:
+            fields.append((f"pads_{self.name}", list_of([n.pad_slice(c) for n, c in self.tails])))
+        return fields + [(f"head_{n.ident}", n.head()) for n in self.optional_heads]
+
+    @staticmethod
+    def _add(n: SlotNames, indent: int) -> List[str]:
+        return layout(call("dsts.append", f"head_{n.ident}"), indent) + layout(call("srcs.append", n.src), indent)
+
+    def copy_lines(self, indent: int) -> List[str]:
+        optional = [(n.src, lambda i, n=n: self._add(n, i)) for n in self.optional_heads]
+        return _copy_lines(f"dsts_{self.name}", f"pads_{self.name}" if self.tails else None, f"tails_{self.name}",
+                           [n.src for n in self.heads], optional, indent)
+
+
+@dataclass
+class DeviceGroup:
+    """Everything one step writes on the registry's device, as ONE ``_foreach_copy_``:
+    heads (2-D ``[L, capacity]`` ones as L rows), tails copied from constant pads, and
+    computed slots whose built-in hook fills them with a step count (a constant per
+    step size). CUDA's foreach copy is one kernel for a list of dense tensor pairs of
+    one dtype; when the slots have several dtypes, every tensor is reinterpreted as the
+    integer dtype of the smallest itemsize among them (the *carrier*): destination and
+    pad views are made once per step size, a source's view per step, and only after its
+    dtype was found to be the slot's and its layout contiguous with a unit last stride
+    — otherwise the step takes the typed lists, where ``copy_`` casts as the contract
+    says (more kernels, same bytes)."""
+
+    heads: List[SlotNames] = field(default_factory=list)
+    optional_heads: List[SlotNames] = field(default_factory=list)
+    tails: List[Tuple[SlotNames, str]] = field(default_factory=list)  # (slot, pad constant)
+    values: List[Tuple[SlotNames, str]] = field(default_factory=list)  # (slot, plan constant)
+    carrier: Optional[str] = None
+
+    def _dtypes(self) -> List[str]:
+        members = self.heads + self.optional_heads + [n for n, _ in self.tails] + [n for n, _ in self.values]
+        return [n.slot.dtype_name for n in members]
+
+    def choose_carrier(self) -> None:
+        dtypes = set(self._dtypes())
+        if len(dtypes) == 1:
+            self.carrier = dtypes.pop()
+        elif dtypes:  # an integer dtype (copied bit for bit, unlike bool) of the smallest itemsize
+            self.carrier = _CARRIERS[min(d.itemsize for d in dtypes)]
+
+    @property
+    def mixed(self) -> bool:
+        return len(set(self._dtypes())) > 1
+
+    def dtypes_named(self) -> List[str]:
+        """dtypes generated code binds as ``dt_<name>`` locals."""
+        if not self.mixed:
+            return []
+        return sorted({str(self.carrier)} | {str(n.slot.dtype_name) for n in self.heads + self.optional_heads})
+
+    def prefixes(self) -> List[str]:
+        """Plan lists: reinterpreted ('') and, for mixed dtypes, typed ('t')."""
+        if self.carrier is None:
+            return []
+        return ["", "t"] if self.mixed else [""]
+
+    def _view(self, n: SlotNames, expr: Item, viewed: bool) -> Item:
+        """``expr``, reinterpreted as the carrier dtype where ``viewed`` asks for it."""
+        return method(expr, "view", f"dt_{self.carrier}") if viewed and n.slot.dtype_name != self.carrier else expr
+
+    def plan_fields(self, p: str) -> List[Tuple[str, Item]]:
+        viewed = p == "" and self.mixed
+        heads = [self._view(n, d, viewed) for n in self.heads for d in n.head_rows()]
+        tails = [self._view(n, d, viewed) for n, _ in self.tails for d in n.tail_rows()]
+        tails += [self._view(n, n.buf, viewed) for n, _ in self.values]
+        pads = [self._view(n, n.pad_slice(c), viewed) for n, c in self.tails for _ in n.tail_rows()]
+        pads += [self._view(n, c, viewed) for n, c in self.values]
+        if self.optional_heads:
+            fields = [(f"{p}dsts_dev", list_of(heads)), (f"{p}tails_dev", list_of(tails))]
+        else:
+            fields = [(f"{p}dsts_dev", list_of(heads + tails))]
+        if pads:
+            fields.append((f"{p}pads_dev", list_of(pads)))
+        for n in self.optional_heads:
+            fields.append((f"{p}head_{n.ident}", list_of([self._view(n, d, viewed) for d in n.head_rows()])))
+        return fields
+
+    def _source(self, n: SlotNames, viewed: bool) -> Item:
+        src = self._view(n, n.src, viewed)
+        return f"*{flat(src)}.unbind(0)" if n.split is not None else src
+
+    def _add(self, n: SlotNames, p: str, viewed: bool, indent: int) -> List[str]:
+        """An optional head's destinations (rows) and source, added to the step's lists."""
+        src = self._view(n, n.src, viewed)
+        added = (assign("srcs", method(src, "unbind", "0"), indent, "+=") if n.split is not None
+                 else layout(call("srcs.append", src), indent))
+        return assign("dsts", f"{p}head_{n.ident}", indent, "+=") + added
+
+    def _block(self, p: str, viewed: bool, indent: int) -> List[str]:
+        optional = [(n.src, lambda i, n=n: self._add(n, p, viewed, i)) for n in self.optional_heads]
+        return _copy_lines(f"{p}dsts_dev", f"{p}pads_dev" if self.tails or self.values else None, f"{p}tails_dev",
+                           [self._source(n, viewed) for n in self.heads], optional, indent)
+
+    def _viewable(self) -> List[Operand]:
+        """The condition for reinterpreting this step's sources: each is of its slot's
+        dtype and has a unit last stride (view(dtype) needs one, which is_contiguous()
+        does not promise for a last dimension of size 1, an expanded [n, 1] say)."""
+        operands: List[Operand] = []
+        for n in self.heads + self.optional_heads:
+            if n.slot.dtype_name == self.carrier:
+                continue
+            checks = (f"{n.src}.dtype is dt_{n.slot.dtype_name}", f"{n.src}.is_contiguous()",
+                      f"{n.src}.stride(-1) == 1")
+            operands += [Chain("or", (f"{n.src} is None", Chain("and", checks)))] if n.slot.optional else checks
+        return operands
+
+    def fill_lines(self, indent: int) -> List[str]:
+        if self.carrier is None:
+            return []
+        if not self.mixed:
+            return self._block("", False, indent)
+        operands = self._viewable()
+        if not operands:
+            return self._block("", True, indent)
+        pad = " " * indent
+        return (condition("if", Chain("and", tuple(operands)), indent) + self._block("", True, indent + 4)
+                + [f"{pad}else:", f"{pad}    # another dtype or layout: typed copies, cast as copy_ casts"]
+                + self._block("t", False, indent + 4))
+
+
+@dataclass
+class Copies:
+    """How one step writes every slot."""
+
+    host_groups: List[CopyGroup]
+    dev: DeviceGroup
+    constants: List[PadConstant]
+    values: List[Tuple[str, Tuple[str, ...], str, str]]  # (name, shape extents, dtype, count)
+    separate_resets: List[SlotNames]  # tails no group takes: their own fill_
+    separate_copies: List[SlotNames]  # heads no group takes: their own copy_
+    source_copies: List[SlotNames]  # heads a source hook gives
+
+    def copied(self, order: List[SlotNames]) -> List[SlotNames]:
+        """The slots whose batch field is read and checked, in slot order."""
+        heads = [n for g in self.host_groups for n in g.heads + g.optional_heads]
+        heads += self.dev.heads + self.dev.optional_heads + self.separate_copies
+        return sorted(heads, key=order.index)
+
+
+def _pad_for(em: "Emitter", n: SlotNames, constants: Dict[str, PadConstant], names: Dict[str, str]) -> str:
+    s = n.slot
+    value = em.pad_src(s)
+    name = unique(names, pad_name(s.host, s.dtype_name, s.axis, value), repr((s.host, s.dtype_name, s.axis, value)))
+    constants.setdefault(name, PadConstant(name, s.host, s.dtype_name, value, CAPACITY[s.axis]))
+    return name
+
+
+def fused_value(em: "Emitter", n: SlotNames) -> Optional[str]:
+    """The step count a computed slot is filled with when its only hook is a built-in
+    that fills the whole buffer with it (so the device group can write it), else None."""
+    s = n.slot
+    ref = s.post_fill
+    if (s.host or s.copy_from_fb or s.resets_tail or em.hooks[s.name] != ["post_fill"]
+            or ref not in BUILTIN_HOOKS or is_import_reference(ref)):
+        return None
+    return BUILTIN_HOOKS[ref].fills
+
+
+def plan_copies(em: "Emitter") -> Copies:
+    """Sort the slots into copy groups. A computed slot the device group fills drops its
+    hook from ``em.hooks`` (nothing is left to call)."""
+    host: Dict[str, CopyGroup] = {}
+    dev, constants, names = DeviceGroup(), {}, {}
+    values: Dict[str, Tuple[str, Tuple[str, ...], str, str]] = {}
+    resets, copies, sourced = [], [], []
+    for n in em.names:
+        s = n.slot
+        if s.host:
+            group = host.setdefault(s.dtype_name, CopyGroup(s.dtype_name))
+            if s.resets_tail and len(s.shape) == 1:
+                group.tails.append((n, _pad_for(em, n, constants, names)))
+            elif s.resets_tail:
+                resets.append(n)
+            if s.copy_from_fb and s.source is not None:
+                sourced.append(n)
+            elif s.copy_from_fb and n.dense_narrow:
+                (group.optional_heads if s.optional else group.heads).append(n)
+            elif s.copy_from_fb:
+                copies.append(n)
+            continue
+        if s.resets_tail and n.tail_rows() is not None:
+            dev.tails.append((n, _pad_for(em, n, constants, names)))
+        elif s.resets_tail:
+            resets.append(n)
+        count = fused_value(em, n)
+        if count is not None:
+            extents = tuple(em.extents(s))
+            name = unique(names, value_name(s.dtype_name, count, extents), repr((s.dtype_name, count, extents)))
+            values.setdefault(name, (name, extents, s.dtype_name, count))
+            dev.values.append((n, name))
+            em.hooks[s.name] = []
+        if not s.copy_from_fb:
+            continue
+        if s.source is not None:
+            sourced.append(n)
+        elif n.head_rows() is not None:
+            (dev.optional_heads if s.optional else dev.heads).append(n)
+        else:
+            copies.append(n)
+    dev.choose_carrier()
+    groups = [g for g in host.values() if g.heads or g.optional_heads or g.tails]
+    return Copies(groups, dev, list(constants.values()), list(values.values()), resets, copies, sourced)
