@@ -16,11 +16,12 @@ from .registry.pool import GLOBAL_POOL, BufferPool
 from .registry.base import SlotRegistry
 from .registry.interpreter import InterpretedRegistry
 from .spec.resolve import resolve_params, resolve_slots
-from .registry.stepcheck import parse_bool_env
+from . import env
 
 
 def strict_from_env() -> bool:
-    return parse_bool_env("GRAPHSLOT_STRICT", os.environ.get("GRAPHSLOT_STRICT", ""))
+    """``GRAPHSLOT_STRICT`` (:mod:`graphslot.env`): on for every registry built."""
+    return env.STRICT.enabled()
 
 
 def bind_slot_hooks(

@@ -220,13 +220,3 @@ class BufferExtents:
             return reach[i - 1][1]
         return None
 
-
-def parse_bool_env(name: str, value: str) -> bool:
-    """``1/true/yes/on`` and ``0/false/no/off`` (any case); empty is false."""
-    text = value.strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("", "0", "false", "no", "off"):
-        return False
-    raise ValueError(f"{name}={value!r} is not a boolean: use 1/true/yes/on or 0/false/no/off")
-
