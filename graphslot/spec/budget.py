@@ -29,14 +29,23 @@ class BufferBudgetError(ValueError):
     """Buffers over their byte cap (or beyond what torch can size); nothing was allocated."""
 
 
+BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
+
+
+def human_bytes(n: int) -> str:
+    """``512 B``, ``12.5 KiB``, ``3.0 MiB`` ... ``1024.0 EiB`` (EiB is the largest unit)."""
+    if n < 1024:
+        return f"{int(n)} B"
+    k = min((int(n).bit_length() - 1) // 10, len(BINARY_UNITS) - 1)
+    try:
+        return f"{n / 1024**k:.1f} {BINARY_UNITS[k]}"
+    except OverflowError:  # beyond any float: only a hostile count gets here
+        return f"about 2**{int(n).bit_length() - 1} B"
+
+
 def format_bytes(n: int) -> str:
-    """``5368709120 bytes (5.0 GiB)``."""
-    value, unit = float(n), "B"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
-        if value < 1024 or unit == "EiB":
-            break
-        value /= 1024
-    return f"{n} bytes" if unit == "B" else f"{n} bytes ({value:.1f} {unit})"
+    """``5368709120 bytes (5.0 GiB)``; ``1023 bytes``."""
+    return f"{n} bytes" if n < 1024 else f"{n} bytes ({human_bytes(n)})"
 
 
 def byte_cap(max_bytes: Optional[int], env: str, default: Optional[int],

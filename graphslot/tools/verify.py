@@ -222,7 +222,7 @@ def verify_runner(target: VerifyTarget, samples: int = 2, seed: int = 0, audit: 
             done.append((raw, padded))
             state = _State(runner)
             counts = {s.name: s.count(raw, raw * k) for s in slots}
-            live = [s for s in slots if s.spec.structured or not s.spec.plain_copy
+            live = [s for s in slots if s.resolved.structured or not s.resolved.plain_copy
                     or getattr(fb, s.name, None) is not None]
 
             def observe(raw_bs: int, padded_bs: int) -> None:
@@ -275,12 +275,11 @@ def _poisoned_leak(runner, fb, state, slot, raw_rows, pattern, poisoner, clean) 
 
 
 def _verdict(slot, poisoned, leaks, exercised) -> SlotVerdict:
-    spec, name = slot.spec, slot.name
-    if spec.axis == "none":
+    spec, name = slot.resolved, slot.name
+    if not spec.axis.sliced:
         return SlotVerdict(name, spec.padding, "n/a", "not sliced by the step: no padded rows")
     if spec.resets_tail:
-        value = "0" if spec.padding == "zero" else repr(spec.pad_value)
-        return SlotVerdict(name, spec.padding, "safe", f"tail reset to {value} every step")
+        return SlotVerdict(name, spec.padding, "safe", f"tail reset to {spec.tail_value!r} every step")
     found = leaks.get(name, [])
     if found:
         first, rows = found[0], sorted({r for leak in found for r in leak["rows"]})
