@@ -24,7 +24,7 @@ def test_an_axis_is_its_string():
     assert {"bs": 1}[Axis.BS] == 1 and hash(Axis.TOKENS) == hash("tokens")
     assert f"{Axis.BS}" == str(Axis.BS) == "%s" % Axis.BS == "bs" and f"{Axis.NONE:>6}" == "  none"
     assert json.dumps({"axis": Axis.TOKENS, "padding": Padding.FILL_ONCE}) == '{"axis": "tokens", "padding": "fill_once"}'
-    assert type(str(Padding.ZERO)) is str
+    assert type(str(Padding.ZERO)) is str and repr(Axis.TOKENS) == "'tokens'" and repr((Axis.BS,)) == "('bs',)"
 
 
 def test_the_axis_knows_its_capacity_and_counts():

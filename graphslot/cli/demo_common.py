@@ -75,3 +75,10 @@ def representative(batches: List[Any], graphs: Dict[int, Any], size: Callable[[A
     padded = [b for b in batches if size(b) not in graphs] or list(batches)
     padded.sort(key=lambda b: (b.batch_size, size(b)))
     return padded[len(padded) // 2]
+
+
+def run_figures(runner: Any, device: torch.device, check: str, max_bs: int) -> Dict[str, Any]:
+    """What every demo's JSON says of how it ran: graph backend, device, registry, check,
+    torch and the largest batch."""
+    return {"backend": runner.backend.name, "device": str(device), "registry_mode": runner.registry.mode,
+            "check": check, "torch": torch.__version__, "max_bs": max_bs}

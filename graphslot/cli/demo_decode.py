@@ -20,7 +20,7 @@ from ..reference.adapter import ReferenceDecodeAdapter
 from ..reference.numerics import output_check
 from ..runners.decode import DecodeGraphRunner, DecodeRunnerConfig
 from .common import human_bytes, metric_table
-from .demo_common import demo_device, fill_timings, representative, single_thread, timed
+from .demo_common import demo_device, fill_timings, representative, run_figures, single_thread, timed
 
 
 def run_demo(
@@ -75,12 +75,7 @@ def _run(steps: int, backend: str, mode: str, max_bs: int, seed: int, progress: 
     sizes = sorted({b.batch_size for b in batches})
     result: Dict[str, Any] = {
         "mode": "decode",
-        "backend": runner.backend.name,
-        "device": str(device),
-        "registry_mode": runner.registry.mode,
-        "check": check.name,
-        "torch": torch.__version__,
-        "max_bs": max_bs,
+        **run_figures(runner, device, check.name, max_bs),
         "captured_sizes": list(runner.captured_sizes),
         "capture_seconds": runner.capture_seconds,
         "steps": sched.step_idx,

@@ -21,7 +21,7 @@ import torch
 from tqdm import tqdm
 
 from .common import human_bytes, metric_table
-from .demo_common import demo_device, single_thread, timed
+from .demo_common import demo_device, run_figures, single_thread, timed
 
 MAX_CONTEXT_LEN = 64
 
@@ -126,12 +126,8 @@ def _run(hf, name: str, steps: int, backend: str, mode: str, max_bs: int, seed: 
                                                          "num_key_value_heads", "vocab_size")},
         "layer_kinds": [kind for kind, _ in engine.cache.layer_kinds],
         "transformers": transformers.__version__,
-        "torch": torch.__version__,
-        "backend": runner.backend.name,
-        "device": str(device),
-        "registry_mode": runner.registry.mode,
-        "check": f"allclose(atol={hf.models.ATOL}, rtol={hf.models.RTOL}) vs transformers per request",
-        "max_bs": max_bs,
+        **run_figures(runner, device, f"allclose(atol={hf.models.ATOL}, rtol={hf.models.RTOL}) vs transformers "
+                                      "per request", max_bs),
         "captured_sizes": list(runner.captured_sizes),
         "capture_seconds": runner.capture_seconds,
         "steps": steps,

@@ -24,7 +24,7 @@ import torch
 from tqdm import tqdm
 
 from .common import human_bytes
-from .demo_common import demo_device, fill_timings, representative, single_thread, timed
+from .demo_common import demo_device, fill_timings, representative, run_figures, single_thread, timed
 from ..reference import TinyConfig, build_reference_model, make_extend_batch
 from ..reference.numerics import output_check
 
@@ -226,12 +226,7 @@ def _run(names: List[str], count: int, backend: str, mode: str, max_bs: int, buc
             reqs = [b.batch_size for b in seen]
             toks = [b.num_tokens for b in seen]
             shared = {
-                "backend": runner.backend.name,
-                "device": str(device),
-                "registry_mode": runner.registry.mode,
-                "check": check.name,
-                "torch": torch.__version__,
-                "max_bs": max_bs,
+                **run_figures(runner, device, check.name, max_bs),
                 "batches": len(seen),
                 "requests_per_batch": [min(reqs), max(reqs)] if reqs else [],
                 "request_counts": sorted(set(reqs)),

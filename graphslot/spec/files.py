@@ -24,6 +24,20 @@ except ImportError:  # Windows
 Data = Union[str, bytes]
 
 
+class TooLarge(ValueError):
+    """A file holds more bytes than the reader takes."""
+
+
+def read_bounded(path: Union[str, os.PathLike], limit: int) -> bytes:
+    """The bytes of ``path``, read up to ``limit``: TooLarge when it holds more (untrusted
+    input is never read whole); OSError as ``open`` raises it."""
+    with open(path, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise TooLarge(f"the file is larger than {limit} bytes")
+    return data
+
+
 def file_mode() -> int:
     """The mode a new file gets under the process umask (0644 under umask 022)."""
     umask = os.umask(0o022)

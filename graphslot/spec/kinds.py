@@ -14,11 +14,13 @@ from typing import Optional, Tuple
 
 
 class _StrEnum(str, Enum):
-    """A ``str`` enum that prints and formats as its value on every Python (3.10's
-    ``enum.StrEnum`` is missing, and 3.11 formats a mixed-in member as ``Class.NAME``)."""
+    """A ``str`` enum that prints, formats and reprs as its value on every Python (3.10
+    has no ``enum.StrEnum``, and 3.11 formats a mixed-in member as ``Class.NAME``): code
+    that renders a value (generated source, names made from it) sees the string."""
 
     __str__ = str.__str__
     __format__ = str.__format__
+    __repr__ = str.__repr__
 
     @classmethod
     def values(cls) -> Tuple[str, ...]:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from .errors import SpecIssue
-from .files import display_path
+from .files import TooLarge, display_path, read_bounded
 
 try:
     import tomllib
@@ -209,14 +209,11 @@ def read_pyproject(path: Path) -> bytes:
     """The bytes of ``path``, at most MAX_PYPROJECT_BYTES (ProjectConfigError otherwise)."""
     file = pyproject_label(path)
     try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_PYPROJECT_BYTES + 1)
+        return read_bounded(path, MAX_PYPROJECT_BYTES)
     except OSError as exc:
         raise ProjectConfigError([SpecIssue(file, None, f"cannot read: {exc.strerror or exc}")]) from None
-    if len(data) > MAX_PYPROJECT_BYTES:
-        raise ProjectConfigError([SpecIssue(file, None, f"the file is larger than {MAX_PYPROJECT_BYTES} bytes; "
-                                                        "a pyproject.toml is a few KiB")])
-    return data
+    except TooLarge as exc:
+        raise ProjectConfigError([SpecIssue(file, None, f"{exc}; a pyproject.toml is a few KiB")]) from None
 
 
 def read_toml(path: Path, data: bytes) -> Tuple[str, Dict[str, Any]]:
