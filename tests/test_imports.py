@@ -19,14 +19,23 @@ from test_layering import MODULES, ROOT, imported_modules, imports_of, module_na
 Graph = Dict[str, Set[str]]
 
 
+def _type_checking(node: ast.stmt) -> bool:
+    """``if TYPE_CHECKING:`` (or ``typing.TYPE_CHECKING``): for type checkers, never run."""
+    test = getattr(node, "test", None)
+    return isinstance(node, ast.If) and (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING" or
+                                         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
 def _module_level(body: List[ast.stmt]) -> List[ast.stmt]:
-    """The import statements that run on import (top level, and in top-level if/try)."""
+    """The import statements that run on import (top level, and in top-level if/try;
+    not under ``if TYPE_CHECKING:``)."""
     found: List[ast.stmt] = []
     for node in body:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             found.append(node)
         elif isinstance(node, (ast.If, ast.Try)):
-            for part in (node.body, node.orelse, getattr(node, "finalbody", [])):
+            runs = [node.orelse] if _type_checking(node) else [node.body, node.orelse]
+            for part in runs + [getattr(node, "finalbody", [])]:
                 found += _module_level(part)
             for handler in getattr(node, "handlers", []):
                 found += _module_level(handler.body)
@@ -85,6 +94,9 @@ def test_a_cycle_is_found():
     assert cycles(import_graph(modules, "graphslot.cli", module_level=False)) == [
         ["graphslot.cli.x", "graphslot.cli.y", "graphslot.cli.x"]]
     assert cycles(import_graph(modules, "graphslot.cli", module_level=True)) == []
+    typed = [fake("graphslot.cli.x", "from .y import f\n"),
+             fake("graphslot.cli.y", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .x import g\n")]
+    assert cycles(import_graph(typed, "graphslot.cli", module_level=True)) == []  # never runs
 
 
 def test_every_command_is_one_module_the_app_lists():
