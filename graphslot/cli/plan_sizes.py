@@ -14,6 +14,7 @@ from typing import Any, Dict, Optional
 
 from ..planning.histogram import BatchSizeHistogram, HistogramError
 from ..planning.planner import MAX_GRAPHS, default_ladder, evaluate, plan_capture_sizes
+from ..spec.errors import shorten
 from .common import Command, fail, format_table, positive_int
 
 HELP = """Propose decode capture sizes from the batch sizes a runner served.
@@ -37,7 +38,7 @@ def byte_count(text: str) -> int:
     match = re.fullmatch(r"\s*(\d{1,15}(?:\.\d{1,6})?)\s*([a-zA-Z]{0,3})\s*", text)
     unit = UNITS.get(match.group(2).lower()) if match else None
     if unit is None:
-        raise argparse.ArgumentTypeError(f"expected bytes such as 1073741824, 512MiB or 2GiB, got {text[:40]!r}")
+        raise argparse.ArgumentTypeError(f"expected bytes such as 1073741824, 512MiB or 2GiB, got {shorten(text, 40)}")
     return int(float(match.group(1)) * unit)
 
 

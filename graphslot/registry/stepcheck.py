@@ -25,7 +25,7 @@ from typing import Any, Iterable, Optional, Tuple
 
 import torch
 
-from ..spec.errors import SlotError
+from ..spec.errors import SlotError, shorten
 from ..spec.kinds import Axis
 
 SIZE_MEMO_LIMIT = 4096  # sizes remembered; a server sees about one per captured size
@@ -36,8 +36,7 @@ def describe(value: Any) -> str:
     """What came, in a few words (never a whole tensor)."""
     if isinstance(value, torch.Tensor):
         return f"a {value.dtype} tensor of shape {list(value.shape)} on {value.device}"
-    text = repr(value)
-    return f"{type(value).__name__} {text[:60] + '…' if len(text) > 60 else text}"
+    return f"{type(value).__name__} {shorten(value, 61)}"
 
 
 class StepChecker:

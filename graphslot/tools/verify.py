@@ -25,7 +25,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from ..runners.decode import DecodeGraphRunner
-from ..spec.project import display_path
+from ..spec.errors import shorten
+from ..spec.files import display_path
 from .audit import ExternalInput, audit_external_inputs
 from .poison import PATTERNS, Poisoner, hostile_name, poisonable
 
@@ -53,7 +54,7 @@ def describe_exception(exc: BaseException) -> str:
         where = display_path(Path(where))
     prefix = f"{where}:{line}: " if where and line else ""
     text = f"{prefix}{type(exc).__name__}" + (f": {message}" if message else "")
-    return text if len(text) <= 300 else text[:299] + "…"
+    return shorten(text, 300, quote=False)
 
 
 @dataclass
@@ -270,7 +271,7 @@ def _poisoned_leak(runner, fb, state, slot, raw_rows, pattern, poisoner, clean) 
     try:
         rows = differing_rows(clean, _replay(runner, fb, state, poison))
     except Exception as exc:  # noqa: BLE001 - a poisoned tail that crashes the replay is the finding
-        return {"pattern": name, "rows": [], "error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+        return {"pattern": name, "rows": [], "error": f"{type(exc).__name__}: {shorten(str(exc), 200, quote=False)}"}
     return {"pattern": name, "rows": rows} if rows else None
 
 
