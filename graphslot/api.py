@@ -16,11 +16,12 @@ from .registry.pool import GLOBAL_POOL, BufferPool
 from .registry.base import SlotRegistry
 from .registry.interpreter import InterpretedRegistry
 from .spec.resolve import resolve_params, resolve_slots
-from .registry.stepcheck import parse_bool_env
+from . import env
 
 
 def strict_from_env() -> bool:
-    return parse_bool_env("GRAPHSLOT_STRICT", os.environ.get("GRAPHSLOT_STRICT", ""))
+    """``GRAPHSLOT_STRICT`` (:mod:`graphslot.env`): on for every registry built."""
+    return env.STRICT.enabled()
 
 
 def bind_slot_hooks(
@@ -63,15 +64,24 @@ def build_registry(
     strict: bool = False,
     preset: Optional[str] = None,
     max_bytes: Optional[int] = None,
+    *,
+    adopt: Any = None,
 ) -> SlotRegistry:
     """Allocate a registry's buffers and bind its ``fill_from`` / ``extract``.
 
-    ``mode`` is ``"generated"`` (specialised code compiled in process, the default),
-    ``"interpreted"`` (the reference semantics), or a checked-in generated module.
-    ``max_bytes`` caps the bytes of the enabled slots' buffers, checked before any is
-    allocated (default: ``GRAPHSLOT_MAX_BUFFER_BYTES``, else 4 GiB;
-    :mod:`graphslot.spec.budget`).
+    ``mode`` is the registry's implementation: ``"generated"`` (specialised code
+    compiled in process, the default), ``"interpreted"`` (the reference semantics), or
+    a checked-in generated module. ``adopt`` is an object (attributes, mapping keys or
+    dotted paths by slot name) whose tensors become the slots' buffers instead of new
+    ones, each checked for shape and dtype; ``source=`` is its older spelling, kept
+    working (give one of them). ``max_bytes`` caps the bytes of the enabled slots'
+    buffers, checked before any is allocated (default: ``GRAPHSLOT_MAX_BUFFER_BYTES``,
+    else 4 GiB; :mod:`graphslot.spec.budget`).
     """
+    if source is not None:
+        if adopt is not None:
+            raise TypeError("build_registry: give adopt= or source= (its older spelling), not both")
+        adopt = source
     if not isinstance(spec, RegistrySpec):
         spec = load_spec(spec)
     resolved_params = resolve_params(spec, params, preset)
@@ -81,9 +91,10 @@ def build_registry(
     bound = bind_slot_hooks(spec, slots, resolved_params, hooks or {})
     pool = GLOBAL_POOL if share_pool is True else (share_pool or None)
     kwargs = dict(max_bs=max_bs, max_num_tokens=max_num_tokens, device=torch.device(device), pool=pool,
-                  source=source, strict=strict or strict_from_env())
+                  strict=strict or strict_from_env())
     if mode == "interpreted":
-        return InterpretedRegistry(spec, slots, bound, resolved_params, **kwargs)
+        return InterpretedRegistry(spec, slots, bound, resolved_params, adopt=adopt, **kwargs)
     from .codegen.inprocess import build_generated_registry
 
-    return build_generated_registry(spec, slots, bound, resolved_params, mode=mode, **kwargs)
+    # codegen passes it on to a generated module's allocate(), whose argument is `source`.
+    return build_generated_registry(spec, slots, bound, resolved_params, mode=mode, source=adopt, **kwargs)

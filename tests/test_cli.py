@@ -9,7 +9,8 @@ import textwrap
 
 import pytest
 
-from graphslot.cli.app import SUBCOMMANDS, human_bytes, main
+from graphslot.cli.app import COMMANDS, main
+from graphslot.cli.common import human_bytes
 from graphslot.spec.loading import SHIPPED_DIR, shipped_spec_names
 from graphslot.spec.project import load_project_config
 
@@ -51,7 +52,7 @@ def table_row(out: str, slot: str) -> list:
 
 
 def test_subcommands_are_registered():
-    assert {"validate", "show", "schema"} <= set(SUBCOMMANDS)
+    assert {"validate", "show", "schema"} <= set(COMMANDS)
 
 
 def test_no_command_is_a_usage_error(capsys):

@@ -50,12 +50,13 @@ REPORT = textwrap.dedent("""
     }))
 """)
 
+CLI_COMMAND_MODULES = ["validate", "show", "schema", "generate", "bench", "demo", "verify", "new_spec", "plan_sizes"]
 TOOLCHAIN_MODULES = [
-    "graphslot", "graphslot.cli", "graphslot.cli.app", "graphslot.spec.project", "graphslot.spec.loading", "graphslot.spec.model",
-    "graphslot.spec.checks", "graphslot.spec.yaml_loader", "graphslot.spec.expr",
-    "graphslot.spec.errors", "graphslot.spec.dtypes", "graphslot.spec.schema",
-    "graphslot.spec.resolve", "graphslot.spec.hooks", "graphslot.codegen.generator",
-    "graphslot.codegen.emitter", "graphslot.codegen.aot", "graphslot.cli.new_spec",
+    "graphslot", "graphslot.env", "graphslot.cli", "graphslot.cli.app", "graphslot.cli.common",
+    "graphslot.codegen.generator", "graphslot.codegen.emitter", "graphslot.codegen.aot",
+    *(f"graphslot.cli.{name}" for name in CLI_COMMAND_MODULES),
+    *sorted(f"graphslot.spec.{p.stem}" for p in (Path(__file__).resolve().parent.parent / "graphslot" / "spec").glob("*.py")
+            if p.stem != "__init__"),
 ]
 
 COMMANDS = [
@@ -137,7 +138,7 @@ def test_the_runtime_without_torch_says_so_in_one_line():
         import contextlib, io
         import graphslot, graphslot.cli.app as cli
         RESULT = {"runs": []}
-        for argv in (["demo", "--steps", "1"], ["demo", "--mode", "prefill"], ["bench"]):
+        for argv in (["demo", "--steps", "1"], ["demo", "--workload", "prefill"], ["bench"]):
             err = io.StringIO()
             with contextlib.redirect_stderr(err):
                 RESULT["runs"].append([cli.main(argv), err.getvalue().splitlines()[-1]])

@@ -10,6 +10,7 @@ from pydantic import ValidationError
 
 from .checks import DEFAULT_MAX_BYTES, check_spec
 from .errors import SpecError, SpecIssue, did_you_mean, one_of, shorten
+from .files import TooLarge, display_path, read_bounded
 from .model import (AXES, MAX_PARAMS, MAX_PRESETS, MAX_SLOTS, PADDINGS, PARAM_KEYS, PARAM_TYPES, SLOT_KEYS,
                     TOP_KEYS, ParamSpec, RegistrySpec, SlotSpec)
 from .yaml_loader import Locations, line_of_position, load_yaml
@@ -46,7 +47,7 @@ def load_spec(name_or_path: Union[str, os.PathLike], *, import_hooks: bool = Fal
     :data:`graphslot.spec.checks.DEFAULT_MAX_BYTES`).
     """
     path = spec_path(name_or_path)
-    source = _display_path(path)
+    source = display_path(path)
     return parse_spec(read_spec_text(path, source), source=source, import_hooks=import_hooks,
                       max_bytes=max_bytes)
 
@@ -54,13 +55,11 @@ def load_spec(name_or_path: Union[str, os.PathLike], *, import_hooks: bool = Fal
 def read_spec_text(path: Path, source: str) -> str:
     """The text of a spec file: UTF-8, at most MAX_SPEC_BYTES; else SpecError with the line."""
     try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_SPEC_BYTES + 1)
+        data = read_bounded(path, MAX_SPEC_BYTES)
     except OSError as exc:
         raise SpecError([SpecIssue(source, None, f"cannot read: {exc.strerror or exc}")]) from None
-    if len(data) > MAX_SPEC_BYTES:
-        raise SpecError([SpecIssue(source, None, f"the file is larger than {MAX_SPEC_BYTES} bytes; "
-                                                 "a spec is a few KiB")])
+    except TooLarge as exc:
+        raise SpecError([SpecIssue(source, None, f"{exc}; a spec is a few KiB")]) from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -68,14 +67,6 @@ def read_spec_text(path: Path, source: str) -> str:
         raise SpecError([SpecIssue(source, line, f"not UTF-8: byte 0x{data[exc.start]:02x} at offset "
                                                  f"{exc.start} cannot be decoded")]) from None
     return text.removeprefix("\ufeff")
-
-
-def _display_path(path: Path) -> str:
-    try:
-        relative = os.path.relpath(path)
-    except ValueError:  # another drive on Windows
-        return str(path)
-    return str(path) if relative.startswith("..") else relative
 
 
 def parse_spec(text: str, source: str = "<string>", *, import_hooks: bool = False,

@@ -169,7 +169,7 @@ def _compose(loader, locations: Locations, issues: List[SpecIssue], max_depth: i
         parent = stack[-1] if stack else None
         if isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
             frame = stack.pop()
-            value, done_node = frame.container, True
+            value = frame.container
         else:
             if isinstance(event, yaml.AliasEvent):
                 raise _Refused(event.start_mark, "YAML aliases (*name) are not allowed in a spec: "
@@ -215,7 +215,7 @@ def _compose(loader, locations: Locations, issues: List[SpecIssue], max_depth: i
                 continue
             if not isinstance(event, yaml.ScalarEvent):
                 raise _Refused(event.start_mark, f"unexpected YAML event {type(event).__name__}")
-            value, done_node = _scalar(loader, event), True
+            value = _scalar(loader, event)
         # Deliver a finished value to its parent.
         parent = stack[-1] if stack else None
         if parent is None:
