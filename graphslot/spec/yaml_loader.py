@@ -100,6 +100,10 @@ def load_yaml(text: str, file: str, *, max_depth: int = MAX_YAML_DEPTH,
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None
+        if "maximum nesting depth" in (exc.problem or ""):
+            # libyaml (PyYAML >= 6.0.4) has its own, higher, depth limit, met before ours.
+            issues.append(SpecIssue(file, line, _too_deep(max_depth)))
+            return LoadedYaml(None, locations, issues, fatal=True)
         reason = exc.problem or str(exc)
         if exc.context:
             reason = f"{exc.context}, {reason}"
@@ -149,6 +153,10 @@ def _scalar(loader, event) -> Any:
         raise _Refused(event.start_mark, f"integer {shorten(event.value)} is out of range: "
                                          "spec integers must lie strictly between -2**63 and 2**63")
     return value
+
+
+def _too_deep(max_depth: int) -> str:
+    return f"YAML nesting deeper than {max_depth} levels: a spec needs only a few"
 
 
 def _compose(loader, locations: Locations, issues: List[SpecIssue], max_depth: int, max_nodes: int) -> Any:
@@ -209,8 +217,7 @@ def _compose(loader, locations: Locations, issues: List[SpecIssue], max_depth: i
                 locations.lines.setdefault(path, event.start_mark.line + 1)
             if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
                 if len(stack) >= max_depth:
-                    raise _Refused(event.start_mark, f"YAML nesting deeper than {max_depth} levels: "
-                                                     "a spec needs only a few")
+                    raise _Refused(event.start_mark, _too_deep(max_depth))
                 stack.append(_Frame({} if isinstance(event, yaml.MappingStartEvent) else [], path, record))
                 continue
             if not isinstance(event, yaml.ScalarEvent):
