@@ -15,6 +15,8 @@ from graphslot.codegen import stale
 from graphslot.spec.dtypes import SPELLINGS, parse_dtype
 from graphslot.spec.loading import SHIPPED_DIR
 
+from conftest import cli
+
 REPO = Path(__file__).resolve().parent.parent
 SPEC = """\
 name: tiny
@@ -34,13 +36,6 @@ output_dir = "{output_dir}"
 module = "tiny_default"
 spec = "specs/tiny.yaml"
 """
-
-
-def cli(capsys, *argv):
-    status = main(list(argv))
-    out, err = capsys.readouterr()
-    assert "Traceback" not in out + err
-    return status, out, err
 
 
 @pytest.fixture

@@ -22,6 +22,8 @@ import pytest
 
 from graphslot.spec.pyproject_text import tomllib
 
+from conftest import LORA_IDS_SLOT
+
 REPO = Path(__file__).resolve().parent.parent
 ENTRY = "import sys\nfrom graphslot.cli import main\nsys.exit(main())\n"  # what pip's `graphslot` script runs
 HOOKS = '''"""myengine's slot hooks."""
@@ -30,16 +32,8 @@ HOOKS = '''"""myengine's slot hooks."""
 def fill_lora_ids(buffer, fb, ctx):
     buffer[: ctx.raw_bs].fill_(7)
 '''
-EXTRA_SLOT = """\
-  - name: lora_ids
-    shape: [max_bs]
-    dtype: int32
-    axis: bs
-    padding: zero
-    index: true
-    copy_from_fb: false
-    post_fill: myengine.hooks:fill_lora_ids
-"""
+# The engine's slot, filled by its own hook.
+EXTRA_SLOT = LORA_IDS_SLOT + "    copy_from_fb: false\n    post_fill: myengine.hooks:fill_lora_ids\n"
 OUTPUTS = """\
 output_dir = "myengine/generated"
 

@@ -12,27 +12,13 @@ from __future__ import annotations
 import pytest
 
 import graphslot as gs
-from graphslot.cli import main
 from graphslot.codegen.aot import plan_outputs
 from graphslot.spec.loading import SHIPPED_DIR
 from graphslot.spec.project import load_project_config
 
+from conftest import LORA_IDS_SLOT, cli
+
 SHIPPED_DECODE = (SHIPPED_DIR / "decode.yaml").read_text()
-EXTRA_SLOT = """\
-  - name: lora_ids
-    shape: [max_bs]
-    dtype: int32
-    axis: bs
-    padding: zero
-    index: true
-"""
-
-
-def cli(capsys, *argv):
-    status = main(list(argv))
-    out, err = capsys.readouterr()
-    assert "Traceback" not in out + err
-    return status, out, err
 
 
 @pytest.fixture
@@ -41,7 +27,7 @@ def project(tmp_path, monkeypatch):
     working directory is its root."""
     root = tmp_path / "engine"
     (root / "specs").mkdir(parents=True)
-    (root / "specs" / "decode.yaml").write_text(SHIPPED_DECODE + EXTRA_SLOT)
+    (root / "specs" / "decode.yaml").write_text(SHIPPED_DECODE + LORA_IDS_SLOT)
     (root / "pyproject.toml").write_text('[tool.graphslot]\nspecs = ["specs/decode.yaml"]\n')
     monkeypatch.chdir(root)
     return root

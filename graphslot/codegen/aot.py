@@ -28,12 +28,12 @@ from __future__ import annotations
 import difflib
 import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List, Mapping, Optional
 
 from ..spec.errors import SpecError, SpecIssue
+from ..spec.files import write_atomic
 from ..spec.loading import parse_spec, shipped_spec_names, shipped_spec_path
 from ..spec.project_specs import is_spec_name, project_spec
 from ..spec.resolve import resolve_params
@@ -175,35 +175,6 @@ def _is_generated(path: Path, package_init: bool = False) -> bool:
     return is_generated_text(head.decode("utf-8", errors="replace"), package_init)
 
 
-def _file_mode() -> int:
-    """The mode a new file gets under the process umask (0644 under umask 022)."""
-    umask = os.umask(0o022)
-    os.umask(umask)
-    return 0o666 & ~umask
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Replace ``path`` by ``text`` in one rename: readers see the old file or the new
-    one, and no temporary file is left behind, whatever happens (^C included)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            fd = -1
-            f.write(text)
-        os.chmod(tmp, _file_mode())
-        os.replace(tmp, path)
-        tmp = None
-    finally:
-        if fd != -1:
-            os.close(fd)
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-
-
 @dataclass
 class GenerateReport:
     written: List[Path] = field(default_factory=list)
@@ -248,6 +219,7 @@ def generate(root: Path, table: Mapping[str, Any], check: bool = False, text: st
                     existing.splitlines(keepends=True), item.text.splitlines(keepends=True),
                     fromfile=f"{rel} (on disk)", tofile=f"{rel} (generated)")))
         else:
+            item.path.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(item.path, item.text)
             report.written.append(item.path)
     elsewhere, stopped = stale_files(root, out, _is_generated)

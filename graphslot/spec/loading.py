@@ -60,7 +60,8 @@ def spec_path(name_or_path: Union[str, os.PathLike]) -> Path:
 
 def load_spec(name_or_path: Union[str, os.PathLike], *, import_hooks: bool = False,
               max_bytes: Optional[int] = None) -> RegistrySpec:
-    """Load a shipped spec by name or a spec file by path.
+    """Load a spec by name -- the project's own spec of that name, else a shipped one
+    (:func:`spec_path`) -- or a spec file by path.
 
     ``import_hooks``: import ``module:function`` hooks and check their signatures (off:
     only the reference's form is checked, and no user code runs). ``max_bytes``: the cap

@@ -15,12 +15,12 @@ message names that file; outside the project ``decode`` is the shipped spec agai
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Union
 
 from .errors import SpecError, SpecIssue
 from .files import TooLarge, display_path, read_bounded
 from .names import is_identifier
-from .project import ProjectConfigError, load_project_config
+from .project import ProjectConfigError, find_pyproject, parse_pyproject, read_pyproject
 from .yaml_loader import load_yaml
 
 __all__ = ["SPEC_SUFFIXES", "declared_name", "is_spec_name", "project_spec", "project_spec_names",
@@ -29,6 +29,8 @@ __all__ = ["SPEC_SUFFIXES", "declared_name", "is_spec_name", "project_spec", "pr
 SPEC_SUFFIXES = (".yaml", ".yml")
 # A spec's `name:` is read only to resolve a name; a file larger than this is not looked in.
 MAX_NAME_LOOKUP_BYTES = 1 << 20
+# The specs each pyproject.toml lists, by (path, mtime, size).
+_LISTED: Dict[tuple, List[Path]] = {}
 
 
 def is_spec_name(text: str) -> bool:
@@ -39,13 +41,29 @@ def is_spec_name(text: str) -> bool:
 def project_specs(start: Union[str, Path, None] = None) -> List[Path]:
     """The specs listed by the project around ``start`` (default: the working directory);
     a SpecError naming pyproject.toml when its ``[tool.graphslot]`` cannot be read, since
-    then no name can be told apart from a shipped one."""
+    then no name can be told apart from a shipped one. Kept per pyproject.toml version
+    (path, mtime, size): names are resolved on every ``load_spec("decode")``."""
+    path = find_pyproject(Path.cwd() if start is None else start)
+    if path is None:
+        return []
     try:
-        return load_project_config(Path.cwd() if start is None else start).specs
+        stat = path.stat()
+        key: Optional[tuple] = (str(path), stat.st_mtime_ns, stat.st_size)
+    except OSError:
+        key = None  # reading it says why
+    if key in _LISTED:
+        return list(_LISTED[key])
+    try:
+        specs = parse_pyproject(path, read_pyproject(path)).specs
     except ProjectConfigError as exc:
         raise SpecError(exc.issues + [SpecIssue(exc.issues[0].file, None, "cannot tell which spec a name means "
                                                 "while [tool.graphslot] is unreadable: fix it, or pass the spec's "
                                                 "path")]) from None
+    if key is not None:
+        if len(_LISTED) >= 64:
+            _LISTED.clear()
+        _LISTED[key] = list(specs)
+    return specs
 
 
 def declared_name(path: Path) -> Optional[str]:
