@@ -7,9 +7,13 @@ came from and what to do."""
 from __future__ import annotations
 
 import ast
+import difflib
 import hashlib
 import io
+import json
+import re
 import tokenize
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -76,21 +80,39 @@ def test_the_embedded_spec_is_the_canonical_form_its_identity_hashes():
         assert hashlib.sha256(namespace["SPEC_JSON"].encode("ascii")).hexdigest() == namespace["SPEC_IDENTITY"]
 
 
-def test_the_embedded_spec_is_one_param_and_one_slot_a_line():
-    """A change of one slot changes its lines only: every slot and param starts a line."""
-    spec = _edited_decode()
-    parts = canonical_parts(spec)
-    assert "".join(parts) == spec.canonical_json()
-    text = render_module(spec, gs.resolve_params(spec), "specs/decode.yaml")
+def _embedded_lines(text: str) -> list:
     lines = text.splitlines()
     start = lines.index("SPEC_JSON = (")
-    literals = lines[start + 1:lines.index(")", start)]
+    return lines[start + 1:lines.index(")", start)]
+
+
+def test_the_embedded_spec_starts_a_line_for_each_param_and_slot():
+    spec = _edited_decode()
+    assert "".join(canonical_parts(spec)) == spec.canonical_json()
+    literals = _embedded_lines(render_module(spec, gs.resolve_params(spec), "specs/decode.yaml"))
     assert all(len(line) <= 88 and line.startswith("    ") for line in literals)
-    for slot in spec.slots:
-        assert sum(line.startswith("    '{\"axis\":") and f'"name":"{slot.name}"' in line
-                   for line in literals) <= 1
-    assert sum(line.startswith("    '{\"axis\":") for line in literals) == len(spec.slots)
-    assert sum(line.startswith("    '\"") and line.count('":{"default":') for line in literals) == len(spec.params)
+    slot_starts = [line for line in literals if re.match(r"    ',?\{\"axis\":", line)]
+    assert len(slot_starts) == len(spec.slots)
+    assert len([line for line in literals if '":{"default":' in line]) == len(spec.params)
+
+
+@pytest.mark.parametrize("where", ["end", "middle"])
+def test_adding_a_slot_adds_the_lines_of_its_embedded_spec_and_changes_no_other(where):
+    """The embedded spec is data, outside the names property of tests/test_stable_names.py:
+    its diff for a slot added is lines added, together that slot's JSON, none removed."""
+    shipped = (REPO / "graphslot" / "slot_specs" / "decode.yaml").read_text()
+    marker = "  - name: seq_lens\n"
+    edited = shipped + LORA_IDS_SLOT if where == "end" else shipped.replace(marker, LORA_IDS_SLOT + marker)
+    old, new = (gs.parse_spec(text, "specs/decode.yaml") for text in (shipped, edited))
+    before, after = (_embedded_lines(render_module(s, gs.resolve_params(s), "specs/decode.yaml")) for s in (old, new))
+    diff = list(difflib.unified_diff(before, after, n=0, lineterm=""))[2:]
+    assert not [line for line in diff if line.startswith("-")]
+    starts = [i for i, line in enumerate(after) if re.match(r"    ',?\{\"axis\":", line)] + [len(after) - 1]
+    first = max(i for i in starts if i <= next(i for i, line in enumerate(after) if '"name":"lora_ids"' in line))
+    group = after[first:starts[starts.index(first) + 1]]  # the lines of the new slot's JSON
+    assert json.loads("".join(ast.literal_eval(line.strip()) for line in group).lstrip(",")) == \
+        new.canonical()["slots"][[s.name for s in new.slots].index("lora_ids")]
+    assert Counter(after) - Counter(before) == Counter(group) and len(after) == len(before) + len(group)
 
 
 def test_a_damaged_embedded_spec_is_refused(import_text, nowhere):

@@ -43,7 +43,8 @@ def _dump(value: Any) -> str:
 
 def canonical_parts(spec: RegistrySpec) -> List[str]:
     """``spec.canonical_json()`` cut into pieces (their concatenation is the text): a
-    piece per param, preset and slot, and the keys around them."""
+    piece per param, preset and slot, and the keys around them. A piece's comma leads it,
+    so a slot (or param) added changes no other piece, at the end as in the middle."""
     canonical = spec.canonical()
     parts = ["{"]
     keys = sorted(canonical)
@@ -53,7 +54,7 @@ def canonical_parts(spec: RegistrySpec) -> List[str]:
             is_dict = isinstance(value, dict)
             parts[-1] += _dump(key) + (":{" if is_dict else ":[")
             items = [_dump(k) + ":" + _dump(value[k]) for k in sorted(value)] if is_dict else [_dump(v) for v in value]
-            parts += [item + ("," if j < len(items) - 1 else "") for j, item in enumerate(items)]
+            parts += [("," if j else "") + item for j, item in enumerate(items)]  # appending one adds lines only
             parts.append(("}" if is_dict else "]") + comma)
         else:
             parts[-1] += _dump(key) + ":" + _dump(value) + comma

@@ -199,13 +199,13 @@ def unpack(targets: Sequence[str], value: str, indent: int) -> List[str]:
 
 def _chunks(text: str, width: int) -> List[str]:
     """``text`` cut into pieces whose literals (:func:`py_str`) fit in ``width`` columns,
-    each cut after a comma where one is near enough (any cut gives the same string)."""
+    each cut before a comma where one is near enough (any cut gives the same string)."""
     chunks = []
     while text and len(py_str(text)) > width:
         n = min(len(text), width - 2)
         while n > 1 and len(py_str(text[:n])) > width:
             n -= 1
-        comma = text.rfind(",", 0, n) + 1
+        comma = text.rfind(",", 1, n)  # cut before a comma: a piece's first line starts with its own
         cut = comma if comma > n // 2 else n
         chunks.append(text[:cut])
         text = text[cut:]

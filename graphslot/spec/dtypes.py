@@ -140,12 +140,14 @@ def dtype_hint(value: Any, others: Iterable[str] = ()) -> str:
     """A ``; did you mean 'float32'?`` suffix for a name that is not a dtype: the name
     another tool's spelling stands for (``fp32``, ``bf16``, ``i64``), else the closest
     dtype name or one of ``others`` (dtype params); empty when nothing is close."""
-    if not isinstance(value, str):
-        return ""
-    meant = SPELLINGS.get(value.removeprefix("torch.").lower())
-    if meant is not None:
-        return f"; did you mean '{meant}'?"
-    return did_you_mean(value, [*DTYPES, *others])
+    return spelling_hint(value) or (did_you_mean(value, [*DTYPES, *others]) if isinstance(value, str) else "")
+
+
+def spelling_hint(value: Any) -> str:
+    """``; did you mean 'float32'?`` for another tool's spelling of a dtype (``fp32``),
+    else an empty string."""
+    meant = SPELLINGS.get(value.removeprefix("torch.").lower()) if isinstance(value, str) else None
+    return "" if meant is None else f"; did you mean '{meant}'?"
 
 
 def dtype_name(dtype: Any) -> str:
