@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import types
 from typing import Any, Callable, Dict, Mapping, Optional, Union
 
 import torch
@@ -52,7 +53,7 @@ def bind_slot_hooks(
 
 
 def build_registry(
-    spec: Union[RegistrySpec, str, os.PathLike],
+    spec: Union[RegistrySpec, str, os.PathLike, types.ModuleType],
     max_bs: int,
     max_num_tokens: int,
     device: Union[str, torch.device] = "cpu",
@@ -69,6 +70,11 @@ def build_registry(
 ) -> SlotRegistry:
     """Allocate a registry's buffers and bind its ``fill_from`` / ``extract``.
 
+    ``spec`` is a RegistrySpec, a spec name (the project's own spec of that name first,
+    then a shipped one) or a YAML path, or a generated module: that module then runs
+    with the spec embedded in it (no YAML is read) and, unless ``params`` or ``preset``
+    say otherwise, the params it was generated for.
+
     ``mode`` is the registry's implementation: ``"generated"`` (specialised code
     compiled in process, the default), ``"interpreted"`` (the reference semantics), or
     a checked-in generated module. ``adopt`` is an object (attributes, mapping keys or
@@ -82,6 +88,17 @@ def build_registry(
         if adopt is not None:
             raise TypeError("build_registry: give adopt= or source= (its older spelling), not both")
         adopt = source
+    if isinstance(spec, types.ModuleType):
+        from .codegen.embedded import module_params, module_spec
+
+        module, spec = spec, module_spec(spec)
+        if preset is None:
+            params = {**module_params(module), **(params or {})}
+        if isinstance(mode, str) and mode == "generated":
+            mode = module
+    elif not isinstance(spec, (RegistrySpec, str, os.PathLike)):
+        raise TypeError(f"build_registry: spec must be a RegistrySpec, a spec name or path, or a generated module, "
+                        f"got {type(spec).__name__}")
     if not isinstance(spec, RegistrySpec):
         spec = load_spec(spec)
     resolved_params = resolve_params(spec, params, preset)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
 import textwrap
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, List, Optional
@@ -111,3 +113,46 @@ def build(text_or_spec: Any, max_bs: int = 4, max_num_tokens: int = 8, **kwargs:
     """An interpreted registry from spec text (dedented) or a RegistrySpec."""
     spec = parse(text_or_spec) if isinstance(text_or_spec, str) else text_or_spec
     return gs.build_registry(spec, max_bs=max_bs, max_num_tokens=max_num_tokens, mode="interpreted", **kwargs)
+
+
+# A slot an engine adds to a spec it started from the shipped decode spec (YAML lines to
+# append to it).
+LORA_IDS_SLOT = """\
+  - name: lora_ids
+    shape: [max_bs]
+    dtype: int32
+    axis: bs
+    padding: zero
+    index: true
+"""
+
+
+def cli(capsys, *argv):
+    """``graphslot ARGV`` in process: (exit status, stdout, stderr), never a traceback."""
+    from graphslot.cli import main
+
+    status = main(list(argv))
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    return status, out, err
+
+
+@pytest.fixture
+def import_text(tmp_path, monkeypatch):
+    """Write ``text`` as module ``gs_tmp_pkg.<name>`` under tmp_path and import it (a
+    checked-in generated module, as an engine imports it)."""
+    package = tmp_path / "gs_tmp_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    imported = []
+
+    def run(name: str, text: str) -> types.ModuleType:
+        (package / f"{name}.py").write_text(text, encoding="utf-8")
+        importlib.invalidate_caches()
+        imported.append(f"gs_tmp_pkg.{name}")
+        return importlib.import_module(f"gs_tmp_pkg.{name}")
+
+    yield run
+    for name in imported + ["gs_tmp_pkg"]:
+        sys.modules.pop(name, None)

@@ -9,10 +9,12 @@ import textwrap
 
 import pytest
 
-from graphslot.cli.app import COMMANDS, main
+from graphslot.cli.app import COMMANDS
 from graphslot.cli.common import human_bytes
 from graphslot.spec.loading import SHIPPED_DIR, shipped_spec_names
 from graphslot.spec.project import load_project_config
+
+from conftest import cli
 
 BAD_SPEC = textwrap.dedent("""\
     name: bad
@@ -36,11 +38,7 @@ BAD_SPEC = textwrap.dedent("""\
     """)
 
 
-def run(capsys, *argv):
-    status = main(list(argv))
-    out, err = capsys.readouterr()
-    assert "Traceback" not in out + err
-    return status, out, err
+run = cli  # graphslot ARGV in process: (status, stdout, stderr), never a traceback
 
 
 def table_row(out: str, slot: str) -> list:

@@ -325,12 +325,14 @@ def test_cli_check_fails_with_diff_and_fix_command_then_generate_fixes(project, 
 
 
 def test_cli_generate_without_outputs_says_what_to_add(tmp_path, monkeypatch, capsys):
+    """Nothing to generate is exit 2, as nothing to validate is (issue 25)."""
     from graphslot.cli import main
 
     (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
     monkeypatch.chdir(tmp_path)
-    assert main(["generate"]) == 1
-    assert "declares no [[tool.graphslot.outputs]]" in capsys.readouterr().err
+    assert main(["generate"]) == 2
+    assert capsys.readouterr().err == ("graphslot generate: error: nothing to generate: pyproject.toml declares no "
+                                       "[[tool.graphslot.outputs]]; see README 'Generating code ahead of time'\n")
 
 
 def test_cli_generate_reports_spec_errors_with_location(project, monkeypatch, capsys):

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import ast
 import re
+import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import yaml
@@ -28,15 +30,55 @@ def test_one_version_everywhere():
     assert PYPROJECT["project"]["version"] == graphslot.__version__
 
 
-def test_pre_commit_instructions_name_this_release():
+def _readme_pre_commit_configs() -> list:
+    """The YAML blocks of the README's "pre-commit" section, parsed."""
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("### pre-commit\n", 1)[1].split("\n## ", 1)[0]
+    return [yaml.safe_load(block) for block in re.findall(r"```yaml\n(.*?)```", section, re.S)]
+
+
+def test_the_pre_commit_instructions_work_without_tags():
+    """The repository has no release tags: no snippet may pin one (issue 25)."""
     hooks_file = (REPO / ".pre-commit-hooks.yaml").read_text()
-    tag = f"v{graphslot.__version__}"
-    assert f"rev: {tag}" in hooks_file
-    assert f"rev: {tag}" in (REPO / "README.md").read_text()
+    tag = re.compile(r"^[ #]*rev: v\d", re.M)  # a rev line pinning a release tag
+    assert not tag.search(hooks_file) and not tag.search((REPO / "README.md").read_text())
+    hooks = {h["id"]: h for h in yaml.safe_load(hooks_file)}
     # Every hook runs a command of the torch-free toolchain (tests/test_torch_free.py).
-    hooks = yaml.safe_load(hooks_file)
-    assert {h["entry"] for h in hooks} == {"graphslot validate", "graphslot generate --check"}
-    assert all(h["language"] == "python" and not h.get("additional_dependencies") for h in hooks)
+    assert {h["entry"] for h in hooks.values()} == {"graphslot validate", "graphslot generate --check"}
+    assert all(h["language"] == "python" and not h.get("additional_dependencies") for h in hooks.values())
+    configs = _readme_pre_commit_configs()
+    assert len(configs) == 2
+    local, remote = (config["repos"][0] for config in configs)
+    assert local["repo"] == "local" and [h["id"] for h in local["hooks"]] == list(hooks)
+    for hook in local["hooks"]:  # the same hooks, run by the graphslot installed with the engine
+        assert hook["language"] == "system"
+        assert {k: hook[k] for k in ("name", "entry", "files", "pass_filenames")} == {
+            k: hooks[hook["id"]][k] for k in ("name", "entry", "files", "pass_filenames")}
+    assert remote["rev"] == "<graphslot commit sha>" and [h["id"] for h in remote["hooks"]] == list(hooks)
+    assert "any git ref, so pin the full sha of the graphslot commit" in " ".join(
+        (REPO / "README.md").read_text().split())
+
+
+def test_the_license_is_apache_2_and_ships_in_the_wheel_with_py_typed(tmp_path):
+    license_text = (REPO / "LICENSE").read_text()
+    assert license_text.split("\n")[1].strip() == "Apache License"
+    assert "Version 2.0, January 2004" in license_text and "END OF TERMS AND CONDITIONS" in license_text
+    assert PYPROJECT["project"]["license"] == "Apache-2.0"
+    assert PYPROJECT["project"]["license-files"] == ["LICENSE"]
+    assert (REPO / "graphslot" / "py.typed").read_bytes() == b""
+    assert "py.typed" in PYPROJECT["tool"]["setuptools"]["package-data"]["graphslot"]
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in ("graphslot", "pyproject.toml", "README.md", "LICENSE"):
+        copy = shutil.copytree if (REPO / name).is_dir() else shutil.copy
+        copy(REPO / name, source / name)
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", ".", "--no-deps", "--no-build-isolation", "-q",
+                           "-w", str(tmp_path / "dist")], cwd=source, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (wheel,) = (tmp_path / "dist").glob("graphslot-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "graphslot/py.typed" in names
+    assert f"graphslot-{graphslot.__version__}.dist-info/licenses/LICENSE" in names
 
 
 def test_python_3_10_gets_tomli():

@@ -7,6 +7,7 @@ below are those of the YAML texts in each test (``make_slot_yaml`` documents its
 
 from __future__ import annotations
 
+import sys
 import textwrap
 
 import pytest
@@ -501,8 +502,10 @@ def test_slot_name_must_be_an_identifier():
     "keys, expected",
     [
         ({"post_fill": "no_such_module_xyz:fn"},
-         "cannot import module 'no_such_module_xyz' for hook 'no_such_module_xyz:fn': "
-         "No module named 'no_such_module_xyz'"),
+         "cannot import module 'no_such_module_xyz' for hook 'no_such_module_xyz:fn': no module named "
+         f"'no_such_module_xyz' in this Python environment ({sys.executable}); install it (and what it imports) "
+         "into this environment -- for a pre-commit hook, list it under additional_dependencies or use a `repo: "
+         "local` hook -- or check hooks here without importing them (no --import-hooks, import_hooks = false)"),
         ({"post_fill": "hooks_for_tests:post_fill_fit"},
          "module 'hooks_for_tests' has no attribute 'post_fill_fit' (hook 'hooks_for_tests:post_fill_fit'); "
          "did you mean 'post_fill_fits'?"),

@@ -8,9 +8,10 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, List, Sequence, Tuple
+from typing import Any, Callable, Iterator, List, Sequence, Tuple
 
 import yaml
 
@@ -20,10 +21,10 @@ from ..spec.errors import shorten
 from ..spec.hooks import HOOK_SIGNATURES, is_import_reference
 from ..spec.model import RegistrySpec
 from ..spec.names import is_identifier
-from ..spec.project import ProjectConfigError, load_project_config
+from ..spec.project import ProjectConfigError, find_pyproject, load_project_config
 
 __all__ = ["Command", "add_spec_reading_options", "fail", "format_table", "format_value", "human_bytes",
-           "import_hooks_wanted", "json_value", "metric_table", "non_negative_int", "param_arg", "positive_int",
+           "hook_import_path", "import_hooks_wanted", "json_value", "metric_table", "non_negative_int", "param_arg", "positive_int",
            "unchecked_hook_imports"]
 
 Run = Callable[[argparse.Namespace, argparse.ArgumentParser], int]
@@ -114,6 +115,26 @@ def import_hooks_wanted(args: argparse.Namespace, strict: bool = True) -> bool:
             raise
         return False
     return bool(getattr(config, "import_hooks", False))
+
+
+@contextmanager
+def hook_import_path(enabled: bool = True) -> Iterator[None]:
+    """While hooks are imported, the project root -- the directory of the pyproject.toml
+    found from the working directory (else the working directory) -- comes first on
+    ``sys.path``, so ``myengine.hooks:fn`` imports as the project's own code imports it,
+    whether graphslot runs as ``graphslot`` (whose script directory is ``sys.path[0]``),
+    from a subdirectory or from pre-commit. ``sys.path`` is restored after."""
+    if not enabled:
+        yield
+        return
+    pyproject = find_pyproject(Path.cwd())
+    root = str((pyproject.parent if pyproject else Path.cwd()).resolve())
+    before = list(sys.path)
+    sys.path.insert(0, root)
+    try:
+        yield
+    finally:
+        sys.path[:] = before
 
 
 def unchecked_hook_imports(spec: RegistrySpec) -> int:

@@ -18,7 +18,14 @@ atomically and only when they change; generated files no output declares are
 removed. Only files inside the project are written, and only files graphslot
 generated (an existing hand-written file at an output's path is an error). With
 --check nothing is written: exit 1 when an output is stale, missing or orphaned,
-with a unified diff and the command that fixes it.
+with a unified diff and the command that fixes it. Orphaned: a file graphslot
+generated (it carries the banner) that no output produces any more, in output_dir
+or anywhere else in the project (an output_dir renamed: the old one's modules).
+
+Exit status 0 when everything is (now) up to date, 1 when --check finds something
+out of date or a spec or pyproject.toml has errors, 2 when there is nothing to
+generate (no pyproject.toml, or it declares no outputs), as `graphslot validate`
+exits 2 when there is nothing to validate.
 """
 
 
@@ -37,14 +44,16 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         config = load_project_config(Path.cwd())
         if not config.outputs:
             where = display_path(config.path) if config.path else "pyproject.toml (none found)"
-            return fail("generate", f"{where} declares no [[tool.graphslot.outputs]]; see README 'Generating "
-                                    "code ahead of time'")
+            return fail("generate", f"nothing to generate: {where} declares no [[tool.graphslot.outputs]]; see "
+                                    "README 'Generating code ahead of time'", status=2)
         text = config.path.read_text(encoding="utf-8")  # for the lines of errors in it
         report = generate(config.root, config.raw, check=args.check, text=text)
     except ProjectConfigError as exc:  # one `pyproject.toml:LINE: message` line per problem
         print(exc, file=sys.stderr)
         return 1
     modules, total = GenerateReport.modules, f"{len(config.outputs)} generated module(s)"
+    for note in report.notes:
+        print(f"note: {note}", file=sys.stderr)
     if args.check:
         for diff in report.diffs:
             sys.stdout.write(diff)

@@ -11,7 +11,7 @@ from ..spec.errors import shorten
 from ..spec.loading import load_spec
 from ..spec.model import RegistrySpec
 from ..spec.resolve import ResolvedSlot, resolve_params, resolve_slots
-from .common import (Command, add_spec_reading_options, format_table, format_value, human_bytes,
+from .common import (Command, add_spec_reading_options, format_table, format_value, hook_import_path, human_bytes,
                      import_hooks_wanted, json_value, param_arg, positive_int, unchecked_hook_imports)
 
 HELP = """Print the buffers a spec allocates for a param set.
@@ -70,7 +70,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     import_hooks = import_hooks_wanted(args, strict=False)
-    spec = load_spec(args.spec, import_hooks=import_hooks, max_bytes=args.max_bytes)
+    with hook_import_path(import_hooks):
+        spec = load_spec(args.spec, import_hooks=import_hooks, max_bytes=args.max_bytes)
     params = resolve_params(spec, dict(args.param), preset=args.preset, torch_dtypes=False)
     resolved = resolve_slots(spec, params, args.max_bs, args.max_num_tokens)
     defaults = resolve_params(spec, torch_dtypes=False)

@@ -9,10 +9,11 @@ from typing import Any, List, Optional, Tuple
 
 from ..spec.errors import SpecError, SpecIssue, shorten
 from ..spec.files import display_path
-from ..spec.loading import load_spec, shipped_spec_names, spec_path
+from ..spec.loading import load_spec, shipped_spec_names, shipped_spec_path
 from ..spec.model import RegistrySpec
 from ..spec.project import ProjectConfig, load_project_config
-from .common import Command, add_spec_reading_options, fail, import_hooks_wanted, unchecked_hook_imports
+from .common import (Command, add_spec_reading_options, fail, hook_import_path, import_hooks_wanted,
+                     unchecked_hook_imports)
 
 HELP = """Check spec files; print every problem as file:line: message.
 
@@ -26,8 +27,9 @@ to validate.
 def default_targets(config: ProjectConfig, shipped: bool = False) -> List[Tuple[Any, Optional[Path]]]:
     """The project's specs (with the pyproject that listed them), after the shipped
     specs with ``shipped``; graphslot's own pyproject lists the shipped ones."""
-    targets: List[Tuple[Any, Optional[Path]]] = [(name, None) for name in shipped_spec_names()] if shipped else []
-    seen = {spec_path(name).resolve() for name in shipped_spec_names()} if shipped else set()
+    shipped_paths = [shipped_spec_path(name).resolve() for name in shipped_spec_names()] if shipped else []
+    targets: List[Tuple[Any, Optional[Path]]] = [(path, None) for path in shipped_paths]
+    seen = set(shipped_paths)
     for path in config.specs:
         if path not in seen:
             seen.add(path)
@@ -75,7 +77,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     import_hooks = import_hooks_wanted(args, strict=not args.specs)
     failed = errors = 0
     for target, listed_in in targets:
-        spec, issues = check_target(target, listed_in, import_hooks, args.max_bytes)
+        with hook_import_path(import_hooks):
+            spec, issues = check_target(target, listed_in, import_hooks, args.max_bytes)
         if spec is not None:
             note = ""
             unchecked = 0 if import_hooks else unchecked_hook_imports(spec)

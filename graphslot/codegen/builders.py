@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any, Dict, List, Tuple
 from ..spec.dtypes import DTypeName, dtype_name, is_torch_dtype
 from ..spec.expr import python_literal
 from .groups import Copies, foreach
-from .layout import (Chain, Item, assign, call, condition, dict_of, layout, method, normalise, py_str,
+from .embedded import canonical_parts
+from .layout import (Chain, Item, assign, call, concatenated, condition, dict_of, layout, method, normalise, py_str,
                      subscript, tuple_of, unpack)
 from .names import SlotNames, dtype_src, runtime_local, shape_name, shape_src, unique
 
@@ -46,14 +47,16 @@ def helper_lines(imports: List[Tuple[str, str]]) -> List[str]:
 
 
 def constant_lines(em: "Emitter") -> List[str]:
-    """SPEC_NAME, SPEC_IDENTITY, GRAPHSLOT_VERSION, PARAMS, RUNTIME_PARAMS, SLOTS."""
+    """SPEC_NAME, SPEC_IDENTITY, GRAPHSLOT_VERSION, PARAMS, RUNTIME_PARAMS, SLOTS, and the
+    embedded spec: SPEC_SOURCE, SPEC_JSON (:mod:`.embedded`)."""
     params = sorted(em.params.items())
     baked = [(py_str(k), value_literal(v)) for k, v in params if k not in em.runtime]
     return ([f"SPEC_NAME = {py_str(em.spec.name)}", f"SPEC_IDENTITY = {py_str(em.spec.identity)}",
              f"GRAPHSLOT_VERSION = {py_str(em.version)}"]
             + assign("PARAMS", dict_of(baked), 0)
             + assign("RUNTIME_PARAMS", tuple_of([py_str(n) for n in em.runtime]), 0)
-            + assign("SLOTS", tuple_of([py_str(n.slot.name) for n in em.names]), 0))
+            + assign("SLOTS", tuple_of([py_str(n.slot.name) for n in em.names]), 0)
+            + [f"SPEC_SOURCE = {py_str(em.source_label)}"] + concatenated("SPEC_JSON", canonical_parts(em.spec)))
 
 
 def _uses(lines: List[str], name: str) -> bool:

@@ -104,7 +104,8 @@ def banner_lines(e: Emission, regenerate: str) -> List[str]:
 def _expected_constants(spec: RegistrySpec, e: Emission) -> List[Tuple[str, Any]]:
     params = literal(ast.parse(params_literal(e.params), mode="eval").body)
     return [("SPEC_NAME", e.spec_name), ("SPEC_IDENTITY", e.spec_identity), ("GRAPHSLOT_VERSION", e.version),
-            ("PARAMS", params), ("RUNTIME_PARAMS", tuple(e.runtime_params)), ("SLOTS", tuple(e.slot_names))]
+            ("PARAMS", params), ("RUNTIME_PARAMS", tuple(e.runtime_params)), ("SLOTS", tuple(e.slot_names)),
+            ("SPEC_SOURCE", e.spec_source), ("SPEC_JSON", spec.canonical_json())]
 
 
 def _check_emission(spec: RegistrySpec, e: Emission) -> None:

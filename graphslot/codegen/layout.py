@@ -197,6 +197,35 @@ def unpack(targets: Sequence[str], value: str, indent: int) -> List[str]:
     return layout(tuple_of(targets), indent, "", f" = {value}")
 
 
+def _chunks(text: str, width: int) -> List[str]:
+    """``text`` cut into pieces whose literals (:func:`py_str`) fit in ``width`` columns,
+    each cut before a comma where one is near enough (any cut gives the same string)."""
+    chunks = []
+    while text and len(py_str(text)) > width:
+        n = min(len(text), width - 2)
+        while n > 1 and len(py_str(text[:n])) > width:
+            n -= 1
+        comma = text.rfind(",", 1, n)  # cut before a comma: a piece's first line starts with its own
+        cut = comma if comma > n // 2 else n
+        chunks.append(text[:cut])
+        text = text[cut:]
+    return chunks + ([text] if text else [])
+
+
+def concatenated(target: str, groups: Sequence[str], indent: int = 0) -> List[str]:
+    """``target = <the string of groups joined>``, as ruff lays out implicitly
+    concatenated literals: one literal where it fits on the line, or on its own line
+    between parentheses; else literals between parentheses, each group starting a line
+    and cut to fit the columns (ruff then joins none, and sets each one's quotes)."""
+    whole, pad, inner = "".join(groups), " " * indent, indent + STEP
+    if _fits(indent, f"{target} = {py_str(whole)}"):
+        return [f"{pad}{target} = {py_str(whole)}"]
+    if _fits(inner, py_str(whole)):
+        return [f"{pad}{target} = (", " " * inner + py_str(whole), pad + ")"]
+    parts = [chunk for group in groups for chunk in _chunks(group, LINE_WIDTH - inner)]
+    return [f"{pad}{target} = ("] + [" " * inner + py_str(part) for part in parts] + [pad + ")"]
+
+
 _COMPARISON = re.compile(r" (is not|is|!=|==|<=|>=|<|>) ")
 
 

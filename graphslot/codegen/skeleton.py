@@ -10,7 +10,7 @@ included) with a :class:`GeneratedCodeError`. The top level must be, in order:
 4. ``torch = __gs_rt.torch``, then one or more ``<alias> = __gs_rt.<helper>`` of known
    helpers under their mangled names (no import follows a statement: ruff's E402 has
    nothing to say, and no helper is reached before the handshake);
-5. the constants SPEC_NAME … SLOTS, each a literal (with ``expected``, that value);
+5. the constants SPEC_NAME … SPEC_JSON, each a literal (with ``expected``, that value);
 6. ``def allocate`` and ``def bind``, in which nothing imports, declares globals,
    defines classes, or reaches for ``eval``-like names or any dunder.
 """
@@ -30,7 +30,8 @@ from .names import RUNTIME_HELPERS
 DOCSTRING = "Specialised fill_from / extract for one slot spec: see SPEC_NAME and the banner."
 
 # The top level of every generated module, in order (after the docstring and imports).
-CONSTANTS = ("SPEC_NAME", "SPEC_IDENTITY", "GRAPHSLOT_VERSION", "PARAMS", "RUNTIME_PARAMS", "SLOTS")
+CONSTANTS = ("SPEC_NAME", "SPEC_IDENTITY", "GRAPHSLOT_VERSION", "PARAMS", "RUNTIME_PARAMS", "SLOTS", "SPEC_SOURCE",
+             "SPEC_JSON")
 FUNCTIONS = ("allocate", "bind")
 RUNTIME_PACKAGE, RUNTIME_NAME, RUNTIME_ALIAS = "graphslot.codegen", "runtime", "__gs_rt"
 HELPER_ALIASES = dict(RUNTIME_HELPERS)
@@ -164,7 +165,7 @@ def _constant_test(spec: RegistrySpec, expected: Optional[Sequence[Tuple[str, An
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             return False
         if expected is None:  # the spec's own identity, at least
-            known = {"SPEC_NAME": spec.name, "SPEC_IDENTITY": spec.identity}
+            known = {"SPEC_NAME": spec.name, "SPEC_IDENTITY": spec.identity, "SPEC_JSON": spec.canonical_json()}
             return name not in known or value == known[name]
         return expected[position][0] == name and _same(expected[position][1], value)
 

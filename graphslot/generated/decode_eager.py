@@ -28,7 +28,7 @@
 # leaves it alone, so `graphslot generate --check` stays clean in a formatted tree)
 from graphslot.codegen import runtime as __gs_rt
 
-__gs_rt.require(__name__, version="0.2.0", format=2)
+__gs_rt.require(__name__, version="0.2.0", format=3)
 
 # Bound after the handshake, so a module of another graphslot asks to be regenerated
 # before it reaches a helper this graphslot may lack.
@@ -71,6 +71,94 @@ SLOTS = (
     "seq_lens",
     "seq_lens_cpu",
     "mrope_positions",
+)
+SPEC_SOURCE = "graphslot/slot_specs/decode.yaml"
+SPEC_JSON = (
+    '{"name":"decode","params":{'
+    '"attn_tp_rank":{"default":0,"runtime":false,"type":"int"}'
+    ',"attn_tp_sharded":{"default":"require_gathered_buffer","runtime":false'
+    ',"type":"bool"}'
+    ',"attn_tp_size":{"default":1,"runtime":false,"type":"int"}'
+    ',"cache_loc_dtype":{"default":"int64","runtime":false,"type":"dtype"}'
+    ',"dp_size":{"default":1,"runtime":false,"type":"int"}'
+    ',"enable_mamba_track":{"default":false,"runtime":false,"type":"bool"}'
+    ',"enable_num_token_non_padded":{"default":false,"runtime":false,"type":"bool"}'
+    ',"enable_prefill_cp":{"default":false,"runtime":false,"type":"bool"}'
+    ',"encoder_len_fill_value":{"default":0,"runtime":true,"type":"int"}'
+    ',"encoder_lens_dtype":{"default":"int32","runtime":false,"type":"dtype"}'
+    ',"is_encoder_decoder":{"default":false,"runtime":false,"type":"bool"}'
+    ',"is_hybrid_swa":{"default":false,"runtime":false,"type":"bool"}'
+    ',"register_global_num_tokens":{"default":true,"runtime":false,"type":"bool"}'
+    ',"require_gathered_buffer":{"default":false,"runtime":false,"type":"bool"}'
+    ',"require_mlp_tp_gather":{"default":false,"runtime":false,"type":"bool"}'
+    ',"seq_len_fill_value":{"default":1,"runtime":true,"type":"int"}'
+    '},"presets":{'
+    '"eager":{"enable_num_token_non_padded":false,"enable_prefill_cp":false'
+    ',"register_global_num_tokens":false,"require_gathered_buffer":false'
+    ',"require_mlp_tp_gather":false,"seq_len_fill_value":0}'
+    '},"slots":['
+    '{"axis":"tokens","copy_from_fb":true,"device":null,"dtype":"int64"'
+    ',"enabled_if":null,"index":false,"name":"input_ids","optional":false'
+    ',"pad_value":null,"padding":"foreach_copy","post_fill":null,"pre_capture":null'
+    ',"shape":["max_num_tokens"],"slice_dim":0,"source":null}'
+    ',{"axis":"tokens","copy_from_fb":true,"device":null,"dtype":"int64"'
+    ',"enabled_if":null,"index":true,"name":"positions","optional":false'
+    ',"pad_value":null,"padding":"zero","post_fill":null,"pre_capture":null'
+    ',"shape":["max_num_tokens"],"slice_dim":0,"source":null}'
+    ',{"axis":"tokens","copy_from_fb":true,"device":null,"dtype":"cache_loc_dtype"'
+    ',"enabled_if":null,"index":true,"name":"out_cache_loc","optional":false'
+    ',"pad_value":null,"padding":"zero","post_fill":null,"pre_capture":null'
+    ',"shape":["max_num_tokens"],"slice_dim":0,"source":null}'
+    ',{"axis":"bs","copy_from_fb":true,"device":null,"dtype":"int64","enabled_if":null'
+    ',"index":true,"name":"req_pool_indices","optional":false,"pad_value":null'
+    ',"padding":"zero","post_fill":null,"pre_capture":null,"shape":["max_bs"]'
+    ',"slice_dim":0,"source":null}'
+    ',{"axis":"bs","copy_from_fb":true,"device":null,"dtype":"int64","enabled_if":null'
+    ',"index":false,"name":"seq_lens","optional":false'
+    ',"pad_value":"seq_len_fill_value","padding":"fill_sentinel","post_fill":null'
+    ',"pre_capture":null,"shape":["max_bs"],"slice_dim":0,"source":null}'
+    ',{"axis":"bs","copy_from_fb":true,"device":"cpu","dtype":"int64"'
+    ',"enabled_if":null,"index":false,"name":"seq_lens_cpu","optional":false'
+    ',"pad_value":"seq_len_fill_value","padding":"fill_sentinel","post_fill":null'
+    ',"pre_capture":null,"shape":["max_bs"],"slice_dim":0,"source":null}'
+    ',{"axis":"tokens","copy_from_fb":true,"device":null,"dtype":"int64"'
+    ',"enabled_if":null,"index":true,"name":"mrope_positions","optional":true'
+    ',"pad_value":null,"padding":"zero","post_fill":null,"pre_capture":null,"shape":[3'
+    ',"max_num_tokens"],"slice_dim":1,"source":null}'
+    ',{"axis":"bs","copy_from_fb":true,"device":null,"dtype":"int64"'
+    ',"enabled_if":"enable_mamba_track","index":true,"name":"mamba_track_indices"'
+    ',"optional":false,"pad_value":null,"padding":"zero","post_fill":null'
+    ',"pre_capture":null,"shape":["max_bs"],"slice_dim":0,"source":null}'
+    ',{"axis":"bs","copy_from_fb":true,"device":null,"dtype":"bool"'
+    ',"enabled_if":"enable_mamba_track","index":true,"name":"mamba_track_mask"'
+    ',"optional":false,"pad_value":null,"padding":"zero","post_fill":null'
+    ',"pre_capture":null,"shape":["max_bs"],"slice_dim":0,"source":null}'
+    ',{"axis":"bs","copy_from_fb":true,"device":null,"dtype":"encoder_lens_dtype"'
+    ',"enabled_if":"is_encoder_decoder","index":false,"name":"encoder_lens"'
+    ',"optional":false,"pad_value":"encoder_len_fill_value","padding":"fill_once"'
+    ',"post_fill":null,"pre_capture":null,"shape":["max_bs"],"slice_dim":0'
+    ',"source":null}'
+    ',{"axis":"tokens","copy_from_fb":true,"device":null,"dtype":"int32"'
+    ',"enabled_if":"is_hybrid_swa","index":true,"name":"out_cache_loc_swa"'
+    ',"optional":true,"pad_value":null,"padding":"zero","post_fill":null'
+    ',"pre_capture":"register_swa_out_cache_loc","shape":["max_num_tokens"]'
+    ',"slice_dim":0,"source":null}'
+    ',{"axis":"none","copy_from_fb":false,"device":null,"dtype":"int32"'
+    ',"enabled_if":"enable_num_token_non_padded","index":false'
+    ',"name":"num_token_non_padded","optional":false,"pad_value":null,"padding":null'
+    ',"post_fill":"local_num_token_non_padded","pre_capture":null,"shape":[1]'
+    ',"slice_dim":0,"source":null}'
+    ',{"axis":"none","copy_from_fb":false,"device":null,"dtype":"int32"'
+    ',"enabled_if":"register_global_num_tokens","index":false'
+    ',"name":"global_num_tokens_gpu","optional":false,"pad_value":null,"padding":null'
+    ',"post_fill":"global_num_tokens","pre_capture":null'
+    ',"shape":["dp_size if require_mlp_tp_gather else 1"],"slice_dim":0,"source":null}'
+    ',{"axis":"none","copy_from_fb":false,"device":null,"dtype":"int32"'
+    ',"enabled_if":"register_global_num_tokens","index":false'
+    ',"name":"global_num_tokens_for_logprob_gpu","optional":false,"pad_value":null'
+    ',"padding":null,"post_fill":"global_num_tokens","pre_capture":null'
+    ',"shape":["dp_size if require_mlp_tp_gather else 1"],"slice_dim":0,"source":null}'
+    "]}"
 )
 
 

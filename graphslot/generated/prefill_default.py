@@ -24,7 +24,7 @@
 # leaves it alone, so `graphslot generate --check` stays clean in a formatted tree)
 from graphslot.codegen import runtime as __gs_rt
 
-__gs_rt.require(__name__, version="0.2.0", format=2)
+__gs_rt.require(__name__, version="0.2.0", format=3)
 
 # Bound after the handshake, so a module of another graphslot asks to be regenerated
 # before it reaches a helper this graphslot may lack.
@@ -59,6 +59,69 @@ SLOTS = (
     "input_ids",
     "positions",
     "out_cache_loc",
+)
+SPEC_SOURCE = "graphslot/slot_specs/prefill.yaml"
+SPEC_JSON = (
+    '{"name":"prefill","params":{'
+    '"attn_tp_rank":{"default":0,"runtime":false,"type":"int"}'
+    ',"attn_tp_sharded":{"default":"require_gathered_buffer","runtime":false'
+    ',"type":"bool"}'
+    ',"attn_tp_size":{"default":1,"runtime":false,"type":"int"}'
+    ',"cache_loc_dtype":{"default":"int64","runtime":false,"type":"dtype"}'
+    ',"embed_dtype":{"default":"bfloat16","runtime":false,"type":"dtype"}'
+    ',"enable_mamba_track":{"default":false,"runtime":false,"type":"bool"}'
+    ',"enable_num_token_non_padded":{"default":false,"runtime":false,"type":"bool"}'
+    ',"enable_prefill_cp":{"default":false,"runtime":false,"type":"bool"}'
+    ',"hidden_size":{"default":4096,"runtime":false,"type":"int"}'
+    ',"is_hybrid_swa":{"default":false,"runtime":false,"type":"bool"}'
+    ',"is_multimodal":{"default":false,"runtime":false,"type":"bool"}'
+    ',"register_input_embeds":{"default":"is_multimodal","runtime":false,"type":"bool"}'
+    ',"require_gathered_buffer":{"default":false,"runtime":false,"type":"bool"}'
+    '},"presets":{},"slots":['
+    '{"axis":"tokens","copy_from_fb":true,"device":null,"dtype":"int64"'
+    ',"enabled_if":null,"index":false,"name":"input_ids","optional":false'
+    ',"pad_value":null,"padding":"zero","post_fill":null,"pre_capture":null'
+    ',"shape":["max_num_tokens"],"slice_dim":0,"source":null}'
+    ',{"axis":"tokens","copy_from_fb":true,"device":null,"dtype":"int64"'
+    ',"enabled_if":null,"index":true,"name":"positions","optional":false'
+    ',"pad_value":null,"padding":"zero","post_fill":null,"pre_capture":null'
+    ',"shape":["max_num_tokens"],"slice_dim":0,"source":null}'
+    ',{"axis":"tokens","copy_from_fb":true,"device":null,"dtype":"cache_loc_dtype"'
+    ',"enabled_if":null,"index":true,"name":"out_cache_loc","optional":false'
+    ',"pad_value":null,"padding":"zero","post_fill":null,"pre_capture":null'
+    ',"shape":["max_num_tokens"],"slice_dim":0,"source":null}'
+    ',{"axis":"tokens","copy_from_fb":true,"device":null,"dtype":"int64"'
+    ',"enabled_if":"is_multimodal","index":true,"name":"mrope_positions"'
+    ',"optional":true,"pad_value":null,"padding":"zero","post_fill":null'
+    ',"pre_capture":null,"shape":[3,"max_num_tokens"],"slice_dim":1,"source":null}'
+    ',{"axis":"tokens","copy_from_fb":false,"device":null,"dtype":"embed_dtype"'
+    ',"enabled_if":"register_input_embeds","index":false,"name":"input_embeds"'
+    ',"optional":false,"pad_value":null,"padding":"zero","post_fill":null'
+    ',"pre_capture":null,"shape":["max_num_tokens","hidden_size"],"slice_dim":0'
+    ',"source":null}'
+    ',{"axis":"bs","copy_from_fb":true,"device":null,"dtype":"int64"'
+    ',"enabled_if":"enable_mamba_track","index":true,"name":"mamba_track_indices"'
+    ',"optional":false,"pad_value":null,"padding":"zero","post_fill":null'
+    ',"pre_capture":null,"shape":["max_bs"],"slice_dim":0,"source":null}'
+    ',{"axis":"bs","copy_from_fb":true,"device":null,"dtype":"bool"'
+    ',"enabled_if":"enable_mamba_track","index":true,"name":"mamba_track_mask"'
+    ',"optional":false,"pad_value":null,"padding":"zero","post_fill":null'
+    ',"pre_capture":null,"shape":["max_bs"],"slice_dim":0,"source":null}'
+    ',{"axis":"bs","copy_from_fb":true,"device":null,"dtype":"int32"'
+    ',"enabled_if":"enable_mamba_track","index":false,"name":"mamba_track_seqlens"'
+    ',"optional":false,"pad_value":null,"padding":"foreach_copy","post_fill":null'
+    ',"pre_capture":null,"shape":["max_bs"],"slice_dim":0,"source":null}'
+    ',{"axis":"none","copy_from_fb":false,"device":null,"dtype":"int32"'
+    ',"enabled_if":"enable_num_token_non_padded","index":false'
+    ',"name":"num_token_non_padded","optional":false,"pad_value":null,"padding":null'
+    ',"post_fill":"local_num_token_non_padded_cpu","pre_capture":null,"shape":[1]'
+    ',"slice_dim":0,"source":null}'
+    ',{"axis":"tokens","copy_from_fb":true,"device":null,"dtype":"int32"'
+    ',"enabled_if":"is_hybrid_swa","index":true,"name":"out_cache_loc_swa"'
+    ',"optional":true,"pad_value":null,"padding":"zero","post_fill":null'
+    ',"pre_capture":"register_swa_out_cache_loc","shape":["max_num_tokens"]'
+    ',"slice_dim":0,"source":null}'
+    "]}"
 )
 
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, Iterable, Optional, Union
+
+from .errors import did_you_mean
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,14 @@ _ALIASES = {"short": "int16", "int": "int32", "long": "int64", "half": "float16"
             "double": "float64", "chalf": "complex32", "cfloat": "complex64", "cdouble": "complex128",
             "bit": "uint1"}
 
+# Spellings other tools use (numpy, JAX, model configs), never accepted -- a spec names
+# torch's dtypes -- but answered with the name meant: "fp32" gets "did you mean 'float32'".
+SPELLINGS = {"fp64": "float64", "f64": "float64", "fp32": "float32", "f32": "float32", "fp16": "float16",
+             "f16": "float16", "bf16": "bfloat16", "bfloat": "bfloat16", "i8": "int8", "i16": "int16",
+             "i32": "int32", "i64": "int64", "u8": "uint8", "u16": "uint16", "u32": "uint32", "u64": "uint64",
+             "uint": "uint32", "boolean": "bool", "b8": "bool", "c64": "complex64", "c128": "complex128",
+             "fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
+
 _BY_CANONICAL = {info.name: info for info in _CANONICAL}
 # Every name a spec may write, aliases included → its dtype's facts.
 DTYPES: Dict[str, DTypeInfo] = {**_BY_CANONICAL, **{a: _BY_CANONICAL[c] for a, c in _ALIASES.items()}}
@@ -124,6 +134,20 @@ def parse_dtype(value: Any) -> Optional[DTypeName]:
         if info is not None:
             return DTypeName(info.name)
     return None
+
+
+def dtype_hint(value: Any, others: Iterable[str] = ()) -> str:
+    """A ``; did you mean 'float32'?`` suffix for a name that is not a dtype: the name
+    another tool's spelling stands for (``fp32``, ``bf16``, ``i64``), else the closest
+    dtype name or one of ``others`` (dtype params); empty when nothing is close."""
+    return spelling_hint(value) or (did_you_mean(value, [*DTYPES, *others]) if isinstance(value, str) else "")
+
+
+def spelling_hint(value: Any) -> str:
+    """``; did you mean 'float32'?`` for another tool's spelling of a dtype (``fp32``),
+    else an empty string."""
+    meant = SPELLINGS.get(value.removeprefix("torch.").lower()) if isinstance(value, str) else None
+    return "" if meant is None else f"; did you mean '{meant}'?"
 
 
 def dtype_name(dtype: Any) -> str:

@@ -94,10 +94,22 @@ def is_import_reference(ref: str) -> bool:
     return ":" in ref
 
 
-def import_hook(ref: str) -> Callable:
+#: What to do when a hook's module is not installed where it is being checked (validate).
+NOT_INSTALLED = ("; install it (and what it imports) into this environment -- for a pre-commit hook, list it under "
+                 "additional_dependencies or use a `repo: local` hook -- or check hooks here without importing them "
+                 "(no --import-hooks, import_hooks = false)")
+
+
+def import_hook(ref: str, when_missing: str = "") -> Callable:
+    """The function ``ref`` (``package.module:function``) names. ``when_missing``: what to
+    do when its module (or one it imports) is not installed, added to that error."""
     module_name, _, attr = ref.partition(":")
     try:
         module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or module_name
+        raise HookError(f"cannot import module '{module_name}' for hook '{ref}': no module named '{missing}' in "
+                        f"this Python environment ({sys.executable}){when_missing}") from None
     except ImportError as exc:
         raise HookError(f"cannot import module '{module_name}' for hook '{ref}': {exc}") from None
     target: Any = module
@@ -135,7 +147,7 @@ def check_reference(ref: str, kind: str) -> None:
     user hooks arrive.
     """
     if is_import_reference(ref):
-        check_signature(import_hook(ref), kind, ref)
+        check_signature(import_hook(ref, NOT_INSTALLED), kind, ref)
     elif ref in BUILTIN_HOOKS and BUILTIN_HOOKS[ref].kind != kind:
         raise HookError(
             f"built-in hook '{ref}' is a {BUILTIN_HOOKS[ref].kind} hook and cannot be "

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from .checks import DEFAULT_MAX_BYTES, check_spec
 from .errors import SpecError, SpecIssue, did_you_mean, one_of, shorten
 from .files import TooLarge, display_path, read_bounded
+from .project_specs import is_spec_name, project_spec, project_spec_names, project_specs
 from .model import (AXES, MAX_PARAMS, MAX_PRESETS, MAX_SLOTS, PADDINGS, PARAM_KEYS, PARAM_TYPES, SLOT_KEYS,
                     TOP_KEYS, ParamSpec, RegistrySpec, SlotSpec)
 from .yaml_loader import Locations, line_of_position, load_yaml
@@ -25,21 +26,42 @@ def shipped_spec_names() -> List[str]:
     return sorted(p.stem for p in SHIPPED_DIR.glob("*.yaml"))
 
 
+def shipped_spec_path(name: str) -> Path:
+    """The file of the shipped spec ``name`` (whatever a project calls its own specs)."""
+    return SHIPPED_DIR / f"{name}.yaml"
+
+
+def is_shipped(path: Union[str, os.PathLike]) -> bool:
+    """Whether ``path`` is one of graphslot's shipped spec files."""
+    try:
+        return Path(path).resolve().parent == SHIPPED_DIR
+    except (OSError, ValueError):
+        return False
+
+
 def spec_path(name_or_path: Union[str, os.PathLike]) -> Path:
-    """A shipped spec name (``decode``) or a path to a YAML file."""
+    """A spec name -- the project's own spec of that name first (:mod:`.project_specs`),
+    else a shipped spec (``decode``) -- or a path to a YAML file."""
     text = os.fspath(name_or_path)
+    project = project_specs() if is_spec_name(text) else []
+    found = project_spec(text, project) if project else None
+    if found is not None:
+        return found
     if text in shipped_spec_names():
-        return SHIPPED_DIR / f"{text}.yaml"
+        return shipped_spec_path(text)
     path = Path(text)
     if not path.is_file():
-        raise SpecError([SpecIssue(text, None, "no such spec file; shipped specs are: "
-                                   + one_of(shipped_spec_names()) + did_you_mean(text, shipped_spec_names()))])
+        names = project_spec_names(project)
+        known = (f"; the project's specs are: {one_of(names)}" if names else "") + "; shipped specs are: "
+        raise SpecError([SpecIssue(text, None, "no such spec file" + known + one_of(shipped_spec_names())
+                                   + did_you_mean(text, names + shipped_spec_names()))])
     return path
 
 
 def load_spec(name_or_path: Union[str, os.PathLike], *, import_hooks: bool = False,
               max_bytes: Optional[int] = None) -> RegistrySpec:
-    """Load a shipped spec by name or a spec file by path.
+    """Load a spec by name -- the project's own spec of that name, else a shipped one
+    (:func:`spec_path`) -- or a spec file by path.
 
     ``import_hooks``: import ``module:function`` hooks and check their signatures (off:
     only the reference's form is checked, and no user code runs). ``max_bytes``: the cap

@@ -10,7 +10,7 @@ from __future__ import annotations
 import keyword
 from typing import Any, Dict, List, Optional, Tuple
 
-from .dtypes import DTYPES
+from .dtypes import dtype_hint
 from .errors import ExprError, SpecError, SpecIssue, did_you_mean, shorten
 from .expr import Expr
 from .kinds import CAPACITY_NAMES
@@ -108,7 +108,7 @@ def check_params(params: Dict[str, ParamSpec], types: Dict[str, str], report: Re
                 coerce_param(name, param.type, default)
             except ValueError:
                 report.add(path + ("default",), f"default of param '{name}' must be {kind_of(param.type)}, "
-                                                f"got {shorten(default)}" + dtype_hint(param.type, default))
+                                                f"got {shorten(default)}" + param_dtype_hint(param.type, default))
             else:
                 bad = control_character(default) if isinstance(default, str) else None
                 if bad is not None:
@@ -163,5 +163,5 @@ def kind_of(ptype: str) -> str:
             "dtype": "a torch dtype name"}[ptype]
 
 
-def dtype_hint(ptype: str, value: Any) -> str:
-    return did_you_mean(value, DTYPES) if ptype == "dtype" and isinstance(value, str) else ""
+def param_dtype_hint(ptype: str, value: Any) -> str:
+    return dtype_hint(value) if ptype == "dtype" else ""

@@ -141,6 +141,16 @@ class _Checker:
         self.issues.append(SpecIssue(self.file, line, message))
 
 
+def _scope_hint(key: Any, keys: tuple, owner: str, where: str) -> str:
+    """Why a key of the other table landed here: in TOML a table runs from its header to
+    the next one, so a line written below ``[[tool.graphslot.outputs]]`` belongs to that
+    entry whatever its indentation."""
+    if key not in keys:
+        return ""
+    return (f"; '{key}' is a key of {owner}: in TOML a key belongs to the "
+            f"table of the last header above it (indentation does not matter), so move `{key} = ...` {where}")
+
+
 def _check_params(check: _Checker, line: Optional[int], where: str, params: Any) -> Dict[str, Any]:
     if not isinstance(params, dict):
         check.error(line, f"{where} params must be a table such as {{ dp_size = 2 }}, got {_type_name(params)}")
@@ -171,8 +181,10 @@ def _check_outputs(check: _Checker, outputs: Any) -> List[OutputConfig]:
         bad = False
         for key in entry:
             if key not in OUTPUT_KEYS:
-                check.error(check.where.output(i, key), f"{where}: unknown key {_shown(key)}"
-                            f"{did_you_mean(key, OUTPUT_KEYS)} (allowed: {one_of(OUTPUT_KEYS)})")
+                hint = did_you_mean(key, OUTPUT_KEYS)
+                check.error(check.where.output(i, key), f"{where}: unknown key {_shown(key)}{hint} (allowed: "
+                            f"{one_of(OUTPUT_KEYS)})" + ("" if hint else _scope_hint(
+                                key, TABLE_KEYS, TABLE, f"above the first {OUTPUTS} header, under {TABLE}")))
                 bad = True
         missing = [k for k in ("module", "spec") if k not in entry]
         if missing:
@@ -215,8 +227,10 @@ def validate_table(table: Any, text: str = "", path: Optional[Path] = None) -> D
         raise ProjectConfigError(check.issues)
     for key in table:
         if key not in TABLE_KEYS:
-            check.error(check.where.table(key) or check.where.table(), f"{TABLE}: unknown key {_shown(key)}"
-                        f"{did_you_mean(key, TABLE_KEYS)} (allowed: {one_of(TABLE_KEYS)})")
+            hint = did_you_mean(key, TABLE_KEYS)
+            check.error(check.where.table(key) or check.where.table(), f"{TABLE}: unknown key {_shown(key)}{hint} "
+                        f"(allowed: {one_of(TABLE_KEYS)})" + ("" if hint else _scope_hint(
+                            key, OUTPUT_KEYS, OUTPUTS, f"into a {OUTPUTS} entry (one per generated module)")))
     specs = table.get("specs", [])
     if not isinstance(specs, list) or not all(isinstance(s, str) and s.strip() for s in specs):
         check.error(check.where.table("specs"), f"{TABLE} specs must be a list of paths (strings), "

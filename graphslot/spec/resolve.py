@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from .dtypes import DTypeName, parse_dtype, torch_dtype, value_fits_dtype
+from .dtypes import DTypeName, parse_dtype, spelling_hint, torch_dtype, value_fits_dtype
 from .errors import ExprError, SpecError, SpecIssue, did_you_mean, shorten
 from .expr import Expr
 from .kinds import CAPACITY_NAMES, Axis, Padding, SlotKind
@@ -84,7 +84,8 @@ def coerce_param(name: str, ptype: str, value: Any) -> Any:
     if ptype == "dtype":
         dtype = parse_dtype(value)
         if dtype is None:
-            raise ValueError(f"param '{name}' is a dtype: pass torch.int64 or 'int64', got {value!r}")
+            raise ValueError(f"param '{name}' is a dtype: pass torch.int64 or 'int64', got {value!r}"
+                             + spelling_hint(value))
         return dtype
     ok = {
         "bool": isinstance(value, bool),

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Dict, Optional
 
-from .dtypes import DTYPES, parse_dtype, value_fits_dtype
-from .errors import ExprError, did_you_mean, shorten
+from .dtypes import dtype_hint, parse_dtype, value_fits_dtype
+from .errors import ExprError, shorten
 from .expr import Expr, python_type_name
 from .hooks import HOOK_SIGNATURES, HookError, check_reference, is_import_reference
 from .kinds import CAPACITY_NAMES, Axis, Padding
@@ -66,7 +66,7 @@ class SlotChecker:
         elif parse_dtype(dtype) is None:
             dtype_params = [n for n, p in self.params.items() if p.type == "dtype"]
             self.add("dtype", f"unknown dtype '{shorten(dtype, quote=False)}': use a torch dtype name (int64, int32, bool, "
-                              f"float32, bfloat16, …) or a dtype param" + did_you_mean(dtype, list(DTYPES) + dtype_params))
+                              f"float32, bfloat16, …) or a dtype param" + dtype_hint(dtype, dtype_params))
 
     def uses_runtime(self, text: str, key: str, what: str) -> bool:
         """Report (and say whether) an expression that must be baked names a runtime param."""
