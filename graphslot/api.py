@@ -12,7 +12,8 @@ from .spec.errors import SpecError, SpecIssue
 from .spec.hooks import BUILTIN_HOOKS, HOOK_SIGNATURES, HookError, bind_hook
 from .spec.loading import load_spec
 from .spec.model import RegistrySpec
-from .registry.pool import GLOBAL_POOL, BufferPool
+from .registry.buffers import check_given_buffers
+from .registry.pool import GLOBAL_POOL, SharePool
 from .registry.base import SlotRegistry
 from .registry.interpreter import InterpretedRegistry
 from .spec.resolve import resolve_params, resolve_slots
@@ -57,12 +58,14 @@ def build_registry(
     device: Union[str, torch.device] = "cpu",
     params: Optional[Mapping[str, Any]] = None,
     mode: Any = "generated",
-    share_pool: Union[bool, BufferPool] = False,
+    share_pool: Union[bool, SharePool] = False,
     source: Any = None,
     hooks: Optional[Mapping[str, Callable]] = None,
     strict: bool = False,
     preset: Optional[str] = None,
     max_bytes: Optional[int] = None,
+    buffers: Optional[Mapping[str, Any]] = None,
+    context: Optional[Callable[..., Any]] = None,
 ) -> SlotRegistry:
     """Allocate a registry's buffers and bind its ``fill_from`` / ``extract``.
 
@@ -70,7 +73,13 @@ def build_registry(
     ``"interpreted"`` (the reference semantics), or a checked-in generated module.
     ``max_bytes`` caps the bytes of the enabled slots' buffers, checked before any is
     allocated (default: ``GRAPHSLOT_MAX_BUFFER_BYTES``, else 4 GiB;
-    :mod:`graphslot.spec.budget`).
+    :mod:`graphslot.spec.budget`). ``share_pool``: ``True`` (graphslot's process-wide
+    :class:`BufferPool`) or any object with its ``share`` method (:class:`SharePool`).
+    ``buffers``: bind to these tensors (one per enabled slot, shape, dtype and device
+    checked) instead of allocating; a registry rebuilt over the buffers of another.
+    ``context``: makes each fill's hook context, called as ``context(raw_bs, padded_bs,
+    raw_num_tokens, padded_num_tokens, params, side_inputs)`` (default
+    :class:`FillContext`).
     """
     if not isinstance(spec, RegistrySpec):
         spec = load_spec(spec)
@@ -80,8 +89,13 @@ def build_registry(
                        f"max_bs={max_bs}, max_num_tokens={max_num_tokens}", max_bytes)
     bound = bind_slot_hooks(spec, slots, resolved_params, hooks or {})
     pool = GLOBAL_POOL if share_pool is True else (share_pool or None)
+    if buffers is not None:
+        if pool is not None or source is not None:
+            raise ValueError("build_registry: buffers= binds existing tensors; it cannot be combined with "
+                             "share_pool= or source=")
+        buffers = check_given_buffers(spec.name, slots, buffers, torch.device(device))
     kwargs = dict(max_bs=max_bs, max_num_tokens=max_num_tokens, device=torch.device(device), pool=pool,
-                  source=source, strict=strict or strict_from_env())
+                  source=source, strict=strict or strict_from_env(), buffers=buffers, context=context)
     if mode == "interpreted":
         return InterpretedRegistry(spec, slots, bound, resolved_params, **kwargs)
     from .codegen.inprocess import build_generated_registry

@@ -17,7 +17,9 @@ from .._version import __version__
 # The layout of the generated modules this graphslot writes and runs; raised whenever
 # generated modules change in a way another graphslot could not run. Format 1: modules
 # without the handshake (graphslot <= 0.2.0, which recorded the spec text's sha256).
-MODULE_FORMAT = 2
+# Format 3: ``bind`` takes the fill-context factory (``__gs_context``), and allocate's
+# ``new_buffer`` an ``adopt`` flag (``adopt: never`` slots).
+MODULE_FORMAT = 3
 
 
 class GeneratedModuleMismatch(ImportError):

@@ -37,7 +37,7 @@ _GENERATED_PREFIXES = ("rt_", "buf_", "hook_", "pad", "src", "shape_", "val_", "
 
 # graphslot.codegen.runtime helpers a module may use, with the mangled names it binds
 # them under. The template itself always uses the last four.
-RUNTIME_HELPERS = (("FillContext", "__gs_FillContext"), ("SourceMismatch", "__gs_Mismatch"),
+RUNTIME_HELPERS = (("SourceMismatch", "__gs_Mismatch"),
                    ("foreach_copy", "__gs_foreach_copy"), ("hook", "__gs_hook"),
                    ("allocate_buffer", "__gs_allocate"), ("ViewMaker", "__gs_ViewMaker"),
                    ("grad_enabled", "__gs_grad_enabled"), ("set_grad_enabled", "__gs_set_grad_enabled"))

@@ -9,16 +9,16 @@ the interpreter (:mod:`.interpreter`, ``mode="interpreted"``) or by generated co
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import AbstractSet, Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import torch
 
 from ..spec.errors import SlotError, did_you_mean
-from ..spec.hooks import CaptureContext, FillContext
+from ..spec.hooks import CaptureContext, FillContext, context_factory
 from ..spec.model import RegistrySpec
 from ..spec.resolve import ResolvedSlot
 from .buffers import allocate_slot_buffer
-from .pool import BufferPool
+from .pool import SharePool
 from .stepcheck import StepChecker
 
 
@@ -117,13 +117,16 @@ class SlotRegistry:
         max_num_tokens: int,
         device: torch.device,
         buffers: Optional[Dict[str, torch.Tensor]] = None,
-        pool: Optional[BufferPool] = None,
+        pool: Optional[SharePool] = None,
         source: Any = None,
         strict: bool = False,
+        context: Optional[Callable[..., Any]] = None,
     ):
         self.spec, self.params = spec, dict(params)
         self.max_bs, self.max_num_tokens, self.device = max_bs, max_num_tokens, torch.device(device)
         self.strict = strict
+        #: Makes each fill's hook context (FillContext, or ``context``) with live params resolved.
+        self.make_context = context_factory(context or FillContext, self.params)
         self._slots: Dict[str, Slot] = {}
         for resolved in slots:
             buffer = None
@@ -158,8 +161,18 @@ class SlotRegistry:
     def nbytes(self) -> int:
         return sum(s.buffer.numel() * s.buffer.element_size() for s in self.active)
 
-    def fill_context(self, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs=None) -> FillContext:
-        return FillContext(raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, self.params, side_inputs)
+    def fill_context(self, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs=None) -> Any:
+        return self.make_context(raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, self.params, side_inputs)
+
+    def skip_set(self, names: AbstractSet[str]) -> frozenset:
+        """The enabled slots among ``names`` (others are ignored, as sglang ignores them)."""
+        return frozenset(names) & frozenset(s.name for s in self.active)
+
+    def fill_from_skipping(self, names: AbstractSet[str]) -> Callable[..., None]:
+        """A fill callable with ``fill_from``'s signature that leaves the slots
+        ``names`` alone: no reset, copy or hook (their content was staged by the
+        engine). Made once per set and kept; ``fill_from`` itself is untouched."""
+        raise NotImplementedError
 
     def run_pre_capture(self, bs: int, num_tokens: int, side_inputs: Any = None) -> None:
         """Run every ``pre_capture`` hook before a graph of this size is captured."""

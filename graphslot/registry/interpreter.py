@@ -5,7 +5,7 @@ it is what generated code is proven equal to.
 
 from __future__ import annotations
 
-from typing import Dict, Tuple
+from typing import AbstractSet, Callable, Dict, Tuple
 
 import torch
 
@@ -22,27 +22,42 @@ class InterpretedRegistry(SlotRegistry):
         # Sources are copied as data: a source that requires grad is copied by value, and
         # no buffer ever requires grad or records history.
         with torch.no_grad():
-            self._fill(fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs)
+            self._fill(fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs, frozenset())
 
-    def _fill(self, fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs) -> None:
+    def fill_from_skipping(self, names: AbstractSet[str]) -> Callable[..., None]:
+        skip = self.skip_set(names)
+        if not skip:
+            return self.fill_from
+
+        def fill_from(fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs=None) -> None:
+            with torch.no_grad():
+                self._fill(fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs, skip)
+
+        return fill_from
+
+    def _fill(self, fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs, skip) -> None:
         check = self.checker
         raw_bs, padded_bs, raw_num_tokens, padded_num_tokens = check.step(raw_bs, padded_bs, raw_num_tokens,
                                                                           padded_num_tokens)
         ctx = self.fill_context(raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs)
+        active = [slot for slot in self.active if slot.name not in skip] if skip else self.active
 
         # 0. every source (batch fields, source hooks) is read and checked before
-        #    anything is written
+        #    anything is written (slots being skipped are left alone entirely)
         copies, hook_copies = [], []
         for slot in check.plain:
+            if slot.name in skip:
+                continue
             src = check.plain_source(slot, fb, raw_bs, raw_num_tokens)
             if src is not None:
                 head = slot.head(slot.count(raw_bs, raw_num_tokens))
                 copies += zip(head.unbind(0), src.unbind(0)) if slot.spec.rows else [(head, src)]
-        for slot in self.active:
+        for slot in active:
             hook = slot.hooks.get("source") if slot.spec.copy_from_fb else None
             src = None if hook is None else check.hook_source(slot.name, hook(fb, ctx))
             if src is not None:
-                hook_copies.append((slot.buffer.narrow(slot.spec.slice_dim, 0, src.shape[slot.spec.slice_dim]), src))
+                d = slot.spec.slice_dim
+                hook_copies.append((slot.buffer.narrow(d, 0, src.shape[d]) if src.dim() else slot.buffer, src))
 
         # 1. copy heads; device copies grouped by dtype pair, one kernel each
         groups: Dict[tuple, Tuple[list, list]] = {}
@@ -54,7 +69,7 @@ class InterpretedRegistry(SlotRegistry):
             torch._foreach_copy_(dsts, srcs)
 
         # 2. make the padded tail safe
-        for slot in self.active:
+        for slot in active:
             spec = slot.spec
             raw, padded = slot.count(raw_bs, raw_num_tokens), slot.count(padded_bs, padded_num_tokens)
             if spec.resets_tail and raw < padded:
@@ -69,7 +84,7 @@ class InterpretedRegistry(SlotRegistry):
             dst.copy_(src)
 
         # 4. computed slots
-        for slot in self.active:
+        for slot in active:
             hook = slot.hooks.get("post_fill")
             if hook is not None:
                 hook(slot.buffer, fb, ctx)

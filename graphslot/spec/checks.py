@@ -194,6 +194,14 @@ def _check_params(params: Dict[str, ParamSpec], types: Dict[str, str], report: _
                                                     f"character {_char_name(bad)}")
         if param.runtime and param.type not in ("int", "float", "bool"):
             report.add(path + ("runtime",), f"runtime param '{name}' must be int, float or bool")
+        if param.live and param.runtime:
+            report.add(path + ("live",), f"param '{name}' cannot be both runtime and live: a runtime param is "
+                                         "bound with the registry, a live one read by hooks at each fill")
+        elif param.live and param.type == "dtype":
+            report.add(path + ("live",), f"live param '{name}' must be int, float, bool or str: a dtype decides "
+                                         "what is allocated, and live params are read only by hooks")
+        if not param.live and isinstance(default, str) and param.type in ("int", "float", "bool"):
+            _check_no_live(default, params, path + ("default",), report, f"the default of param '{name}'")
 
 
 def _check_presets(params: Dict[str, ParamSpec], presets: Dict[str, Dict[str, Any]], report: _Reporter) -> None:
@@ -218,6 +226,21 @@ def _check_presets(params: Dict[str, ParamSpec], presets: Dict[str, Dict[str, An
             if bad is not None:
                 report.add(path, f"preset '{shown}': the value of param '{name}' contains the control "
                                  f"character {_char_name(bad)}")
+
+
+def _check_no_live(text: str, params: Dict[str, ParamSpec], path, report, what: str,
+                   slot: Optional[str] = None) -> bool:
+    """Report (and say whether) an expression names a live param: live params are
+    evaluated at fill time, and only hooks may read them."""
+    try:
+        used = sorted(n for n in Expr.parse(text).names if n in params and params[n].live)
+    except ExprError:
+        return False  # the syntax is reported where the expression is checked
+    if used:
+        report.add(path, f"{what} uses live param '{used[0]}': live params are evaluated at fill time by the "
+                         "hooks that read them (ctx.params), so shapes, dtypes, enabled_if, pad values and "
+                         "other params' defaults cannot use them", slot)
+    return bool(used)
 
 
 def _default_values(params, presets, file, locations, report) -> List[Dict[str, Any]]:
@@ -296,6 +319,7 @@ class _SlotChecker:
         self.shown_name = shorten(slot.name, quote=False)
         self.types, self.default_values = types, default_values
         self.runtime = {n for n, p in params.items() if p.runtime}
+        self.live = {n for n, p in params.items() if p.live}
 
     def add(self, key: Optional[str], message: str) -> None:
         path = self.path if key is None else self.path + (key,)
@@ -307,8 +331,8 @@ class _SlotChecker:
             check()
 
     def structural_types(self) -> Dict[str, str]:
-        """Names a shape, dtype or enabled_if may use: runtime params are not baked."""
-        return {k: v for k, v in self.types.items() if k not in self.runtime}
+        """Names a shape, dtype or enabled_if may use: runtime and live params are not baked."""
+        return {k: v for k, v in self.types.items() if k not in self.runtime and k not in self.live}
 
     def name(self) -> None:
         slot = self.slot
@@ -337,7 +361,10 @@ class _SlotChecker:
                               f"float32, bfloat16, …) or a dtype param" + did_you_mean(dtype, list(DTYPES) + dtype_params))
 
     def uses_runtime(self, text: str, key: str, what: str) -> bool:
-        """Report (and say whether) an expression that must be baked names a runtime param."""
+        """Report (and say whether) an expression that must be baked names a runtime or
+        a live param."""
+        if _check_no_live(text, self.params, self.path + (key,), self.report, what, self.shown_name):
+            return True
         try:
             used = sorted(Expr.parse(text).names & self.runtime)
         except ExprError:
@@ -373,7 +400,13 @@ class _SlotChecker:
                         break
             elif extent < 1:
                 self.add("shape", f"shape[{d}] is {extent}; extents must be positive")
-        if not 0 <= slot.slice_dim < len(slot.shape):
+        if not slot.shape:  # 0-d: a scalar buffer, the view is the buffer
+            if slot.axis != "none":
+                self.add("shape", f"a 0-d slot (shape: []) has no dimension to slice: use axis 'none', not "
+                                  f"'{slot.axis}'")
+            elif slot.slice_dim != 0:
+                self.add("slice_dim", "a 0-d slot (shape: []) has no dimension to slice; remove slice_dim")
+        elif not 0 <= slot.slice_dim < len(slot.shape):
             self.add("slice_dim", f"slice_dim {slot.slice_dim} is beyond the shape {list(slot.shape)} "
                                   f"(it has {len(slot.shape)} dimension(s))")
         elif slot.axis in AXIS_CAPACITY:
@@ -407,6 +440,9 @@ class _SlotChecker:
         if slot.pad_value is None or not needs:
             return
         if isinstance(slot.pad_value, str):
+            if _check_no_live(slot.pad_value, self.params, self.path + ("pad_value",), self.report, "pad_value",
+                              self.shown_name):
+                return
             if _check_expr(slot.pad_value, self.types, ("int", "float", "bool"), self.path + ("pad_value",),
                            self.report, "pad_value", slot.name) is None:
                 return

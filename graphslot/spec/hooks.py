@@ -19,9 +19,9 @@ import importlib
 import inspect
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, Iterator, Mapping, Optional
 
-from .errors import did_you_mean
+from .errors import SlotError, did_you_mean
 
 # How each kind of hook is called; a user hook must accept these arguments.
 HOOK_SIGNATURES = {
@@ -41,6 +41,68 @@ class FillContext:
     padded_num_tokens: int
     params: Mapping[str, Any]
     side_inputs: Any = None
+
+
+class Live:
+    """A ``live: true`` param's provider: ``fn(ctx) -> value``, evaluated when a hook
+    reads ``ctx.params[name]`` during a fill (at most once per fill), never before.
+
+    ``build_registry(params={"attn_tp_rank": lambda ctx: group.rank()})`` wraps a
+    callable given for a live param in one; a plain value is just the value.
+    """
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[[Any], Any]):
+        self.fn = fn
+
+    def __repr__(self) -> str:
+        return f"Live({getattr(self.fn, '__qualname__', type(self.fn).__name__)})"
+
+
+class LiveParams(Mapping):
+    """``ctx.params`` of a registry with live params: the resolved params, each live
+    one evaluated by its provider on first read during this fill."""
+
+    __slots__ = ("_values", "_providers", "_evaluated", "ctx")
+
+    def __init__(self, values: Mapping[str, Any], providers: Mapping[str, Callable[[Any], Any]]):
+        self._values, self._providers, self._evaluated, self.ctx = values, providers, {}, None
+
+    def __getitem__(self, name: str) -> Any:
+        provider = self._providers.get(name)
+        if provider is None:
+            return self._values[name]
+        evaluated = self._evaluated
+        if name not in evaluated:
+            evaluated[name] = provider(self.ctx)
+        return evaluated[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+
+ContextFactory = Callable[..., Any]
+
+
+def context_factory(make: ContextFactory, params: Mapping[str, Any]) -> ContextFactory:
+    """How a registry makes each fill's context: ``make(raw_bs, padded_bs,
+    raw_num_tokens, padded_num_tokens, params, side_inputs)`` (:class:`FillContext` by
+    default, or an engine's own type), with ``ctx.params`` a :class:`LiveParams` when
+    some param is :class:`Live`. Without live params ``make`` itself: nothing to pay."""
+    providers = {name: value.fn for name, value in params.items() if isinstance(value, Live)}
+    if not providers:
+        return make
+
+    def make_live(raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, params, side_inputs=None):
+        live = LiveParams(params, providers)
+        ctx = live.ctx = make(raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, live, side_inputs)
+        return ctx
+
+    return make_live
 
 
 @dataclass(frozen=True)
@@ -172,24 +234,45 @@ def bind_hook(
 # --- built-in hooks -------------------------------------------------------------------
 
 
-def _attn_tp_shard(params):
+SHARD_PARAMS = ("attn_tp_sharded", "attn_tp_rank", "attn_tp_size")
+
+
+def _shard(get, fail):
     """``(sharded, rank, size)``: whether this rank's share of the padded tokens is a
     slice of them (sglang's ``not enable_prefill_cp and attn_tp_sharded_fn(n)``).
 
-    ``attn_tp_sharded`` stands for sglang's per-bucket predicate, whose default
-    (``ModelRunner.attn_tp_sequence_sharded``) is ``require_gathered_buffer()`` for
-    every bucket; a spec without the param falls back to ``require_gathered_buffer``.
+    ``get(name, default)`` reads a param; ``attn_tp_sharded`` is read only without
+    ``enable_prefill_cp``, and rank and size only when sharded (as sglang reads its
+    runtime context only then). ``attn_tp_sharded`` stands for sglang's per-bucket
+    predicate, whose default (``ModelRunner.attn_tp_sequence_sharded``) is
+    ``require_gathered_buffer()`` for every bucket; a spec without the param falls
+    back to ``require_gathered_buffer``.
     """
-    sharded = params.get("attn_tp_sharded")
+    if get("enable_prefill_cp", False):
+        return False, 0, 1
+    sharded = get("attn_tp_sharded", None)
     if sharded is None:
-        sharded = params.get("require_gathered_buffer", False)
-    sharded = bool(sharded) and not params.get("enable_prefill_cp")
-    rank = int(params.get("attn_tp_rank", 0))
-    size = int(params.get("attn_tp_size", 1))
-    if sharded and not (size >= 1 and 0 <= rank < size):
-        raise HookError(f"attn_tp_rank={rank} must lie in [0, attn_tp_size={size}) when the "
-                        "non-padded count is sharded (attn_tp_sharded)")
-    return sharded, rank, size
+        sharded = get("require_gathered_buffer", False)
+    if not sharded:
+        return False, 0, 1
+    rank, size = int(get("attn_tp_rank", 0)), int(get("attn_tp_size", 1))
+    if not (size >= 1 and 0 <= rank < size):
+        raise fail(f"attn_tp_rank={rank} must lie in [0, attn_tp_size={size}) when the "
+                   "non-padded count is sharded (attn_tp_sharded)")
+    return True, rank, size
+
+
+def _attn_tp_shard(params, slot_name):
+    """``ctx -> (sharded, rank, size)``: decided once here from fixed params, or at
+    every fill from ``ctx.params`` when one of them is live."""
+    if not any(isinstance(params.get(name), Live) for name in SHARD_PARAMS):
+        fixed = _shard(params.get, HookError)
+        return lambda ctx: fixed
+
+    def fail(message):
+        return SlotError(f"slot '{slot_name}': {message}")
+
+    return lambda ctx: _shard(ctx.params.get, fail)
 
 
 def _local_bounds(sharded, rank, size, padded_num_tokens):
@@ -211,7 +294,7 @@ def _local_bounds(sharded, rank, size, padded_num_tokens):
     "buffer is left as it is.",
 )
 def _local_num_token_non_padded(params, slot_name):
-    sharded, rank, size = _attn_tp_shard(params)
+    shard = _attn_tp_shard(params, slot_name)
 
     def post_fill(buffer, fb, ctx):
         global_count = getattr(fb, "global_num_token_non_padded", None)
@@ -224,7 +307,7 @@ def _local_num_token_non_padded(params, slot_name):
             elif local is not None:
                 buffer.fill_(int(local))
             return
-        per_rank, offset = _local_bounds(sharded, rank, size, ctx.padded_num_tokens)
+        per_rank, offset = _local_bounds(*shard(ctx), ctx.padded_num_tokens)
         if _is_tensor(global_count):
             # Never `out=buffer`: a 0-d count would resize the static [1] buffer.
             buffer.copy_((global_count - offset).clamp(0, per_rank).reshape(buffer.shape))
@@ -243,14 +326,14 @@ def _local_num_token_non_padded(params, slot_name):
     "bucket; without it, the raw token count of the step.",
 )
 def _local_num_token_non_padded_cpu(params, slot_name):
-    sharded, rank, size = _attn_tp_shard(params)
+    shard = _attn_tp_shard(params, slot_name)
 
     def post_fill(buffer, fb, ctx):
         global_count = getattr(fb, "global_num_token_non_padded_cpu", None)
         if global_count is None:
             buffer.fill_(ctx.raw_num_tokens)
             return
-        per_rank, offset = _local_bounds(sharded, rank, size, ctx.padded_num_tokens)
+        per_rank, offset = _local_bounds(*shard(ctx), ctx.padded_num_tokens)
         buffer.fill_(min(max(int(global_count) - offset, 0), per_rank))
 
     return post_fill

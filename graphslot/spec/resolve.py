@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from .dtypes import DTypeName, parse_dtype, torch_dtype, value_fits_dtype
 from .errors import ExprError, SpecError, SpecIssue, did_you_mean, shorten
 from .expr import Expr
+from .hooks import Live
 from .model import RegistrySpec, SlotSpec
 
 CAPACITY_NAMES = ("max_bs", "max_num_tokens")
@@ -50,6 +51,8 @@ class ResolvedSlot:
     #: judges overlapping sources per row, alike), so the rows can join the device's
     #: grouped copy.
     rows: bool = False
+    #: False for ``adopt: never``: allocated (or pooled) even when ``source=`` is given.
+    adopt: bool = True
 
     @property
     def dtype(self) -> Any:
@@ -137,6 +140,9 @@ def resolve_params(
         if name not in spec.params:
             issues.append(SpecIssue(file, None, f"unknown param '{name}'" + did_you_mean(name, spec.params)))
             continue
+        if spec.params[name].live and (isinstance(value, Live) or callable(value)):
+            values[name] = value if isinstance(value, Live) else Live(value)  # evaluated by the hooks at fill
+            continue
         try:
             values[name] = coerce_param(name, spec.params[name].type, value)
         except ValueError as exc:
@@ -197,8 +203,11 @@ def copied_as_rows(slot: SlotSpec) -> bool:
 
 
 def resolve_slot(
-    slot: SlotSpec, params: Mapping[str, Any], max_bs: int, max_num_tokens: int, line: Optional[int] = None
+    slot: SlotSpec, params: Mapping[str, Any], max_bs: int, max_num_tokens: int, line: Optional[int] = None,
+    absent_fields: str = "error",
 ) -> ResolvedSlot:
+    """``absent_fields``: the spec's rule; ``skip`` makes every slot copied from its
+    batch field optional."""
     env = dict(params, max_bs=max_bs, max_num_tokens=max_num_tokens)
     enabled = True if slot.enabled_if is None else bool(evaluate_field(slot.enabled_if, params))
     padding = slot.padding or "keep_pad"
@@ -213,7 +222,7 @@ def resolve_slot(
         padding=padding,
         pad_value=pad_value,
         index=slot.index,
-        optional=slot.optional,
+        optional=slot.optional or (absent_fields == "skip" and slot.copy_from_fb and slot.source is None),
         enabled=enabled,
         copy_from_fb=slot.copy_from_fb,
         post_fill=slot.post_fill,
@@ -221,6 +230,7 @@ def resolve_slot(
         pre_capture=slot.pre_capture,
         rows=copied_as_rows(slot),
         line=line,
+        adopt=slot.adopt != "never",
     )
 
 
@@ -236,7 +246,7 @@ def resolve_slots(
     resolved, issues = [], []
     for i, slot in enumerate(spec.slots):
         try:
-            r = resolve_slot(slot, params, max_bs, max_num_tokens, spec.slot_line(i))
+            r = resolve_slot(slot, params, max_bs, max_num_tokens, spec.slot_line(i), spec.absent_fields)
         except ExprError as exc:  # division by zero or overflow with these values
             issues.append(SpecIssue(spec.source, spec.slot_line(i), str(exc), slot.name))
             continue
