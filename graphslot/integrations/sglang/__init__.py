@@ -7,14 +7,14 @@ factories. The factories are graphslot's shipped specs; slots registered from Py
 become spec entries; ``fill_from`` / ``extract_buffer`` run graphslot's generated code.
 :func:`install` switches sglang's runners to it, :func:`uninstall` back; with
 ``GRAPHSLOT_SGLANG=1`` sglang's plugin loader calls :func:`install` in every process
-(:mod:`.install`). Every difference from sglang is listed in ``docs/sglang.md``.
+(:mod:`.patching`). Every difference from sglang is listed in ``docs/sglang.md``.
 
 Importing this module does not import sglang: the pieces that belong to sglang (its
 share pool, its parallel state) are looked up when they are used.
 """
 
 from .factories import build_decode_registry, build_eager_registry, build_prefill_registry
-from .install import PATCH_TABLE, install, installed, uninstall
+from .patching import PATCH_TABLE, install, installed, uninstall
 from .registry import CudaGraphBufferRegistry
 from .sglang_env import SGLANG_POOL, SglangSharePool
 from .slots import FillContext, GraphSlot, PaddingPolicy, SliceDim, same_tensor_view
