@@ -309,8 +309,11 @@ def _local_num_token_non_padded(params, slot_name):
             return
         per_rank, offset = _local_bounds(*shard(ctx), ctx.padded_num_tokens)
         if _is_tensor(global_count):
-            # Never `out=buffer`: a 0-d count would resize the static [1] buffer.
-            buffer.copy_((global_count - offset).clamp(0, per_rank).reshape(buffer.shape))
+            # Never `out=buffer`: a 0-d count would resize the static [1] buffer. Each op
+            # costs a dispatch on the hot path: no subtraction of 0, no reshape where
+            # copy_ broadcasts (a 0-d count into [1]).
+            local = (global_count - offset if offset else global_count).clamp(0, per_rank)
+            buffer.copy_(local.reshape(buffer.shape) if local.dim() > buffer.dim() else local)
         else:
             buffer.fill_(min(max(int(global_count) - offset, 0), per_rank))
 
