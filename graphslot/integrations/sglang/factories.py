@@ -63,9 +63,14 @@ def _live_shard(attn_tp_sharded_fn: Callable[[int], bool]) -> Dict[str, Any]:
 
 
 def from_spec(kind: str, params: Dict[str, Any], *, device: Any, max_bs: int, max_num_token: int, share_pool: Any,
-              source: Any, preset: Optional[str] = None) -> CudaGraphBufferRegistry:
+              source: Any, preset: Optional[str] = None, sharded_fn: Optional[Callable[[int], bool]] = None,
+              pp_axis: Optional[str] = None) -> CudaGraphBufferRegistry:
     """A registry holding the enabled slots of the shipped spec ``kind`` for these
-    params, allocated (or adopted from ``source``) in spec order."""
+    params, allocated (or adopted from ``source``) in spec order; with the count on,
+    the attention-TP params are live (``sharded_fn`` and sglang's parallel state); with
+    ``source``, the structured slots it carries follow (``pp_axis``: register_structured)."""
+    if params.get("enable_num_token_non_padded"):
+        params = {**params, **_live_shard(sharded_fn or _replicated)}
     spec = base_spec(kind)
     resolved = resolve_params(spec, params, preset)
     reg = CudaGraphBufferRegistry(device=device, max_bs=max_bs, max_num_tokens=max_num_token, share_pool=share_pool)
@@ -89,6 +94,8 @@ def from_spec(kind: str, params: Dict[str, Any], *, device: Any, max_bs: int, ma
             fresh = torch.zeros(slot.shape, dtype=slot.dtype, device=reg._where(graph_slot.device))
             buffer = reg._share(slot.name, fresh, slot.pad_value if slot.fills_at_allocation else None)
         reg._add(graph_slot, buffer)
+    if source is not None and pp_axis is not None:
+        register_structured(reg, source, pp_axis)
     return reg
 
 
@@ -111,12 +118,8 @@ def build_decode_registry(
         require_gathered_buffer=require_gathered_buffer, enable_prefill_cp=enable_prefill_cp,
         require_mlp_tp_gather=require_mlp_tp_gather, dp_size=num_dp_ranks,
         register_global_num_tokens=register_global_num_tokens)
-    if enable_num_token_non_padded:
-        params.update(_live_shard(attn_tp_sharded_fn))
     reg = from_spec("decode", params, device=device, max_bs=max_bs, max_num_token=max_num_token,
-                    share_pool=share_pool, source=source)
-    if source is not None:
-        register_structured(reg, source, pp_axis="none")
+                    share_pool=share_pool, source=source, sharded_fn=attn_tp_sharded_fn, pp_axis="none")
     registered = set(reg.slot_names())
     zero = {n for n in registered if reg.get_slot(n).padding_policy is PaddingPolicy.ZERO}
     assert zero == index_semantic_buffers() & registered, (
@@ -142,13 +145,8 @@ def build_prefill_registry(
         enable_global_num_token_non_padded=enable_global_num_token_non_padded,
         require_gathered_buffer=require_gathered_buffer, enable_prefill_cp=enable_prefill_cp,
         register_input_embeds=is_multimodal if register_input_embeds is None else register_input_embeds)
-    if enable_num_token_non_padded:
-        params.update(_live_shard(attn_tp_sharded_fn))
-    reg = from_spec("prefill", params, device=device, max_bs=max_bs, max_num_token=max_num_token,
-                    share_pool=share_pool, source=source)
-    if source is not None:
-        register_structured(reg, source, pp_axis="tokens")
-    return reg
+    return from_spec("prefill", params, device=device, max_bs=max_bs, max_num_token=max_num_token,
+                     share_pool=share_pool, source=source, sharded_fn=attn_tp_sharded_fn, pp_axis="tokens")
 
 
 def build_eager_registry(
