@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import linecache
 import types
-from typing import AbstractSet, Any, Callable, Dict, List, Mapping, Optional
+from typing import AbstractSet, Any, Callable, Dict, List, Mapping
 
 import torch
 
@@ -115,9 +115,9 @@ class GeneratedRegistry(SlotRegistry):
         self.module, self._hooks, self._skipping = module, hooks, {}
         self._buffers = {slot.name: slot.buffer for slot in self.active}
         for slot in self.active:
-            if (buffers.get(slot.name) is not slot.buffer or tuple(slot.buffer.shape) != slot.spec.shape
-                    or slot.buffer.dtype != slot.spec.dtype):
-                raise SpecError([SpecIssue(spec.source, slot.spec.line, "generated allocate() disagrees with "
+            if (buffers.get(slot.name) is not slot.buffer or tuple(slot.buffer.shape) != slot.resolved.shape
+                    or slot.buffer.dtype != slot.resolved.dtype):
+                raise SpecError([SpecIssue(spec.source, slot.resolved.line, "generated allocate() disagrees with "
                                            "the spec; regenerate the module (graphslot generate)", slot.name)])
         self.fill_from, self.extract = self._bind(module, self.checker)
 

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from .checks import DEFAULT_MAX_BYTES, check_spec
 from .errors import SpecError, SpecIssue, did_you_mean, one_of, shorten
+from .files import TooLarge, display_path, read_bounded
 from .model import (AXES, MAX_PARAMS, MAX_PRESETS, MAX_SLOTS, PADDINGS, PARAM_KEYS, PARAM_TYPES, SLOT_KEYS,
                     TOP_KEYS, ParamSpec, RegistrySpec, SlotSpec)
 from .yaml_loader import INT_LIMIT, MAX_YAML_DEPTH, MAX_YAML_NODES, Locations, line_of_position, load_yaml
@@ -60,7 +61,7 @@ def load_spec(name_or_path: Union[str, os.PathLike], *, import_hooks: bool = Fal
     :data:`graphslot.spec.checks.DEFAULT_MAX_BYTES`).
     """
     path = spec_path(name_or_path)
-    source = _display_path(path)
+    source = display_path(path)
     try:
         stat = path.stat()
         key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size, source, import_hooks, max_bytes)
@@ -82,7 +83,8 @@ def spec_from_dict(data: Mapping[str, Any], source: str = "<code>", *, import_ho
     again costs a lookup. ``RegistrySpec.to_dict()`` gives a shipped spec as such data,
     to derive one from it."""
     data = _plain_copy(data, source)
-    key = (source, import_hooks, max_bytes, json.dumps(data, sort_keys=True, allow_nan=True))
+    # the data in its own order (a spec's param order shows in `graphslot show`)
+    key = (source, import_hooks, max_bytes, json.dumps(data, allow_nan=True))
     cached = _CODE_SPECS.get(key)
     if cached is not None:
         return cached
@@ -103,11 +105,13 @@ def _plain_copy(data: Any, source: str) -> Dict[str, Any]:
         items = value.items() if isinstance(value, Mapping) else enumerate(value)
         for key, item in items:
             nodes += 1
-            at = f"{where}[{key}]" if isinstance(key, int) else f"{where}.{key}" if where else str(key)
+            if isinstance(value, Mapping) and type(key) is not str:
+                raise SpecError([SpecIssue(source, None, f"{where or 'the spec'}: key {shorten(key)} is not a "
+                                                         "string")])
+            shown = shorten(key, quote=False) if isinstance(key, str) else key
+            at = f"{where}[{shown}]" if isinstance(key, int) else f"{where}.{shown}" if where else shown
             problem = None
-            if not isinstance(key, (str, int)) or (isinstance(key, int) and isinstance(value, Mapping)):
-                problem = f"key {shorten(key)} is not a string"
-            elif nodes > MAX_YAML_NODES:
+            if nodes > MAX_YAML_NODES:
                 problem = f"more than {MAX_YAML_NODES} values"
             elif depth > MAX_YAML_DEPTH:
                 problem = f"nested deeper than {MAX_YAML_DEPTH} levels"
@@ -133,13 +137,11 @@ def _plain_copy(data: Any, source: str) -> Dict[str, Any]:
 def read_spec_text(path: Path, source: str) -> str:
     """The text of a spec file: UTF-8, at most MAX_SPEC_BYTES; else SpecError with the line."""
     try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_SPEC_BYTES + 1)
+        data = read_bounded(path, MAX_SPEC_BYTES)
     except OSError as exc:
         raise SpecError([SpecIssue(source, None, f"cannot read: {exc.strerror or exc}")]) from None
-    if len(data) > MAX_SPEC_BYTES:
-        raise SpecError([SpecIssue(source, None, f"the file is larger than {MAX_SPEC_BYTES} bytes; "
-                                                 "a spec is a few KiB")])
+    except TooLarge as exc:
+        raise SpecError([SpecIssue(source, None, f"{exc}; a spec is a few KiB")]) from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -147,14 +149,6 @@ def read_spec_text(path: Path, source: str) -> str:
         raise SpecError([SpecIssue(source, line, f"not UTF-8: byte 0x{data[exc.start]:02x} at offset "
                                                  f"{exc.start} cannot be decoded")]) from None
     return text.removeprefix("\ufeff")
-
-
-def _display_path(path: Path) -> str:
-    try:
-        relative = os.path.relpath(path)
-    except ValueError:  # another drive on Windows
-        return str(path)
-    return str(path) if relative.startswith("..") else relative
 
 
 def parse_spec(text: str, source: str = "<string>", *, import_hooks: bool = False,
