@@ -112,7 +112,7 @@ class GeneratedRegistry(SlotRegistry):
             if not isinstance(buffers, dict):
                 raise _damaged(module, spec, "allocate", type(buffers).__name__, "a dict of buffers")
         super().__init__(spec, slots, hooks, params, buffers=buffers, **kwargs)
-        self.module, self._hooks, self._skipping = module, hooks, {}
+        self.module, self._hooks = module, hooks
         self._buffers = {slot.name: slot.buffer for slot in self.active}
         for slot in self.active:
             if (buffers.get(slot.name) is not slot.buffer or tuple(slot.buffer.shape) != slot.resolved.shape
@@ -140,25 +140,19 @@ class GeneratedRegistry(SlotRegistry):
 
         return strict_fill_from, strict_extract
 
-    def fill_from_skipping(self, names: AbstractSet[str]) -> Callable[..., None]:
-        skip = self.skip_set(names)
-        if not skip:
-            return self.fill_from
-        fill = self._skipping.get(skip)
-        if fill is None:
-            # A variant compiled per (identity, baked params, skip set), cached process-wide;
-            # bound once per registry and set. A checked-in module's registry compiles it too.
-            module = compile_module(self.spec, self.params, skip)
-            fill = self._skipping[skip] = self._bind(module, self.checker.without(skip))[0]
-        return fill
+    def _fill_skipping(self, skip: frozenset) -> Callable[..., None]:
+        # A variant compiled per (identity, baked params, skip set), cached process-wide;
+        # bound once per registry and set. A checked-in module's registry compiles it too.
+        module = compile_module(self.spec, self.params, skip)
+        return self._bind(module, self.checker.without(skip))[0]
 
 
 def build_generated_registry(
     spec: RegistrySpec, slots: List[ResolvedSlot], hooks, params, *, mode: Any = "generated", **kwargs
 ) -> GeneratedRegistry:
-    if mode == "generated":
-        module = compile_module(spec, params)
-    elif isinstance(mode, types.ModuleType):
+    if mode == "generated":  # compiled from this spec and these params: nothing to check
+        return GeneratedRegistry(compile_module(spec, params), spec, slots, hooks, params, **kwargs)
+    if isinstance(mode, types.ModuleType):
         module = mode
     elif callable(mode):
         module = mode(spec, params)

@@ -133,6 +133,7 @@ class SlotRegistry:
         self.strict = strict
         #: Makes each fill's hook context (FillContext, or ``context``) with live params resolved.
         self.make_context = context_factory(context or FillContext, self.params)
+        self._skipping: Dict[frozenset, Callable[..., None]] = {}
         self._slots: Dict[str, Slot] = {}
         for resolved in slots:
             buffer = None
@@ -177,7 +178,18 @@ class SlotRegistry:
     def fill_from_skipping(self, names: AbstractSet[str]) -> Callable[..., None]:
         """A fill callable with ``fill_from``'s signature that leaves the slots
         ``names`` alone: no reset, copy or hook (their content was staged by the
-        engine). Made once per set and kept; ``fill_from`` itself is untouched."""
+        engine). Made once per set and kept; ``fill_from`` itself is untouched, and is
+        what an empty set (or one naming no enabled slot) gets."""
+        skip = self.skip_set(names)
+        if not skip:
+            return self.fill_from
+        fill = self._skipping.get(skip)
+        if fill is None:
+            fill = self._skipping[skip] = self._fill_skipping(skip)
+        return fill
+
+    def _fill_skipping(self, skip: frozenset) -> Callable[..., None]:
+        """The fill of :meth:`fill_from_skipping` for a non-empty set of enabled slots."""
         raise NotImplementedError
 
     def run_pre_capture(self, bs: int, num_tokens: int, side_inputs: Any = None) -> None:

@@ -5,7 +5,7 @@ it is what generated code is proven equal to.
 
 from __future__ import annotations
 
-from typing import AbstractSet, Callable, Dict, Tuple
+from typing import Callable, Dict, Tuple
 
 import torch
 
@@ -25,11 +25,7 @@ class InterpretedRegistry(SlotRegistry):
         with torch.no_grad():
             self._fill(fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs, frozenset())
 
-    def fill_from_skipping(self, names: AbstractSet[str]) -> Callable[..., None]:
-        skip = self.skip_set(names)
-        if not skip:
-            return self.fill_from
-
+    def _fill_skipping(self, skip: frozenset) -> Callable[..., None]:
         def fill_from(fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs=None) -> None:
             with torch.no_grad():
                 self._fill(fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs, skip)
@@ -97,7 +93,7 @@ class InterpretedRegistry(SlotRegistry):
             spec = slot.resolved
             if spec.structured:
                 continue
-            if spec.plain_copy and getattr(fb, spec.name, None) is None:
+            if spec.optional and spec.plain_copy and getattr(fb, spec.name, None) is None:
                 continue  # absent this step: carry the None, never a stale buffer
             fields[spec.name] = slot.slice_for(padded_bs, padded_num_tokens)
         return self.make_view(fb, fields)

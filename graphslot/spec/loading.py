@@ -42,8 +42,10 @@ def shipped_spec_names() -> List[str]:
 def spec_path(name_or_path: Union[str, os.PathLike]) -> Path:
     """A shipped spec name (``decode``) or a path to a YAML file."""
     text = os.fspath(name_or_path)
-    if text in shipped_spec_names():
-        return SHIPPED_DIR / f"{text}.yaml"
+    if text and not text.startswith(".") and "/" not in text and os.sep not in text:
+        shipped = SHIPPED_DIR / f"{text}.yaml"  # what shipped_spec_names() lists, without a listing
+        if shipped.is_file():
+            return shipped
     path = Path(text)
     if not path.is_file():
         raise SpecError([SpecIssue(text, None, "no such spec file; shipped specs are: "
@@ -92,6 +94,9 @@ def spec_from_dict(data: Mapping[str, Any], source: str = "<code>", *, import_ho
     return _remember(_CODE_SPECS, key, spec)
 
 
+_SCALARS = (str, bool, int, float, type(None))
+
+
 def _plain_copy(data: Any, source: str) -> Dict[str, Any]:
     """``data`` as plain dicts and lists, within the YAML reader's limits; anything else
     is a SpecError naming where it sits (``slots[2].shape[0]``)."""
@@ -99,39 +104,54 @@ def _plain_copy(data: Any, source: str) -> Dict[str, Any]:
         raise SpecError([SpecIssue(source, None, f"a spec is a mapping with keys {', '.join(TOP_KEYS)}, got "
                                                  f"{type(data).__name__}")])
     root: Dict[str, Any] = {}
-    stack, nodes = [(data, root, "", 1)], 0
+    stack: List[Tuple[Any, Any, Tuple[Any, ...]]] = [(data, root, ())]
+    nodes = 0
     while stack:
-        value, into, where, depth = stack.pop()
-        items = value.items() if isinstance(value, Mapping) else enumerate(value)
-        for key, item in items:
+        value, into, path = stack.pop()
+        mapping = isinstance(value, Mapping)
+        for key, item in (value.items() if mapping else enumerate(value)):
             nodes += 1
-            if isinstance(value, Mapping) and type(key) is not str:
-                raise SpecError([SpecIssue(source, None, f"{where or 'the spec'}: key {shorten(key)} is not a "
-                                                         "string")])
-            shown = shorten(key, quote=False) if isinstance(key, str) else key
-            at = f"{where}[{shown}]" if isinstance(key, int) else f"{where}.{shown}" if where else shown
+            if mapping and type(key) is not str:
+                raise SpecError([SpecIssue(source, None, f"{_data_path(path) or 'the spec'}: key {shorten(key)} "
+                                                         "is not a string")])
             problem = None
+            kind = type(item)
             if nodes > MAX_YAML_NODES:
                 problem = f"more than {MAX_YAML_NODES} values"
-            elif depth > MAX_YAML_DEPTH:
+            elif len(path) >= MAX_YAML_DEPTH:
                 problem = f"nested deeper than {MAX_YAML_DEPTH} levels"
-            elif isinstance(item, int) and not isinstance(item, bool) and abs(item) >= INT_LIMIT:
+            elif kind is int and abs(item) >= INT_LIMIT:
                 problem = f"integer {shorten(item)} out of range (|value| < 2**63)"
-            elif not (item is None or isinstance(item, (str, bool, int, float, Mapping, list, tuple))):
-                problem = (f"{type(item).__name__} is not plain data: a spec from code holds only dicts, lists, "
+            elif kind not in _SCALARS and kind is not dict and kind is not list and not isinstance(
+                    item, (str, int, float, Mapping, list, tuple)):
+                problem = (f"{kind.__name__} is not plain data: a spec from code holds only dicts, lists, "
                            "str, int, float, bool and None (a dtype by its name: 'int64')")
             if problem is not None:
-                raise SpecError([SpecIssue(source, None, f"{at}: {problem}")])
-            if isinstance(item, Mapping):
-                copied: Any = {}
-                stack.append((item, copied, at, depth + 1))
-            elif isinstance(item, (list, tuple)):
-                copied = [None] * len(item)
-                stack.append((item, copied, at, depth + 1))
-            else:
-                copied = item
-            into[key] = copied
+                raise SpecError([SpecIssue(source, None, f"{_data_path(path + (key,))}: {problem}")])
+            if kind in _SCALARS:
+                into[key] = item
+            elif kind is dict or isinstance(item, Mapping):
+                into[key] = {}
+                stack.append((item, into[key], path + (key,)))
+            elif kind is list or isinstance(item, (list, tuple)):
+                into[key] = [None] * len(item)
+                stack.append((item, into[key], path + (key,)))
+            else:  # a subclass of a scalar type (an IntEnum, a str enum): its plain value
+                into[key] = (str.__str__(item) if isinstance(item, str)  # a str enum's value, not its name
+                             else int(item) if isinstance(item, int) else float(item))
+                if isinstance(into[key], int) and not isinstance(into[key], bool) and abs(into[key]) >= INT_LIMIT:
+                    raise SpecError([SpecIssue(source, None, f"{_data_path(path + (key,))}: integer "
+                                                             f"{shorten(into[key])} out of range (|value| < 2**63)")])
     return root
+
+
+def _data_path(path: Tuple[Any, ...]) -> str:
+    """``slots[2].shape[0]``: where a value sits in a spec's data."""
+    out = ""
+    for key in path:
+        out += f"[{key}]" if isinstance(key, int) else (f".{shorten(key, quote=False)}" if out else
+                                                        shorten(key, quote=False))
+    return out
 
 
 def read_spec_text(path: Path, source: str) -> str:

@@ -133,6 +133,7 @@ class RegistrySpec(_Strict):
     _source: str = PrivateAttr("<string>")
     _text: str = PrivateAttr("")
     _locations: Optional[Locations] = PrivateAttr(None)
+    _identity: Optional[str] = PrivateAttr(None)
 
     @property
     def source(self) -> str:
@@ -169,7 +170,9 @@ class RegistrySpec(_Strict):
     def identity(self) -> str:
         """The sha256 hex digest of :meth:`canonical_json`: what a generated module
         records of the spec it was generated from (``SPEC_IDENTITY``)."""
-        return hashlib.sha256(self.canonical_json().encode("ascii")).hexdigest()
+        if self._identity is None:  # a spec never changes (frozen): computed once
+            self._identity = hashlib.sha256(self.canonical_json().encode("ascii")).hexdigest()
+        return self._identity
 
     @property
     def locations(self) -> Locations:

@@ -227,6 +227,13 @@ def resolve_slot(
     )
 
 
+# Resolved slots kept per (spec object, params that can shape them, capacities): a registry
+# built again resolves nothing twice. Live params are left out of the key (no slot may use
+# one), so a new provider per build still hits.
+RESOLVED_CACHE_LIMIT = 256
+_RESOLVED: Dict[tuple, Tuple[RegistrySpec, Tuple[ResolvedSlot, ...]]] = {}
+
+
 def resolve_slots(
     spec: RegistrySpec, params: Mapping[str, Any], max_bs: int, max_num_tokens: int
 ) -> List[ResolvedSlot]:
@@ -236,6 +243,22 @@ def resolve_slots(
             raise ValueError(f"{name} must be an int, got {type(value).__name__} {shorten(value)}")
     if max_bs < 1 or max_num_tokens < 1:
         raise ValueError(f"max_bs and max_num_tokens must be >= 1, got {max_bs} and {max_num_tokens}")
+    live = spec.params
+    key = (id(spec), type(max_bs), int(max_bs), type(max_num_tokens), int(max_num_tokens),
+           tuple((k, type(v), repr(v)) for k, v in params.items() if not (k in live and live[k].live)))
+    cached = _RESOLVED.get(key)
+    if cached is not None and cached[0] is spec:
+        return list(cached[1])
+    resolved = _resolve_slots(spec, params, max_bs, max_num_tokens)
+    if len(_RESOLVED) >= RESOLVED_CACHE_LIMIT:
+        _RESOLVED.clear()
+    _RESOLVED[key] = (spec, tuple(resolved))  # the spec kept alive: its id stays its own
+    return resolved
+
+
+def _resolve_slots(
+    spec: RegistrySpec, params: Mapping[str, Any], max_bs: int, max_num_tokens: int
+) -> List[ResolvedSlot]:
     resolved, issues = [], []
     for i, slot in enumerate(spec.slots):
         try:
