@@ -44,7 +44,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 import graphslot as gs
-from graphslot.cli.bench import count_device_ops
+from graphslot.cli.fill_bench import count_device_ops
 from graphslot.reference import TinyConfig, build_reference_model, make_decode_batch
 from graphslot.reference.adapter import ReferenceDecodeAdapter
 from graphslot.runners.decode import DecodeGraphRunner
@@ -163,27 +163,37 @@ def gpu_ms_per_call(fn, iters: int, s) -> Optional[float]:
     return start.elapsed_time(end) / iters
 
 
-def bench_gap(s, rt) -> List[Dict[str, Any]]:
-    def runner(share_outputs: bool) -> DecodeGraphRunner:
-        return DecodeGraphRunner(ReferenceDecodeAdapter(rt), max_bs=max(s.gap_sizes), capture_bs=list(s.gap_sizes),
-                                 progress=False, share_outputs=share_outputs)
-
-    rows, plain = [], runner(False)
+def gap_rows(s, rt, runner: DecodeGraphRunner) -> List[Dict[str, Any]]:
+    """One row per batch size: the step's device time, the graph's alone, and the host side."""
+    rows = []
     for bs in s.gap_sizes:
         fb = decode_fb(rt, bs)
-        graph = plain.graph(plain.padded_bs(fb))
-        step_ms = gpu_ms_per_call(lambda: plain.replay(fb), s.iters, s)
+        graph = runner.graph(runner.padded_bs(fb))
+
+        def step(fb=fb):
+            return runner.replay(fb)
+
+        step_ms = gpu_ms_per_call(step, s.iters, s)
         graph_ms = gpu_ms_per_call(graph.replay, s.iters, s)
-        replay_us = each_call_us(lambda: plain.replay(fb), s.iters, s)
+        replay_us = each_call_us(step, s.iters, s)
         launch_us = each_call_us(graph.replay, s.iters, s)
         rows.append({
             "bs": bs, "step_gpu_ms": step_ms, "graph_gpu_ms": graph_ms,
             "gap_us": NA if step_ms is None else max(0.0, (step_ms - graph_ms) * 1e3),
             "replay_host_us": replay_us, "graph_replay_host_us": launch_us, "prep_host_us": replay_us - launch_us,
-            "launches_per_step": cuda_launches(lambda: plain.replay(fb), s)})
+            "launches_per_step": cuda_launches(step, s)})
+    return rows
+
+
+def bench_gap(s, rt) -> List[Dict[str, Any]]:
+    def runner(share_outputs: bool) -> DecodeGraphRunner:
+        return DecodeGraphRunner(ReferenceDecodeAdapter(rt), max_bs=max(s.gap_sizes), capture_bs=list(s.gap_sizes),
+                                 progress=False, share_outputs=share_outputs)
+
     # One runner per model at a time: a runner's graph state (the attention backend's
-    # static buffers) replaces the previous runner's.
-    del plain, graph
+    # static buffers) replaces the previous runner's, so the plain runner is gone (no
+    # name holds it once gap_rows returns) before the shared one is built.
+    rows = gap_rows(s, rt, runner(False))
     shared = runner(True)
     for row in rows:
         fb = decode_fb(rt, row["bs"])

@@ -13,7 +13,8 @@ import importlib
 from ._version import __version__
 from .spec.dtypes import import_torch
 from .spec.errors import SlotError, SpecError, SpecIssue
-from .spec.hooks import BUILTIN_HOOKS, CaptureContext, FillContext, Live
+from .spec.hooks import BUILTIN_HOOKS, CaptureContext, FillContext
+from .spec.live import Live
 from .spec.loading import load_spec, parse_spec, shipped_spec_names, spec_from_dict
 from .spec.model import RegistrySpec, SlotSpec
 from .spec.resolve import resolve_params

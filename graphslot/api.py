@@ -17,11 +17,12 @@ from .registry.pool import GLOBAL_POOL, SharePool
 from .registry.base import SlotRegistry
 from .registry.interpreter import InterpretedRegistry
 from .spec.resolve import resolve_params, resolve_slots
-from .registry.stepcheck import parse_bool_env
+from . import env
 
 
 def strict_from_env() -> bool:
-    return parse_bool_env("GRAPHSLOT_STRICT", os.environ.get("GRAPHSLOT_STRICT", ""))
+    """``GRAPHSLOT_STRICT`` (:mod:`graphslot.env`): on for every registry built."""
+    return env.STRICT.enabled()
 
 
 def bind_slot_hooks(
@@ -64,23 +65,32 @@ def build_registry(
     strict: bool = False,
     preset: Optional[str] = None,
     max_bytes: Optional[int] = None,
+    *,
+    adopt: Any = None,
     buffers: Optional[Mapping[str, Any]] = None,
     context: Optional[Callable[..., Any]] = None,
 ) -> SlotRegistry:
     """Allocate a registry's buffers and bind its ``fill_from`` / ``extract``.
 
-    ``mode`` is ``"generated"`` (specialised code compiled in process, the default),
-    ``"interpreted"`` (the reference semantics), or a checked-in generated module.
-    ``max_bytes`` caps the bytes of the enabled slots' buffers, checked before any is
-    allocated (default: ``GRAPHSLOT_MAX_BUFFER_BYTES``, else 4 GiB;
-    :mod:`graphslot.spec.budget`). ``share_pool``: ``True`` (graphslot's process-wide
-    :class:`BufferPool`) or any object with its ``share`` method (:class:`SharePool`).
-    ``buffers``: bind to these tensors (one per enabled slot, shape, dtype and device
-    checked) instead of allocating; a registry rebuilt over the buffers of another.
-    ``context``: makes each fill's hook context, called as ``context(raw_bs, padded_bs,
-    raw_num_tokens, padded_num_tokens, params, side_inputs)`` (default
-    :class:`FillContext`).
+    ``mode`` is the registry's implementation: ``"generated"`` (specialised code
+    compiled in process, the default), ``"interpreted"`` (the reference semantics), or
+    a checked-in generated module. ``adopt`` is an object (attributes, mapping keys or
+    dotted paths by slot name) whose tensors become the slots' buffers instead of new
+    ones, each checked for shape and dtype (``adopt: never`` slots are left out);
+    ``source=`` is its older spelling, kept working (give one of them). ``max_bytes``
+    caps the bytes of the enabled slots' buffers, checked before any is allocated
+    (default: ``GRAPHSLOT_MAX_BUFFER_BYTES``, else 4 GiB; :mod:`graphslot.spec.budget`).
+    ``share_pool``: ``True`` (graphslot's process-wide :class:`BufferPool`) or any
+    object with its ``share`` method (:class:`SharePool`). ``buffers``: bind to these
+    tensors (one per enabled slot, shape, dtype and device checked) instead of
+    allocating. ``context``: makes each fill's hook context, called as
+    ``context(raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, params,
+    side_inputs)`` (default :class:`FillContext`).
     """
+    if source is not None:
+        if adopt is not None:
+            raise TypeError("build_registry: give adopt= or source= (its older spelling), not both")
+        adopt = source
     if not isinstance(spec, RegistrySpec):
         spec = load_spec(spec)
     resolved_params = resolve_params(spec, params, preset)
@@ -89,15 +99,19 @@ def build_registry(
                        f"max_bs={max_bs}, max_num_tokens={max_num_tokens}", max_bytes)
     bound = bind_slot_hooks(spec, slots, resolved_params, hooks or {})
     pool = GLOBAL_POOL if share_pool is True else (share_pool or None)
+    if pool is not None and not callable(getattr(pool, "share", None)):
+        raise TypeError(f"build_registry: share_pool= takes True, False or a pool with a share(name, tensor, "
+                        f"init_value) -> (tensor, fresh) method (graphslot.SharePool), got {type(pool).__name__}")
     if buffers is not None:
-        if pool is not None or source is not None:
+        if pool is not None or adopt is not None:
             raise ValueError("build_registry: buffers= binds existing tensors; it cannot be combined with "
-                             "share_pool= or source=")
+                             "share_pool= or adopt=")
         buffers = check_given_buffers(spec.name, slots, buffers, torch.device(device))
     kwargs = dict(max_bs=max_bs, max_num_tokens=max_num_tokens, device=torch.device(device), pool=pool,
-                  source=source, strict=strict or strict_from_env(), buffers=buffers, context=context)
+                  strict=strict or strict_from_env(), buffers=buffers, context=context)
     if mode == "interpreted":
-        return InterpretedRegistry(spec, slots, bound, resolved_params, **kwargs)
+        return InterpretedRegistry(spec, slots, bound, resolved_params, adopt=adopt, **kwargs)
     from .codegen.inprocess import build_generated_registry
 
-    return build_generated_registry(spec, slots, bound, resolved_params, mode=mode, **kwargs)
+    # codegen passes it on to a generated module's allocate(), whose argument is `source`.
+    return build_generated_registry(spec, slots, bound, resolved_params, mode=mode, source=adopt, **kwargs)

@@ -7,9 +7,10 @@ import json
 import pytest
 import torch
 
-from graphslot.cli import demo, demo_prefill
+from graphslot.cli import demo_decode, demo_prefill
 from graphslot.cli import main
-from graphslot.cli.demo import demo_device, format_demo_table, run_demo
+from graphslot.cli.demo_common import demo_device
+from graphslot.cli.demo_decode import format_demo_table, run_demo
 from graphslot.cli.demo_prefill import format_prefill_table, run_prefill_demo
 from graphslot.reference.numerics import output_check
 from graphslot.runners.breakable import BreakableGraphRunner
@@ -42,7 +43,7 @@ PREFILL_KEYS = {"backend", "check", "registry_mode", "batches", "requests_per_ba
 # Keys the JSON of both modes carries, with the same meaning.
 COMMON_KEYS = {"mode", "backend", "device", "registry_mode", "check", "torch", "max_bs", "fill_batch",
                "fill_us_generated", "fill_us_interpreted", "seconds"}
-PREFILL_CLI = ["demo", "--mode", "prefill", "--backend", "cpu", "--json"]
+PREFILL_CLI = ["demo", "--workload", "prefill", "--backend", "cpu", "--json"]
 RUNNER_KEYS = {"runner", "buckets", "capture_seconds", "segments_per_graph", "eager_steps_per_graph",
                "mismatching_batches", "eager_batch_ms", "graph_batch_ms", "static_bytes"}
 
@@ -117,25 +118,29 @@ def _must_not_run(*args, **kwargs):
     raise AssertionError("the demo ran")
 
 
-@pytest.mark.parametrize("mode", ["decode", "prefill"])
-def test_cli_demo_cuda_backend_without_a_gpu_is_one_line(monkeypatch, capsys, mode):
+@pytest.mark.parametrize("workload", ["decode", "prefill"])
+def test_cli_demo_cuda_backend_without_a_gpu_is_one_line(monkeypatch, capsys, workload):
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     monkeypatch.setattr(torch, "__version__", "2.13.0+cpu")
-    monkeypatch.setattr(demo, "run_demo", _must_not_run)  # nothing is built
+    monkeypatch.setattr(demo_decode, "run_demo", _must_not_run)  # nothing is built
     monkeypatch.setattr(demo_prefill, "run_prefill_demo", _must_not_run)
-    assert main(["demo", "--mode", mode, "--backend", "cuda", "--json"]) == 1
+    assert main(["demo", "--workload", workload, "--backend", "cuda", "--json"]) == 1
     assert capsys.readouterr() == ("", "graphslot demo: error: --backend cuda needs a CUDA GPU; this torch "
                                        "(2.13.0+cpu) sees none: use --backend cpu or auto\n")
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--mode", "prefill", "--steps", "5"], "argument --steps: only for --mode decode, not --mode prefill"),
-    (["--steps", "5", "--mode", "prefill"], "argument --steps: only for --mode decode, not --mode prefill"),
-    (["--batches", "3"], "argument --batches: only for --mode prefill, not --mode decode"),
-    (["--mode", "decode", "--runner", "all"], "argument --runner: only for --mode prefill, not --mode decode"),
+    (["--workload", "prefill", "--steps", "5"], "argument --steps: only for --workload decode, not --workload prefill"),
+    (["--steps", "5", "--workload", "prefill"], "argument --steps: only for --workload decode, not --workload prefill"),
+    (["--steps", "5", "--mode", "prefill"], "argument --steps: only for --workload decode, not --workload prefill"),
+    (["--batches", "3"], "argument --batches: only for --workload prefill, not --workload decode"),
+    (["--workload", "decode", "--runner", "all"], "argument --runner: only for --workload prefill, not --workload "
+                                                  "decode"),
+    (["--mode", "decode", "--runner", "all"], "argument --runner: only for --workload prefill, not --workload decode"),
+    (["--model", "gpt2"], "argument --model: invalid choice: 'gpt2' (choose from reference, hf-<family>)"),
 ])
-def test_cli_demo_rejects_the_other_modes_flags(monkeypatch, capsys, argv, message):
-    monkeypatch.setattr(demo, "run_demo", _must_not_run)
+def test_cli_demo_rejects_the_other_workloads_flags(monkeypatch, capsys, argv, message):
+    monkeypatch.setattr(demo_decode, "run_demo", _must_not_run)
     monkeypatch.setattr(demo_prefill, "run_prefill_demo", _must_not_run)
     assert main(["demo", *argv]) == 2
     out, err = capsys.readouterr()
@@ -155,7 +160,7 @@ def test_cli_demo_registry_option(capsys):
                  "--runner", "breakable"]) == 0
     assert json.loads(capsys.readouterr().out)["registry_mode"] == "interpreted"
     assert main(["demo", "--mode", "generated"]) == 2  # the registry choice is --registry now
-    assert main(["demo", "--mode", "prefill", "--max-bs", "99"]) == 1
+    assert main(["demo", "--workload", "prefill", "--max-bs", "99"]) == 1
     assert "max_bs must be" in capsys.readouterr().err
 
 
@@ -164,3 +169,27 @@ def test_auto_backend_runs_the_demo_on_the_gpu_when_there_is_one(monkeypatch, gp
     monkeypatch.setattr("torch.cuda.is_available", lambda: gpu)
     assert demo_device("auto").type == ("cuda" if gpu else "cpu")
     assert demo_device("cpu").type == "cpu" and demo_device("cuda").type == "cuda"
+
+
+@pytest.mark.parametrize("argv", [["--workload", "prefill"], ["--mode", "prefill"], ["--mode", "decode",
+                                                                                    "--workload", "prefill"]])
+def test_cli_demo_workload_and_its_older_spelling_mode(monkeypatch, capsys, argv):
+    """--workload names what runs; --mode, its older spelling, still works (the last one given wins)."""
+    calls = []
+
+    def fake_prefill(**kwargs):
+        calls.append(kwargs)
+        return {"mode": "prefill", "mismatching_batches": 0}
+
+    monkeypatch.setattr(demo_decode, "run_demo", _must_not_run)
+    monkeypatch.setattr(demo_prefill, "run_prefill_demo", fake_prefill)
+    assert main(["demo", *argv, "--backend", "cpu", "--batches", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"mode": "prefill", "mismatching_batches": 0}
+    assert [c["batches"] for c in calls] == [2]
+
+
+def test_cli_demo_help_names_workload_and_hides_mode(capsys):
+    assert main(["demo", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--workload {decode,prefill}" in out and "--mode {" not in out
+    assert "(--mode is the older spelling of --workload and still works.)" in out

@@ -10,12 +10,15 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from graphslot.cli.demo_hf import HF_DEMO_MODELS, format_hf_demo_table, run_hf_demo  # noqa: E402
-from graphslot.integrations.transformers import TESTED_FAMILIES  # noqa: E402
+from graphslot.cli.demo_hf import format_hf_demo_table, hf_demo_models, run_hf_demo  # noqa: E402
+from graphslot.integrations.transformers import FAMILIES, TESTED_FAMILIES  # noqa: E402
+
+HF_DEMO_MODELS = hf_demo_models()
 
 
 def test_every_tested_family_has_a_demo_model():
-    assert HF_DEMO_MODELS == tuple(f"hf-{family}" for family in TESTED_FAMILIES)
+    assert HF_DEMO_MODELS == tuple(f"hf-{family}" for family in FAMILIES)  # the tiny-model recipes
+    assert {f"hf-{family}" for family in TESTED_FAMILIES} <= set(HF_DEMO_MODELS)
 
 
 @pytest.mark.parametrize("model", HF_DEMO_MODELS)
@@ -56,8 +59,12 @@ def test_cli_hf_demo_json(capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--model", "hf-qwen3", "--mode", "prefill"], "argument --model: hf-qwen3 runs decode only, not --mode prefill"),
-    (["--model", "hf-llama", "--batches", "3"], "argument --batches: only for --mode prefill, not --mode decode"),
+    (["--model", "hf-qwen3", "--workload", "prefill"], "argument --model: hf-qwen3 runs decode only, not --workload "
+                                                       "prefill"),
+    (["--model", "hf-qwen3", "--mode", "prefill"], "argument --model: hf-qwen3 runs decode only, not --workload prefill"),
+    (["--model", "hf-llama", "--batches", "3"], "argument --batches: only for --workload prefill, not --workload decode"),
+    (["--model", "hf-gpt2"], "argument --model: invalid choice: 'hf-gpt2' (choose from reference, "
+                             + ", ".join(f"hf-{family}" for family in FAMILIES) + ")"),
     (["--model", "hf-llama", "--dp", "2"], "argument --dp: runs the reference model only, not --model hf-llama"),
 ])
 def test_cli_hf_demo_rejects_what_it_cannot_run(monkeypatch, capsys, argv, message):

@@ -302,9 +302,10 @@ def test_cli_dp_demo_matches_one_process(monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--mode", "prefill", "--dp", "2"], "argument --dp: only for --mode decode, not --mode prefill"),
-    (["--dp", "2", "--batches", "3"], "argument --batches: only for --mode prefill, not --mode decode"),
-    (["--dp", "2", "--runner", "all"], "argument --runner: only for --mode prefill, not --mode decode"),
+    (["--workload", "prefill", "--dp", "2"], "argument --dp: only for --workload decode, not --workload prefill"),
+    (["--mode", "prefill", "--dp", "2"], "argument --dp: only for --workload decode, not --workload prefill"),
+    (["--dp", "2", "--batches", "3"], "argument --batches: only for --workload prefill, not --workload decode"),
+    (["--dp", "2", "--runner", "all"], "argument --runner: only for --workload prefill, not --workload decode"),
     (["--dp", "0"], "argument --dp: "),
 ])
 def test_cli_dp_rejects_flags_it_does_not_take(monkeypatch, capsys, argv, message):

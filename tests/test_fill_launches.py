@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import graphslot as gs
-from graphslot.cli.bench import count_device_ops
+from graphslot.cli.fill_bench import count_device_ops
 
 from test_codegen_differential import SHIPPED
 

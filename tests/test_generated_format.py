@@ -82,6 +82,16 @@ FEATURES = textwrap.dedent(f"""
 """)
 
 
+FMT_OFF = "\n# fmt: off\n"
+
+
+def laid_out(text: str) -> str:
+    """The module without its ``# fmt: off``: what ruff format at its defaults must leave
+    as it is (with it, ruff leaves any module alone)."""
+    assert text.count(FMT_OFF) == 1, "a generated module says # fmt: off once, after its docstring"
+    return text.replace(FMT_OFF, "\n", 1)
+
+
 def _modules() -> dict:
     """name -> text of every module the format tests check."""
     texts = {p.name: p.read_text(encoding="utf-8") for p in COMMITTED}
@@ -97,8 +107,18 @@ def _modules() -> dict:
 def modules(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("generated")
     for name, text in _modules().items():
-        (folder / name.replace("-", "_")).write_text(text, encoding="utf-8")
+        (folder / name.replace("-", "_")).write_text(laid_out(text), encoding="utf-8")
     return folder
+
+
+@pytest.mark.parametrize("width", [79, 100, 120])
+def test_a_formatter_at_another_width_leaves_the_committed_modules_alone(width, tmp_path):
+    """Engines format at 79, 100 or 120 columns: ``# fmt: off`` keeps ruff (and black)
+    off the module, so ``generate --check`` stays clean in their tree."""
+    for path in COMMITTED:
+        shutil.copy(path, tmp_path / path.name)
+    result = ruff("format", "--line-length", str(width), "--diff", str(tmp_path))
+    assert result.returncode == 0 and result.stdout == "", result.stdout + result.stderr
 
 
 def test_ruff_format_leaves_every_generated_module_as_it_is(modules):
@@ -123,7 +143,7 @@ def test_the_features_spec_reaches_every_layout():
     text = _modules()["features.py"]
     layouts = {
         "a call, arguments hugged": "pad_dev_int64_tokens_zero = torch.full(\n        (max_num_tokens,), 0,",
-        "a call, one argument a line": "    ctx = __gs_FillContext(\n                raw_bs,\n",
+        "a call, one argument a line": "    ctx = __gs_context(\n                raw_bs,\n",
         "a display in a call": "make_view = __gs_ViewMaker(\n        (\n",
         "a subscript split": "buffers[\n",
         "a value in parentheses": " = (\n",
@@ -149,8 +169,8 @@ def test_ruff_format_leaves_modules_of_random_specs_as_they_are(case):
         text = render_module(spec, gs.resolve_params(spec, case.params))
     except gs.SpecError:
         return  # a param set the spec refuses: nothing is generated
-    result = ruff("format", "-", stdin=text)
-    assert result.returncode == 0 and result.stdout == text, result.stderr
+    result = ruff("format", "-", stdin=laid_out(text))
+    assert result.returncode == 0 and result.stdout == laid_out(text), result.stderr
     check = ruff("check", "--select", "E4,E7,E9,F", "--output-format", "concise", "-", stdin=text)
     assert check.returncode == 0, check.stdout
 

@@ -533,7 +533,7 @@ def test_long_values_are_cut_in_messages():
     assert errors(SPEC + "    " + "k" * 400 + ": 1\n") == [
         "spec.yaml:8: slot 'x': unknown key '" + "k" * 79 + "…'; allowed keys: name, shape, dtype, axis, "
         "slice_dim, device, padding, pad_value, index, optional, enabled_if, copy_from_fb, post_fill, source, "
-        "pre_capture, description"]
+        "pre_capture, adopt, description"]
 
 
 def test_a_wrongly_typed_value_makes_short_lines():
@@ -758,7 +758,7 @@ def test_pyproject_errors_and_entries_are_linear(capsys, monkeypatch, pyproject_
 
 @pytest.mark.parametrize("shape", HOSTILE_LINES)
 def test_new_specs_pyproject_editor_is_linear(shape):
-    from graphslot.cli.new_spec import pyproject_with_entry
+    from graphslot.spec.pyproject_edit import pyproject_with_entry
 
     def edit(text: str) -> None:
         assert pyproject_with_entry(text, "specs/new.yaml").count('"specs/new.yaml"') == 1

@@ -22,8 +22,9 @@ from hypothesis import strategies as st
 
 from graphslot import __version__
 from graphslot.cli import new_spec as new_spec_module
-from graphslot.cli.app import SUBCOMMANDS, main
-from graphslot.cli.new_spec import add_spec_entry, pyproject_with_entry, renamed
+from graphslot.cli.app import COMMANDS, main
+from graphslot.cli.new_spec import renamed
+from graphslot.spec.pyproject_edit import add_spec_entry, pyproject_with_entry
 from graphslot.spec.loading import SHIPPED_DIR, parse_spec
 
 ERROR = "graphslot new-spec: error: "
@@ -86,7 +87,7 @@ def files(root):
 
 
 def test_the_command_is_registered():
-    assert "new-spec" in SUBCOMMANDS
+    assert "new-spec" in COMMANDS
 
 
 # --- the spec file -------------------------------------------------------------------
@@ -148,8 +149,8 @@ def test_the_new_spec_passes_graphslot_validate(project, capsys):
     assert new_spec(capsys, "--from", "prefill", "specs/prefill.yaml")[0] == 0
     status, out, err = run(capsys, "validate")  # the project's specs, as registered
     assert status == 0, out + err
-    assert "ok  specs/decode.yaml (14 slots)" in out
-    assert "ok  specs/prefill.yaml (10 slots)" in out
+    assert "ok  specs/decode.yaml (15 slots)" in out
+    assert "ok  specs/prefill.yaml (11 slots)" in out
     assert run(capsys, "validate", "specs/decode.yaml")[0] == 0
 
 

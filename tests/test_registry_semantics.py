@@ -579,36 +579,51 @@ def test_registries_without_a_pool_never_share():
 # --- adopting existing tensors ------------------------------------------------------------------
 
 
+#: ``adopt=`` is the name; ``source=`` its older spelling, which keeps working.
+ADOPT_KEYWORDS = ["adopt", "source"]
+
+
+@pytest.mark.parametrize("keyword", ADOPT_KEYWORDS)
+@pytest.mark.parametrize("mode", ["interpreted", "generated"])
 @pytest.mark.parametrize("container", [SimpleNamespace, dict])
-def test_source_adopts_existing_tensors_as_they_are(container):
+def test_adopt_takes_existing_tensors_as_they_are(container, mode, keyword):
     owned = torch.full((4,), 3, dtype=torch.int64)
-    reg = build(make_slot_yaml(padding="fill_once", pad_value=7), source=container(x=owned))
+    reg = gs.build_registry(parse(make_slot_yaml(padding="fill_once", pad_value=7)), 4, 8, mode=mode,
+                            **{keyword: container(x=owned)})
     assert reg.slot("x").buffer is owned
     assert owned.tolist() == [3, 3, 3, 3]  # the owner initialised it: no fill_once
 
 
+@pytest.mark.parametrize("keyword", ADOPT_KEYWORDS)
 @pytest.mark.parametrize(
     "tensor, expected",
     [
         (torch.zeros(5, dtype=torch.int64),
-         "slot 'x': cannot adopt source tensor: expected shape [4] dtype torch.int64, got shape [5] dtype torch.int64"),
+         "slot 'x': cannot adopt the tensor: expected shape [4] dtype torch.int64, got shape [5] dtype torch.int64"),
         (torch.zeros(4, dtype=torch.int32),
-         "slot 'x': cannot adopt source tensor: expected shape [4] dtype torch.int64, got shape [4] dtype torch.int32"),
-        ([0, 0, 0, 0], "slot 'x': source= holds list, expected a torch.Tensor"),
+         "slot 'x': cannot adopt the tensor: expected shape [4] dtype torch.int64, got shape [4] dtype torch.int32"),
+        ([0, 0, 0, 0], "slot 'x': adopt= holds list, expected a torch.Tensor"),
     ],
     ids=["shape", "dtype", "not-a-tensor"],
 )
-def test_source_tensor_must_match(tensor, expected):
+def test_an_adopted_tensor_must_match(tensor, expected, keyword):
     with pytest.raises(gs.SlotError) as info:
-        build(make_slot_yaml(), source=SimpleNamespace(x=tensor))
+        build(make_slot_yaml(), **{keyword: SimpleNamespace(x=tensor)})
     assert str(info.value) == expected
 
 
-def test_source_without_the_tensor():
+@pytest.mark.parametrize("keyword", ADOPT_KEYWORDS)
+def test_adopt_without_the_tensor(keyword):
     with pytest.raises(gs.SlotError) as info:
-        build(make_slot_yaml(), source=SimpleNamespace(y=torch.zeros(4)))
-    assert str(info.value) == ("slot 'x': source= has no tensor 'x' to adopt; give it one, or build the registry "
-                               "without source=")
+        build(make_slot_yaml(), **{keyword: SimpleNamespace(y=torch.zeros(4))})
+    assert str(info.value) == ("slot 'x': adopt= has no tensor 'x' to adopt; give it one, or build the registry "
+                               "without adopt=")
+
+
+def test_adopt_and_its_older_spelling_together_are_refused():
+    owned = SimpleNamespace(x=torch.zeros(4, dtype=torch.int64))
+    with pytest.raises(TypeError, match=r"^build_registry: give adopt= or source= \(its older spelling\), not both$"):
+        build(make_slot_yaml(), adopt=owned, source=owned)
 
 
 # --- address stability --------------------------------------------------------------------------

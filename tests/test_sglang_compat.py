@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import random
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 import pytest
 import torch

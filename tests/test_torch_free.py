@@ -50,12 +50,13 @@ REPORT = textwrap.dedent("""
     }))
 """)
 
+CLI_COMMAND_MODULES = ["validate", "show", "schema", "generate", "bench", "demo", "verify", "new_spec", "plan_sizes"]
 TOOLCHAIN_MODULES = [
-    "graphslot", "graphslot.cli", "graphslot.cli.app", "graphslot.spec.project", "graphslot.spec.loading", "graphslot.spec.model",
-    "graphslot.spec.checks", "graphslot.spec.yaml_loader", "graphslot.spec.expr",
-    "graphslot.spec.errors", "graphslot.spec.dtypes", "graphslot.spec.schema",
-    "graphslot.spec.resolve", "graphslot.spec.hooks", "graphslot.codegen.generator",
-    "graphslot.codegen.emitter", "graphslot.codegen.aot", "graphslot.cli.new_spec",
+    "graphslot", "graphslot.env", "graphslot.cli", "graphslot.cli.app", "graphslot.cli.common",
+    "graphslot.codegen.generator", "graphslot.codegen.emitter", "graphslot.codegen.aot",
+    *(f"graphslot.cli.{name}" for name in CLI_COMMAND_MODULES),
+    *sorted(f"graphslot.spec.{p.stem}" for p in (Path(__file__).resolve().parent.parent / "graphslot" / "spec").glob("*.py")
+            if p.stem != "__init__"),
 ]
 
 COMMANDS = [
@@ -137,7 +138,7 @@ def test_the_runtime_without_torch_says_so_in_one_line():
         import contextlib, io
         import graphslot, graphslot.cli.app as cli
         RESULT = {"runs": []}
-        for argv in (["demo", "--steps", "1"], ["demo", "--mode", "prefill"], ["bench"]):
+        for argv in (["demo", "--steps", "1"], ["demo", "--workload", "prefill"], ["bench"]):
             err = io.StringIO()
             with contextlib.redirect_stderr(err):
                 RESULT["runs"].append([cli.main(argv), err.getvalue().splitlines()[-1]])
@@ -167,7 +168,7 @@ def test_new_spec_runs_without_torch(tmp_path):
     assert report["attempts"] == [] and report["loaded"] == []
     (created, out), (validated, checked) = report["runs"]
     assert created == 0 and "created  specs/decode.yaml" in out
-    assert validated == 0 and "ok  specs/decode.yaml (14 slots)" in checked
+    assert validated == 0 and "ok  specs/decode.yaml (15 slots)" in checked
 
 
 def test_spec_errors_are_reported_without_torch(tmp_path):
@@ -187,8 +188,8 @@ def test_graphslot_validate_prints_what_it_printed_before():
     proc = subprocess.run([sys.executable, "-m", "graphslot.cli", "validate"], cwd=REPO, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == ("ok  graphslot/slot_specs/decode.yaml (14 slots)\n"
-                           "ok  graphslot/slot_specs/prefill.yaml (10 slots)\n")
+    assert proc.stdout == ("ok  graphslot/slot_specs/decode.yaml (15 slots)\n"
+                           "ok  graphslot/slot_specs/prefill.yaml (11 slots)\n")
     assert proc.stderr == ""
 
 

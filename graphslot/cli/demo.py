@@ -1,205 +1,189 @@
-"""``graphslot demo``: the decode graph runner against eager, on the reference model.
+"""``graphslot demo``: a model through the graph runners, checked against eager.
 
-Continuous batching (requests arrive and finish, so the batch size changes every few
-steps) decodes through graphs captured for a handful of sizes; every step's logits are
-checked against the eager forward of the same step. Both run inside one ``decode_fn``:
-they write identical K/V into the same slots, so each sees the cache the other left.
+The command: its arguments and which workload runs. The workloads (torch), imported when
+they run: :mod:`.demo_decode` (continuous-batching decode), :mod:`.demo_prefill`
+(multi-request prefill), :mod:`.demo_hf` (a tiny transformers model), :mod:`.demo_dp`
+(data-parallel ranks). Torch-free itself.
 """
 
 from __future__ import annotations
 
-import contextlib
-import statistics
-import time
-from typing import Any, Callable, Dict, List, Tuple
+import argparse
+import json
+import sys
+from typing import Any, Callable, Dict
 
-import torch
-from tqdm import tqdm
+from ..spec.dtypes import import_torch
+from .common import Command, fail, positive_int
 
-from ..api import build_registry
-from ..reference import Scheduler, TinyConfig, build_reference_model
-from ..reference.adapter import ReferenceDecodeAdapter
-from ..reference.numerics import output_check
-from ..runners.decode import DecodeGraphRunner, DecodeRunnerConfig
+HELP = """Run the reference model through the graph runners and check it against eager.
 
-FILL_REPEATS = 2000
+--workload decode (default): builds the tiny paged-KV model, generates the decode
+registry code, captures the decode sizes, runs a continuous-batching decode whose
+batch size changes step to step, and compares every step's logits with eager.
+
+--workload prefill: captures the breakable and the piecewise prefill runners per token
+bucket, runs seeded prefill batches of 1..max-bs requests with mixed prompt lengths
+(some continuing a cached prefix), and compares every batch's logits with eager.
+(--mode is the older spelling of --workload and still works.)
+
+--model hf-llama (hf-<family> for each tiny-model recipe of
+graphslot.integrations.transformers.models.FAMILIES; needs `pip install
+'graphslot[hf]'`): a tiny random-weight transformers model of that family decodes
+through the graph runner with requests joining and leaving; every row is checked
+(allclose) against the same request decoded alone by plain transformers.
+
+--dp N (decode): spawns N ranks of data-parallel attention (gloo on the CPU; NCCL
+with --backend cuda, one GPU a rank), each decoding its own requests: per step the
+ranks exchange token counts and agree on one graph, or all run eager when one is
+beyond the largest graph; every rank's logits are checked against one process
+running the same requests without DP.
+
+Exact (torch.equal) on the CPU tape, allclose on CUDA (reference/numerics.py says
+when exactness is a fair ask). Progress goes to stderr; --json keeps stdout pure
+JSON. Exit 1 when any step or batch differs.
+"""
+
+WORKLOADS = ("decode", "prefill")
+#: Flags of one workload only, with their defaults (None in the parser: given or not).
+WORKLOAD_FLAGS = {"steps": ("decode", 300), "dp": ("decode", 1), "batches": ("prefill", 50),
+                  "runner": ("prefill", "all")}
+REFERENCE = "reference"
 
 
-@contextlib.contextmanager
-def _single_thread():
-    """A model this small gains nothing from intra-op threads, and on a busy machine
-    spinning OpenMP workers make every step several times slower."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workload", choices=WORKLOADS, default="decode",
+                        help="what to run (default decode; --mode: the older spelling)")
+    parser.add_argument("--mode", dest="workload", choices=WORKLOADS, default=argparse.SUPPRESS,
+                        help=argparse.SUPPRESS)
+    parser.add_argument("--model", default=REFERENCE, metavar="MODEL",
+                        help="the model: graphslot's reference model (default) or hf-<family>, a tiny "
+                             "transformers model of a family with a tiny-model recipe (hf-llama, ...; decode only)")
+    parser.add_argument("--registry", choices=("generated", "interpreted"), default="generated",
+                        help="registry code (default generated)")
+    parser.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="graph backend (auto: cuda on a GPU machine, else the cpu tape)")
+    parser.add_argument("--steps", type=positive_int, help="decode only: scheduler steps (default 300)")
+    parser.add_argument("--dp", type=positive_int, help="decode only: data-parallel ranks to spawn (default 1: "
+                                                         "one process)")
+    parser.add_argument("--batches", type=positive_int, help="prefill only: batches (default 50)")
+    parser.add_argument("--runner", choices=("all", "breakable", "piecewise"),
+                        help="prefill only: runner(s) to run (default all: both)")
+    parser.add_argument("--max-bs", type=positive_int, default=None,
+                        help="largest batch size: captured (decode, default 16; hf models 8) or per prefill "
+                             "batch (prefill, default 8)")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+
+
+def check_model(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """A usage error (exit 2) for a model that is neither the reference one nor an hf
+    model of a recipe in FAMILIES (imported here, so only when an hf model is named)."""
+    if args.model == REFERENCE:
+        return
+    if args.model.startswith("hf-"):
+        from .demo_hf import hf_demo_models
+
+        models = hf_demo_models()  # ImportError without the hf extra: main prints it, exit 1
+        if args.model in models:
+            return
+        choices = ", ".join((REFERENCE, *models))
+    else:
+        choices = f"{REFERENCE}, hf-<family>"
+    parser.error(f"argument --model: invalid choice: {args.model!r} (choose from {choices})")
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
-        yield
-    finally:
-        torch.set_num_threads(saved)
+        check_model(args, parser)
+    except ImportError as exc:
+        return fail("demo", str(exc))
+    if args.model != REFERENCE and args.workload != "decode":
+        parser.error(f"argument --model: {args.model} runs decode only, not --workload {args.workload}")
+    for name, (workload, default) in WORKLOAD_FLAGS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+        elif workload != args.workload:
+            parser.error(f"argument --{name}: only for --workload {workload}, not --workload {args.workload}")
+    if args.dp > 1:
+        if args.model != REFERENCE:
+            parser.error(f"argument --dp: runs the reference model only, not --model {args.model}")
+        return run_dp(args)
+    if args.backend == "cuda" and not (torch := import_torch()).cuda.is_available():
+        return fail("demo", f"--backend cuda needs a CUDA GPU; this torch ({torch.__version__}) sees none: use "
+                            "--backend cpu or auto")
+    if args.model != REFERENCE:
+        return run_hf(args)
+    return run_prefill(args) if args.workload == "prefill" else run_decode(args)
 
 
-def demo_device(backend: str) -> torch.device:
-    """Where the demo model lives: ``auto`` takes the GPU when there is one."""
-    cuda = backend == "cuda" or (backend == "auto" and torch.cuda.is_available())
-    return torch.device("cuda" if cuda else "cpu")
+def header(what: str, args: argparse.Namespace, check: str) -> None:
+    """The early line on stderr: what runs, before the minutes of capture."""
+    print(f"graphslot demo: {what}, backend {args.backend}, registry {args.registry}: {check}", file=sys.stderr)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def show(result: Dict[str, Any], args: argparse.Namespace, table: Callable[[Dict[str, Any]], str],
+         failed: bool) -> int:
+    """The result as JSON or as its table on stdout; exit 1 when the check ``failed``."""
+    print(json.dumps(result, indent=2) if args.json else table(result))
+    return 1 if failed else 0
 
 
-def timed(device: torch.device, fn: Callable[[], Any]) -> Tuple[Any, float]:
-    """``fn()`` and its wall time in seconds, the device's queue drained on both ends."""
-    _sync(device)
-    start = time.perf_counter()
-    result = fn()
-    _sync(device)
-    return result, time.perf_counter() - start
+def run_decode(args: argparse.Namespace) -> int:
+    header(f"{args.steps} decode steps (max_bs {args.max_bs or 16})", args,
+           "capturing, then checking each against eager")
+    import_torch()
+    from .demo_decode import format_demo_table, run_demo
+
+    result = run_demo(steps=args.steps, backend=args.backend, mode=args.registry, max_bs=args.max_bs or 16)
+    return show(result, args, format_demo_table, result["mismatching_steps"] != 0)
 
 
-def _median_us(call: Callable[[], Any], repeats: int = FILL_REPEATS) -> float:
-    """Median per-call time of ``call()`` over five rounds (µs)."""
-    rounds = []
-    for _ in range(5):
-        start = time.perf_counter()
-        for _ in range(repeats // 5):
-            call()
-        rounds.append((time.perf_counter() - start) / (repeats // 5) * 1e6)
-    return statistics.median(rounds)
+def run_prefill(args: argparse.Namespace) -> int:
+    header(f"{args.batches} prefill batches (max_bs {args.max_bs or 8}, runner {args.runner})", args,
+           "capturing, then checking each against eager")
+    import_torch()
+    from .demo_prefill import format_prefill_table, run_prefill_demo
+
+    try:
+        result = run_prefill_demo(batches=args.batches, backend=args.backend, mode=args.registry,
+                                  max_bs=args.max_bs or 8, runners=None if args.runner == "all" else [args.runner])
+    except (RuntimeError, ValueError) as exc:
+        return fail("demo", str(exc))
+    return show(result, args, format_prefill_table, result["mismatching_batches"] != 0)
 
 
-def fill_timings(spec: str, registry: Any, fill: Callable[[Any], Any], label: str) -> Dict[str, Any]:
-    """Generated vs interpreted ``fill(registry)`` on one real batch, into fresh registries
-    shaped like ``registry`` (the runner's own buffers stay as they are)."""
-    out: Dict[str, Any] = {"fill_batch": label}
-    for mode in ("generated", "interpreted"):
-        fresh = build_registry(spec, registry.max_bs, registry.max_num_tokens, registry.device,
-                               params=registry.params, mode=mode)
-        out[f"fill_us_{mode}"] = _median_us(lambda: fill(fresh))
-    return out
+def run_hf(args: argparse.Namespace) -> int:
+    """``--model hf-*``: a tiny transformers model; exit 1 on any mismatch."""
+    max_bs = args.max_bs or 8
+    header(f"{args.model}, {args.steps} decode steps (max_bs {max_bs})", args,
+           "capturing, then checking each step against transformers per request")
+    import_torch()
+    from .demo_hf import format_hf_demo_table, run_hf_demo
+
+    try:
+        result = run_hf_demo(args.model, steps=args.steps, backend=args.backend, mode=args.registry, max_bs=max_bs)
+    except (ImportError, RuntimeError, ValueError) as exc:
+        return fail("demo", str(exc))
+    return show(result, args, format_hf_demo_table, result["mismatching_steps"] != 0)
 
 
-def representative(batches: List[Any], graphs: Dict[int, Any], size: Callable[[Any], int]) -> Any:
-    """A batch that needs padding (no graph of its own size), of middling size: the
-    common case of a server."""
-    padded = [b for b in batches if size(b) not in graphs] or list(batches)
-    padded.sort(key=lambda b: (b.batch_size, size(b)))
-    return padded[len(padded) // 2]
+def run_dp(args: argparse.Namespace) -> int:
+    """``--dp N``: the ranks, spawned; exit 1 on any mismatch or disagreement."""
+    torch = import_torch()
+    if args.backend == "cuda" and torch.cuda.device_count() < args.dp:
+        return fail("demo", f"--dp {args.dp} --backend cuda needs {args.dp} CUDA GPUs (one a rank); this torch "
+                            f"({torch.__version__}) sees {torch.cuda.device_count()}: use --backend cpu or auto")
+    max_bs = args.max_bs or 16
+    header(f"{args.dp} DP ranks, {args.steps} decode steps each (max_bs {max_bs})", args,
+           "spawning, capturing, then checking every rank against one process")
+    from ..reference.dp_launch import RankFailure
+    from .demo_dp import dp_demo_failed, format_dp_table, run_dp_demo
+
+    try:
+        result = run_dp_demo(dp=args.dp, steps=args.steps, backend=args.backend, mode=args.registry, max_bs=max_bs)
+    except RankFailure as exc:
+        return fail("demo", exc.summary)
+    return show(result, args, format_dp_table, dp_demo_failed(result))
 
 
-def run_demo(
-    steps: int = 300,
-    backend: str = "auto",
-    mode: str = "generated",
-    max_bs: int = 16,
-    seed: int = 0,
-    progress: bool = True,
-) -> Dict[str, Any]:
-    """Capture, decode ``steps`` scheduler steps graph-vs-eager, and report figures."""
-    with _single_thread():
-        return _run(steps, backend, mode, max_bs, seed, progress)
-
-
-def _run(steps: int, backend: str, mode: str, max_bs: int, seed: int, progress: bool) -> Dict[str, Any]:
-    device = demo_device(backend)
-    started = time.perf_counter()
-    config = TinyConfig()
-    runtime = build_reference_model(config, device=device, dtype=torch.float32, seed=seed,
-                                     max_num_reqs=max(max_bs, 8))
-    runner = DecodeGraphRunner(ReferenceDecodeAdapter(runtime), DecodeRunnerConfig(
-        max_bs=max_bs, backend=backend, mode=mode, progress=None if progress else False))
-    check = output_check(device)
-
-    # Long generations and frequent arrivals keep the running set between 1 and max_bs.
-    sched = Scheduler(runtime, seed=seed, num_requests=steps, max_running=max_bs,
-                      max_new_tokens=(1, 4 * max_bs), max_arrival_gap=2)
-    graph_s: List[float] = []
-    eager_s: List[float] = []
-    mismatches: List[int] = []
-    batches: List[Any] = []
-
-    def decode_fn(fb):
-        graph, seconds = timed(device, lambda: runner.replay(fb))
-        graph_s.append(seconds)
-        eager, seconds = timed(device, lambda: runtime.forward(fb))
-        eager_s.append(seconds)
-        if not check(graph, eager):
-            mismatches.append(sched.step_idx)
-        batches.append(fb)
-        return eager
-
-    bar = tqdm(range(steps), desc="Decoding", unit="step", leave=False, disable=None if progress else True)
-    for _ in bar:
-        if sched.done:
-            break
-        sched.step(decode_fn)
-        bar.set_postfix(bs=len(sched.running), mismatches=len(mismatches))
-    bar.close()
-
-    sizes = sorted({b.batch_size for b in batches})
-    result: Dict[str, Any] = {
-        "mode": "decode",
-        "backend": runner.backend.name,
-        "device": str(device),
-        "registry_mode": runner.registry.mode,
-        "check": check.name,
-        "torch": torch.__version__,
-        "max_bs": max_bs,
-        "captured_sizes": list(runner.captured_sizes),
-        "capture_seconds": runner.capture_seconds,
-        "steps": sched.step_idx,
-        "decode_steps": len(batches),
-        "batch_sizes": sizes,
-        "mismatching_steps": len(mismatches),
-        "mismatch_step_ids": mismatches[:20],
-        "eager_step_ms": 1e3 * statistics.fmean(eager_s) if eager_s else 0.0,
-        "graph_step_ms": 1e3 * statistics.fmean(graph_s) if graph_s else 0.0,
-        "static_bytes": runner.static_bytes,
-        "runner_metrics": runner.metrics(),
-    }
-    if batches:
-        fb = representative(batches, runner.graphs, lambda b: b.batch_size)
-        raw, padded = fb.batch_size, runner.padded_bs(fb)
-        result.update(fill_timings("decode", runner.registry, lambda reg: reg.fill_from(fb, raw, padded, raw, padded),
-                                   f"{raw} -> {padded}"))
-    result["seconds"] = time.perf_counter() - started
-    return result
-
-
-def _bytes(n: int) -> str:
-    return f"{n} B" if n < 1024 else f"{n / 1024:.1f} KiB"
-
-
-def format_demo_table(result: Dict[str, Any]) -> str:
-    backend = result["backend"] + (" (tape)" if result["backend"] == "cpu" else "")
-    sizes = result["batch_sizes"]
-    span = f"{sizes[0]}-{sizes[-1]}, {len(sizes)} distinct" if sizes else "none"
-    rows = [
-        ("backend", f"{backend}, registry {result['registry_mode']}"),
-        ("captured sizes", ", ".join(map(str, result["captured_sizes"]))),
-        ("capture time", f"{result['capture_seconds']:.2f} s"),
-        ("steps", f"{result['steps']} ({result['decode_steps']} decode; batch sizes {span})"),
-        ("mismatching steps", f"{result['mismatching_steps']} ({result['check']} vs eager)"),
-        ("eager step", f"{result['eager_step_ms']:.3f} ms"),
-        ("graph step", f"{result['graph_step_ms']:.3f} ms (fill + metadata + replay)"),
-    ]
-    if "fill_us_generated" in result:
-        batch = f"bs {result['fill_batch']}"
-        rows += [("fill_from generated", f"{result['fill_us_generated']:.1f} µs ({batch})"),
-                 ("fill_from interpreted", f"{result['fill_us_interpreted']:.1f} µs ({batch})")]
-    rows.append(("static buffers", _bytes(result["static_bytes"])))
-    metrics = result["runner_metrics"]
-    per_size = ", ".join(f"{bs}: {n}" for bs, n in metrics["replays_per_size"].items())
-    rows += [("replays per size", per_size or "none"),
-             ("padded rows", f"{metrics['padded_rows']} ({100 * metrics['padding_fraction']:.1f}% of rows computed)"),
-             ("eager fallbacks", f"{metrics['eager_fallbacks']}" + "".join(
-                 f"; {reason}: {n}" for reason, n in metrics["eager_reasons"].items()))]
-    return metric_table(rows)
-
-
-def metric_table(rows: List[Tuple[str, str]]) -> str:
-    """A two-column "metric  value" table."""
-    width = max(len(r[0]) for r in rows + [("metric", "")])
-    lines = [f"{'metric':<{width}}  value", f"{'-' * width}  {'-' * 5}"]
-    lines += [f"{name:<{width}}  {value}" for name, value in rows]
-    return "\n".join(lines)
+COMMAND = Command("demo", HELP, add_arguments, run)

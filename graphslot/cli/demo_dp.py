@@ -22,7 +22,8 @@ from tqdm import tqdm
 from ..reference import Scheduler, TinyConfig, build_reference_model
 from ..reference.dp_launch import launch
 from ..reference.numerics import output_check
-from .demo import _single_thread, metric_table, timed
+from .common import metric_table
+from .demo_common import single_thread, timed
 
 #: How far beyond the largest graph the last rank's batches may grow, so that some
 #: steps must fall back to eager on every rank; its sparser arrivals keep that rare.
@@ -122,7 +123,7 @@ def run_dp_demo(dp: int = 2, steps: int = 300, backend: str = "auto", mode: str 
     ranks = launch(_rank_main, dp, steps, graph_backend, mode, max_bs, seed, progress,
                    timeout=timeout or DEFAULT_TIMEOUT,
                    backend="nccl" if device.type == "cuda" else "gloo")
-    with _single_thread():
+    with single_thread():
         check = output_check(device)
         mismatches = _check_single_process(ranks, steps, max_bs, seed, check)
     return _figures(ranks, device, check.name, mismatches, steps, max_bs, started)

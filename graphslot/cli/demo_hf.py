@@ -15,14 +15,24 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 import torch
 from tqdm import tqdm
 
-from .app import HF_DEMO_MODELS
-from .demo import _bytes, _single_thread, demo_device, timed
+from .common import human_bytes, metric_table
+from .demo_common import demo_device, run_figures, single_thread, timed
+
 MAX_CONTEXT_LEN = 64
+
+
+def hf_demo_models() -> Tuple[str, ...]:
+    """``hf-<family>`` for each tiny-model recipe in
+    :data:`graphslot.integrations.transformers.models.FAMILIES`, imported on this call
+    (ImportError, one line naming the ``hf`` extra, without transformers)."""
+    from ..integrations.transformers.models import FAMILIES
+
+    return tuple(f"hf-{family}" for family in FAMILIES)
 
 
 def run_hf_demo(
@@ -36,14 +46,15 @@ def run_hf_demo(
 ) -> Dict[str, Any]:
     """Decode ``steps`` continuous-batching steps of a tiny ``model`` graph vs transformers.
 
-    Raises ``ValueError`` for a name not in :data:`HF_DEMO_MODELS` and ``ImportError``
+    Raises ``ValueError`` for a name not in :func:`hf_demo_models` and ``ImportError``
     (one line, naming the ``hf`` extra) without transformers. The result is plain JSON.
     """
-    if model not in HF_DEMO_MODELS:
-        raise ValueError(f"unknown demo model {model!r}; choose one of: {', '.join(HF_DEMO_MODELS)}")
-    from ..integrations import transformers as hf  # ImportError names the extra
+    models = hf_demo_models()  # ImportError names the extra
+    if model not in models:
+        raise ValueError(f"unknown demo model {model!r}; choose one of: {', '.join(models)}")
+    from ..integrations import transformers as hf
 
-    with _single_thread():
+    with single_thread():
         return _run(hf, model, steps, backend, mode, max_bs, seed, progress)
 
 
@@ -115,12 +126,8 @@ def _run(hf, name: str, steps: int, backend: str, mode: str, max_bs: int, seed: 
                                                          "num_key_value_heads", "vocab_size")},
         "layer_kinds": [kind for kind, _ in engine.cache.layer_kinds],
         "transformers": transformers.__version__,
-        "torch": torch.__version__,
-        "backend": runner.backend.name,
-        "device": str(device),
-        "registry_mode": runner.registry.mode,
-        "check": f"allclose(atol={hf.models.ATOL}, rtol={hf.models.RTOL}) vs transformers per request",
-        "max_bs": max_bs,
+        **run_figures(runner, device, f"allclose(atol={hf.models.ATOL}, rtol={hf.models.RTOL}) vs transformers "
+                                      "per request", max_bs),
         "captured_sizes": list(runner.captured_sizes),
         "capture_seconds": runner.capture_seconds,
         "steps": steps,
@@ -162,10 +169,7 @@ def format_hf_demo_table(result: Dict[str, Any]) -> str:
         ("max |diff|", f"{result['max_abs_diff']:.2g}"),
         ("graph decode step", f"{result['graph_step_ms']:.3f} ms (batch + fill + replay + sampling)"),
         ("transformers per request", f"{result['transformers_step_ms']:.3f} ms per step (the check)"),
-        ("static buffers", _bytes(result["static_bytes"])),
-        ("kv pool", _bytes(result["kv_pool_bytes"])),
+        ("static buffers", human_bytes(result["static_bytes"])),
+        ("kv pool", human_bytes(result["kv_pool_bytes"])),
     ]
-    width = max(len(r[0]) for r in rows + [("metric", "")])
-    lines = [f"{'metric':<{width}}  value", f"{'-' * width}  {'-' * 5}"]
-    lines += [f"{name:<{width}}  {value}" for name, value in rows]
-    return "\n".join(lines)
+    return metric_table(rows)

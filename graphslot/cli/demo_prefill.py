@@ -23,7 +23,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import torch
 from tqdm import tqdm
 
-from .demo import _bytes, _single_thread, demo_device, fill_timings, representative, timed
+from .common import human_bytes
+from .demo_common import demo_device, fill_timings, representative, run_figures, single_thread, timed
 from ..reference import TinyConfig, build_reference_model, make_extend_batch
 from ..reference.numerics import output_check
 
@@ -162,7 +163,7 @@ def run_prefill_demo(
     unknown = [n for n in names if n not in RUNNERS]
     if unknown:
         raise ValueError(f"unknown prefill runner {unknown[0]!r}; choose from: {', '.join(RUNNERS)}")
-    with _single_thread():
+    with single_thread():
         return _run(names, batches, backend, mode, max_bs, token_buckets, seed, progress)
 
 
@@ -225,12 +226,7 @@ def _run(names: List[str], count: int, backend: str, mode: str, max_bs: int, buc
             reqs = [b.batch_size for b in seen]
             toks = [b.num_tokens for b in seen]
             shared = {
-                "backend": runner.backend.name,
-                "device": str(device),
-                "registry_mode": runner.registry.mode,
-                "check": check.name,
-                "torch": torch.__version__,
-                "max_bs": max_bs,
+                **run_figures(runner, device, check.name, max_bs),
                 "batches": len(seen),
                 "requests_per_batch": [min(reqs), max(reqs)] if reqs else [],
                 "request_counts": sorted(set(reqs)),
@@ -278,7 +274,7 @@ def format_prefill_table(result: Dict[str, Any]) -> str:
             ("  mismatching batches", str(row["mismatching_batches"])),
             ("  eager batch", f"{row['eager_batch_ms']:.3f} ms"),
             ("  graph batch", f"{row['graph_batch_ms']:.3f} ms (fill + metadata + replay + logits)"),
-            ("  static buffers", _bytes(row["static_bytes"])),
+            ("  static buffers", human_bytes(row["static_bytes"])),
         ]
     width = max(len(r[0]) for r in rows + [("metric", "")])
     lines = [f"{'metric':<{width}}  value", f"{'-' * width}  {'-' * 5}"]

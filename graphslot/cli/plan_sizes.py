@@ -10,12 +10,24 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Dict, Optional
 
-from .app import format_table, positive_int
 from ..planning.histogram import BatchSizeHistogram, HistogramError
-from ..planning.planner import MAX_GRAPHS, Plan, default_ladder, evaluate, plan_capture_sizes
+from ..planning.planner import MAX_GRAPHS, default_ladder, evaluate, plan_capture_sizes
+from ..spec.errors import shorten
+from .common import Command, fail, format_table, positive_int
+
+HELP = """Propose decode capture sizes from the batch sizes a runner served.
+
+Reads a histogram of raw batch sizes (DecodeGraphRunner.histogram.save(path), or a
+JSON object {"size": steps}) and picks the capture sizes that minimise the expected
+padded rows per step under a budget: at most N graphs (--graphs), or a graph memory
+budget (--memory with a per-graph model --graph-bytes + --row-bytes x size). The
+largest size (--max-bs, default the largest served) is always captured; larger
+batches would run eager. Exact (dynamic programming). Prints the plan next to the
+default ladder at the same max_bs: padded rows per step, padding fraction, saving.
+Exit 1 on a bad histogram or an impossible budget.
+"""
 
 UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
          "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
@@ -26,7 +38,7 @@ def byte_count(text: str) -> int:
     match = re.fullmatch(r"\s*(\d{1,15}(?:\.\d{1,6})?)\s*([a-zA-Z]{0,3})\s*", text)
     unit = UNITS.get(match.group(2).lower()) if match else None
     if unit is None:
-        raise argparse.ArgumentTypeError(f"expected bytes such as 1073741824, 512MiB or 2GiB, got {text[:40]!r}")
+        raise argparse.ArgumentTypeError(f"expected bytes such as 1073741824, 512MiB or 2GiB, got {shorten(text, 40)}")
     return int(float(match.group(1)) * unit)
 
 
@@ -37,8 +49,7 @@ def graph_count(text: str) -> int:
     return count
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
-    """Adds the command's arguments; returns the function that runs it."""
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("histogram", metavar="HISTOGRAM.json",
                         help="a runner's histogram.save() output, or a JSON object {\"size\": steps}")
     parser.add_argument("--graphs", type=graph_count, metavar="N",
@@ -56,25 +67,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespa
                         help="with --memory: memory per batch row of a graph (default 0)")
     parser.add_argument("--json", action="store_true", help="print the plan and the comparison as JSON")
 
-    def run(args: argparse.Namespace) -> int:
-        if args.memory is None and (args.graph_bytes or args.row_bytes):
-            parser.error("--graph-bytes and --row-bytes need --memory")
-        if args.memory is not None and args.graphs is not None:
-            parser.error("give one budget: --graphs or --memory")
-        if args.memory is not None and not (args.graph_bytes or args.row_bytes):
-            parser.error("--memory needs a memory model: --graph-bytes and/or --row-bytes")
-        try:
-            histogram = BatchSizeHistogram.load(args.histogram)
-            report = plan_report(args.histogram, histogram, args.graphs, args.max_bs, args.memory,
-                                 (args.graph_bytes, args.row_bytes) if args.memory is not None else None)
-        except (HistogramError, ValueError, OSError) as exc:
-            message = f"{args.histogram}: {exc.strerror}" if isinstance(exc, OSError) and exc.strerror else exc
-            print(f"graphslot plan-sizes: error: {message}", file=sys.stderr)
-            return 1
-        print(json.dumps(report, indent=2) if args.json else format_plan_report(report))
-        return 0
 
-    return run
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if args.memory is None and (args.graph_bytes or args.row_bytes):
+        parser.error("--graph-bytes and --row-bytes need --memory")
+    if args.memory is not None and args.graphs is not None:
+        parser.error("give one budget: --graphs or --memory")
+    if args.memory is not None and not (args.graph_bytes or args.row_bytes):
+        parser.error("--memory needs a memory model: --graph-bytes and/or --row-bytes")
+    try:
+        histogram = BatchSizeHistogram.load(args.histogram)
+        report = plan_report(args.histogram, histogram, args.graphs, args.max_bs, args.memory,
+                             (args.graph_bytes, args.row_bytes) if args.memory is not None else None)
+    except (HistogramError, ValueError, OSError) as exc:
+        message = f"{args.histogram}: {exc.strerror}" if isinstance(exc, OSError) and exc.strerror else exc
+        return fail("plan-sizes", str(message))
+    print(json.dumps(report, indent=2) if args.json else format_plan_report(report))
+    return 0
 
 
 def plan_report(path: str, histogram: BatchSizeHistogram, graphs: Optional[int], max_bs: Optional[int],
@@ -134,3 +143,6 @@ def format_plan_report(report: Dict[str, Any]) -> str:
                      f"{n} of {h['steps']} steps ({100 * n / h['steps']:.1f}%)")
     lines.append(f"runner: DecodeRunnerConfig(max_bs={plan['max_bs']}, capture_bs={plan['sizes']})")
     return "\n".join(lines)
+
+
+COMMAND = Command("plan-sizes", HELP, add_arguments, run)

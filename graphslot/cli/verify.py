@@ -20,13 +20,30 @@ import sys
 from typing import Any
 
 from ..spec.dtypes import import_torch
+from .common import Command, fail, positive_int
+
+HELP = """Prove a model safe under its spec's padding; find stale inputs.
+
+For each captured size and a sample of raw sizes padding to it, replays a real batch
+with the padded tail of every slot whose policy leaves it untouched (keep_pad,
+foreach_copy, fill_once) poisoned, one slot at a time, with two patterns (the real
+rows repeated; NaN / flipped bools / other seen ids): the raw rows must stay
+bit-identical to a clean replay. Also captures each size on the CPU tape and lists
+tensors a graph reads that are neither slots nor declared static (stale inputs).
+
+TARGET is package.module:function returning a VerifyTarget or (runner, make_batch[,
+release]); without it the shipped reference model is verified (--spec, --max-bs and
+--backend are its options, a usage error with TARGET). Prints a table (slot, policy,
+verdict) or --json; exit 1 when anything is unsafe, 2 when TARGET cannot be used
+(it cannot be imported, raises, or make_batch(n) makes a batch of another size).
+"""
 
 # Options of the reference model: a TARGET brings its own runner (spec, sizes, backend).
 REFERENCE_ONLY = {"spec": ("--spec", "decode"), "max_bs": ("--max-bs", 8), "backend": ("--backend", "auto")}
 TARGET_FORM = "TARGET must be package.module:function"
 
 
-def add_arguments(parser: argparse.ArgumentParser, positive_int: Any) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", nargs="?", metavar="TARGET",
                         help="package.module:function returning a VerifyTarget or (runner, make_batch[, release])")
     parser.add_argument("--reference", action="store_true", help="verify the shipped reference model (the default)")
@@ -98,9 +115,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     check_arguments(args, parser)
     torch = import_torch()
     if args.backend == "cuda" and not torch.cuda.is_available():
-        print(f"graphslot verify: error: --backend cuda needs a CUDA GPU; this torch ({torch.__version__}) sees none",
-              file=sys.stderr)
-        return 1
+        return fail("verify", f"--backend cuda needs a CUDA GPU; this torch ({torch.__version__}) sees none")
     what = args.target or f"the reference model (spec {args.spec}, max_bs {args.max_bs})"
     print(f"graphslot verify: {what}: capturing, auditing inputs, replaying poisoned tails", file=sys.stderr)
     from ..tools.verify import TargetError, format_report, verify_runner
@@ -120,10 +135,11 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             torch.set_num_threads(saved)
     except TargetError as exc:
         name = f"target {args.target!r}" if args.target else "the reference model"
-        print(f"graphslot verify: error: {name}: {exc}", file=sys.stderr)
-        return 2
+        return fail("verify", f"{name}: {exc}", status=2)
     except Exception as exc:  # noqa: BLE001 - one line, never a traceback
-        print(f"graphslot verify: error: {type(exc).__name__}: {exc}".splitlines()[0], file=sys.stderr)
-        return 1
+        return fail("verify", f"{type(exc).__name__}: {exc}".splitlines()[0])
     print(json.dumps(report.as_dict(), indent=2) if args.json else format_report(report))
     return 0 if report.safe else 1
+
+
+COMMAND = Command("verify", HELP, add_arguments, run)

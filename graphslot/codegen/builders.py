@@ -73,7 +73,7 @@ def allocate_lines(em: "Emitter") -> List[str]:
     for n in em.names:
         s = n.slot
         init = [em.pad_src(s)] if s.fills_at_allocation else []
-        adopt = [] if s.adopt else ["adopt=False"]  # `adopt: never`: registry-owned whatever source= holds
+        adopt = [] if s.adopt else ["adopt=False"]  # `adopt: never`: registry-owned whatever adopt= holds
         entries.append((py_str(s.name), call("new_buffer", py_str(s.name), shape_src(em.extents(s)),
                                              dtype_src(s.dtype_name), py_str("cpu") if s.host else "device", *init,
                                              *adopt)))

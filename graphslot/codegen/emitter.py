@@ -54,6 +54,7 @@ class Emission:
     version: str
     params: Dict[str, Any]
     runtime_params: List[str]
+    live_params: List[str]
     used_runtime_params: List[Tuple[str, str]]  # (local, param name)
     slot_names: List[str]
     runtime_imports: List[Tuple[str, str]]  # (helper, mangled name), only those used
@@ -155,6 +156,7 @@ class Emitter:
         return Emission(
             spec_name=self.spec.name, spec_source=self.source_label, spec_identity=self.spec.identity,
             version=self.version, params=self.baked, runtime_params=self.runtime,
+            live_params=sorted(n for n, p in self.spec.params.items() if p.live),
             used_runtime_params=[(runtime_local(n), n) for n in used], slot_names=[n.slot.name for n in self.names],
             runtime_imports=imports, helper_lines=builders.helper_lines(imports),
             constant_lines=builders.constant_lines(self), **pieces,

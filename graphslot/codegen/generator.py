@@ -10,6 +10,8 @@ compares it with the expected skeleton and refuses anything else with a
 
 The module comes out as ``ruff format`` writes it (:mod:`.layout`), no line longer than
 the formatter's 88 columns but a banner line quoting a long spec path or param value.
+It says ``# fmt: off`` after its docstring, so a formatter set to another width (an
+engine's 79, 100 or 120 columns) leaves it as it is and ``generate --check`` stays clean.
 """
 
 from __future__ import annotations
@@ -93,6 +95,9 @@ def banner_lines(e: Emission, regenerate: str) -> List[str]:
     if e.runtime_params:
         runtime = [comment_name(n) for n in e.runtime_params]
         lines += _listing("runtime:  ", runtime + ["(read from params when bound)"])
+    if e.live_params:
+        live = [comment_name(n) for n in e.live_params]
+        lines += _listing("live:     ", live + ["(read by hooks at each fill)"])
     return lines + [f"# Regenerate with: {regenerate}", f"# {RULE}"]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import linecache
 import types
-from typing import AbstractSet, Any, Callable, Dict, List, Mapping, Optional
+from typing import AbstractSet, Any, Callable, Dict, List, Mapping
 
 import torch
 
@@ -112,12 +112,12 @@ class GeneratedRegistry(SlotRegistry):
             if not isinstance(buffers, dict):
                 raise _damaged(module, spec, "allocate", type(buffers).__name__, "a dict of buffers")
         super().__init__(spec, slots, hooks, params, buffers=buffers, **kwargs)
-        self.module, self._hooks, self._skipping = module, hooks, {}
+        self.module, self._hooks = module, hooks
         self._buffers = {slot.name: slot.buffer for slot in self.active}
         for slot in self.active:
-            if (buffers.get(slot.name) is not slot.buffer or tuple(slot.buffer.shape) != slot.spec.shape
-                    or slot.buffer.dtype != slot.spec.dtype):
-                raise SpecError([SpecIssue(spec.source, slot.spec.line, "generated allocate() disagrees with "
+            if (buffers.get(slot.name) is not slot.buffer or tuple(slot.buffer.shape) != slot.resolved.shape
+                    or slot.buffer.dtype != slot.resolved.dtype):
+                raise SpecError([SpecIssue(spec.source, slot.resolved.line, "generated allocate() disagrees with "
                                            "the spec; regenerate the module (graphslot generate)", slot.name)])
         self.fill_from, self.extract = self._bind(module, self.checker)
 
@@ -140,25 +140,19 @@ class GeneratedRegistry(SlotRegistry):
 
         return strict_fill_from, strict_extract
 
-    def fill_from_skipping(self, names: AbstractSet[str]) -> Callable[..., None]:
-        skip = self.skip_set(names)
-        if not skip:
-            return self.fill_from
-        fill = self._skipping.get(skip)
-        if fill is None:
-            # A variant compiled per (identity, baked params, skip set), cached process-wide;
-            # bound once per registry and set. A checked-in module's registry compiles it too.
-            module = compile_module(self.spec, self.params, skip)
-            fill = self._skipping[skip] = self._bind(module, self.checker.without(skip))[0]
-        return fill
+    def _fill_skipping(self, skip: frozenset) -> Callable[..., None]:
+        # A variant compiled per (identity, baked params, skip set), cached process-wide;
+        # bound once per registry and set. A checked-in module's registry compiles it too.
+        module = compile_module(self.spec, self.params, skip)
+        return self._bind(module, self.checker.without(skip))[0]
 
 
 def build_generated_registry(
     spec: RegistrySpec, slots: List[ResolvedSlot], hooks, params, *, mode: Any = "generated", **kwargs
 ) -> GeneratedRegistry:
-    if mode == "generated":
-        module = compile_module(spec, params)
-    elif isinstance(mode, types.ModuleType):
+    if mode == "generated":  # compiled from this spec and these params: nothing to check
+        return GeneratedRegistry(compile_module(spec, params), spec, slots, hooks, params, **kwargs)
+    if isinstance(mode, types.ModuleType):
         module = mode
     elif callable(mode):
         module = mode(spec, params)

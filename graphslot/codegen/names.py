@@ -213,6 +213,10 @@ class SlotNames:
         """``src_<slot> = fb.<slot>``; by name where the field may be absent or the
         name is a keyword (the interpreter reads it with getattr)."""
         name = self.slot.name
+        if self.slot.skip_absent:  # absent_fields: skip: anything but a tensor is no copy
+            read = assign(self.src, call("getattr", "fb", py_str(name), "None"), indent)
+            return read + [" " * indent + f"if not isinstance({self.src}, torch.Tensor):",
+                           " " * (indent + 4) + f"{self.src} = None"]
         if self.slot.optional:
             return assign(self.src, call("getattr", "fb", py_str(name), "None"), indent)
         if keyword.iskeyword(name):

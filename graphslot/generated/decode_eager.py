@@ -17,10 +17,17 @@
 # runtime:  encoder_len_fill_value
 #           seq_len_fill_value
 #           (read from params when bound)
+# live:     attn_tp_rank
+#           attn_tp_sharded
+#           attn_tp_size
+#           (read by hooks at each fill)
 # Regenerate with: graphslot generate
 # --------------------------------------------------------------------------------------
 """Specialised fill_from / extract for one slot spec: see SPEC_NAME and the banner."""
 
+# fmt: off
+# (the layout is ruff format's at its default width; a formatter set to another width
+# leaves it alone, so `graphslot generate --check` stays clean in a formatted tree)
 from graphslot.codegen import runtime as __gs_rt
 
 __gs_rt.require(__name__, version="0.2.0", format=3)
@@ -69,7 +76,9 @@ SLOTS = (
 
 def allocate(max_bs, max_num_tokens, device, params, pool=None, source=None):
     def new_buffer(name, shape, dtype, where, init=None, adopt=True):
-        return __gs_allocate(name, shape, dtype, where, init, pool, source if adopt else None)
+        return __gs_allocate(
+            name, shape, dtype, where, init, pool, source if adopt else None
+        )
 
     seq_len_fill_value = params["seq_len_fill_value"]
     return {
@@ -93,7 +102,9 @@ def allocate(max_bs, max_num_tokens, device, params, pool=None, source=None):
     }
 
 
-def bind(buffers, hooks, params, max_bs, max_num_tokens, device, __gs_check, __gs_context):
+def bind(
+    buffers, hooks, params, max_bs, max_num_tokens, device, __gs_check, __gs_context
+):
     seq_len_fill_value = params["seq_len_fill_value"]
     buf_input_ids = buffers["input_ids"]
     buf_positions = buffers["positions"]

@@ -13,10 +13,17 @@
 #           is_multimodal=False
 #           register_input_embeds=False
 #           require_gathered_buffer=False
+# live:     attn_tp_rank
+#           attn_tp_sharded
+#           attn_tp_size
+#           (read by hooks at each fill)
 # Regenerate with: graphslot generate
 # --------------------------------------------------------------------------------------
 """Specialised fill_from / extract for one slot spec: see SPEC_NAME and the banner."""
 
+# fmt: off
+# (the layout is ruff format's at its default width; a formatter set to another width
+# leaves it alone, so `graphslot generate --check` stays clean in a formatted tree)
 from graphslot.codegen import runtime as __gs_rt
 
 __gs_rt.require(__name__, version="0.2.0", format=3)
@@ -57,7 +64,9 @@ SLOTS = (
 
 def allocate(max_bs, max_num_tokens, device, params, pool=None, source=None):
     def new_buffer(name, shape, dtype, where, init=None, adopt=True):
-        return __gs_allocate(name, shape, dtype, where, init, pool, source if adopt else None)
+        return __gs_allocate(
+            name, shape, dtype, where, init, pool, source if adopt else None
+        )
 
     return {
         "input_ids": new_buffer("input_ids", (max_num_tokens,), torch.int64, device),
@@ -68,7 +77,9 @@ def allocate(max_bs, max_num_tokens, device, params, pool=None, source=None):
     }
 
 
-def bind(buffers, hooks, params, max_bs, max_num_tokens, device, __gs_check, __gs_context):
+def bind(
+    buffers, hooks, params, max_bs, max_num_tokens, device, __gs_check, __gs_context
+):
     buf_input_ids = buffers["input_ids"]
     buf_positions = buffers["positions"]
     buf_out_cache_loc = buffers["out_cache_loc"]

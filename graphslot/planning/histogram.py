@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from ..spec.errors import shorten
+from ..spec.files import TooLarge, read_bounded, write_atomic
 
 #: ``"format"`` of the file a runner writes.
 FORMAT = "graphslot.batch_size_histogram"
@@ -19,6 +23,8 @@ MAX_FILE_BYTES = 1 << 20
 MAX_DISTINCT_SIZES = 2048
 MAX_BATCH_SIZE = 1 << 20
 MAX_COUNT = 1 << 53  # counts stay exact as floats in the reported figures
+#: Longest value an error shows.
+SHOWN = 40
 
 
 class HistogramError(ValueError):
@@ -52,25 +58,24 @@ class BatchSizeHistogram:
                 "steps": self.steps, "counts": {str(bs): n for bs, n in sorted(self.counts.items())}}
 
     def save(self, path: "os.PathLike[str] | str") -> None:
-        """Write the histogram as JSON (what ``graphslot plan-sizes`` reads)."""
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(self.to_json(), f, indent=1)
-            f.write("\n")
+        """Write the histogram as JSON (what ``graphslot plan-sizes`` reads), atomically."""
+        write_atomic(Path(path), json.dumps(self.to_json(), indent=1) + "\n")
 
     @classmethod
     def load(cls, path: "os.PathLike[str] | str") -> "BatchSizeHistogram":
         """Read a histogram file; :class:`HistogramError` (one line) when it is not one."""
-        with open(path, "rb") as f:
-            data = f.read(MAX_FILE_BYTES + 1)
-        if len(data) > MAX_FILE_BYTES:
+        try:
+            data = read_bounded(path, MAX_FILE_BYTES)
+        except TooLarge:
             raise HistogramError(f"{path}: larger than {MAX_FILE_BYTES} bytes; a histogram has at most "
-                                 f"{MAX_DISTINCT_SIZES} sizes")
+                                 f"{MAX_DISTINCT_SIZES} sizes") from None
         try:
             return parse_histogram(_strict_json(data.decode("utf-8")))
         except (UnicodeDecodeError, RecursionError, ValueError) as exc:  # JSONDecodeError is a ValueError
             if isinstance(exc, HistogramError):
                 raise HistogramError(f"{path}: {exc}") from None
-            raise HistogramError(f"{path}: not a JSON histogram: {str(exc).splitlines()[0][:200]}") from None
+            raise HistogramError(f"{path}: not a JSON histogram: "
+                                 f"{shorten(str(exc).splitlines()[0], 200, quote=False)}") from None
 
     def __repr__(self) -> str:
         return f"<BatchSizeHistogram {len(self.counts)} sizes, {self.steps} steps>"
@@ -82,8 +87,7 @@ def _unique_keys(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
     result: Dict[str, Any] = {}
     for key, value in pairs:
         if key in result:
-            shown = repr(key)
-            raise HistogramError(f"key {shown if len(shown) <= 40 else shown[:37] + '...'} appears twice in one "
+            raise HistogramError(f"key {shorten(key, SHOWN)} appears twice in one "
                                  "JSON object; JSON readers keep only one of the values: remove the other")
         result[key] = value
     return result
@@ -96,15 +100,13 @@ def _strict_json(text: str) -> Any:
 
 def _bounded_int(value: Any, low: int, high: int, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        shown = repr(value)
-        raise HistogramError(f"{what} must be an integer in [{low}, {high}], got "
-                             f"{shown if len(shown) <= 40 else shown[:37] + '...'}")
+        raise HistogramError(f"{what} must be an integer in [{low}, {high}], got {shorten(value, SHOWN)}")
     return value
 
 
 def _size_key(key: str) -> int:
     if not (key.isascii() and key.isdigit()) or len(key) > 7:
-        raise HistogramError(f"a batch size must be a positive integer, got {key[:40]!r}")
+        raise HistogramError(f"a batch size must be a positive integer, got {shorten(key, SHOWN)}")
     return _bounded_int(int(key), 1, MAX_BATCH_SIZE, "a batch size")
 
 
@@ -115,7 +117,7 @@ def parse_histogram(data: Any) -> BatchSizeHistogram:
     k = 1
     if "counts" in data:
         if data.get("format", FORMAT) != FORMAT:
-            raise HistogramError(f"format must be {FORMAT!r}, got {str(data['format'])[:40]!r}")
+            raise HistogramError(f"format must be {FORMAT!r}, got {shorten(str(data['format']), SHOWN)}")
         k = _bounded_int(data.get("num_tokens_per_bs", 1), 1, 1 << 16, "num_tokens_per_bs")
         data = data["counts"]
         if not isinstance(data, dict):

@@ -14,7 +14,8 @@ from typing import AbstractSet, Any, Callable, Dict, List, Mapping, Optional, Tu
 import torch
 
 from ..spec.errors import SlotError, did_you_mean
-from ..spec.hooks import CaptureContext, FillContext, context_factory
+from ..spec.hooks import CaptureContext, FillContext
+from ..spec.live import context_factory, live_view
 from ..spec.model import RegistrySpec
 from ..spec.resolve import ResolvedSlot
 from .buffers import allocate_slot_buffer
@@ -23,28 +24,33 @@ from .stepcheck import StepChecker
 
 
 class Slot:
-    """One slot of a registry: its resolved spec and (when enabled) its buffer."""
+    """One slot of a registry: its resolved declaration (:attr:`resolved`) and, when
+    enabled, its buffer."""
 
-    __slots__ = ("spec", "buffer", "hooks")
+    __slots__ = ("resolved", "buffer", "hooks")
 
-    def __init__(self, spec: ResolvedSlot, buffer: Optional[torch.Tensor], hooks: Dict[str, Callable]):
-        self.spec, self.buffer, self.hooks = spec, buffer, hooks
+    def __init__(self, resolved: ResolvedSlot, buffer: Optional[torch.Tensor], hooks: Dict[str, Callable]):
+        self.resolved, self.buffer, self.hooks = resolved, buffer, hooks
+
+    @property
+    def spec(self) -> ResolvedSlot:
+        """The older name of :attr:`resolved` (it is the slot resolved, not the spec)."""
+        return self.resolved
 
     @property
     def name(self) -> str:
-        return self.spec.name
+        return self.resolved.name
 
     @property
     def enabled(self) -> bool:
-        return self.spec.enabled
+        return self.resolved.enabled
 
     def count(self, bs: int, num_tokens: int) -> Optional[int]:
         """How many rows of the sliced dimension a step uses (None: the whole buffer)."""
-        axis = self.spec.axis
-        return bs if axis == "bs" else num_tokens if axis == "tokens" else None
+        return self.resolved.axis.select(bs, num_tokens)
 
     def head(self, n: Optional[int]) -> torch.Tensor:
-        return self.buffer if n is None else self.buffer.narrow(self.spec.slice_dim, 0, n)
+        return self.buffer if n is None else self.buffer.narrow(self.resolved.slice_dim, 0, n)
 
     def slice_for(self, padded_bs: int, padded_num_tokens: int) -> torch.Tensor:
         """The view a step exposes: ``[:padded]`` along the slot's sliced dimension."""
@@ -53,7 +59,7 @@ class Slot:
         return self.head(self.count(padded_bs, padded_num_tokens))
 
     def __repr__(self) -> str:
-        s = self.spec
+        s = self.resolved
         state = f"shape={list(s.shape)} dtype={s.dtype}" if s.enabled else "disabled"
         return f"<Slot {s.name} axis={s.axis} padding={s.padding} {state}>"
 
@@ -118,7 +124,7 @@ class SlotRegistry:
         device: torch.device,
         buffers: Optional[Dict[str, torch.Tensor]] = None,
         pool: Optional[SharePool] = None,
-        source: Any = None,
+        adopt: Any = None,
         strict: bool = False,
         context: Optional[Callable[..., Any]] = None,
     ):
@@ -127,13 +133,14 @@ class SlotRegistry:
         self.strict = strict
         #: Makes each fill's hook context (FillContext, or ``context``) with live params resolved.
         self.make_context = context_factory(context or FillContext, self.params)
+        self._skipping: Dict[frozenset, Callable[..., None]] = {}
         self._slots: Dict[str, Slot] = {}
         for resolved in slots:
             buffer = None
             if resolved.enabled:
                 buffer = (buffers or {}).get(resolved.name)
                 if buffer is None:
-                    buffer = allocate_slot_buffer(resolved, self.device, pool, source)
+                    buffer = allocate_slot_buffer(resolved, self.device, pool, adopt)
             self._slots[resolved.name] = Slot(resolved, buffer, hooks.get(resolved.name, {}))
         self.active: Tuple[Slot, ...] = tuple(s for s in self._slots.values() if s.enabled)
         self.checker = StepChecker(spec.name, self.active, max_bs, max_num_tokens, strict)
@@ -171,12 +178,26 @@ class SlotRegistry:
     def fill_from_skipping(self, names: AbstractSet[str]) -> Callable[..., None]:
         """A fill callable with ``fill_from``'s signature that leaves the slots
         ``names`` alone: no reset, copy or hook (their content was staged by the
-        engine). Made once per set and kept; ``fill_from`` itself is untouched."""
+        engine). Made once per set and kept; ``fill_from`` itself is untouched, and is
+        what an empty set (or one naming no enabled slot) gets."""
+        skip = self.skip_set(names)
+        if not skip:
+            return self.fill_from
+        fill = self._skipping.get(skip)
+        if fill is None:
+            fill = self._skipping[skip] = self._fill_skipping(skip)
+        return fill
+
+    def _fill_skipping(self, skip: frozenset) -> Callable[..., None]:
+        """The fill of :meth:`fill_from_skipping` for a non-empty set of enabled slots."""
         raise NotImplementedError
 
     def run_pre_capture(self, bs: int, num_tokens: int, side_inputs: Any = None) -> None:
         """Run every ``pre_capture`` hook before a graph of this size is captured."""
-        ctx = CaptureContext(bs, num_tokens, self.params, side_inputs)
+        params = live_view(self.params)  # a live param read here: its provider gets this context
+        ctx = CaptureContext(bs, num_tokens, params, side_inputs)
+        if params is not self.params:
+            params.ctx = ctx
         for slot in self.active:
             hook = slot.hooks.get("pre_capture")
             if hook is not None:
@@ -185,7 +206,7 @@ class SlotRegistry:
     def view_names(self) -> Tuple[str, ...]:
         """What ``extract`` may set on the view: ``batch_size`` and every enabled
         top-level slot (dotted slots are never set)."""
-        return ("batch_size",) + tuple(s.name for s in self.active if not s.spec.structured)
+        return ("batch_size",) + tuple(s.name for s in self.active if not s.resolved.structured)
 
     def __repr__(self) -> str:
         return (f"<{type(self).__name__} {self.spec.name} mode={self.mode} max_bs={self.max_bs} "

@@ -14,10 +14,10 @@ from ..spec.resolve import ResolvedSlot
 _MISSING = object()
 
 
-def adoptable(source: Any, name: str) -> Any:
-    """The tensor ``source`` holds for slot ``name`` (attribute, mapping key or dotted
+def adoptable(adopt: Any, name: str) -> Any:
+    """The tensor ``adopt`` holds for slot ``name`` (attribute, mapping key or dotted
     path), or ``_MISSING``."""
-    value = source
+    value = adopt
     for part in name.split("."):
         if isinstance(value, dict):
             value = value.get(part, _MISSING)
@@ -35,19 +35,20 @@ def allocate_buffer(
     device: Union[str, torch.device],
     init_value: Any = None,
     pool: Optional[SharePool] = None,
-    source: Any = None,
+    adopt: Any = None,
 ) -> torch.Tensor:
-    """A full-capacity buffer, adopted from ``source`` or pooled when asked; filled with
-    ``init_value`` when it is fresh. Its address never changes afterwards."""
-    if source is not None:
-        tensor = adoptable(source, name)
+    """A full-capacity buffer, adopted from ``adopt`` (``build_registry(adopt=)``) or
+    pooled when asked; filled with ``init_value`` when it is fresh. Its address never
+    changes afterwards."""
+    if adopt is not None:
+        tensor = adoptable(adopt, name)
         if tensor is _MISSING:
-            raise SlotError(f"slot '{name}': source= has no tensor '{name}' to adopt; "
-                            "give it one, or build the registry without source=")
+            raise SlotError(f"slot '{name}': adopt= has no tensor '{name}' to adopt; "
+                            "give it one, or build the registry without adopt=")
         if not isinstance(tensor, torch.Tensor):
-            raise SlotError(f"slot '{name}': source= holds {type(tensor).__name__}, expected a torch.Tensor")
+            raise SlotError(f"slot '{name}': adopt= holds {type(tensor).__name__}, expected a torch.Tensor")
         if tuple(tensor.shape) != tuple(shape) or tensor.dtype != dtype:
-            raise SlotError(f"slot '{name}': cannot adopt source tensor: expected shape "
+            raise SlotError(f"slot '{name}': cannot adopt the tensor: expected shape "
                             f"{list(shape)} dtype {dtype}, got shape {list(tensor.shape)} "
                             f"dtype {tensor.dtype}")
         return tensor  # adopted tensors are already initialised by their owner
@@ -65,10 +66,10 @@ def allocate_buffer(
     return buffer
 
 
-def allocate_slot_buffer(slot: ResolvedSlot, device: torch.device, pool=None, source=None) -> torch.Tensor:
+def allocate_slot_buffer(slot: ResolvedSlot, device: torch.device, pool=None, adopt=None) -> torch.Tensor:
     return allocate_buffer(
         slot.name, slot.shape, slot.dtype, "cpu" if slot.host else device,
-        slot.pad_value if slot.fills_at_allocation else None, pool, source if slot.adopt else None,
+        slot.pad_value if slot.fills_at_allocation else None, pool, adopt if slot.adopt else None,
     )
 
 

@@ -5,10 +5,11 @@ it is what generated code is proven equal to.
 
 from __future__ import annotations
 
-from typing import AbstractSet, Callable, Dict, Tuple
+from typing import Callable, Dict, Tuple
 
 import torch
 
+from ..spec.kinds import Padding
 from .base import SlotRegistry
 
 
@@ -24,11 +25,7 @@ class InterpretedRegistry(SlotRegistry):
         with torch.no_grad():
             self._fill(fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs, frozenset())
 
-    def fill_from_skipping(self, names: AbstractSet[str]) -> Callable[..., None]:
-        skip = self.skip_set(names)
-        if not skip:
-            return self.fill_from
-
+    def _fill_skipping(self, skip: frozenset) -> Callable[..., None]:
         def fill_from(fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs=None) -> None:
             with torch.no_grad():
                 self._fill(fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs, skip)
@@ -51,12 +48,12 @@ class InterpretedRegistry(SlotRegistry):
             src = check.plain_source(slot, fb, raw_bs, raw_num_tokens)
             if src is not None:
                 head = slot.head(slot.count(raw_bs, raw_num_tokens))
-                copies += zip(head.unbind(0), src.unbind(0)) if slot.spec.rows else [(head, src)]
+                copies += zip(head.unbind(0), src.unbind(0)) if slot.resolved.rows else [(head, src)]
         for slot in active:
-            hook = slot.hooks.get("source") if slot.spec.copy_from_fb else None
+            hook = slot.hooks.get("source") if slot.resolved.copy_from_fb else None
             src = None if hook is None else check.hook_source(slot.name, hook(fb, ctx))
             if src is not None:
-                d = slot.spec.slice_dim
+                d = slot.resolved.slice_dim
                 hook_copies.append((slot.buffer.narrow(d, 0, src.shape[d]) if src.dim() else slot.buffer, src))
 
         # 1. copy heads; device copies grouped by dtype pair, one kernel each
@@ -70,11 +67,11 @@ class InterpretedRegistry(SlotRegistry):
 
         # 2. make the padded tail safe
         for slot in active:
-            spec = slot.spec
+            spec = slot.resolved
             raw, padded = slot.count(raw_bs, raw_num_tokens), slot.count(padded_bs, padded_num_tokens)
             if spec.resets_tail and raw < padded:
                 tail = slot.buffer.narrow(spec.slice_dim, raw, padded - raw)
-                if spec.padding == "zero":
+                if spec.padding is Padding.ZERO:
                     tail.zero_()
                 else:
                     tail.fill_(spec.pad_value)
@@ -93,10 +90,10 @@ class InterpretedRegistry(SlotRegistry):
         padded_bs, padded_num_tokens = self.checker.view(padded_bs, padded_num_tokens)
         fields = {"batch_size": padded_bs}
         for slot in self.active:
-            spec = slot.spec
+            spec = slot.resolved
             if spec.structured:
                 continue
-            if spec.plain_copy and getattr(fb, spec.name, None) is None:
+            if spec.optional and spec.plain_copy and getattr(fb, spec.name, None) is None:
                 continue  # absent this step: carry the None, never a stale buffer
             fields[spec.name] = slot.slice_for(padded_bs, padded_num_tokens)
         return self.make_view(fb, fields)

@@ -26,7 +26,8 @@ from typing import AbstractSet, Any, Iterable, Optional, Tuple
 
 import torch
 
-from ..spec.errors import SlotError
+from ..spec.errors import SlotError, shorten
+from ..spec.kinds import Axis
 
 SIZE_MEMO_LIMIT = 4096  # sizes remembered; a server sees about one per captured size
 _MISSING = object()
@@ -36,8 +37,7 @@ def describe(value: Any) -> str:
     """What came, in a few words (never a whole tensor)."""
     if isinstance(value, torch.Tensor):
         return f"a {value.dtype} tensor of shape {list(value.shape)} on {value.device}"
-    text = repr(value)
-    return f"{type(value).__name__} {text[:60] + '…' if len(text) > 60 else text}"
+    return f"{type(value).__name__} {shorten(value, 61)}"
 
 
 class StepChecker:
@@ -46,7 +46,7 @@ class StepChecker:
     def __init__(self, spec_name: str, slots: Iterable[Any], max_bs: int, max_num_tokens: int, strict: bool):
         self.spec_name, self.max_bs, self.max_num_tokens, self.strict = spec_name, max_bs, max_num_tokens, strict
         self.slots = {slot.name: slot for slot in slots}  # enabled ``Slot`` objects with buffers
-        self.plain = tuple(s for s in self.slots.values() if s.spec.copy_from_fb and s.spec.source is None)
+        self.plain = tuple(s for s in self.slots.values() if s.resolved.copy_from_fb and s.resolved.source is None)
         self._extents = BufferExtents((s.name, s.buffer) for s in self.slots.values())
         self._seen_steps: dict = {}
         self._seen_views: dict = {}
@@ -66,8 +66,8 @@ class StepChecker:
     # -- counts ----------------------------------------------------------------------
     def counts(self, raw_bs: Any, padded_bs: Any, raw_num_tokens: Any, padded_num_tokens: Any) -> None:
         """Raise unless ``0 <= raw <= padded <= capacity`` for both axes, all ints."""
-        for axis, raw, padded, capacity in (("bs", raw_bs, padded_bs, self.max_bs),
-                                            ("tokens", raw_num_tokens, padded_num_tokens, self.max_num_tokens)):
+        for axis, raw, padded, capacity in ((Axis.BS, raw_bs, padded_bs, self.max_bs),
+                                            (Axis.TOKENS, raw_num_tokens, padded_num_tokens, self.max_num_tokens)):
             for what, n in (("raw", raw), ("padded", padded)):
                 if type(n) is not int:
                     raise self.fail(None, f"{what} {axis} count must be an int, got {describe(n)}")
@@ -101,15 +101,17 @@ class StepChecker:
         shape = list(slot.buffer.shape)
         count = slot.count(raw_bs, raw_num_tokens)
         if count is not None:
-            shape[slot.spec.slice_dim] = count
+            shape[slot.resolved.slice_dim] = count
         return torch.Size(shape)
 
     def plain_source(self, slot, fb: Any, raw_bs: int, raw_num_tokens: int) -> Optional[torch.Tensor]:
         """The batch field to copy into ``slot``'s head, ``None`` for an absent optional
         field; raise for anything else that does not fit."""
         src = getattr(fb, slot.name, _MISSING)
+        if slot.resolved.skip_absent and not isinstance(src, torch.Tensor):
+            return None  # absent_fields: skip: a missing, None or non-tensor field is no copy
         if src is _MISSING or src is None:
-            if slot.spec.optional:
+            if slot.resolved.optional:
                 return None
             what = f"the batch has no field '{slot.name}'" if src is _MISSING else "the batch field is None"
             raise self.fail(slot.name, f"{what}, but the slot is not optional; set it on the batch, or declare "
@@ -129,7 +131,7 @@ class StepChecker:
             return None
         slot = self.slots[name]
         self._tensor(slot, src)
-        shape, d = list(slot.buffer.shape), slot.spec.slice_dim
+        shape, d = list(slot.buffer.shape), slot.resolved.slice_dim
         if src.dim() == len(shape) and shape:  # a 0-d slot takes a 0-d source
             if src.shape[d] > shape[d]:
                 raise self.fail(name, f"source returned {src.shape[d]} rows, more than the capacity {shape[d]}")
@@ -228,14 +230,4 @@ class BufferExtents:
         if end > start and i and reach[i - 1][0] > start:
             return reach[i - 1][1]
         return None
-
-
-def parse_bool_env(name: str, value: str) -> bool:
-    """``1/true/yes/on`` and ``0/false/no/off`` (any case); empty is false."""
-    text = value.strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("", "0", "false", "no", "off"):
-        return False
-    raise ValueError(f"{name}={value!r} is not a boolean: use 1/true/yes/on or 0/false/no/off")
 

@@ -41,7 +41,7 @@ def check_dummy_batch(adapter: Any, registry: Any, dummy: Any, readers: Sequence
     adapter's ``readers`` fails on it (``base``: the adapter base class, for messages)."""
     source = describe_dummy(adapter, dummy)
     missing = [slot.name for slot in registry.checker.plain
-               if not slot.spec.optional and getattr(dummy, slot.name, None) is None]
+               if not slot.resolved.optional and getattr(dummy, slot.name, None) is None]
     if missing:
         names = ", ".join(f"'{name}'" for name in missing)
         many = len(missing) > 1

@@ -11,20 +11,20 @@ model on the batch's own tensors, for when the copy is pure overhead.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Mapping, Optional
 
+from .. import env
 from ..api import build_registry
 from ..spec.loading import load_spec
 from ..spec.model import RegistrySpec
 from .adapter import DecodeAdapter
 
-NO_COPY_ENV = "GRAPHSLOT_EAGER_INPUT_NO_COPY"
+NO_COPY_ENV = env.EAGER_INPUT_NO_COPY.name
 PRESET = "eager"
 
 
 def no_copy_from_env() -> bool:
-    return os.environ.get(NO_COPY_ENV, "") not in ("", "0")
+    return env.EAGER_INPUT_NO_COPY.enabled()
 
 
 def next_power_of_two(n: int) -> int:

@@ -13,12 +13,13 @@ On with ``GRAPHSLOT_DEBUG=1`` or ``DecodeRunnerConfig(guard=True)``; it costs on
 
 from __future__ import annotations
 
-import os
 from typing import Any, Callable, Iterable, Iterator, List, Optional, Tuple
 
 import torch
 
-GUARD_ENV = "GRAPHSLOT_DEBUG"
+from .. import env
+
+GUARD_ENV = env.DEBUG.name
 
 Named = Tuple[str, torch.Tensor]
 
@@ -31,7 +32,7 @@ def guard_wanted(flag: Optional[bool]) -> bool:
     """The runner's ``guard`` setting; None defers to ``GRAPHSLOT_DEBUG``."""
     if flag is not None:
         return bool(flag)
-    return os.environ.get(GUARD_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
+    return env.DEBUG.enabled()
 
 
 def runner_tensors(registry: Any, adapter: Any) -> Iterator[Named]:

@@ -12,15 +12,15 @@ more) is refused whatever the cap, naming its slot. Torch-free.
 
 from __future__ import annotations
 
-import os
 from typing import Iterable, Optional, Tuple
 
+from ..env import MAX_BUFFER_BYTES, variable
 from .errors import shorten
 
 #: The default cap on the bytes of one registry's buffers (4 GiB): the shipped decode
 #: spec takes about 20 KiB at max_bs = max_num_tokens = 256.
 DEFAULT_MAX_BUFFER_BYTES = 4 << 30
-MAX_BUFFER_BYTES_ENV = "GRAPHSLOT_MAX_BUFFER_BYTES"
+MAX_BUFFER_BYTES_ENV = MAX_BUFFER_BYTES.name
 #: torch sizes a storage in signed 64-bit bytes: no buffer can reach this.
 TORCH_MAX_BYTES = 1 << 63
 
@@ -29,30 +29,37 @@ class BufferBudgetError(ValueError):
     """Buffers over their byte cap (or beyond what torch can size); nothing was allocated."""
 
 
+BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
+
+
+def human_bytes(n: int) -> str:
+    """``512 B``, ``12.5 KiB``, ``3.0 MiB`` ... ``1024.0 EiB`` (EiB is the largest unit)."""
+    if n < 1024:
+        return f"{int(n)} B"
+    k = min((int(n).bit_length() - 1) // 10, len(BINARY_UNITS) - 1)
+    try:
+        return f"{n / 1024**k:.1f} {BINARY_UNITS[k]}"
+    except OverflowError:  # beyond any float: only a hostile count gets here
+        return f"about 2**{int(n).bit_length() - 1} B"
+
+
 def format_bytes(n: int) -> str:
-    """``5368709120 bytes (5.0 GiB)``."""
-    value, unit = float(n), "B"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
-        if value < 1024 or unit == "EiB":
-            break
-        value /= 1024
-    return f"{n} bytes" if unit == "B" else f"{n} bytes ({value:.1f} {unit})"
+    """``5368709120 bytes (5.0 GiB)``; ``1023 bytes``."""
+    return f"{n} bytes" if n < 1024 else f"{n} bytes ({human_bytes(n)})"
 
 
 def byte_cap(max_bytes: Optional[int], env: str, default: Optional[int],
              default_origin: str = "the default") -> Tuple[Optional[int], str]:
-    """The cap and where it came from: ``max_bytes`` when given, else the environment
-    variable ``env`` when set (and not empty), else ``default`` (None: no cap)."""
+    """The cap and where it came from: ``max_bytes`` when given, else the byte-count
+    environment variable named ``env`` (declared in :mod:`graphslot.env`) when set, else
+    ``default`` (None: no cap)."""
     if max_bytes is not None:
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
             raise ValueError(f"max_bytes must be a positive int (a number of bytes), got {shorten(max_bytes)}")
         return max_bytes, "max_bytes"
-    text = os.environ.get(env, "").strip()
-    if text:
-        if not (text.isascii() and text.isdigit()) or int(text) < 1:
-            raise ValueError(f"{env}={shorten(text)} is not a byte count: set it to a positive integer number "
-                             "of bytes (e.g. 8589934592 for 8 GiB), or unset it")
-        return int(text), env
+    from_env = variable(env).read()
+    if from_env is not None:
+        return from_env, env
     return default, default_origin
 
 

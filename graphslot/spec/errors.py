@@ -79,12 +79,20 @@ def _escape_controls(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
-def shorten(value: object, limit: int = MAX_SHOWN, quote: bool = True) -> str:
+def shorten(value: object, limit: int = MAX_SHOWN, quote: bool = True, *, ascii_only: bool = False) -> str:
     """``repr(value)`` (or ``str`` with ``quote=False``), control characters escaped, cut
-    to ``limit`` characters with an ellipsis: untrusted values never make long lines."""
+    to ``limit`` characters with an ellipsis: untrusted values never make long lines.
+    ``ascii_only``: every non-ASCII character escaped too (``ascii()``), where a look-alike
+    letter must show (a name that has to be an ASCII identifier)."""
     if isinstance(value, str) and len(value) > 4 * limit:
         value = value[: 4 * limit]  # repr and escaping of the rest would be thrown away
-        text = (repr(value) if quote else _escape_controls(value))
+        text = _shown_text(value, quote, ascii_only)
         return text[: limit - 1] + "…"
-    text = repr(value) if quote else _escape_controls(str(value))
+    text = _shown_text(value, quote, ascii_only)
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _shown_text(value: object, quote: bool, ascii_only: bool) -> str:
+    if ascii_only:
+        return ascii(value) if quote else ascii(str(value))[1:-1]
+    return repr(value) if quote else _escape_controls(str(value))

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from .checks import DEFAULT_MAX_BYTES, check_spec
 from .errors import SpecError, SpecIssue, did_you_mean, one_of, shorten
+from .files import TooLarge, display_path, read_bounded
 from .model import (AXES, MAX_PARAMS, MAX_PRESETS, MAX_SLOTS, PADDINGS, PARAM_KEYS, PARAM_TYPES, SLOT_KEYS,
                     TOP_KEYS, ParamSpec, RegistrySpec, SlotSpec)
 from .yaml_loader import INT_LIMIT, MAX_YAML_DEPTH, MAX_YAML_NODES, Locations, line_of_position, load_yaml
@@ -41,8 +42,10 @@ def shipped_spec_names() -> List[str]:
 def spec_path(name_or_path: Union[str, os.PathLike]) -> Path:
     """A shipped spec name (``decode``) or a path to a YAML file."""
     text = os.fspath(name_or_path)
-    if text in shipped_spec_names():
-        return SHIPPED_DIR / f"{text}.yaml"
+    if text and not text.startswith(".") and "/" not in text and os.sep not in text:
+        shipped = SHIPPED_DIR / f"{text}.yaml"  # what shipped_spec_names() lists, without a listing
+        if shipped.is_file():
+            return shipped
     path = Path(text)
     if not path.is_file():
         raise SpecError([SpecIssue(text, None, "no such spec file; shipped specs are: "
@@ -60,7 +63,7 @@ def load_spec(name_or_path: Union[str, os.PathLike], *, import_hooks: bool = Fal
     :data:`graphslot.spec.checks.DEFAULT_MAX_BYTES`).
     """
     path = spec_path(name_or_path)
-    source = _display_path(path)
+    source = display_path(path)
     try:
         stat = path.stat()
         key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size, source, import_hooks, max_bytes)
@@ -82,12 +85,16 @@ def spec_from_dict(data: Mapping[str, Any], source: str = "<code>", *, import_ho
     again costs a lookup. ``RegistrySpec.to_dict()`` gives a shipped spec as such data,
     to derive one from it."""
     data = _plain_copy(data, source)
-    key = (source, import_hooks, max_bytes, json.dumps(data, sort_keys=True, allow_nan=True))
+    # the data in its own order (a spec's param order shows in `graphslot show`)
+    key = (source, import_hooks, max_bytes, json.dumps(data, allow_nan=True))
     cached = _CODE_SPECS.get(key)
     if cached is not None:
         return cached
     spec = _validated(data, Locations(source), source, "", import_hooks, max_bytes, [])
     return _remember(_CODE_SPECS, key, spec)
+
+
+_SCALARS = (str, bool, int, float, type(None))
 
 
 def _plain_copy(data: Any, source: str) -> Dict[str, Any]:
@@ -97,49 +104,64 @@ def _plain_copy(data: Any, source: str) -> Dict[str, Any]:
         raise SpecError([SpecIssue(source, None, f"a spec is a mapping with keys {', '.join(TOP_KEYS)}, got "
                                                  f"{type(data).__name__}")])
     root: Dict[str, Any] = {}
-    stack, nodes = [(data, root, "", 1)], 0
+    stack: List[Tuple[Any, Any, Tuple[Any, ...]]] = [(data, root, ())]
+    nodes = 0
     while stack:
-        value, into, where, depth = stack.pop()
-        items = value.items() if isinstance(value, Mapping) else enumerate(value)
-        for key, item in items:
+        value, into, path = stack.pop()
+        mapping = isinstance(value, Mapping)
+        for key, item in (value.items() if mapping else enumerate(value)):
             nodes += 1
-            at = f"{where}[{key}]" if isinstance(key, int) else f"{where}.{key}" if where else str(key)
+            if mapping and type(key) is not str:
+                raise SpecError([SpecIssue(source, None, f"{_data_path(path) or 'the spec'}: key {shorten(key)} "
+                                                         "is not a string")])
             problem = None
-            if not isinstance(key, (str, int)) or (isinstance(key, int) and isinstance(value, Mapping)):
-                problem = f"key {shorten(key)} is not a string"
-            elif nodes > MAX_YAML_NODES:
+            kind = type(item)
+            if nodes > MAX_YAML_NODES:
                 problem = f"more than {MAX_YAML_NODES} values"
-            elif depth > MAX_YAML_DEPTH:
+            elif len(path) >= MAX_YAML_DEPTH:
                 problem = f"nested deeper than {MAX_YAML_DEPTH} levels"
-            elif isinstance(item, int) and not isinstance(item, bool) and abs(item) >= INT_LIMIT:
+            elif kind is int and abs(item) >= INT_LIMIT:
                 problem = f"integer {shorten(item)} out of range (|value| < 2**63)"
-            elif not (item is None or isinstance(item, (str, bool, int, float, Mapping, list, tuple))):
-                problem = (f"{type(item).__name__} is not plain data: a spec from code holds only dicts, lists, "
+            elif kind not in _SCALARS and kind is not dict and kind is not list and not isinstance(
+                    item, (str, int, float, Mapping, list, tuple)):
+                problem = (f"{kind.__name__} is not plain data: a spec from code holds only dicts, lists, "
                            "str, int, float, bool and None (a dtype by its name: 'int64')")
             if problem is not None:
-                raise SpecError([SpecIssue(source, None, f"{at}: {problem}")])
-            if isinstance(item, Mapping):
-                copied: Any = {}
-                stack.append((item, copied, at, depth + 1))
-            elif isinstance(item, (list, tuple)):
-                copied = [None] * len(item)
-                stack.append((item, copied, at, depth + 1))
-            else:
-                copied = item
-            into[key] = copied
+                raise SpecError([SpecIssue(source, None, f"{_data_path(path + (key,))}: {problem}")])
+            if kind in _SCALARS:
+                into[key] = item
+            elif kind is dict or isinstance(item, Mapping):
+                into[key] = {}
+                stack.append((item, into[key], path + (key,)))
+            elif kind is list or isinstance(item, (list, tuple)):
+                into[key] = [None] * len(item)
+                stack.append((item, into[key], path + (key,)))
+            else:  # a subclass of a scalar type (an IntEnum, a str enum): its plain value
+                into[key] = (str.__str__(item) if isinstance(item, str)  # a str enum's value, not its name
+                             else int(item) if isinstance(item, int) else float(item))
+                if isinstance(into[key], int) and not isinstance(into[key], bool) and abs(into[key]) >= INT_LIMIT:
+                    raise SpecError([SpecIssue(source, None, f"{_data_path(path + (key,))}: integer "
+                                                             f"{shorten(into[key])} out of range (|value| < 2**63)")])
     return root
+
+
+def _data_path(path: Tuple[Any, ...]) -> str:
+    """``slots[2].shape[0]``: where a value sits in a spec's data."""
+    out = ""
+    for key in path:
+        out += f"[{key}]" if isinstance(key, int) else (f".{shorten(key, quote=False)}" if out else
+                                                        shorten(key, quote=False))
+    return out
 
 
 def read_spec_text(path: Path, source: str) -> str:
     """The text of a spec file: UTF-8, at most MAX_SPEC_BYTES; else SpecError with the line."""
     try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_SPEC_BYTES + 1)
+        data = read_bounded(path, MAX_SPEC_BYTES)
     except OSError as exc:
         raise SpecError([SpecIssue(source, None, f"cannot read: {exc.strerror or exc}")]) from None
-    if len(data) > MAX_SPEC_BYTES:
-        raise SpecError([SpecIssue(source, None, f"the file is larger than {MAX_SPEC_BYTES} bytes; "
-                                                 "a spec is a few KiB")])
+    except TooLarge as exc:
+        raise SpecError([SpecIssue(source, None, f"{exc}; a spec is a few KiB")]) from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -147,14 +169,6 @@ def read_spec_text(path: Path, source: str) -> str:
         raise SpecError([SpecIssue(source, line, f"not UTF-8: byte 0x{data[exc.start]:02x} at offset "
                                                  f"{exc.start} cannot be decoded")]) from None
     return text.removeprefix("\ufeff")
-
-
-def _display_path(path: Path) -> str:
-    try:
-        relative = os.path.relpath(path)
-    except ValueError:  # another drive on Windows
-        return str(path)
-    return str(path) if relative.startswith("..") else relative
 
 
 def parse_spec(text: str, source: str = "<string>", *, import_hooks: bool = False,

@@ -14,10 +14,11 @@ from typing import Any, Dict, List, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictFloat, StrictInt
 
+from .kinds import Axis, Padding, SlotKind
 from .yaml_loader import Locations
 
-AXES = ("bs", "tokens", "none")
-PADDINGS = ("zero", "fill_sentinel", "keep_pad", "foreach_copy", "fill_once")
+AXES = Axis.values()
+PADDINGS = Padding.values()
 PARAM_TYPES = ("int", "float", "bool", "dtype", "str")
 HOOK_FIELDS = ("post_fill", "source", "pre_capture")
 
@@ -32,10 +33,12 @@ MAX_PARAMS = 1024
 MAX_PRESETS = 32
 MAX_SLOTS = 4096
 
-Axis = Literal["bs", "tokens", "none"]
+# The model keeps the declared strings (its JSON Schema inlines the choices, and a bad one
+# is a `literal_error` the loader words); code compares them with the Axis/Padding enums.
+AxisName = Literal[AXES]  # type: ignore[valid-type]
+PaddingName = Literal[PADDINGS]  # type: ignore[valid-type]
 Adopt = Literal["allowed", "never"]
 AbsentFields = Literal["error", "skip"]
-Padding = Literal["zero", "fill_sentinel", "keep_pad", "foreach_copy", "fill_once"]
 ParamType = Literal["int", "float", "bool", "dtype", "str"]
 # A literal, or a string holding an expression over params (for str/dtype params a
 # string default is the value itself).
@@ -68,7 +71,7 @@ class ParamSpec(_Strict):
     )
 
 
-class SlotSpec(_Strict):
+class SlotSpec(_Strict, SlotKind):
     name: str = Field(
         description="The batch attribute the slot mirrors; a dotted name is a structured slot and needs `source`."
     )
@@ -77,12 +80,12 @@ class SlotSpec(_Strict):
                     "slot (axis none).",
     )
     dtype: str = Field(description="A torch dtype name (int64, bfloat16, …) or a dtype-typed param.")
-    axis: Axis = Field(description="bs: sliced by batch size; tokens: by token count; none: never sliced.")
+    axis: AxisName = Field(description="bs: sliced by batch size; tokens: by token count; none: never sliced.")
     slice_dim: StrictInt = Field(0, description="The dimension the axis slices.")
     device: Optional[Literal["cpu"]] = Field(
         None, description="Omitted: the registry's device. cpu: a host buffer (e.g. seq_lens_cpu)."
     )
-    padding: Optional[Padding] = Field(
+    padding: Optional[PaddingName] = Field(
         None, description="How the padded tail is made safe; required for bs/tokens axes."
     )
     pad_value: Optional[Scalar] = Field(
@@ -104,17 +107,9 @@ class SlotSpec(_Strict):
     source: Optional[str] = Field(None, description="Hook (fb, ctx) -> tensor or None: the copy source.")
     pre_capture: Optional[str] = Field(None, description="Hook (buffer, ctx) run before graph capture.")
     adopt: Adopt = Field(
-        "allowed", description="never: the registry owns the buffer; build_registry(source=...) never adopts it."
+        "allowed", description="never: the registry owns the buffer; build_registry(adopt=...) never adopts it."
     )
     description: str = ""
-
-    @property
-    def is_structured(self) -> bool:
-        return "." in self.name
-
-    @property
-    def is_computed(self) -> bool:
-        return self.post_fill is not None or not self.copy_from_fb
 
 
 class RegistrySpec(_Strict):
@@ -138,6 +133,7 @@ class RegistrySpec(_Strict):
     _source: str = PrivateAttr("<string>")
     _text: str = PrivateAttr("")
     _locations: Optional[Locations] = PrivateAttr(None)
+    _identity: Optional[str] = PrivateAttr(None)
 
     @property
     def source(self) -> str:
@@ -174,7 +170,9 @@ class RegistrySpec(_Strict):
     def identity(self) -> str:
         """The sha256 hex digest of :meth:`canonical_json`: what a generated module
         records of the spec it was generated from (``SPEC_IDENTITY``)."""
-        return hashlib.sha256(self.canonical_json().encode("ascii")).hexdigest()
+        if self._identity is None:  # a spec never changes (frozen): computed once
+            self._identity = hashlib.sha256(self.canonical_json().encode("ascii")).hexdigest()
+        return self._identity
 
     @property
     def locations(self) -> Locations:

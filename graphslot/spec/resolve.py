@@ -15,15 +15,13 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from .dtypes import DTypeName, parse_dtype, torch_dtype, value_fits_dtype
 from .errors import ExprError, SpecError, SpecIssue, did_you_mean, shorten
 from .expr import Expr
-from .hooks import Live
+from .live import Live
+from .kinds import CAPACITY_NAMES, Axis, Padding, SlotKind
 from .model import RegistrySpec, SlotSpec
-
-CAPACITY_NAMES = ("max_bs", "max_num_tokens")
-AXIS_CAPACITY = {"bs": "max_bs", "tokens": "max_num_tokens"}
 
 
 @dataclass(frozen=True)
-class ResolvedSlot:
+class ResolvedSlot(SlotKind):
     """One slot with every expression evaluated for a param set and capacities.
 
     The dtype is kept as its name (no torch needed to resolve a spec); ``dtype`` is the
@@ -33,10 +31,10 @@ class ResolvedSlot:
     name: str
     shape: Tuple[int, ...]
     dtype_name: DTypeName
-    axis: str
+    axis: Axis
     slice_dim: int
     host: bool  # ``device: cpu``: a host buffer whatever the registry's device
-    padding: str
+    padding: Padding  # the declared policy, or keep_pad
     pad_value: Any
     index: bool
     optional: bool
@@ -51,20 +49,15 @@ class ResolvedSlot:
     #: judges overlapping sources per row, alike), so the rows can join the device's
     #: grouped copy.
     rows: bool = False
-    #: False for ``adopt: never``: allocated (or pooled) even when ``source=`` is given.
+    #: False for ``adopt: never``: allocated (or pooled) even when ``adopt=`` is given.
     adopt: bool = True
+    #: The spec's ``absent_fields: skip`` on a slot copied from its batch field: a field
+    #: that is missing, None or not a tensor is no copy (the slot is also ``optional``).
+    skip_absent: bool = False
 
     @property
     def dtype(self) -> Any:
         return torch_dtype(self.dtype_name)
-
-    @property
-    def structured(self) -> bool:
-        return "." in self.name
-
-    @property
-    def computed(self) -> bool:
-        return self.post_fill is not None or not self.copy_from_fb
 
     @property
     def plain_copy(self) -> bool:
@@ -73,15 +66,15 @@ class ResolvedSlot:
 
     @property
     def resets_tail(self) -> bool:
-        return self.axis != "none" and self.padding in ("zero", "fill_sentinel")
+        return self.axis.sliced and self.padding.resets_tail
 
     @property
     def tail_value(self) -> Any:
-        return 0 if self.padding == "zero" else self.pad_value
+        return 0 if self.padding is Padding.ZERO else self.pad_value
 
     @property
     def fills_at_allocation(self) -> bool:
-        return self.padding in ("fill_sentinel", "fill_once")
+        return self.padding.needs_pad_value
 
     @property
     def nbytes(self) -> int:
@@ -146,7 +139,9 @@ def resolve_params(
         try:
             values[name] = coerce_param(name, spec.params[name].type, value)
         except ValueError as exc:
-            issues.append(SpecIssue(file, spec.param_line(name), str(exc)))
+            hint = ("; a provider (a callable read at fill time) is only taken by a `live: true` param"
+                    if callable(value) and not isinstance(value, type) else "")
+            issues.append(SpecIssue(file, spec.param_line(name), str(exc) + hint))
     if issues:
         raise SpecError(issues)
 
@@ -188,17 +183,14 @@ def slot_dtype(slot: SlotSpec, params: Mapping[str, Any]) -> Optional[DTypeName]
     return parse_dtype(params[slot.dtype] if slot.dtype in params else slot.dtype)
 
 
-CAPACITIES = frozenset({"max_bs", "max_num_tokens"})
-
-
 def depends_on_capacity(extent: Any) -> bool:
     """Whether a declared extent is an expression of ``max_bs`` or ``max_num_tokens``."""
-    return isinstance(extent, str) and bool(Expr.parse(extent).names & CAPACITIES)
+    return isinstance(extent, str) and not Expr.parse(extent).names.isdisjoint(CAPACITY_NAMES)
 
 
 def copied_as_rows(slot: SlotSpec) -> bool:
     """See :attr:`ResolvedSlot.rows`."""
-    return (slot.axis != "none" and slot.slice_dim == 1 and len(slot.shape) == 2 and slot.device != "cpu"
+    return (Axis(slot.axis).sliced and slot.slice_dim == 1 and len(slot.shape) == 2 and slot.device != "cpu"
             and not depends_on_capacity(slot.shape[0]))
 
 
@@ -207,22 +199,22 @@ def resolve_slot(
     absent_fields: str = "error",
 ) -> ResolvedSlot:
     """``absent_fields``: the spec's rule; ``skip`` makes every slot copied from its
-    batch field optional."""
+    batch field optional, and a field that is not a tensor no copy either."""
     env = dict(params, max_bs=max_bs, max_num_tokens=max_num_tokens)
+    skip_absent = absent_fields == "skip" and slot.copy_from_fb and slot.source is None
     enabled = True if slot.enabled_if is None else bool(evaluate_field(slot.enabled_if, params))
-    padding = slot.padding or "keep_pad"
     pad_value = None if slot.pad_value is None else evaluate_field(slot.pad_value, params)
     return ResolvedSlot(
         name=slot.name,
         shape=tuple(int(evaluate_field(extent, env)) for extent in slot.shape),
         dtype_name=slot_dtype(slot, params),
-        axis=slot.axis,
+        axis=Axis(slot.axis),
         slice_dim=slot.slice_dim,
         host=slot.device == "cpu",
-        padding=padding,
+        padding=Padding.of(slot.padding),
         pad_value=pad_value,
         index=slot.index,
-        optional=slot.optional or (absent_fields == "skip" and slot.copy_from_fb and slot.source is None),
+        optional=slot.optional or skip_absent,
         enabled=enabled,
         copy_from_fb=slot.copy_from_fb,
         post_fill=slot.post_fill,
@@ -231,18 +223,42 @@ def resolve_slot(
         rows=copied_as_rows(slot),
         line=line,
         adopt=slot.adopt != "never",
+        skip_absent=skip_absent,
     )
+
+
+# Resolved slots kept per (spec object, params that can shape them, capacities): a registry
+# built again resolves nothing twice. Live params are left out of the key (no slot may use
+# one), so a new provider per build still hits.
+RESOLVED_CACHE_LIMIT = 256
+_RESOLVED: Dict[tuple, Tuple[RegistrySpec, Tuple[ResolvedSlot, ...]]] = {}
 
 
 def resolve_slots(
     spec: RegistrySpec, params: Mapping[str, Any], max_bs: int, max_num_tokens: int
 ) -> List[ResolvedSlot]:
     """Concrete slots; extents that come out non-positive are errors naming the slot."""
-    for name, value in (("max_bs", max_bs), ("max_num_tokens", max_num_tokens)):
+    for name, value in zip(CAPACITY_NAMES, (max_bs, max_num_tokens)):
         if isinstance(value, bool) or not hasattr(type(value), "__index__"):  # ints, numpy ints
             raise ValueError(f"{name} must be an int, got {type(value).__name__} {shorten(value)}")
     if max_bs < 1 or max_num_tokens < 1:
         raise ValueError(f"max_bs and max_num_tokens must be >= 1, got {max_bs} and {max_num_tokens}")
+    live = spec.params
+    key = (id(spec), type(max_bs), int(max_bs), type(max_num_tokens), int(max_num_tokens),
+           tuple((k, type(v), repr(v)) for k, v in params.items() if not (k in live and live[k].live)))
+    cached = _RESOLVED.get(key)
+    if cached is not None and cached[0] is spec:
+        return list(cached[1])
+    resolved = _resolve_slots(spec, params, max_bs, max_num_tokens)
+    if len(_RESOLVED) >= RESOLVED_CACHE_LIMIT:
+        _RESOLVED.clear()
+    _RESOLVED[key] = (spec, tuple(resolved))  # the spec kept alive: its id stays its own
+    return resolved
+
+
+def _resolve_slots(
+    spec: RegistrySpec, params: Mapping[str, Any], max_bs: int, max_num_tokens: int
+) -> List[ResolvedSlot]:
     resolved, issues = [], []
     for i, slot in enumerate(spec.slots):
         try:

@@ -100,6 +100,10 @@ def load_yaml(text: str, file: str, *, max_depth: int = MAX_YAML_DEPTH,
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None
+        if "maximum nesting depth" in (exc.problem or ""):
+            # libyaml (PyYAML >= 6.0.4) has its own, higher, depth limit, met before ours.
+            issues.append(SpecIssue(file, line, _too_deep(max_depth)))
+            return LoadedYaml(None, locations, issues, fatal=True)
         reason = exc.problem or str(exc)
         if exc.context:
             reason = f"{exc.context}, {reason}"
@@ -151,6 +155,10 @@ def _scalar(loader, event) -> Any:
     return value
 
 
+def _too_deep(max_depth: int) -> str:
+    return f"YAML nesting deeper than {max_depth} levels: a spec needs only a few"
+
+
 def _compose(loader, locations: Locations, issues: List[SpecIssue], max_depth: int, max_nodes: int) -> Any:
     loader.get_event()  # StreamStart
     if loader.check_event(yaml.StreamEndEvent):
@@ -169,7 +177,7 @@ def _compose(loader, locations: Locations, issues: List[SpecIssue], max_depth: i
         parent = stack[-1] if stack else None
         if isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
             frame = stack.pop()
-            value, done_node = frame.container, True
+            value = frame.container
         else:
             if isinstance(event, yaml.AliasEvent):
                 raise _Refused(event.start_mark, "YAML aliases (*name) are not allowed in a spec: "
@@ -209,13 +217,12 @@ def _compose(loader, locations: Locations, issues: List[SpecIssue], max_depth: i
                 locations.lines.setdefault(path, event.start_mark.line + 1)
             if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
                 if len(stack) >= max_depth:
-                    raise _Refused(event.start_mark, f"YAML nesting deeper than {max_depth} levels: "
-                                                     "a spec needs only a few")
+                    raise _Refused(event.start_mark, _too_deep(max_depth))
                 stack.append(_Frame({} if isinstance(event, yaml.MappingStartEvent) else [], path, record))
                 continue
             if not isinstance(event, yaml.ScalarEvent):
                 raise _Refused(event.start_mark, f"unexpected YAML event {type(event).__name__}")
-            value, done_node = _scalar(loader, event), True
+            value = _scalar(loader, event)
         # Deliver a finished value to its parent.
         parent = stack[-1] if stack else None
         if parent is None:

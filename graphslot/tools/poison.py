@@ -22,8 +22,10 @@ from typing import Dict, Optional
 
 import torch
 
+from ..spec.kinds import Padding
+
 #: The policies that leave the padded tail as it is (slot_specs/README.md, "Padding policies").
-UNTOUCHED_POLICIES = ("keep_pad", "foreach_copy", "fill_once")
+UNTOUCHED_POLICIES = tuple(p.value for p in Padding if not p.resets_tail)
 PATTERNS = ("stale", "hostile")
 #: Distinct integer values remembered per slot.
 MAX_DOMAIN = 4096
@@ -31,7 +33,7 @@ MAX_DOMAIN = 4096
 
 def poisonable(slot) -> bool:
     """A slot whose padded tail no step resets."""
-    return slot.spec.axis != "none" and slot.spec.padding in UNTOUCHED_POLICIES
+    return slot.resolved.axis.sliced and not slot.resolved.padding.resets_tail
 
 
 def hostile_name(dtype: torch.dtype) -> str:
@@ -51,8 +53,8 @@ class Poisoner:
         buf = slot.buffer
         if buf.dtype.is_floating_point or buf.dtype.is_complex or buf.dtype == torch.bool:
             return
-        init = 0 if slot.spec.pad_value is None else slot.spec.pad_value
-        values = [buf.narrow(slot.spec.slice_dim, 0, raw).flatten(), buf.new_full((1,), init)]
+        init = 0 if slot.resolved.pad_value is None else slot.resolved.pad_value
+        values = [buf.narrow(slot.resolved.slice_dim, 0, raw).flatten(), buf.new_full((1,), init)]
         known = self.domain.get(slot.name)
         if known is not None:
             values.append(known)
@@ -62,7 +64,7 @@ class Poisoner:
         """Poison rows ``[raw:padded]`` of ``slot``; None, or why nothing was written."""
         if padded <= raw:
             return "no padded rows"
-        dim, buf = slot.spec.slice_dim, slot.buffer
+        dim, buf = slot.resolved.slice_dim, slot.buffer
         rows = torch.arange(padded - raw, device=buf.device) % raw
         stale = buf.narrow(dim, 0, raw).index_select(dim, rows)
         if pattern == "stale":

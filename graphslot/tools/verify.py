@@ -25,7 +25,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from ..runners.decode import DecodeGraphRunner
-from ..spec.project import display_path
+from ..spec.errors import shorten
+from ..spec.files import display_path
 from .audit import ExternalInput, audit_external_inputs
 from .poison import PATTERNS, Poisoner, hostile_name, poisonable
 
@@ -53,7 +54,7 @@ def describe_exception(exc: BaseException) -> str:
         where = display_path(Path(where))
     prefix = f"{where}:{line}: " if where and line else ""
     text = f"{prefix}{type(exc).__name__}" + (f": {message}" if message else "")
-    return text if len(text) <= 300 else text[:299] + "…"
+    return shorten(text, 300, quote=False)
 
 
 @dataclass
@@ -222,7 +223,7 @@ def verify_runner(target: VerifyTarget, samples: int = 2, seed: int = 0, audit: 
             done.append((raw, padded))
             state = _State(runner)
             counts = {s.name: s.count(raw, raw * k) for s in slots}
-            live = [s for s in slots if s.spec.structured or not s.spec.plain_copy
+            live = [s for s in slots if s.resolved.structured or not s.resolved.plain_copy
                     or getattr(fb, s.name, None) is not None]
 
             def observe(raw_bs: int, padded_bs: int) -> None:
@@ -270,17 +271,16 @@ def _poisoned_leak(runner, fb, state, slot, raw_rows, pattern, poisoner, clean) 
     try:
         rows = differing_rows(clean, _replay(runner, fb, state, poison))
     except Exception as exc:  # noqa: BLE001 - a poisoned tail that crashes the replay is the finding
-        return {"pattern": name, "rows": [], "error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+        return {"pattern": name, "rows": [], "error": f"{type(exc).__name__}: {shorten(str(exc), 200, quote=False)}"}
     return {"pattern": name, "rows": rows} if rows else None
 
 
 def _verdict(slot, poisoned, leaks, exercised) -> SlotVerdict:
-    spec, name = slot.spec, slot.name
-    if spec.axis == "none":
+    spec, name = slot.resolved, slot.name
+    if not spec.axis.sliced:
         return SlotVerdict(name, spec.padding, "n/a", "not sliced by the step: no padded rows")
     if spec.resets_tail:
-        value = "0" if spec.padding == "zero" else repr(spec.pad_value)
-        return SlotVerdict(name, spec.padding, "safe", f"tail reset to {value} every step")
+        return SlotVerdict(name, spec.padding, "safe", f"tail reset to {spec.tail_value!r} every step")
     found = leaks.get(name, [])
     if found:
         first, rows = found[0], sorted({r for leak in found for r in leak["rows"]})

@@ -1,0 +1,105 @@
+"""The spec's closed vocabularies, defined once: a slot's axis and its padding policy, and
+what kind of slot it is (structured, computed).
+
+``Axis`` and ``Padding`` are ``str`` enums: a member *is* its string (``Axis.BS == "bs"``,
+it hashes as ``"bs"``, prints as ``bs`` and dumps to JSON as ``"bs"``), so code that
+compares or looks up the plain strings keeps working, and the model's ``Literal`` types
+and the JSON Schema are made from them. Torch-free.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Optional, Tuple
+
+
+class _StrEnum(str, Enum):
+    """A ``str`` enum that prints, formats and reprs as its value on every Python (3.10
+    has no ``enum.StrEnum``, and 3.11 formats a mixed-in member as ``Class.NAME``): code
+    that renders a value (generated source, names made from it) sees the string."""
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+    __repr__ = str.__repr__
+
+    @classmethod
+    def values(cls) -> Tuple[str, ...]:
+        return tuple(member.value for member in cls)
+
+
+class Axis(_StrEnum):
+    """What a slot's sliced dimension counts: requests, tokens, or nothing (never sliced)."""
+
+    BS = "bs"
+    TOKENS = "tokens"
+    NONE = "none"
+
+    @property
+    def capacity(self) -> Optional[str]:
+        """The capacity the sliced extent must be: ``max_bs``, ``max_num_tokens``, None."""
+        return _CAPACITY[self]
+
+    @property
+    def counts(self) -> Optional[Tuple[str, str]]:
+        """The names of a step's raw and padded counts along this axis (None: unsliced)."""
+        return _COUNTS[self]
+
+    @property
+    def sliced(self) -> bool:
+        return self is not Axis.NONE
+
+    def select(self, bs: int, num_tokens: int) -> Optional[int]:
+        """The rows of the sliced dimension a step of ``bs`` requests, ``num_tokens``
+        tokens uses (None: the whole buffer)."""
+        return bs if self is Axis.BS else num_tokens if self is Axis.TOKENS else None
+
+
+_CAPACITY = {Axis.BS: "max_bs", Axis.TOKENS: "max_num_tokens", Axis.NONE: None}
+_COUNTS = {Axis.BS: ("raw_bs", "padded_bs"), Axis.TOKENS: ("raw_num_tokens", "padded_num_tokens"), Axis.NONE: None}
+#: The capacities a shape may name: ``("max_bs", "max_num_tokens")``.
+CAPACITY_NAMES: Tuple[str, ...] = tuple(c for c in _CAPACITY.values() if c is not None)
+
+
+class Padding(_StrEnum):
+    """How the padded tail ``[raw:padded]`` of a sliced slot is made safe."""
+
+    ZERO = "zero"
+    FILL_SENTINEL = "fill_sentinel"
+    KEEP_PAD = "keep_pad"
+    FOREACH_COPY = "foreach_copy"
+    FILL_ONCE = "fill_once"
+
+    @property
+    def resets_tail(self) -> bool:
+        """Every fill writes the tail (zeros or the pad value)."""
+        return self in (Padding.ZERO, Padding.FILL_SENTINEL)
+
+    @property
+    def needs_pad_value(self) -> bool:
+        """Takes a ``pad_value``, written at allocation (and by fill_sentinel each fill)."""
+        return self in (Padding.FILL_SENTINEL, Padding.FILL_ONCE)
+
+    @classmethod
+    def of(cls, declared: Optional[str]) -> "Padding":
+        """A declared policy, or the default (keep_pad) when none is declared."""
+        return cls.KEEP_PAD if declared is None else cls(declared)
+
+
+class SlotKind:
+    """What kind of slot this is, from the fields a declared slot (``SlotSpec``) and a
+    resolved one (``ResolvedSlot``) both have: ``name``, ``post_fill``, ``copy_from_fb``."""
+
+    __slots__ = ()
+
+    @property
+    def structured(self) -> bool:
+        """A dotted name (``spec_info.ids``): read through a ``source`` hook, never set on a view."""
+        return "." in self.name  # type: ignore[attr-defined]
+
+    @property
+    def computed(self) -> bool:
+        """Written by a hook or reset only, not copied from the batch field."""
+        return self.post_fill is not None or not self.copy_from_fb  # type: ignore[attr-defined]
+
+    is_structured = structured  # the spelling SlotSpec had
+    is_computed = computed

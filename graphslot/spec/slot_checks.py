@@ -1,0 +1,203 @@
+"""The checks of one slot: name, dtype, shape, padding, pad value, enabled_if, hooks."""
+
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+from .dtypes import DTYPES, parse_dtype, value_fits_dtype
+from .errors import ExprError, did_you_mean, shorten
+from .expr import Expr, python_type_name
+from .hooks import HOOK_SIGNATURES, HookError, check_reference, is_import_reference
+from .kinds import CAPACITY_NAMES, Axis, Padding
+from .model import SlotSpec
+from .names import DOTTED, IMPORT_REFERENCE, is_identifier
+from .param_checks import Reporter, check_expr, check_no_live
+from .resolve import evaluate_field, slot_dtype
+
+# Most dimensions a slot's shape may have.
+MAX_RANK = 16
+# Attributes extract sets besides the slots' own.
+RESERVED_SLOT_NAMES = ("batch_size",)
+
+
+class SlotChecker:
+    def __init__(self, slot: SlotSpec, path, params, types, default_values, report: Reporter,
+                 import_hooks: bool = False):
+        self.slot, self.path, self.params, self.report = slot, path, params, report
+        self.import_hooks = import_hooks
+        self.shown_name = shorten(slot.name, quote=False)
+        self.types, self.default_values = types, default_values
+        self.runtime = {n for n, p in params.items() if p.runtime}
+        self.live = {n for n, p in params.items() if p.live}
+
+    def add(self, key: Optional[str], message: str) -> None:
+        path = self.path if key is None else self.path + (key,)
+        self.report.add(path, message, self.shown_name)
+
+    def run(self) -> None:
+        for check in (self.name, self.dtype, self.shape, self.padding, self.pad_value,
+                      self.enabled_if, self.hooks):
+            check()
+
+    def structural_types(self) -> Dict[str, str]:
+        """Names a shape, dtype or enabled_if may use: runtime and live params are not baked."""
+        return {k: v for k, v in self.types.items() if k not in self.runtime and k not in self.live}
+
+    def name(self) -> None:
+        slot = self.slot
+        parts = slot.name.split(".")
+        if not all(is_identifier(part) for part in parts):
+            self.add("name", "slot names are identifiers, or dotted identifiers for structured slots")
+        elif slot.name in RESERVED_SLOT_NAMES:
+            self.add("name", f"slot name '{slot.name}' is reserved: extract sets it on the view to the padded "
+                             "batch size")
+        elif any(part.startswith("__") for part in parts):
+            self.add("name", "slot names may not start with '__': extract sets the slot's attribute on the "
+                             "view, and '__class__' or '__dict__' would replace the view's type or storage "
+                             "(and generated code keeps '__' names for itself)")
+        if slot.is_structured and slot.source is None:
+            self.add("name", "a dotted (structured) slot needs a 'source' hook to read its value, "
+                             "e.g. source: dotted_field")
+
+    def dtype(self) -> None:
+        dtype = self.slot.dtype
+        if dtype in self.params:
+            if self.params[dtype].type != "dtype":
+                self.add("dtype", f"param '{dtype}' is {self.params[dtype].type}, not a dtype")
+        elif parse_dtype(dtype) is None:
+            dtype_params = [n for n, p in self.params.items() if p.type == "dtype"]
+            self.add("dtype", f"unknown dtype '{shorten(dtype, quote=False)}': use a torch dtype name (int64, int32, bool, "
+                              f"float32, bfloat16, …) or a dtype param" + did_you_mean(dtype, list(DTYPES) + dtype_params))
+
+    def uses_runtime(self, text: str, key: str, what: str) -> bool:
+        """Report (and say whether) an expression that must be baked names a runtime or
+        a live param."""
+        if check_no_live(text, self.params, self.path + (key,), self.report, what, self.shown_name):
+            return True
+        try:
+            used = sorted(Expr.parse(text).names & self.runtime)
+        except ExprError:
+            return False  # check_expr reports the syntax
+        if used:
+            self.add(key, f"{what} uses runtime param '{used[0]}': runtime params are passed at fill time, "
+                          "so only pad values may use them")
+        return bool(used)
+
+    def shape(self) -> None:
+        slot = self.slot
+        types = dict(self.structural_types(), **{n: "int" for n in CAPACITY_NAMES})
+        if len(slot.shape) > MAX_RANK:
+            self.add("shape", f"shape has {len(slot.shape)} dimensions; at most {MAX_RANK} are allowed")
+            return
+        for d, extent in enumerate(slot.shape):
+            where = ("shape",)
+            if isinstance(extent, str):
+                if self.uses_runtime(extent, "shape", f"shape[{d}]"):
+                    continue
+                expr = check_expr(extent, types, ("int",), self.path + where, self.report,
+                                   f"shape[{d}]", slot.name)
+                if expr is None or expr.names & set(CAPACITY_NAMES):
+                    continue
+                for values in self.default_values:
+                    try:
+                        n = expr.evaluate(values)
+                    except ExprError as exc:
+                        self.add("shape", f"shape[{d}]: {exc}")
+                        break
+                    if n < 1:
+                        self.add("shape", f"shape[{d}] = '{extent}' evaluates to {n}; extents must be positive")
+                        break
+            elif extent < 1:
+                self.add("shape", f"shape[{d}] is {extent}; extents must be positive")
+        if not slot.shape:  # 0-d: a scalar buffer, the view is the buffer
+            if Axis(slot.axis).sliced:
+                self.add("shape", f"a 0-d slot (shape: []) has no dimension to slice: use axis 'none', not "
+                                  f"'{slot.axis}'")
+            elif slot.slice_dim != 0:
+                self.add("slice_dim", "a 0-d slot (shape: []) has no dimension to slice; remove slice_dim")
+        elif not 0 <= slot.slice_dim < len(slot.shape):
+            self.add("slice_dim", f"slice_dim {slot.slice_dim} is beyond the shape {list(slot.shape)} "
+                                  f"(it has {len(slot.shape)} dimension(s))")
+        elif Axis(slot.axis).sliced:
+            capacity = Axis(slot.axis).capacity
+            extent = slot.shape[slot.slice_dim]
+            if not (isinstance(extent, str) and extent.strip() == capacity):
+                self.add("shape", f"axis '{slot.axis}' slices dimension {slot.slice_dim}, so that extent "
+                                  f"must be '{capacity}' (the buffer's capacity), got {shorten(extent)}")
+
+    def padding(self) -> None:
+        slot, padding = self.slot, Padding.of(self.slot.padding)
+        if not Axis(slot.axis).sliced:
+            if padding.resets_tail:
+                self.add("padding", f"axis 'none' is never sliced, so padding '{slot.padding}' would never "
+                                    "reset anything; use keep_pad, or fill_once to initialise the buffer")
+        elif slot.padding is None:
+            self.add(None, f"missing 'padding': a '{slot.axis}'-axis slot must say how its padded tail is "
+                           f"made safe (one of {', '.join(Padding.values())})")
+        if slot.index and padding is not Padding.ZERO:
+            self.add("index", f"index slots must use padding 'zero' (got '{padding}'): "
+                              "a stale or sentinel tail would index out of the pool")
+
+    def pad_value(self) -> None:
+        slot, padding = self.slot, Padding.of(self.slot.padding)
+        needs = padding.needs_pad_value
+        if needs and slot.pad_value is None:
+            self.add(None, f"padding '{slot.padding}' needs a 'pad_value'")
+        elif not needs and slot.pad_value is not None:
+            self.add("pad_value", f"pad_value is only used by fill_sentinel and fill_once, not "
+                                  f"'{padding}'; remove it or change the padding")
+        if slot.pad_value is None or not needs:
+            return
+        if isinstance(slot.pad_value, str):
+            if check_no_live(slot.pad_value, self.params, self.path + ("pad_value",), self.report, "pad_value",
+                             self.shown_name):
+                return
+            if check_expr(slot.pad_value, self.types, ("int", "float", "bool"), self.path + ("pad_value",),
+                           self.report, "pad_value", slot.name) is None:
+                return
+        for values in self.default_values:
+            dtype = slot_dtype(slot, values)
+            if dtype is None:
+                return
+            try:
+                value = evaluate_field(slot.pad_value, values)
+            except ExprError as exc:
+                self.add("pad_value", f"pad_value: {exc}")
+                return
+            if not value_fits_dtype(value, dtype):
+                self.add("pad_value", f"pad_value {shorten(value)} ({python_type_name(value)}) does not fit dtype "
+                                      f"{dtype}")
+                return
+
+    def enabled_if(self) -> None:
+        cond = self.slot.enabled_if
+        if isinstance(cond, str) and not self.uses_runtime(cond, "enabled_if", "enabled_if"):
+            check_expr(cond, self.structural_types(), ("bool",), self.path + ("enabled_if",), self.report,
+                        "enabled_if", self.slot.name)
+
+    def hooks(self) -> None:
+        slot = self.slot
+        for kind in HOOK_SIGNATURES:
+            ref = getattr(slot, kind)
+            if ref is None:
+                continue
+            if is_import_reference(ref):
+                if not IMPORT_REFERENCE.fullmatch(ref):
+                    self.add(kind, f"malformed hook reference {shorten(ref)}: write 'package.module:function' "
+                                   "(a dotted module path of identifiers, ':', a function name)")
+                    continue
+                if not self.import_hooks:
+                    continue  # the CLI says it was not checked; build_registry imports it
+            elif not DOTTED.fullmatch(ref):
+                self.add(kind, f"hook name {shorten(ref)} is not an identifier (dots allowed): name a built-in "
+                               "hook or a build_registry(hooks=...) key, or write 'package.module:function'")
+                continue
+            try:
+                check_reference(ref, kind)
+            except HookError as exc:
+                self.add(kind, str(exc))
+            except (Exception, SystemExit) as exc:  # user code ran: anything can come out of it
+                self.add(kind, f"importing hook '{ref}' failed: {type(exc).__name__}: "
+                               f"{shorten(str(exc), 200, quote=False)}")
+        if slot.source is not None and not slot.copy_from_fb:
+            self.add("source", "a source hook only feeds the copy, and copy_from_fb is false; remove one")
