@@ -33,7 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import sglang_loader  # noqa: E402
 
-from graphslot.cli.bench import time_per_call  # noqa: E402
+from graphslot.cli.fill_bench import time_per_call  # noqa: E402
 import graphslot.integrations.sglang as dropin  # noqa: E402
 
 TARGET_RATIO = 4.0

@@ -363,6 +363,8 @@ def random_batch(rng, g, names, raw_bs, raw_n) -> MiniBatch:
         if rng.random() < 0.8:
             value = torch.randint(-50, 50, shape, generator=g)
             setattr(fb, name, value > 0 if name == "mask" else value.float() if name == "rows" else value)
+    if rng.random() < 0.2:  # a field that is not a tensor: skipped, its view exposed, by both
+        setattr(fb, rng.choice(sorted(shapes)), [1, 2])
     if rng.random() < 0.7:
         fb.nested = SimpleNamespace(values=torch.randint(0, 9, (rng.randint(0, raw_bs),), generator=g,
                                                          dtype=torch.int32))

@@ -323,15 +323,19 @@ def test_difference_a_source_of_the_wrong_length_raises_instead_of_broadcasting(
     assert ours.get_slot("seq_lens").buffer.tolist() == [0, 0, 0, 0]  # nothing written
 
 
-def test_difference_a_non_tensor_field_raises_instead_of_being_skipped():
+def test_a_non_tensor_field_is_skipped_and_its_view_exposed_like_sglang():
     theirs, ours = registries()
     for reg, slot in zip((theirs, ours), slot_pair(name="input_ids", shape_fn=lambda bs, mt: (mt,),
                                                      dtype=torch.int64)):
         reg.register_slot(slot)
+        slot.buffer.fill_(4)
     fb = Batch(input_ids=[1, 2, 3])
-    fill(theirs, fb, 3, 3, 3, 3)
-    with pytest.raises(gs.SlotError, match="slot 'input_ids'"):
-        fill(ours, fb, 3, 3, 3, 3)
+    views = []
+    for reg in (theirs, ours):
+        fill(reg, fb, 3, 3, 3, 3)
+        views.append(reg.extract_buffer(padded_bs=3, padded_num_tokens=3, forward_batch_template=fb))
+    assert [v.input_ids.tolist() for v in views] == [[4, 4, 4]] * 2  # not copied; the buffer's view exposed
+    assert views[1].input_ids.data_ptr() == ours.get_slot("input_ids").buffer.data_ptr()
 
 
 def test_difference_fill_sentinel_without_pad_value_fails_at_registration():

@@ -16,12 +16,11 @@ process) calls :func:`load_plugin`, which installs.
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 import threading
 from typing import Any, Dict, Tuple
 
-from ...registry.stepcheck import parse_bool_env
+from ...env import SGLANG
 
 REGISTRY_MODULE = "sglang.srt.model_executor.cuda_graph_buffer_registry"
 RUNNERS = "sglang.srt.model_executor.runner."
@@ -37,7 +36,6 @@ PATCH_TABLE: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     (RUNNERS + "prefill_cuda_graph_runner", ("CudaGraphBufferRegistry", "build_prefill_registry")),
     (RUNNERS + "eager_runner", ("build_eager_registry",)),
 )
-ENV = "GRAPHSLOT_SGLANG"
 
 _LOCK = threading.Lock()
 _ORIGINALS: Dict[str, Any] = {}  # name -> sglang's object, while installed
@@ -96,5 +94,5 @@ def installed() -> bool:
 def load_plugin() -> None:
     """sglang's general-plugin entry point: :func:`install` when ``GRAPHSLOT_SGLANG``
     is on (``1/true/yes/on``); installing graphslot alone never switches sglang."""
-    if parse_bool_env(ENV, os.environ.get(ENV, "")):
+    if SGLANG.enabled():
         install()
