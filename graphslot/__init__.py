@@ -14,7 +14,8 @@ from ._version import __version__
 from .spec.dtypes import import_torch
 from .spec.errors import SlotError, SpecError, SpecIssue
 from .spec.hooks import BUILTIN_HOOKS, CaptureContext, FillContext
-from .spec.loading import load_spec, parse_spec, shipped_spec_names
+from .spec.live import Live
+from .spec.loading import load_spec, parse_spec, shipped_spec_names, spec_from_dict
 from .spec.model import RegistrySpec, SlotSpec
 from .spec.resolve import resolve_params
 
@@ -23,6 +24,7 @@ from .spec.resolve import resolve_params
 _LAZY = {
     "build_registry": ".api",
     "BufferPool": ".registry.pool",
+    "SharePool": ".registry.pool",
     "Slot": ".registry.base",
     "SlotRegistry": ".registry.base",
     "InterpretedRegistry": ".registry.interpreter",
@@ -44,7 +46,8 @@ def __dir__():
 
 
 __all__ = [
-    "__version__", "build_registry", "load_spec", "parse_spec", "shipped_spec_names", "RegistrySpec",
+    "__version__", "build_registry", "load_spec", "parse_spec", "spec_from_dict", "shipped_spec_names",
+    "RegistrySpec", "Live",
     "SlotSpec", "SpecError", "SpecIssue", "SlotError", "FillContext", "CaptureContext", "BUILTIN_HOOKS",
-    "BufferPool", "Slot", "SlotRegistry", "InterpretedRegistry", "resolve_params",
+    "BufferPool", "SharePool", "Slot", "SlotRegistry", "InterpretedRegistry", "resolve_params",
 ]

@@ -13,7 +13,8 @@ from .spec.errors import SpecError, SpecIssue
 from .spec.hooks import BUILTIN_HOOKS, HOOK_SIGNATURES, HookError, bind_hook
 from .spec.loading import load_spec
 from .spec.model import RegistrySpec
-from .registry.pool import GLOBAL_POOL, BufferPool
+from .registry.buffers import check_given_buffers
+from .registry.pool import GLOBAL_POOL, SharePool
 from .registry.base import SlotRegistry
 from .registry.interpreter import InterpretedRegistry
 from .spec.resolve import resolve_params, resolve_slots
@@ -59,7 +60,7 @@ def build_registry(
     device: Union[str, torch.device] = "cpu",
     params: Optional[Mapping[str, Any]] = None,
     mode: Any = "generated",
-    share_pool: Union[bool, BufferPool] = False,
+    share_pool: Union[bool, SharePool] = False,
     source: Any = None,
     hooks: Optional[Mapping[str, Callable]] = None,
     strict: bool = False,
@@ -67,6 +68,8 @@ def build_registry(
     max_bytes: Optional[int] = None,
     *,
     adopt: Any = None,
+    buffers: Optional[Mapping[str, Any]] = None,
+    context: Optional[Callable[..., Any]] = None,
 ) -> SlotRegistry:
     """Allocate a registry's buffers and bind its ``fill_from`` / ``extract``.
 
@@ -79,10 +82,16 @@ def build_registry(
     compiled in process, the default), ``"interpreted"`` (the reference semantics), or
     a checked-in generated module. ``adopt`` is an object (attributes, mapping keys or
     dotted paths by slot name) whose tensors become the slots' buffers instead of new
-    ones, each checked for shape and dtype; ``source=`` is its older spelling, kept
-    working (give one of them). ``max_bytes`` caps the bytes of the enabled slots'
-    buffers, checked before any is allocated (default: ``GRAPHSLOT_MAX_BUFFER_BYTES``,
-    else 4 GiB; :mod:`graphslot.spec.budget`).
+    ones, each checked for shape and dtype (``adopt: never`` slots are left out);
+    ``source=`` is its older spelling, kept working (give one of them). ``max_bytes``
+    caps the bytes of the enabled slots' buffers, checked before any is allocated
+    (default: ``GRAPHSLOT_MAX_BUFFER_BYTES``, else 4 GiB; :mod:`graphslot.spec.budget`).
+    ``share_pool``: ``True`` (graphslot's process-wide :class:`BufferPool`) or any
+    object with its ``share`` method (:class:`SharePool`). ``buffers``: bind to these
+    tensors (one per enabled slot, shape, dtype and device checked) instead of
+    allocating. ``context``: makes each fill's hook context, called as
+    ``context(raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, params,
+    side_inputs)`` (default :class:`FillContext`).
     """
     if source is not None:
         if adopt is not None:
@@ -107,8 +116,16 @@ def build_registry(
                        f"max_bs={max_bs}, max_num_tokens={max_num_tokens}", max_bytes)
     bound = bind_slot_hooks(spec, slots, resolved_params, hooks or {})
     pool = GLOBAL_POOL if share_pool is True else (share_pool or None)
+    if pool is not None and not callable(getattr(pool, "share", None)):
+        raise TypeError(f"build_registry: share_pool= takes True, False or a pool with a share(name, tensor, "
+                        f"init_value) -> (tensor, fresh) method (graphslot.SharePool), got {type(pool).__name__}")
+    if buffers is not None:
+        if pool is not None or adopt is not None:
+            raise ValueError("build_registry: buffers= binds existing tensors; it cannot be combined with "
+                             "share_pool= or adopt=")
+        buffers = check_given_buffers(spec.name, slots, buffers, torch.device(device))
     kwargs = dict(max_bs=max_bs, max_num_tokens=max_num_tokens, device=torch.device(device), pool=pool,
-                  strict=strict or strict_from_env())
+                  strict=strict or strict_from_env(), buffers=buffers, context=context)
     if mode == "interpreted":
         return InterpretedRegistry(spec, slots, bound, resolved_params, adopt=adopt, **kwargs)
     from .codegen.inprocess import build_generated_registry

@@ -104,7 +104,12 @@ MAX_KV_BYTES = Variable(
     "the cap on a `PagedCache`'s KV pool bytes where `max_bytes=` is not given; checked before anything "
     "is allocated")
 
-VARIABLES: Tuple[Variable, ...] = (STRICT, DEBUG, EAGER_INPUT_NO_COPY, MAX_BUFFER_BYTES, MAX_KV_BYTES)
+SGLANG = Variable(
+    "GRAPHSLOT_SGLANG", "bool", "off",
+    "graphslot's sglang plugin, which sglang runs in each of its processes, switches sglang's runners to "
+    "`graphslot.integrations.sglang` (`install()`; docs/sglang.md)")
+
+VARIABLES: Tuple[Variable, ...] = (STRICT, DEBUG, EAGER_INPUT_NO_COPY, MAX_BUFFER_BYTES, MAX_KV_BYTES, SGLANG)
 BY_NAME: Dict[str, Variable] = {v.name: v for v in VARIABLES}
 
 

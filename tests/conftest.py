@@ -17,6 +17,7 @@ import torch
 from hypothesis import settings
 
 import graphslot as gs
+from graphslot.spec.loading import shipped_spec_path
 
 TESTS_DIR = Path(__file__).resolve().parent
 # Specs in the tests name hooks as 'hooks_for_tests:fn'. Make that module importable
@@ -125,6 +126,9 @@ LORA_IDS_SLOT = """\
     padding: zero
     index: true
 """
+# How many slots the shipped specs hold (a project's decode adds LORA_IDS_SLOT to it).
+DECODE_SLOTS = len(gs.load_spec(shipped_spec_path("decode")).slots)
+PREFILL_SLOTS = len(gs.load_spec(shipped_spec_path("prefill")).slots)
 
 
 def cli(capsys, *argv):

@@ -77,13 +77,13 @@ def test_validate_shipped_specs(capsys, tmp_path, monkeypatch):
     assert status == 0
     lines = out.splitlines()
     assert len(lines) == len(shipped_spec_names())
-    assert re.fullmatch(r"ok  .*decode\.yaml \(14 slots\)", lines[0])
-    assert re.fullmatch(r"ok  .*prefill\.yaml \(10 slots\)", lines[1])
+    assert re.fullmatch(r"ok  .*decode\.yaml \(15 slots\)", lines[0])
+    assert re.fullmatch(r"ok  .*prefill\.yaml \(11 slots\)", lines[1])
 
 
 def test_validate_by_name(capsys):
     status, out, _ = run(capsys, "validate", "decode")
-    assert status == 0 and out.startswith("ok  ") and "(14 slots)" in out
+    assert status == 0 and out.startswith("ok  ") and "(15 slots)" in out
 
 
 def test_validate_bad_file(capsys, tmp_path, monkeypatch):
@@ -97,7 +97,7 @@ def test_validate_bad_file(capsys, tmp_path, monkeypatch):
         "a stale or sentinel tail would index out of the pool",
         "bad.yaml:17: slot 'lora_ids': 'batch' is not a valid axis (one of: bs, tokens, none)",
     ]
-    assert lines[2].startswith("ok  ") and lines[2].endswith("decode.yaml (14 slots)")
+    assert lines[2].startswith("ok  ") and lines[2].endswith("decode.yaml (15 slots)")
     assert "2 error(s) in 1 of 2 spec file(s)" in err
 
 
@@ -124,7 +124,7 @@ def test_validate_project_specs(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     status, out, _ = run(capsys, "validate")
     assert status == 1
-    assert "ok  specs/mine.yaml (10 slots)" in out.splitlines()
+    assert "ok  specs/mine.yaml (11 slots)" in out.splitlines()
     assert "specs/bad.yaml:17: slot 'lora_ids': 'batch' is not a valid axis (one of: bs, tokens, none)" in out
     assert ("specs/gone.yaml: no such spec file (listed in pyproject.toml [tool.graphslot] specs)"
             in out.splitlines())
@@ -132,15 +132,15 @@ def test_validate_project_specs(capsys, tmp_path, monkeypatch):
     status, out, _ = run(capsys, "validate", "--shipped")
     assert status == 1
     oks = [line for line in out.splitlines() if line.startswith("ok  ")]
-    assert len(oks) == 3 and oks[0].endswith("decode.yaml (14 slots)") and oks[1].endswith("prefill.yaml (10 slots)")
+    assert len(oks) == 3 and oks[0].endswith("decode.yaml (15 slots)") and oks[1].endswith("prefill.yaml (11 slots)")
     status, out, _ = run(capsys, "validate", "--shipped", "specs/mine.yaml")
-    assert status == 0 and len(out.splitlines()) == 3 and out.splitlines()[-1] == "ok  specs/mine.yaml (10 slots)"
+    assert status == 0 and len(out.splitlines()) == 3 and out.splitlines()[-1] == "ok  specs/mine.yaml (11 slots)"
 
 
 def test_validate_in_graphslots_own_repository_lists_the_shipped_specs(capsys, monkeypatch):
     monkeypatch.chdir(SHIPPED_DIR.parent.parent)  # its pyproject.toml lists them under [tool.graphslot] specs
-    assert run(capsys, "validate") == (0, "ok  graphslot/slot_specs/decode.yaml (14 slots)\n"
-                                          "ok  graphslot/slot_specs/prefill.yaml (10 slots)\n", "")
+    assert run(capsys, "validate") == (0, "ok  graphslot/slot_specs/decode.yaml (15 slots)\n"
+                                          "ok  graphslot/slot_specs/prefill.yaml (11 slots)\n", "")
 
 
 def test_validate_project_specs_from_subdirectory(capsys, tmp_path, monkeypatch):
@@ -149,7 +149,7 @@ def test_validate_project_specs_from_subdirectory(capsys, tmp_path, monkeypatch)
     (tmp_path / "sub").mkdir()
     monkeypatch.chdir(tmp_path / "sub")
     status, out, _ = run(capsys, "validate")
-    assert status == 0 and out.splitlines()[-1].endswith("mine.yaml (14 slots)")
+    assert status == 0 and out.splitlines()[-1].endswith("mine.yaml (15 slots)")
 
 
 def test_validate_malformed_pyproject(capsys, tmp_path, monkeypatch):
@@ -182,7 +182,7 @@ def test_show_decode_defaults(capsys):
     assert table_row(out, "global_num_tokens_gpu")[1] == "[1]"
     # 6 slots of 256 int64 + mrope [3, 256] int64 + two [1] int32
     total = 6 * 2048 + 3 * 2048 + 2 * 4
-    assert f"total: {total} bytes (18.0 KiB) in 9 of 14 slots enabled" in out
+    assert f"total: {total} bytes (18.0 KiB) in 9 of 15 slots enabled" in out
 
 
 def test_show_with_params(capsys):
@@ -274,9 +274,9 @@ def test_show_json_holds_what_the_table_shows(capsys):
             slot["name"], str(slot["shape"]), slot["dtype"], axis, padding,
             "cpu (host)" if slot["host"] else slot["device"],
             "-" if slot["bytes"] is None else str(slot["bytes"]), "yes" if slot["enabled"] else "no"]
-    assert len(shown["slots"]) == 14
+    assert len(shown["slots"]) == 15
     assert (f"total: {shown['total_bytes']} bytes ({human_bytes(shown['total_bytes'])}) in "
-            f"{shown['enabled_slots']} of 14 slots enabled" in table)
+            f"{shown['enabled_slots']} of 15 slots enabled" in table)
 
 
 def test_show_json_keeps_notes_off_stdout(capsys, tmp_path, monkeypatch):

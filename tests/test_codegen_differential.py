@@ -97,6 +97,7 @@ class Step:
     rows: Dict[str, int]      # slot name -> rows a source returns (taken modulo extent + 1)
     bias: int                 # side_inputs["bias"], seen by the post_fill hook
     plain_class: bool         # a plain class or a SimpleNamespace batch
+    skip: frozenset = frozenset()  # slots this fill leaves alone (fill_from_skipping)
 
 
 @dataclass
@@ -109,6 +110,7 @@ class Case:
     max_num_tokens: int
     strict: bool = False
     steps: List[Step] = field(default_factory=list)
+    own_context: bool = False  # build_registry(context=OwnContext.make): an engine's own context type
 
 
 def _pad_value(draw, dtype: str, runtime: List[str]):
@@ -140,8 +142,8 @@ def slot_plans(draw, name: str, runtime: List[str]) -> SlotPlan:
     doc: Dict[str, Any] = {"name": name}
 
     if axis == "none":
-        shape = [_extent(draw) for _ in range(draw(st.integers(1, 2)))]
-        slice_dim = draw(st.integers(0, len(shape) - 1))
+        shape = [_extent(draw) for _ in range(draw(st.integers(0, 2)))]  # [] : a 0-d slot
+        slice_dim = draw(st.integers(0, max(len(shape) - 1, 0)))
         padding = draw(st.sampled_from([None, "keep_pad", "foreach_copy", "fill_once"]))
     else:
         capacity = "max_bs" if axis == "bs" else "max_num_tokens"
@@ -197,10 +199,13 @@ def cases(draw) -> Case:
         "flag": {"type": "bool", "default": draw(st.booleans())},
         "width": {"type": "int", "default": 2},
         "dt": {"type": "dtype", "default": "int32"},
+        "lv": {"type": "int", "default": 3, "live": True},  # read by the stamp hook
     }
     for name in runtime:
         params_doc[name] = {"type": "int", "default": draw(st.integers(0, 60)), "runtime": True}
     doc = {"name": "random", "params": params_doc, "slots": [s.doc for s in slots]}
+    if draw(st.integers(0, 2)) == 0:
+        doc["absent_fields"] = "skip"
     text = yaml.safe_dump(doc, sort_keys=False)
 
     params: Dict[str, Any] = {}
@@ -213,10 +218,14 @@ def cases(draw) -> Case:
     for name in runtime:
         if draw(st.booleans()):
             params[name] = draw(st.integers(0, 60))
+    lv = draw(st.sampled_from([None, 5, "provider"]))
+    if lv is not None:
+        params["lv"] = live_provider if lv == "provider" else lv
 
     max_bs = draw(st.integers(1, 16))
     max_num_tokens = draw(st.integers(1, 32))
-    case = Case(text, slots, params, runtime, max_bs, max_num_tokens, strict=draw(st.integers(0, 3)) == 0)
+    case = Case(text, slots, params, runtime, max_bs, max_num_tokens, strict=draw(st.integers(0, 3)) == 0,
+                own_context=draw(st.integers(0, 3)) == 0)
     for i in range(draw(st.integers(1, 4))):
         if i and draw(st.integers(0, 3)) == 0:  # the same sizes again: cached plans and views
             last = case.steps[-1]
@@ -238,6 +247,8 @@ def cases(draw) -> Case:
             rows={s.name: draw(st.integers(0, 64)) for s in slots},
             bias=draw(st.integers(0, 9)),
             plain_class=draw(st.booleans()),
+            skip=frozenset(draw(st.lists(st.sampled_from(names), max_size=2))) if draw(st.integers(0, 3)) == 0
+            else frozenset(),
         ))
     return case
 
@@ -258,6 +269,27 @@ def stamp(buffer, fb, ctx):
     runtime = sum(v for v in ctx.params.values() if type(v) is int)
     flat[0] = ctx.raw_bs + ctx.padded_num_tokens + ctx.side_inputs["bias"]
     flat[-1] = (ctx.raw_num_tokens * 3 + ctx.padded_bs + runtime) % 97
+
+
+@dataclass
+class OwnContext:
+    """An engine's fill context: mutable, its own field order (sglang's FillContext)."""
+
+    padded_num_tokens: int
+    raw_num_tokens: int
+    padded_bs: int
+    raw_bs: int
+    side_inputs: Any = None
+    params: Any = None
+
+    @classmethod
+    def make(cls, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, params, side_inputs):
+        return cls(padded_num_tokens, raw_num_tokens, padded_bs, raw_bs, side_inputs, params)
+
+
+def live_provider(ctx):
+    """The live param ``lv``: evaluated when the stamp hook reads it, from the step."""
+    return ctx.raw_bs * 5 + ctx.padded_num_tokens
 
 
 def _feed_hook(name: str):
@@ -326,8 +358,9 @@ def make_batch(reg: gs.SlotRegistry, step: Step) -> Any:
         device = slot.buffer.device if slot.buffer is not None else "cpu"
         dtype = CAST_TO[spec.dtype] if presence == "cast" else spec.dtype
         if spec.source is not None:
-            extent = full[spec.slice_dim]
-            full[spec.slice_dim] = step.rows.get(spec.name, extent) % (extent + 1)
+            if full:  # a 0-d slot's source is 0-d
+                extent = full[spec.slice_dim]
+                full[spec.slice_dim] = step.rows.get(spec.name, extent) % (extent + 1)
             if presence == "absent":
                 continue
             if presence == "none":
@@ -350,7 +383,14 @@ def make_batch(reg: gs.SlotRegistry, step: Step) -> Any:
         if count is not None:
             full[spec.slice_dim] = max(count, 0)  # an impossible size is rejected before the batch is read
         value = random_tensor(full, dtype, g, device=device)
-        capacity = full[spec.slice_dim] if count is None else slot.spec.shape[spec.slice_dim]
+        if not full:  # a 0-d slot: its value is 0-d, its own head the whole buffer
+            if presence == "one_row":
+                value = random_tensor([1], dtype, g, device=device)
+            elif presence.startswith("own_") and slot.buffer is not None:
+                value = slot.buffer
+            presence = presence if presence in ("none", "other", "absent") else "tensor"
+        capacity = full[spec.slice_dim] if count is None and full else None if count is None else (
+            slot.spec.shape[spec.slice_dim])
         if presence == "none":
             value = None
         elif presence == "other":
@@ -462,7 +502,7 @@ def assert_design_contract(interp, fb, view, step: Step) -> None:
         spec = slot.spec
         if spec.structured:
             continue
-        if spec.plain_copy and getattr(fb, spec.name, None) is None:
+        if spec.optional and spec.plain_copy and getattr(fb, spec.name, None) is None:
             assert getattr(view, spec.name, "absent") is getattr(fb, spec.name, "absent")
         else:
             exposed = getattr(view, spec.name)
@@ -533,8 +573,8 @@ def run_steps(interp, gen, steps: List[Step], first_poison: bool = True) -> None
         before = snapshot(fbi)
         sizes = (step.raw_bs, step.padded_bs, step.raw_num_tokens, step.padded_num_tokens)
         side = {"bias": step.bias}
-        _, ei = outcome(interp.fill_from, fbi, *sizes, side_inputs=side)
-        _, eg = outcome(gen.fill_from, fbg, *sizes, side_inputs=side)
+        _, ei = outcome(interp.fill_from_skipping(step.skip), fbi, *sizes, side_inputs=side)
+        _, eg = outcome(gen.fill_from_skipping(step.skip), fbg, *sizes, side_inputs=side)
         assert_same_error(ei, eg, f"fill {i} {sizes}")
         if ei is not None:
             ERRORS_SEEN.append(f"{type(ei).__name__}: {ei}")
@@ -545,7 +585,7 @@ def run_steps(interp, gen, steps: List[Step], first_poison: bool = True) -> None
             continue
         views = {name for name, presence in step.presence.items() if presence.startswith("own_")}
         assert_same_snapshot(before, snapshot(fbi), views=views)
-        assert_heads_and_tails(interp, fbi, step, views)
+        assert_heads_and_tails(interp, fbi, step, views | step.skip)
 
         (vi, ei), (vg, eg) = (outcome(reg.extract, fb, step.padded_bs, step.padded_num_tokens)
                               for reg, fb in ((interp, fbi), (gen, fbg)))
@@ -568,8 +608,9 @@ def run_steps(interp, gen, steps: List[Step], first_poison: bool = True) -> None
 def test_generated_code_equals_the_interpreter_on_random_specs(case: Case):
     spec = gs.parse_spec(case.text, source="random.yaml")
     hooks = user_hooks(s.name for s in case.slots)
+    context = {"context": OwnContext.make} if case.own_context else {}
     interp, gen = build_pair(spec, case.max_bs, case.max_num_tokens, strict=case.strict, params=case.params,
-                             hooks=hooks)
+                             hooks=hooks, **context)
     run_steps(interp, gen, case.steps)
 
 
@@ -616,13 +657,19 @@ def test_the_strategy_makes_valid_specs_that_cover_every_feature():
             seen.add(("enabled_if", isinstance(slot.enabled_if, str)))
             seen.add(("runtime_pad", isinstance(slot.pad_value, str)
                       and any(n in slot.pad_value for n in case.runtime)))
+            seen.add(("zero_d", not slot.shape))
+        seen.add(("absent_skip", spec.absent_fields == "skip"))
+        seen.add(("live_provider", callable(case.params.get("lv"))))
+        seen.add(("skip_set", any(step.skip for step in case.steps)))
+        seen.add(("own_context", case.own_context))
 
     collect()
     wanted = ({("padding", p) for p in ("zero", "fill_sentinel", "keep_pad", "foreach_copy", "fill_once")}
               | {("axis", a) for a in ("bs", "tokens", "none")}
               | {("dtype", d) for d in DTYPES}
               | {(k, True) for k in ("slice_dim", "trailing", "host", "optional", "computed", "post_fill",
-                                     "user_source", "index", "enabled_if", "runtime_pad")}
+                                     "user_source", "index", "enabled_if", "runtime_pad", "zero_d",
+                                     "absent_skip", "live_provider", "skip_set", "own_context")}
               | {("source", True, True), ("source", True, False)})
     assert wanted <= seen, sorted(wanted - seen, key=str)
 
@@ -630,20 +677,24 @@ def test_the_strategy_makes_valid_specs_that_cover_every_feature():
 def test_the_property_reaches_every_error_of_the_contract():
     """The error half of the property is exercised, not just allowed: across a sample,
     both modes raised each kind of error the contract defines (and agreed on it).
-    Aliasing sources are rarer draws; tests/test_strict_mode.py pins them down."""
-    ERRORS_SEEN.clear()
-
-    @seed(20261123)  # the same sample every run
-    @settings(max_examples=200, deadline=None, database=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-    @given(cases())
-    def run(case: Case):
-        test_generated_code_equals_the_interpreter_on_random_specs.hypothesis.inner_test(case)
-
-    run()
+    Aliasing sources are rarer draws; tests/test_strict_mode.py pins them down. A fixed
+    seed draws the same sample alone, but the draw also depends on what ran before in the
+    process; so up to three seeded samples, until every error was reached."""
     wanted = ["the batch field is None, but the slot is not optional", "the batch has no field",
               "expected a torch.Tensor, got str", "expected shape", "counts must satisfy", "expected dtype"]
-    missing = [w for w in wanted if not any(w in seen for seen in ERRORS_SEEN)]
+    ERRORS_SEEN.clear()
+    for sample_seed in (6, 7, 8):
+        @seed(sample_seed)
+        @settings(max_examples=200, deadline=None, database=None,
+                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+        @given(cases())
+        def run(case: Case):
+            test_generated_code_equals_the_interpreter_on_random_specs.hypothesis.inner_test(case)
+
+        run()
+        missing = [w for w in wanted if not any(w in seen for seen in ERRORS_SEEN)]
+        if not missing:
+            break
     assert not missing, missing
 
 

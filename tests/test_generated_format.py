@@ -143,7 +143,7 @@ def test_the_features_spec_reaches_every_layout():
     text = _modules()["features.py"]
     layouts = {
         "a call, arguments hugged": "pad_dev_int64_tokens_zero = torch.full(\n        (max_num_tokens,), 0,",
-        "a call, one argument a line": "    ctx = __gs_FillContext(\n                raw_bs,\n",
+        "a call, one argument a line": "    ctx = __gs_context(\n                raw_bs,\n",
         "a display in a call": "make_view = __gs_ViewMaker(\n        (\n",
         "a subscript split": "buffers[\n",
         "a value in parentheses": " = (\n",

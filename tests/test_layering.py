@@ -22,7 +22,7 @@ graphs         spec.errors                                                      
 kvpool         nothing                                                           the paged KV pool (torch)
 runners        spec, registry, api, graphs, planning, env                        codegen only through api; no kvpool
 tools          runners, graphs, registry, spec                                   diagnostics over the public runner API
-integrations   runners, graphs, tools, spec, registry, kvpool, env               never the reference (demo) package
+integrations   runners, graphs, tools, spec, registry, kvpool, env, api          never the reference (demo) package; api: the sglang drop-in
 reference      runners, graphs, kvpool, spec, registry, api, planning, tools     an example engine: any library layer
 cli            anything                                                          the top
 =============  ===============================================================  ===========================================
@@ -69,7 +69,7 @@ ALLOWED: Dict[str, Tuple[str, ...]] = {
     "kvpool": (),
     "runners": ("spec", "registry", "api", "graphs", "planning", "env"),
     "tools": ("runners", "graphs", "registry", "spec"),
-    "integrations": ("runners", "graphs", "tools", "spec", "registry", "kvpool", "env"),
+    "integrations": ("runners", "graphs", "tools", "spec", "registry", "kvpool", "env", "api"),
     "reference": ("runners", "graphs", "kvpool", "spec", "registry", "api", "planning", "tools"),
     "cli": (ANYTHING,),
 }

@@ -149,8 +149,8 @@ def test_the_new_spec_passes_graphslot_validate(project, capsys):
     assert new_spec(capsys, "--from", "prefill", "specs/prefill.yaml")[0] == 0
     status, out, err = run(capsys, "validate")  # the project's specs, as registered
     assert status == 0, out + err
-    assert "ok  specs/decode.yaml (14 slots)" in out
-    assert "ok  specs/prefill.yaml (10 slots)" in out
+    assert "ok  specs/decode.yaml (15 slots)" in out
+    assert "ok  specs/prefill.yaml (11 slots)" in out
     assert run(capsys, "validate", "specs/decode.yaml")[0] == 0
 
 

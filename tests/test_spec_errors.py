@@ -22,7 +22,7 @@ EXPRESSIONS_MAY_USE = (
 )
 PADDINGS = "zero, fill_sentinel, keep_pad, foreach_copy, fill_once"
 SLOT_KEYS = ("name, shape, dtype, axis, slice_dim, device, padding, pad_value, index, optional, enabled_if, "
-             "copy_from_fb, post_fill, source, pre_capture, description")
+             "copy_from_fb, post_fill, source, pre_capture, adopt, description")
 
 
 def test_make_slot_yaml_alone_is_a_valid_spec():
@@ -48,7 +48,7 @@ def test_yaml_syntax_error_names_its_line():
 
 def test_a_spec_must_be_a_mapping():
     assert spec_error("- just\n- a list\n") == [
-        "spec.yaml:1: a spec is a mapping with keys name, description, params, presets, slots"
+        "spec.yaml:1: a spec is a mapping with keys name, description, params, presets, absent_fields, slots"
     ]
 
 

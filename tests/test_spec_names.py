@@ -16,7 +16,7 @@ from graphslot.codegen.aot import plan_outputs
 from graphslot.spec.loading import SHIPPED_DIR
 from graphslot.spec.project import load_project_config
 
-from conftest import LORA_IDS_SLOT, cli
+from conftest import DECODE_SLOTS, LORA_IDS_SLOT, PREFILL_SLOTS, cli
 
 SHIPPED_DECODE = (SHIPPED_DIR / "decode.yaml").read_text()
 
@@ -58,15 +58,15 @@ def test_the_cli_names_the_file_used(project, capsys):
     status, out, _ = cli(capsys, "show", "decode")
     assert status == 0 and out.startswith("decode (specs/decode.yaml): max_bs=256 max_num_tokens=256\n")
     assert "lora_ids" in out
-    assert cli(capsys, "validate", "decode") == (0, "ok  specs/decode.yaml (15 slots)\n", "")
+    assert cli(capsys, "validate", "decode") == (0, f"ok  specs/decode.yaml ({DECODE_SLOTS + 1} slots)\n", "")
 
 
 def test_validate_shipped_in_the_project_checks_both(project, capsys):
     status, out, _ = cli(capsys, "validate", "--shipped")
     assert status == 0
-    assert out.splitlines() == [f"ok  {SHIPPED_DIR / 'decode.yaml'} (14 slots)",
-                                f"ok  {SHIPPED_DIR / 'prefill.yaml'} (10 slots)",
-                                "ok  specs/decode.yaml (15 slots)"]
+    assert out.splitlines() == [f"ok  {SHIPPED_DIR / 'decode.yaml'} ({DECODE_SLOTS} slots)",
+                                f"ok  {SHIPPED_DIR / 'prefill.yaml'} ({PREFILL_SLOTS} slots)",
+                                f"ok  specs/decode.yaml ({DECODE_SLOTS + 1} slots)"]
 
 
 def test_a_name_may_be_the_specs_name_field(project):

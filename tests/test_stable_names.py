@@ -148,7 +148,7 @@ def test_the_committed_decode_modules_differ_only_where_the_preset_does():
 # group's dtypes (a first int32 or bool slot there turns every int64 copy into an int32
 # view: one kernel for all dtypes, a rewrite of those lines that names no one slot).
 PARAM_CHANGES = {
-    "unread param": ({}, {"attn_tp_rank": 1}, ["attn_tp_rank"]),
+    "unread param": ({}, {"enable_prefill_cp": True}, ["enable_prefill_cp"]),
     "unread int param": ({}, {"dp_size": 4}, ["dp_size"]),
     "a shape": ({"dp_size": 4}, {"dp_size": 4, "require_mlp_tp_gather": True},
                 ["require_mlp_tp_gather", "global_num_tokens_gpu", "global_num_tokens_for_logprob_gpu"]),
@@ -164,6 +164,13 @@ def test_changing_a_param_changes_only_the_lines_that_name_it_or_its_slots(chang
     removed, added = changed_lines(old, new)
     assert removed and added
     assert foreign(old, new, concerned) == []
+
+
+def test_a_live_params_value_changes_nothing_generated():
+    """Live params are read by hooks at each fill (ctx.params), never baked: any value,
+    a provider included, gives the very same module."""
+    assert decode({"attn_tp_rank": 1, "attn_tp_size": 4}) == decode()
+    assert decode({"attn_tp_sharded": lambda ctx: True}) == decode()
 
 
 def _definitions(text: str) -> dict:

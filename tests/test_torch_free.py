@@ -168,7 +168,7 @@ def test_new_spec_runs_without_torch(tmp_path):
     assert report["attempts"] == [] and report["loaded"] == []
     (created, out), (validated, checked) = report["runs"]
     assert created == 0 and "created  specs/decode.yaml" in out
-    assert validated == 0 and "ok  specs/decode.yaml (14 slots)" in checked
+    assert validated == 0 and "ok  specs/decode.yaml (15 slots)" in checked
 
 
 def test_spec_errors_are_reported_without_torch(tmp_path):
@@ -188,8 +188,8 @@ def test_graphslot_validate_prints_what_it_printed_before():
     proc = subprocess.run([sys.executable, "-m", "graphslot.cli", "validate"], cwd=REPO, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == ("ok  graphslot/slot_specs/decode.yaml (14 slots)\n"
-                           "ok  graphslot/slot_specs/prefill.yaml (10 slots)\n")
+    assert proc.stdout == ("ok  graphslot/slot_specs/decode.yaml (15 slots)\n"
+                           "ok  graphslot/slot_specs/prefill.yaml (11 slots)\n")
     assert proc.stderr == ""
 
 

@@ -59,6 +59,7 @@ _MODULE_BANNER = re.compile(
     r"# spec:     [^\n]+(?: \((?:identity|sha256) [0-9a-f]{64}\)\n|\n# identity: [0-9a-f]{64}\n)"
     r"# params:   [^\n]*\n(?:#           [^\n]*\n)*"
     r"(?:# runtime:  [^\n]*\n(?:#           [^\n]*\n)*)?"
+    r"(?:# live:     [^\n]*\n(?:#           [^\n]*\n)*)?"
     r"# Regenerate with: [^\n]+\n"
     r"# " + re.escape(RULE) + r"\n"
     r'"""'

@@ -49,8 +49,7 @@ def helper_lines(imports: List[Tuple[str, str]]) -> List[str]:
 def constant_lines(em: "Emitter") -> List[str]:
     """SPEC_NAME, SPEC_IDENTITY, GRAPHSLOT_VERSION, PARAMS, RUNTIME_PARAMS, SLOTS, and the
     embedded spec: SPEC_SOURCE, SPEC_JSON (:mod:`.embedded`)."""
-    params = sorted(em.params.items())
-    baked = [(py_str(k), value_literal(v)) for k, v in params if k not in em.runtime]
+    baked = [(py_str(k), value_literal(v)) for k, v in sorted(em.baked.items())]
     return ([f"SPEC_NAME = {py_str(em.spec.name)}", f"SPEC_IDENTITY = {py_str(em.spec.identity)}",
              f"GRAPHSLOT_VERSION = {py_str(em.version)}"]
             + assign("PARAMS", dict_of(baked), 0)
@@ -77,8 +76,10 @@ def allocate_lines(em: "Emitter") -> List[str]:
     for n in em.names:
         s = n.slot
         init = [em.pad_src(s)] if s.fills_at_allocation else []
+        adopt = [] if s.adopt else ["adopt=False"]  # `adopt: never`: registry-owned whatever adopt= holds
         entries.append((py_str(s.name), call("new_buffer", py_str(s.name), shape_src(em.extents(s)),
-                                             dtype_src(s.dtype_name), py_str("cpu") if s.host else "device", *init)))
+                                             dtype_src(s.dtype_name), py_str("cpu") if s.host else "device", *init,
+                                             *adopt)))
     body = layout(dict_of(entries), BODY, "return ")
     return _runtime_binds(em, body) + body
 
@@ -98,7 +99,7 @@ class Shapes:
 
 def expected_shapes(em: "Emitter", copies: Copies) -> Shapes:
     shapes, names = Shapes(), {}
-    for n in copies.copied(em.names):
+    for n in copies.copied(em.fill_names):
         extents = n.expected_extents(em.extents(n.slot))
         name = unique(names, shape_name(extents), repr(extents))
         if name not in shapes.of.values():
@@ -113,12 +114,13 @@ def _size(extents: List[str]) -> Item:
 
 def _hook_binds(em: "Emitter") -> List[str]:
     lines = []
+    filled = {id(n) for n in em.fill_names}
     for n in em.names:
         for kind in em.hooks[n.slot.name]:
             hook = call("__gs_hook", "hooks", py_str(n.slot.name), py_str(kind))
             if kind == "pre_capture":  # run by the runner at capture: only checked to be bound here
                 lines += layout(hook, BODY)
-            else:
+            elif id(n) in filled:
                 lines += assign(f"hook_{kind}_{n.ident}", hook, BODY)
     return lines
 
@@ -207,7 +209,7 @@ def _hook_reads(em: "Emitter", hooked: List[SlotNames], indent: int) -> List[str
 def _copy_fields(em: "Emitter", copies: Copies, shapes: Shapes, hooked: List[SlotNames]) -> List[str]:
     """Read and check every field, then copy; anything that fails is diagnosed slot by
     slot in the except branch, as the interpreter reports it."""
-    copied = copies.copied(em.names)
+    copied = copies.copied(em.fill_names)
     body = [line for n in copied for line in n.read_source(COPY)] + _shape_checks(copied, shapes)
     body += _hook_reads(em, hooked, COPY)  # after the fields, as the interpreter reads them
     for g in copies.host_groups:
@@ -229,10 +231,10 @@ def fill_lines(em: "Emitter", copies: Copies, shapes: Shapes) -> List[str]:
     """``fill_from``'s body after the plan lookup."""
     pad = " " * FILL
     lines = unpack([name for name, _ in plan_fields(copies, shapes)], "plan", FILL)
-    if any(set(em.hooks[n.slot.name]) - {"pre_capture"} for n in em.names):
-        lines += assign("ctx", call("__gs_FillContext", *STEP_COUNTS.split(", "), "params", "side_inputs"), FILL)
+    if any(set(em.hooks[n.slot.name]) - {"pre_capture"} for n in em.fill_names):
+        lines += assign("ctx", call("__gs_context", *STEP_COUNTS.split(", "), "params", "side_inputs"), FILL)
     hooked = [n for n in copies.source_copies if "source" in em.hooks[n.slot.name]]
-    if copies.copied(em.names):
+    if copies.copied(em.fill_names):
         lines += _copy_fields(em, copies, shapes, hooked)
     else:  # tails (and computed values) only
         lines += _hook_reads(em, hooked, FILL)
@@ -243,11 +245,11 @@ def fill_lines(em: "Emitter", copies: Copies, shapes: Shapes) -> List[str]:
         reset = call(f"tail_{n.ident}.zero_") if n.slot.padding == "zero" else call(
             f"tail_{n.ident}.fill_", f"padval_{n.ident}")
         lines += [f"{pad}if tail_{n.ident} is not None:"] + layout(reset, FILL + 4)
-    for n in hooked:  # a source gives any row count up to the capacity
+    for n in hooked:  # a source gives any row count up to the capacity (a 0-d slot: its one value)
         d = n.slot.slice_dim
-        narrow = call(f"{n.buf}.narrow", str(d), "0", f"{n.src}.shape[{d}]")
+        narrow = call(f"{n.buf}.narrow", str(d), "0", f"{n.src}.shape[{d}]") if n.slot.shape else n.buf
         lines += [f"{pad}if {n.src} is not None:"] + layout(method(narrow, "copy_", n.src), FILL + 4)
-    for n in em.names:
+    for n in em.fill_names:
         if "post_fill" in em.hooks[n.slot.name]:
             lines += layout(call(f"hook_post_fill_{n.ident}", n.buf, "fb", "ctx"), FILL)
     return lines

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Sequence, Tuple
+from typing import AbstractSet, Any, Dict, List, Mapping, Sequence, Tuple
 
 from ..spec.dtypes import DTypeName, dtype_name, is_torch_dtype
 from ..spec.expr import Expr, python_literal
@@ -29,8 +29,9 @@ __all__ = ["PLAN_CACHE_LIMIT", "RUNTIME_HELPERS", "Emission", "Emitter", "params
 
 
 def structural_params(spec: RegistrySpec, params: Mapping[str, Any]) -> Dict[str, Any]:
-    """The params baked into generated code (everything but ``runtime`` ones)."""
-    return {k: v for k, v in params.items() if not spec.params[k].runtime}
+    """The params baked into generated code (everything but ``runtime`` and ``live``
+    ones: those are read when bound, or by hooks at fill time)."""
+    return {k: v for k, v in params.items() if not (spec.params[k].runtime or spec.params[k].live)}
 
 
 def params_literal(params: Mapping[str, Any]) -> str:
@@ -53,6 +54,7 @@ class Emission:
     version: str
     params: Dict[str, Any]
     runtime_params: List[str]
+    live_params: List[str]
     used_runtime_params: List[Tuple[str, str]]  # (local, param name)
     slot_names: List[str]
     runtime_imports: List[Tuple[str, str]]  # (helper, mangled name), only those used
@@ -67,12 +69,17 @@ class Emission:
 
 
 class Emitter:
-    def __init__(self, spec: RegistrySpec, params: Mapping[str, Any], version: str, source_label: str):
+    def __init__(self, spec: RegistrySpec, params: Mapping[str, Any], version: str, source_label: str,
+                 skip: AbstractSet[str] = frozenset()):
         self.spec, self.params, self.version, self.source_label = spec, dict(params), version, source_label
         # sorted: the order of a spec's params is no part of its meaning (RegistrySpec.identity)
         self.runtime = sorted(n for n, p in spec.params.items() if p.runtime)
+        self.baked = structural_params(spec, self.params)  # folded into the code (not runtime, not live)
         self.slots = [s for s in self._symbolic_slots() if s.enabled]
         self.names = [SlotNames(s, i) for s, i in zip(self.slots, slot_idents(self.slots))]
+        #: The slots fill_from writes: all but ``skip`` (a variant for staged slots,
+        #: SlotRegistry.fill_from_skipping); allocate and extract always cover every slot.
+        self.fill_names = [n for n in self.names if n.slot.name not in skip]
         self.hooks = {n.slot.name: self._expected_hooks(n.slot) for n in self.names}
 
     def _symbolic_slots(self) -> List[ResolvedSlot]:
@@ -83,7 +90,7 @@ class Emitter:
         for i, spec_slot in enumerate(self.spec.slots):
             fixed = [None if depends_on_capacity(e) else e for e in spec_slot.shape]
             placeholder = spec_slot.model_copy(update={"shape": [1 if e is None else e for e in fixed]})
-            resolved = resolve_slot(placeholder, self.params, 1, 1, self.spec.slot_line(i))
+            resolved = resolve_slot(placeholder, self.params, 1, 1, self.spec.slot_line(i), self.spec.absent_fields)
             shape = tuple(None if e is None else n for e, n in zip(fixed, resolved.shape))
             slots.append(dataclasses.replace(resolved, shape=shape, rows=copied_as_rows(spec_slot)))
         return slots
@@ -107,7 +114,7 @@ class Emitter:
         """A spec value (literal or expression) as source: baked params folded in,
         ``keep`` and runtime params left as names."""
         if isinstance(value, str):
-            baked = {k: v for k, v in self.params.items() if k not in self.runtime}
+            baked = self.baked
             names = {name: name for name in keep}
             names.update({name: runtime_local(name) for name in self.runtime})
             return normalise(Expr.parse(value).to_python(baked, keep=names))
@@ -148,7 +155,8 @@ class Emitter:
         used = self.used_runtime_params()
         return Emission(
             spec_name=self.spec.name, spec_source=self.source_label, spec_identity=self.spec.identity,
-            version=self.version, params=structural_params(self.spec, self.params), runtime_params=self.runtime,
+            version=self.version, params=self.baked, runtime_params=self.runtime,
+            live_params=sorted(n for n, p in self.spec.params.items() if p.live),
             used_runtime_params=[(runtime_local(n), n) for n in used], slot_names=[n.slot.name for n in self.names],
             runtime_imports=imports, helper_lines=builders.helper_lines(imports),
             constant_lines=builders.constant_lines(self), **pieces,

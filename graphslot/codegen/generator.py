@@ -19,7 +19,7 @@ from __future__ import annotations
 import ast
 import re
 from functools import lru_cache
-from typing import Any, List, Mapping, Optional, Tuple
+from typing import AbstractSet, Any, List, Mapping, Optional, Tuple
 
 import jinja2
 
@@ -95,6 +95,9 @@ def banner_lines(e: Emission, regenerate: str) -> List[str]:
     if e.runtime_params:
         runtime = [comment_name(n) for n in e.runtime_params]
         lines += _listing("runtime:  ", runtime + ["(read from params when bound)"])
+    if e.live_params:
+        live = [comment_name(n) for n in e.live_params]
+        lines += _listing("live:     ", live + ["(read by hooks at each fill)"])
     return lines + [f"# Regenerate with: {regenerate}", f"# {RULE}"]
 
 
@@ -127,13 +130,16 @@ def render_module(
     params: Mapping[str, Any],
     source_label: Optional[str] = None,
     regenerate: str = REGENERATE,
+    skip: AbstractSet[str] = frozenset(),
 ) -> str:
     """The generated source. Byte-stable: the same inputs give the same bytes.
 
+    ``skip``: slots its ``fill_from`` leaves alone (an in-process variant for
+    ``fill_from_skipping``; never written out).
     Raises :class:`GeneratedCodeError` (a :class:`SpecError`) when the source is not the
     expected skeleton; nothing returned has failed that check.
     """
-    emission = Emitter(spec, params, __version__, source_label or spec.source).emit()
+    emission = Emitter(spec, params, __version__, source_label or spec.source, skip).emit()
     _check_emission(spec, emission)
     if regenerate != REGENERATE and not re.fullmatch(r"[ -~]+", regenerate):
         raise refuse(spec, "the regenerate command must be one line of printable ASCII")

@@ -145,8 +145,11 @@ class DeviceGroup:
         return ["", "t"] if self.mixed else [""]
 
     def _view(self, n: SlotNames, expr: Item, viewed: bool) -> Item:
-        """``expr``, reinterpreted as the carrier dtype where ``viewed`` asks for it."""
-        return method(expr, "view", f"dt_{self.carrier}") if viewed and n.slot.dtype_name != self.carrier else expr
+        """``expr``, reinterpreted as the carrier dtype where ``viewed`` asks for it (a
+        0-d tensor first as one element: another itemsize needs a dimension)."""
+        if not viewed or n.slot.dtype_name == self.carrier:
+            return expr
+        return method(method(expr, "view", "1") if not n.slot.shape else expr, "view", f"dt_{self.carrier}")
 
     def plan_fields(self, p: str) -> List[Tuple[str, Item]]:
         viewed = p == "" and self.mixed
@@ -189,8 +192,8 @@ class DeviceGroup:
         for n in self.heads + self.optional_heads:
             if n.slot.dtype_name == self.carrier:
                 continue
-            checks = (f"{n.src}.dtype is dt_{n.slot.dtype_name}", f"{n.src}.is_contiguous()",
-                      f"{n.src}.stride(-1) == 1")
+            checks = (f"{n.src}.dtype is dt_{n.slot.dtype_name}", f"{n.src}.is_contiguous()")
+            checks += (f"{n.src}.stride(-1) == 1",) if n.slot.shape else ()  # a 0-d source has no strides
             operands += [Chain("or", (f"{n.src} is None", Chain("and", checks)))] if n.slot.optional else checks
         return operands
 
@@ -253,7 +256,7 @@ def plan_copies(em: "Emitter") -> Copies:
     dev, constants, names = DeviceGroup(), {}, {}
     values: Dict[str, Tuple[str, Tuple[str, ...], str, str]] = {}
     resets, copies, sourced = [], [], []
-    for n in em.names:
+    for n in em.fill_names:
         s = n.slot
         if s.host:
             group = host.setdefault(s.dtype_name, CopyGroup(s.dtype_name))

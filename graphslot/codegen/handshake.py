@@ -34,10 +34,12 @@ from ..spec.errors import shorten
 # The layout of the generated modules this graphslot writes; raised whenever generated
 # modules change in a way an older graphslot could not run. Format 1: modules without
 # the handshake (graphslot <= 0.2.0, which recorded the spec text's sha256); 2: the
-# handshake; 3: the spec embedded (SPEC_SOURCE, SPEC_JSON), so a module runs without it.
+# handshake; 3: the spec embedded (SPEC_SOURCE, SPEC_JSON), so a module runs without it,
+# ``bind`` takes the fill-context factory (``__gs_context``) and allocate's ``new_buffer``
+# an ``adopt`` flag (``adopt: never`` slots).
 MODULE_FORMAT = 3
-#: The oldest format this graphslot still runs (format 2 modules need their spec passed).
-OLDEST_MODULE_FORMAT = 2
+#: The oldest format this graphslot still runs.
+OLDEST_MODULE_FORMAT = 3
 
 _RELEASE = re.compile(r"([0-9]{1,9})\.([0-9]{1,9})(?:\.([0-9]{1,9}))?(?![0-9])")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import linecache
 import types
-from typing import Any, Dict, List, Mapping
+from typing import AbstractSet, Any, Callable, Dict, List, Mapping
 
 import torch
 
@@ -23,18 +23,20 @@ from .generator import render_module
 _MODULES: Dict[tuple, types.ModuleType] = {}
 
 
-def compile_module(spec: RegistrySpec, params: Mapping[str, Any]) -> types.ModuleType:
-    """The generated module for (spec, params), compiled once per process.
+def compile_module(spec: RegistrySpec, params: Mapping[str, Any],
+                   skip: AbstractSet[str] = frozenset()) -> types.ModuleType:
+    """The generated module for (spec, params) — with ``skip``, the variant whose
+    ``fill_from`` leaves those slots alone — compiled once per process.
 
     Its source is registered with ``linecache`` under a readable name, so tracebacks
     and pdb show the generated lines.
     """
     baked = structural_params(spec, params)
-    key = (spec.identity, spec.source, params_literal(baked))
+    key = (spec.identity, spec.source, params_literal(baked), frozenset(skip))
     module = _MODULES.get(key)
     if module is not None:
         return module
-    source = render_module(spec, params)
+    source = render_module(spec, params, skip=skip)
     filename = f"<graphslot-generated {spec.name}-{key[0][:8]}-{len(_MODULES)}.py>"
     linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
     module = types.ModuleType(f"graphslot_generated_{spec.name}")
@@ -121,43 +123,55 @@ class GeneratedRegistry(SlotRegistry):
 
     mode = "generated"
 
-    def __init__(self, module, spec, slots, hooks, params, **kwargs):
+    def __init__(self, module, spec, slots, hooks, params, buffers=None, **kwargs):
         device = torch.device(kwargs["device"])
-        buffers = module.allocate(kwargs["max_bs"], kwargs["max_num_tokens"], device, params,
-                                  kwargs.pop("pool"), kwargs.pop("source"))
-        if not isinstance(buffers, dict):
-            raise _damaged(module, spec, "allocate", type(buffers).__name__, "a dict of buffers")
+        pool, source = kwargs.pop("pool"), kwargs.pop("source")
+        if buffers is None:  # else the caller's buffers (build_registry(buffers=...)): nothing allocated
+            buffers = module.allocate(kwargs["max_bs"], kwargs["max_num_tokens"], device, params, pool, source)
+            if not isinstance(buffers, dict):
+                raise _damaged(module, spec, "allocate", type(buffers).__name__, "a dict of buffers")
         super().__init__(spec, slots, hooks, params, buffers=buffers, **kwargs)
-        self.module = module
+        self.module, self._hooks = module, hooks
+        self._buffers = {slot.name: slot.buffer for slot in self.active}
         for slot in self.active:
-            if (buffers.get(slot.name) is not slot.buffer or tuple(slot.buffer.shape) != slot.spec.shape
-                    or slot.buffer.dtype != slot.spec.dtype):
-                raise SpecError([SpecIssue(spec.source, slot.spec.line, "generated allocate() disagrees with "
+            if (buffers.get(slot.name) is not slot.buffer or tuple(slot.buffer.shape) != slot.resolved.shape
+                    or slot.buffer.dtype != slot.resolved.dtype):
+                raise SpecError([SpecIssue(spec.source, slot.resolved.line, "generated allocate() disagrees with "
                                            "the spec; regenerate the module (graphslot generate)", slot.name)])
-        fill_from, extract = _bound(module, spec, module.bind(buffers, hooks, self.params, self.max_bs,
-                                                              self.max_num_tokens, device, self.checker))
+        self.fill_from, self.extract = self._bind(module, self.checker)
+
+    def _bind(self, module, checker) -> tuple:
+        """``(fill_from, extract)`` of ``module`` bound to this registry's buffers, hooks
+        and context; strict mode wraps them."""
+        fill_from, extract = _bound(module, self.spec, module.bind(
+            self._buffers, self._hooks, self.params, self.max_bs, self.max_num_tokens, self.device, checker,
+            self.make_context))
         if not self.strict:
-            self.fill_from, self.extract = fill_from, extract
-            return
-        check = self.checker
+            return fill_from, extract
 
         def strict_fill_from(fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs=None):
-            check.strict_fill(fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens)
+            checker.strict_fill(fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens)
             fill_from(fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs)
 
         def strict_extract(fb, padded_bs, padded_num_tokens):
-            check.view_counts(padded_bs, padded_num_tokens)
+            checker.view_counts(padded_bs, padded_num_tokens)
             return extract(fb, padded_bs, padded_num_tokens)
 
-        self.fill_from, self.extract = strict_fill_from, strict_extract
+        return strict_fill_from, strict_extract
+
+    def _fill_skipping(self, skip: frozenset) -> Callable[..., None]:
+        # A variant compiled per (identity, baked params, skip set), cached process-wide;
+        # bound once per registry and set. A checked-in module's registry compiles it too.
+        module = compile_module(self.spec, self.params, skip)
+        return self._bind(module, self.checker.without(skip))[0]
 
 
 def build_generated_registry(
     spec: RegistrySpec, slots: List[ResolvedSlot], hooks, params, *, mode: Any = "generated", **kwargs
 ) -> GeneratedRegistry:
-    if mode == "generated":
-        module = compile_module(spec, params)
-    elif isinstance(mode, types.ModuleType):
+    if mode == "generated":  # compiled from this spec and these params: nothing to check
+        return GeneratedRegistry(compile_module(spec, params), spec, slots, hooks, params, **kwargs)
+    if isinstance(mode, types.ModuleType):
         module = mode
     elif callable(mode):
         module = mode(spec, params)

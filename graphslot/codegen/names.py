@@ -37,7 +37,7 @@ _GENERATED_PREFIXES = ("rt_", "buf_", "hook_", "pad", "src", "shape_", "val_", "
 
 # graphslot.codegen.runtime helpers a module may use, with the mangled names it binds
 # them under. The template itself always uses the last four.
-RUNTIME_HELPERS = (("FillContext", "__gs_FillContext"), ("SourceMismatch", "__gs_Mismatch"),
+RUNTIME_HELPERS = (("SourceMismatch", "__gs_Mismatch"),
                    ("foreach_copy", "__gs_foreach_copy"), ("hook", "__gs_hook"),
                    ("allocate_buffer", "__gs_allocate"), ("ViewMaker", "__gs_ViewMaker"),
                    ("grad_enabled", "__gs_grad_enabled"), ("set_grad_enabled", "__gs_set_grad_enabled"))
@@ -213,6 +213,10 @@ class SlotNames:
         """``src_<slot> = fb.<slot>``; by name where the field may be absent or the
         name is a keyword (the interpreter reads it with getattr)."""
         name = self.slot.name
+        if self.slot.skip_absent:  # absent_fields: skip: anything but a tensor is no copy
+            read = assign(self.src, call("getattr", "fb", py_str(name), "None"), indent)
+            return read + [" " * indent + f"if not isinstance({self.src}, torch.Tensor):",
+                           " " * (indent + 4) + f"{self.src} = None"]
         if self.slot.optional:
             return assign(self.src, call("getattr", "fb", py_str(name), "None"), indent)
         if keyword.iskeyword(name):

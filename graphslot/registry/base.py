@@ -9,16 +9,17 @@ the interpreter (:mod:`.interpreter`, ``mode="interpreted"``) or by generated co
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import AbstractSet, Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import torch
 
 from ..spec.errors import SlotError, did_you_mean
 from ..spec.hooks import CaptureContext, FillContext
+from ..spec.live import context_factory, live_view
 from ..spec.model import RegistrySpec
 from ..spec.resolve import ResolvedSlot
 from .buffers import allocate_slot_buffer
-from .pool import BufferPool
+from .pool import SharePool
 from .stepcheck import StepChecker
 
 
@@ -122,13 +123,17 @@ class SlotRegistry:
         max_num_tokens: int,
         device: torch.device,
         buffers: Optional[Dict[str, torch.Tensor]] = None,
-        pool: Optional[BufferPool] = None,
+        pool: Optional[SharePool] = None,
         adopt: Any = None,
         strict: bool = False,
+        context: Optional[Callable[..., Any]] = None,
     ):
         self.spec, self.params = spec, dict(params)
         self.max_bs, self.max_num_tokens, self.device = max_bs, max_num_tokens, torch.device(device)
         self.strict = strict
+        #: Makes each fill's hook context (FillContext, or ``context``) with live params resolved.
+        self.make_context = context_factory(context or FillContext, self.params)
+        self._skipping: Dict[frozenset, Callable[..., None]] = {}
         self._slots: Dict[str, Slot] = {}
         for resolved in slots:
             buffer = None
@@ -163,12 +168,36 @@ class SlotRegistry:
     def nbytes(self) -> int:
         return sum(s.buffer.numel() * s.buffer.element_size() for s in self.active)
 
-    def fill_context(self, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs=None) -> FillContext:
-        return FillContext(raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, self.params, side_inputs)
+    def fill_context(self, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs=None) -> Any:
+        return self.make_context(raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, self.params, side_inputs)
+
+    def skip_set(self, names: AbstractSet[str]) -> frozenset:
+        """The enabled slots among ``names`` (others are ignored, as sglang ignores them)."""
+        return frozenset(names) & frozenset(s.name for s in self.active)
+
+    def fill_from_skipping(self, names: AbstractSet[str]) -> Callable[..., None]:
+        """A fill callable with ``fill_from``'s signature that leaves the slots
+        ``names`` alone: no reset, copy or hook (their content was staged by the
+        engine). Made once per set and kept; ``fill_from`` itself is untouched, and is
+        what an empty set (or one naming no enabled slot) gets."""
+        skip = self.skip_set(names)
+        if not skip:
+            return self.fill_from
+        fill = self._skipping.get(skip)
+        if fill is None:
+            fill = self._skipping[skip] = self._fill_skipping(skip)
+        return fill
+
+    def _fill_skipping(self, skip: frozenset) -> Callable[..., None]:
+        """The fill of :meth:`fill_from_skipping` for a non-empty set of enabled slots."""
+        raise NotImplementedError
 
     def run_pre_capture(self, bs: int, num_tokens: int, side_inputs: Any = None) -> None:
         """Run every ``pre_capture`` hook before a graph of this size is captured."""
-        ctx = CaptureContext(bs, num_tokens, self.params, side_inputs)
+        params = live_view(self.params)  # a live param read here: its provider gets this context
+        ctx = CaptureContext(bs, num_tokens, params, side_inputs)
+        if params is not self.params:
+            params.ctx = ctx
         for slot in self.active:
             hook = slot.hooks.get("pre_capture")
             if hook is not None:

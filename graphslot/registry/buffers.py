@@ -3,12 +3,12 @@ generated ``allocate`` functions, so both own bit-identical buffers."""
 
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple, Union
+from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 import torch
 
 from ..spec.errors import SlotError
-from .pool import BufferPool
+from .pool import SharePool
 from ..spec.resolve import ResolvedSlot
 
 _MISSING = object()
@@ -34,7 +34,7 @@ def allocate_buffer(
     dtype: torch.dtype,
     device: Union[str, torch.device],
     init_value: Any = None,
-    pool: Optional[BufferPool] = None,
+    pool: Optional[SharePool] = None,
     adopt: Any = None,
 ) -> torch.Tensor:
     """A full-capacity buffer, adopted from ``adopt`` (``build_registry(adopt=)``) or
@@ -69,5 +69,32 @@ def allocate_buffer(
 def allocate_slot_buffer(slot: ResolvedSlot, device: torch.device, pool=None, adopt=None) -> torch.Tensor:
     return allocate_buffer(
         slot.name, slot.shape, slot.dtype, "cpu" if slot.host else device,
-        slot.pad_value if slot.fills_at_allocation else None, pool, adopt,
+        slot.pad_value if slot.fills_at_allocation else None, pool, adopt if slot.adopt else None,
     )
+
+
+def check_given_buffers(spec_name: str, slots, buffers: Any, device: torch.device) -> Dict[str, torch.Tensor]:
+    """``build_registry(buffers=...)``: a tensor of the resolved shape, dtype and device
+    for every enabled slot, bound as it is (nothing allocated, pooled or adopted);
+    SlotError naming the first slot that does not fit."""
+    if not isinstance(buffers, Mapping):
+        raise SlotError(f"spec '{spec_name}': buffers= must map slot names to tensors, got "
+                        f"{type(buffers).__name__}")
+    given = {}
+    for slot in slots:
+        if not slot.enabled:
+            continue
+        tensor = buffers.get(slot.name)
+        where = torch.device("cpu") if slot.host else device
+        if not isinstance(tensor, torch.Tensor):
+            raise SlotError(f"spec '{spec_name}', slot '{slot.name}': buffers= has "
+                            f"{'no tensor' if tensor is None else type(tensor).__name__} for it")
+        if tuple(tensor.shape) != slot.shape or tensor.dtype != slot.dtype or not _same_device(tensor.device, where):
+            raise SlotError(f"spec '{spec_name}', slot '{slot.name}': buffers= holds shape {list(tensor.shape)} "
+                            f"{tensor.dtype} on {tensor.device}, expected {list(slot.shape)} {slot.dtype} on {where}")
+        given[slot.name] = tensor
+    return given
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)

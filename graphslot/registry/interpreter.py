@@ -5,7 +5,7 @@ it is what generated code is proven equal to.
 
 from __future__ import annotations
 
-from typing import Dict, Tuple
+from typing import Callable, Dict, Tuple
 
 import torch
 
@@ -23,27 +23,38 @@ class InterpretedRegistry(SlotRegistry):
         # Sources are copied as data: a source that requires grad is copied by value, and
         # no buffer ever requires grad or records history.
         with torch.no_grad():
-            self._fill(fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs)
+            self._fill(fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs, frozenset())
 
-    def _fill(self, fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs) -> None:
+    def _fill_skipping(self, skip: frozenset) -> Callable[..., None]:
+        def fill_from(fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs=None) -> None:
+            with torch.no_grad():
+                self._fill(fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs, skip)
+
+        return fill_from
+
+    def _fill(self, fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs, skip) -> None:
         check = self.checker
         raw_bs, padded_bs, raw_num_tokens, padded_num_tokens = check.step(raw_bs, padded_bs, raw_num_tokens,
                                                                           padded_num_tokens)
         ctx = self.fill_context(raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs)
+        active = [slot for slot in self.active if slot.name not in skip] if skip else self.active
 
         # 0. every source (batch fields, source hooks) is read and checked before
-        #    anything is written
+        #    anything is written (slots being skipped are left alone entirely)
         copies, hook_copies = [], []
         for slot in check.plain:
+            if slot.name in skip:
+                continue
             src = check.plain_source(slot, fb, raw_bs, raw_num_tokens)
             if src is not None:
                 head = slot.head(slot.count(raw_bs, raw_num_tokens))
                 copies += zip(head.unbind(0), src.unbind(0)) if slot.resolved.rows else [(head, src)]
-        for slot in self.active:
+        for slot in active:
             hook = slot.hooks.get("source") if slot.resolved.copy_from_fb else None
             src = None if hook is None else check.hook_source(slot.name, hook(fb, ctx))
             if src is not None:
-                hook_copies.append((slot.buffer.narrow(slot.resolved.slice_dim, 0, src.shape[slot.resolved.slice_dim]), src))
+                d = slot.resolved.slice_dim
+                hook_copies.append((slot.buffer.narrow(d, 0, src.shape[d]) if src.dim() else slot.buffer, src))
 
         # 1. copy heads; device copies grouped by dtype pair, one kernel each
         groups: Dict[tuple, Tuple[list, list]] = {}
@@ -55,7 +66,7 @@ class InterpretedRegistry(SlotRegistry):
             torch._foreach_copy_(dsts, srcs)
 
         # 2. make the padded tail safe
-        for slot in self.active:
+        for slot in active:
             spec = slot.resolved
             raw, padded = slot.count(raw_bs, raw_num_tokens), slot.count(padded_bs, padded_num_tokens)
             if spec.resets_tail and raw < padded:
@@ -70,7 +81,7 @@ class InterpretedRegistry(SlotRegistry):
             dst.copy_(src)
 
         # 4. computed slots
-        for slot in self.active:
+        for slot in active:
             hook = slot.hooks.get("post_fill")
             if hook is not None:
                 hook(slot.buffer, fb, ctx)
@@ -82,7 +93,7 @@ class InterpretedRegistry(SlotRegistry):
             spec = slot.resolved
             if spec.structured:
                 continue
-            if spec.plain_copy and getattr(fb, spec.name, None) is None:
+            if spec.optional and spec.plain_copy and getattr(fb, spec.name, None) is None:
                 continue  # absent this step: carry the None, never a stale buffer
             fields[spec.name] = slot.slice_for(padded_bs, padded_num_tokens)
         return self.make_view(fb, fields)

@@ -18,13 +18,25 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Protocol, Tuple, runtime_checkable
 
 import torch
 
 from ..spec.errors import SlotError
 
 PoolKey = Tuple[str, int, torch.dtype, torch.device]
+
+
+@runtime_checkable
+class SharePool(Protocol):
+    """What ``build_registry(share_pool=...)`` accepts: anything that, given a freshly
+    allocated zero buffer, returns the tensor the slot is to use and whether it is
+    *fresh* (then the registry fills it with ``init_value``, ``None`` meaning zeros,
+    after sharing). :class:`BufferPool` is graphslot's; an engine may bring its own
+    (``graphslot.integrations.sglang`` delegates to sglang's pool)."""
+
+    def share(self, name: str, tensor: torch.Tensor, init_value: Any = None) -> Tuple[torch.Tensor, bool]:
+        ...
 
 
 class BufferPool:

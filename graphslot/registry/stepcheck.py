@@ -21,7 +21,8 @@ generated code raise the same ``SlotError`` for the same input
 from __future__ import annotations
 
 import bisect
-from typing import Any, Iterable, Optional, Tuple
+import copy
+from typing import AbstractSet, Any, Iterable, Optional, Tuple
 
 import torch
 
@@ -49,6 +50,14 @@ class StepChecker:
         self._extents = BufferExtents((s.name, s.buffer) for s in self.slots.values())
         self._seen_steps: dict = {}
         self._seen_views: dict = {}
+
+    def without(self, names: AbstractSet[str]) -> "StepChecker":
+        """The checker of a fill that leaves the slots ``names`` alone (their fields
+        are neither read nor checked); aliasing is still judged against every buffer."""
+        other = copy.copy(self)
+        other.plain = tuple(s for s in self.plain if s.name not in names)
+        other._seen_steps, other._seen_views = {}, {}
+        return other
 
     def fail(self, slot: Optional[str], message: str) -> SlotError:
         where = f"spec '{self.spec_name}', slot '{slot}'" if slot else f"spec '{self.spec_name}'"
@@ -99,6 +108,8 @@ class StepChecker:
         """The batch field to copy into ``slot``'s head, ``None`` for an absent optional
         field; raise for anything else that does not fit."""
         src = getattr(fb, slot.name, _MISSING)
+        if slot.resolved.skip_absent and not isinstance(src, torch.Tensor):
+            return None  # absent_fields: skip: a missing, None or non-tensor field is no copy
         if src is _MISSING or src is None:
             if slot.resolved.optional:
                 return None
@@ -121,14 +132,14 @@ class StepChecker:
         slot = self.slots[name]
         self._tensor(slot, src)
         shape, d = list(slot.buffer.shape), slot.resolved.slice_dim
-        if src.dim() == len(shape):
+        if src.dim() == len(shape) and shape:  # a 0-d slot takes a 0-d source
             if src.shape[d] > shape[d]:
                 raise self.fail(name, f"source returned {src.shape[d]} rows, more than the capacity {shape[d]}")
             shape[d] = src.shape[d]
         if list(src.shape) != shape:
             raise self.fail(name, f"expected shape {shape}, got {list(src.shape)} (copy_ would broadcast or fail)")
         if self.strict:
-            self._strict(slot, src, head=slot.buffer.narrow(d, 0, src.shape[d]))
+            self._strict(slot, src, head=slot.buffer.narrow(d, 0, src.shape[d]) if shape else slot.buffer)
         return src
 
     def diagnose(self, fb: Any, raw_bs: int, raw_num_tokens: int, exc: BaseException) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 import math
 import operator
-from typing import Any, Collection, Mapping, Optional
+from typing import Any, Collection, Dict, Mapping, Optional
 
 from graphslot.spec.dtypes import DTypeName, is_torch_dtype
 from graphslot.spec.errors import ExprError, did_you_mean, shorten
@@ -88,6 +88,10 @@ def _literal(value: Any) -> tuple[str, int]:
     return src, _P_UNARY if src.startswith("-") else _P_ATOM
 
 
+PARSE_CACHE_LIMIT = 4096
+_PARSED: Dict[str, "Expr"] = {}
+
+
 class Expr:
     """A parsed expression; equal and hashed by its text."""
 
@@ -115,7 +119,15 @@ class Expr:
 
     @classmethod
     def parse(cls, text: str) -> "Expr":
-        return cls(text)
+        """The parsed expression, kept per text (an Expr never changes): a registry built
+        again parses none of its spec's expressions twice."""
+        expr = _PARSED.get(text) if isinstance(text, str) else None
+        if expr is None:
+            expr = cls(text)
+            if len(_PARSED) >= PARSE_CACHE_LIMIT:
+                _PARSED.clear()
+            _PARSED[text] = expr
+        return expr
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Expr) and other.text == self.text

@@ -21,7 +21,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Mapping, Optional
 
-from .errors import did_you_mean
+from .errors import SlotError, did_you_mean
+from .live import Live
 
 # How each kind of hook is called; a user hook must accept these arguments.
 HOOK_SIGNATURES = {
@@ -184,24 +185,45 @@ def bind_hook(
 # --- built-in hooks -------------------------------------------------------------------
 
 
-def _attn_tp_shard(params):
+SHARD_PARAMS = ("attn_tp_sharded", "attn_tp_rank", "attn_tp_size")
+
+
+def _shard(get, fail):
     """``(sharded, rank, size)``: whether this rank's share of the padded tokens is a
     slice of them (sglang's ``not enable_prefill_cp and attn_tp_sharded_fn(n)``).
 
-    ``attn_tp_sharded`` stands for sglang's per-bucket predicate, whose default
-    (``ModelRunner.attn_tp_sequence_sharded``) is ``require_gathered_buffer()`` for
-    every bucket; a spec without the param falls back to ``require_gathered_buffer``.
+    ``get(name, default)`` reads a param; ``attn_tp_sharded`` is read only without
+    ``enable_prefill_cp``, and rank and size only when sharded (as sglang reads its
+    runtime context only then). ``attn_tp_sharded`` stands for sglang's per-bucket
+    predicate, whose default (``ModelRunner.attn_tp_sequence_sharded``) is
+    ``require_gathered_buffer()`` for every bucket; a spec without the param falls
+    back to ``require_gathered_buffer``.
     """
-    sharded = params.get("attn_tp_sharded")
+    if get("enable_prefill_cp", False):
+        return False, 0, 1
+    sharded = get("attn_tp_sharded", None)
     if sharded is None:
-        sharded = params.get("require_gathered_buffer", False)
-    sharded = bool(sharded) and not params.get("enable_prefill_cp")
-    rank = int(params.get("attn_tp_rank", 0))
-    size = int(params.get("attn_tp_size", 1))
-    if sharded and not (size >= 1 and 0 <= rank < size):
-        raise HookError(f"attn_tp_rank={rank} must lie in [0, attn_tp_size={size}) when the "
-                        "non-padded count is sharded (attn_tp_sharded)")
-    return sharded, rank, size
+        sharded = get("require_gathered_buffer", False)
+    if not sharded:
+        return False, 0, 1
+    rank, size = int(get("attn_tp_rank", 0)), int(get("attn_tp_size", 1))
+    if not (size >= 1 and 0 <= rank < size):
+        raise fail(f"attn_tp_rank={rank} must lie in [0, attn_tp_size={size}) when the "
+                   "non-padded count is sharded (attn_tp_sharded)")
+    return True, rank, size
+
+
+def _attn_tp_shard(params, slot_name):
+    """``ctx -> (sharded, rank, size)``: decided once here from fixed params, or at
+    every fill from ``ctx.params`` when one of them is live."""
+    if not any(isinstance(params.get(name), Live) for name in SHARD_PARAMS):
+        fixed = _shard(params.get, HookError)
+        return lambda ctx: fixed
+
+    def fail(message):
+        return SlotError(f"slot '{slot_name}': {message}")
+
+    return lambda ctx: _shard(ctx.params.get, fail)
 
 
 def _local_bounds(sharded, rank, size, padded_num_tokens):
@@ -223,7 +245,7 @@ def _local_bounds(sharded, rank, size, padded_num_tokens):
     "buffer is left as it is.",
 )
 def _local_num_token_non_padded(params, slot_name):
-    sharded, rank, size = _attn_tp_shard(params)
+    shard = _attn_tp_shard(params, slot_name)
 
     def post_fill(buffer, fb, ctx):
         global_count = getattr(fb, "global_num_token_non_padded", None)
@@ -236,10 +258,13 @@ def _local_num_token_non_padded(params, slot_name):
             elif local is not None:
                 buffer.fill_(int(local))
             return
-        per_rank, offset = _local_bounds(sharded, rank, size, ctx.padded_num_tokens)
+        per_rank, offset = _local_bounds(*shard(ctx), ctx.padded_num_tokens)
         if _is_tensor(global_count):
-            # Never `out=buffer`: a 0-d count would resize the static [1] buffer.
-            buffer.copy_((global_count - offset).clamp(0, per_rank).reshape(buffer.shape))
+            # Never `out=buffer`: a 0-d count would resize the static [1] buffer. Each op
+            # costs a dispatch on the hot path: no subtraction of 0, no reshape where
+            # copy_ broadcasts (a 0-d count into [1]).
+            local = (global_count - offset if offset else global_count).clamp(0, per_rank)
+            buffer.copy_(local.reshape(buffer.shape) if local.dim() > buffer.dim() else local)
         else:
             buffer.fill_(min(max(int(global_count) - offset, 0), per_rank))
 
@@ -255,14 +280,14 @@ def _local_num_token_non_padded(params, slot_name):
     "bucket; without it, the raw token count of the step.",
 )
 def _local_num_token_non_padded_cpu(params, slot_name):
-    sharded, rank, size = _attn_tp_shard(params)
+    shard = _attn_tp_shard(params, slot_name)
 
     def post_fill(buffer, fb, ctx):
         global_count = getattr(fb, "global_num_token_non_padded_cpu", None)
         if global_count is None:
             buffer.fill_(ctx.raw_num_tokens)
             return
-        per_rank, offset = _local_bounds(sharded, rank, size, ctx.padded_num_tokens)
+        per_rank, offset = _local_bounds(*shard(ctx), ctx.padded_num_tokens)
         buffer.fill_(min(max(int(global_count) - offset, 0), per_rank))
 
     return post_fill

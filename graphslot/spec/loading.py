@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from pydantic import ValidationError
 
@@ -14,12 +15,25 @@ from .files import TooLarge, display_path, read_bounded
 from .project_specs import is_spec_name, project_spec, project_spec_names, project_specs
 from .model import (AXES, MAX_PARAMS, MAX_PRESETS, MAX_SLOTS, PADDINGS, PARAM_KEYS, PARAM_TYPES, SLOT_KEYS,
                     TOP_KEYS, ParamSpec, RegistrySpec, SlotSpec)
-from .yaml_loader import Locations, line_of_position, load_yaml
+from .yaml_loader import INT_LIMIT, MAX_YAML_DEPTH, MAX_YAML_NODES, Locations, line_of_position, load_yaml
 
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "slot_specs"
 # Largest spec file read, in bytes (a spec is a few KiB; validation is linear in size).
 MAX_SPEC_BYTES = 16 << 20
 _CHOICES = {"axis": AXES, "padding": PADDINGS, "type": PARAM_TYPES, "device": ("cpu",)}
+# Validated specs kept per process (RegistrySpec is frozen, so sharing one is safe): a file
+# by (path, mtime, size), a spec from code by its data. Registries built again and again
+# (an engine rebuilding one when a batch outgrows it) parse nothing twice.
+SPEC_CACHE_LIMIT = 256
+_FILE_SPECS: Dict[tuple, RegistrySpec] = {}
+_CODE_SPECS: Dict[tuple, RegistrySpec] = {}
+
+
+def _remember(cache: Dict[tuple, RegistrySpec], key: tuple, spec: RegistrySpec) -> RegistrySpec:
+    if len(cache) >= SPEC_CACHE_LIMIT:
+        cache.clear()
+    cache[key] = spec
+    return spec
 
 
 def shipped_spec_names() -> List[str]:
@@ -47,7 +61,7 @@ def spec_path(name_or_path: Union[str, os.PathLike]) -> Path:
     found = project_spec(text, project) if project else None
     if found is not None:
         return found
-    if text in shipped_spec_names():
+    if is_spec_name(text) and shipped_spec_path(text).is_file():  # what shipped_spec_names() lists
         return shipped_spec_path(text)
     path = Path(text)
     if not path.is_file():
@@ -70,8 +84,94 @@ def load_spec(name_or_path: Union[str, os.PathLike], *, import_hooks: bool = Fal
     """
     path = spec_path(name_or_path)
     source = display_path(path)
-    return parse_spec(read_spec_text(path, source), source=source, import_hooks=import_hooks,
-                      max_bytes=max_bytes)
+    try:
+        stat = path.stat()
+        key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size, source, import_hooks, max_bytes)
+    except OSError:
+        key = None  # read_spec_text says why it cannot be read
+    cached = _FILE_SPECS.get(key) if key is not None else None
+    if cached is not None:
+        return cached
+    spec = parse_spec(read_spec_text(path, source), source=source, import_hooks=import_hooks, max_bytes=max_bytes)
+    return spec if key is None else _remember(_FILE_SPECS, key, spec)
+
+
+def spec_from_dict(data: Mapping[str, Any], source: str = "<code>", *, import_hooks: bool = False,
+                   max_bytes: Optional[int] = None) -> RegistrySpec:
+    """A spec built in code: the same mapping a YAML spec file holds (dicts, lists, str,
+    int, float, bool and None), through exactly the validation of :func:`parse_spec`.
+    Errors name ``source`` (a label such as ``"<code: my_engine>"``) and the slot; they
+    carry no line. Validated specs are kept by their data, so building the same one
+    again costs a lookup. ``RegistrySpec.to_dict()`` gives a shipped spec as such data,
+    to derive one from it."""
+    data = _plain_copy(data, source)
+    # the data in its own order (a spec's param order shows in `graphslot show`)
+    key = (source, import_hooks, max_bytes, json.dumps(data, allow_nan=True))
+    cached = _CODE_SPECS.get(key)
+    if cached is not None:
+        return cached
+    spec = _validated(data, Locations(source), source, "", import_hooks, max_bytes, [])
+    return _remember(_CODE_SPECS, key, spec)
+
+
+_SCALARS = (str, bool, int, float, type(None))
+
+
+def _plain_copy(data: Any, source: str) -> Dict[str, Any]:
+    """``data`` as plain dicts and lists, within the YAML reader's limits; anything else
+    is a SpecError naming where it sits (``slots[2].shape[0]``)."""
+    if not isinstance(data, Mapping):
+        raise SpecError([SpecIssue(source, None, f"a spec is a mapping with keys {', '.join(TOP_KEYS)}, got "
+                                                 f"{type(data).__name__}")])
+    root: Dict[str, Any] = {}
+    stack: List[Tuple[Any, Any, Tuple[Any, ...]]] = [(data, root, ())]
+    nodes = 0
+    while stack:
+        value, into, path = stack.pop()
+        mapping = isinstance(value, Mapping)
+        for key, item in (value.items() if mapping else enumerate(value)):
+            nodes += 1
+            if mapping and type(key) is not str:
+                raise SpecError([SpecIssue(source, None, f"{_data_path(path) or 'the spec'}: key {shorten(key)} "
+                                                         "is not a string")])
+            problem = None
+            kind = type(item)
+            if nodes > MAX_YAML_NODES:
+                problem = f"more than {MAX_YAML_NODES} values"
+            elif len(path) >= MAX_YAML_DEPTH:
+                problem = f"nested deeper than {MAX_YAML_DEPTH} levels"
+            elif kind is int and abs(item) >= INT_LIMIT:
+                problem = f"integer {shorten(item)} out of range (|value| < 2**63)"
+            elif kind not in _SCALARS and kind is not dict and kind is not list and not isinstance(
+                    item, (str, int, float, Mapping, list, tuple)):
+                problem = (f"{kind.__name__} is not plain data: a spec from code holds only dicts, lists, "
+                           "str, int, float, bool and None (a dtype by its name: 'int64')")
+            if problem is not None:
+                raise SpecError([SpecIssue(source, None, f"{_data_path(path + (key,))}: {problem}")])
+            if kind in _SCALARS:
+                into[key] = item
+            elif kind is dict or isinstance(item, Mapping):
+                into[key] = {}
+                stack.append((item, into[key], path + (key,)))
+            elif kind is list or isinstance(item, (list, tuple)):
+                into[key] = [None] * len(item)
+                stack.append((item, into[key], path + (key,)))
+            else:  # a subclass of a scalar type (an IntEnum, a str enum): its plain value
+                into[key] = (str.__str__(item) if isinstance(item, str)  # a str enum's value, not its name
+                             else int(item) if isinstance(item, int) else float(item))
+                if isinstance(into[key], int) and not isinstance(into[key], bool) and abs(into[key]) >= INT_LIMIT:
+                    raise SpecError([SpecIssue(source, None, f"{_data_path(path + (key,))}: integer "
+                                                             f"{shorten(into[key])} out of range (|value| < 2**63)")])
+    return root
+
+
+def _data_path(path: Tuple[Any, ...]) -> str:
+    """``slots[2].shape[0]``: where a value sits in a spec's data."""
+    out = ""
+    for key in path:
+        out += f"[{key}]" if isinstance(key, int) else (f".{shorten(key, quote=False)}" if out else
+                                                        shorten(key, quote=False))
+    return out
 
 
 def read_spec_text(path: Path, source: str) -> str:
@@ -114,27 +214,34 @@ def parse_spec(text: str, source: str = "<string>", *, import_hooks: bool = Fals
     if not isinstance(data, dict):
         raise SpecError(issues + [SpecIssue(source, 1, "a spec is a mapping with keys "
                                             + ", ".join(TOP_KEYS))])
-    too_many = _too_many(data, loaded.locations)
+    return _validated(data, loaded.locations, source, text, import_hooks, max_bytes, issues)
+
+
+def _validated(data: Dict[Any, Any], locations: Locations, source: str, text: str, import_hooks: bool,
+               max_bytes: Optional[int], issues: List[SpecIssue]) -> RegistrySpec:
+    """Structural (pydantic) then cross-key validation of a spec's data: every problem,
+    sorted by line, as one SpecError."""
+    too_many = _too_many(data, locations)
     if too_many:
         raise SpecError(issues + too_many)
     spec = None
     try:
         spec = RegistrySpec.model_validate(data)
     except ValidationError as exc:
-        issues.extend(_structural_issues(exc, data, loaded.locations))
+        issues.extend(_structural_issues(exc, data, locations))
 
     params = spec.params if spec else _valid_parts(data.get("params"), ParamSpec, dict)
     slots = (list(enumerate(spec.slots)) if spec
              else _valid_parts(data.get("slots"), SlotSpec, list))
     presets = data.get("presets") if isinstance(data.get("presets"), dict) else {}
     presets = {k: v for k, v in presets.items() if isinstance(v, dict)}
-    issues.extend(check_spec(params, presets, slots, source, loaded.locations, name=data.get("name"),
+    issues.extend(check_spec(params, presets, slots, source, locations, name=data.get("name"),
                              descriptions=_descriptions(data), import_hooks=import_hooks,
                              max_bytes=DEFAULT_MAX_BYTES if max_bytes is None else max_bytes,
                              structurally_valid=spec is not None))
     if issues:
         raise SpecError(sorted(issues, key=lambda i: (i.line or 0)))
-    spec._source, spec._text, spec._locations = source, text, loaded.locations
+    spec._source, spec._text, spec._locations = source, text, locations
     return spec
 
 

@@ -37,6 +37,8 @@ MAX_SLOTS = 4096
 # is a `literal_error` the loader words); code compares them with the Axis/Padding enums.
 AxisName = Literal[AXES]  # type: ignore[valid-type]
 PaddingName = Literal[PADDINGS]  # type: ignore[valid-type]
+Adopt = Literal["allowed", "never"]
+AbsentFields = Literal["error", "skip"]
 ParamType = Literal["int", "float", "bool", "dtype", "str"]
 # A literal, or a string holding an expression over params (for str/dtype params a
 # string default is the value itself).
@@ -60,6 +62,13 @@ class ParamSpec(_Strict):
             "Only pad values may use runtime params."
         ),
     )
+    live: StrictBool = Field(
+        False,
+        description=(
+            "The value may be a provider (ctx) -> value given at build, evaluated when a hook reads "
+            "ctx.params[name] during a fill. Only hooks may read live params."
+        ),
+    )
 
 
 class SlotSpec(_Strict, SlotKind):
@@ -67,8 +76,8 @@ class SlotSpec(_Strict, SlotKind):
         description="The batch attribute the slot mirrors; a dotted name is a structured slot and needs `source`."
     )
     shape: List[Union[StrictInt, str]] = Field(
-        min_length=1,
-        description="Extents: ints or expressions over max_bs, max_num_tokens and params.",
+        description="Extents: ints or expressions over max_bs, max_num_tokens and params; [] for a 0-d "
+                    "slot (axis none).",
     )
     dtype: str = Field(description="A torch dtype name (int64, bfloat16, …) or a dtype-typed param.")
     axis: AxisName = Field(description="bs: sliced by batch size; tokens: by token count; none: never sliced.")
@@ -97,6 +106,9 @@ class SlotSpec(_Strict, SlotKind):
     post_fill: Optional[str] = Field(None, description="Hook (buffer, fb, ctx) run after the copies.")
     source: Optional[str] = Field(None, description="Hook (fb, ctx) -> tensor or None: the copy source.")
     pre_capture: Optional[str] = Field(None, description="Hook (buffer, ctx) run before graph capture.")
+    adopt: Adopt = Field(
+        "allowed", description="never: the registry owns the buffer; build_registry(adopt=...) never adopts it."
+    )
     description: str = ""
 
 
@@ -109,11 +121,19 @@ class RegistrySpec(_Strict):
     presets: Dict[str, Dict[str, Any]] = Field(
         default_factory=dict, description="Named param sets, e.g. `eager`."
     )
+    absent_fields: AbsentFields = Field(
+        "error",
+        description=(
+            "error: a copied slot's batch field that is None or missing is a SlotError unless the slot is "
+            "optional. skip: every slot copied from a batch field is optional (no copy, None carried)."
+        ),
+    )
     slots: List[SlotSpec] = Field(min_length=1)
 
     _source: str = PrivateAttr("<string>")
     _text: str = PrivateAttr("")
     _locations: Optional[Locations] = PrivateAttr(None)
+    _identity: Optional[str] = PrivateAttr(None)
 
     @property
     def source(self) -> str:
@@ -130,7 +150,9 @@ class RegistrySpec(_Strict):
         dropped. Comments, line endings, key order, quoting and descriptions of the
         file do not reach it; any name, shape, dtype, axis, policy, pad value, hook,
         ``enabled_if``, flag, param type or default, preset or slot order does."""
-        return self.model_dump(mode="python", exclude=NOT_MEANING)
+        data = self.model_dump(mode="python", exclude=NOT_MEANING)
+        _drop_unused_keys(data)
+        return data
 
     def canonical_json(self) -> str:
         """:meth:`canonical` as one line of ASCII JSON with sorted keys (non-finite
@@ -138,11 +160,19 @@ class RegistrySpec(_Strict):
         return json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"), ensure_ascii=True,
                           allow_nan=True)
 
+    def to_dict(self) -> Dict[str, Any]:
+        """The spec as plain data, the form :func:`graphslot.spec_from_dict` takes (keys
+        holding their defaults left out, descriptions kept): derive a spec from a
+        shipped one in code, ``d = load_spec("decode").to_dict(); d["slots"].append(...)``."""
+        return self.model_dump(mode="python", exclude_defaults=True)
+
     @property
     def identity(self) -> str:
         """The sha256 hex digest of :meth:`canonical_json`: what a generated module
         records of the spec it was generated from (``SPEC_IDENTITY``)."""
-        return hashlib.sha256(self.canonical_json().encode("ascii")).hexdigest()
+        if self._identity is None:  # a spec never changes (frozen): computed once
+            self._identity = hashlib.sha256(self.canonical_json().encode("ascii")).hexdigest()
+        return self._identity
 
     @property
     def locations(self) -> Locations:
@@ -161,6 +191,26 @@ class RegistrySpec(_Strict):
     def param_line(self, name: str) -> Optional[int]:
         return self.locations.line(("params", name))
 
+
+def _drop_unused_keys(data: Dict[str, Any]) -> None:
+    """Keys added after specs had identities leave the canonical form while they hold
+    their default, so a spec that does not use them keeps its identity (and its
+    generated modules stay current)."""
+    for key, default in UNUSED_DEFAULTS["spec"].items():
+        if data.get(key) == default:
+            data.pop(key)
+    for param in data.get("params", {}).values():
+        for key, default in UNUSED_DEFAULTS["param"].items():
+            if param.get(key) == default:
+                param.pop(key)
+    for slot in data.get("slots", ()):
+        for key, default in UNUSED_DEFAULTS["slot"].items():
+            if slot.get(key) == default:
+                slot.pop(key)
+
+
+# Keys (and defaults) left out of the canonical form when unused: see _drop_unused_keys.
+UNUSED_DEFAULTS = {"spec": {"absent_fields": "error"}, "param": {"live": False}, "slot": {"adopt": "allowed"}}
 
 SLOT_KEYS = tuple(SlotSpec.model_fields)
 PARAM_KEYS = tuple(ParamSpec.model_fields)

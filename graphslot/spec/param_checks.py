@@ -45,6 +45,21 @@ def check_expr(text: str, types: Dict[str, str], want: Tuple[str, ...], path, re
     return expr
 
 
+def check_no_live(text: str, params: Dict[str, ParamSpec], path, report: Reporter, what: str,
+                  slot: Optional[str] = None) -> bool:
+    """Report (and say whether) an expression names a live param: live params are
+    evaluated at fill time, and only hooks may read them."""
+    try:
+        used = sorted(n for n in Expr.parse(text).names if n in params and params[n].live)
+    except ExprError:
+        return False  # the syntax is reported where the expression is checked
+    if used:
+        report.add(path, f"{what} uses live param '{used[0]}': live params are evaluated at fill time by the "
+                         "hooks that read them (ctx.params), so shapes, dtypes, enabled_if, pad values and "
+                         "other params' defaults cannot use them", slot)
+    return bool(used)
+
+
 def check_param_chains(params: Dict[str, ParamSpec], report: Reporter) -> bool:
     """Report default chains longer than MAX_PARAM_CHAIN (resolving them recurses)."""
     deps: Dict[str, List[str]] = {}
@@ -116,6 +131,14 @@ def check_params(params: Dict[str, ParamSpec], types: Dict[str, str], report: Re
                                                     f"character {char_name(bad)}")
         if param.runtime and param.type not in ("int", "float", "bool"):
             report.add(path + ("runtime",), f"runtime param '{name}' must be int, float or bool")
+        if param.live and param.runtime:
+            report.add(path + ("live",), f"param '{name}' cannot be both runtime and live: a runtime param is "
+                                         "bound with the registry, a live one read by hooks at each fill")
+        elif param.live and param.type == "dtype":
+            report.add(path + ("live",), f"live param '{name}' must be int, float, bool or str: a dtype decides "
+                                         "what is allocated, and live params are read only by hooks")
+        if isinstance(default, str) and param.type in ("int", "float", "bool"):
+            check_no_live(default, params, path + ("default",), report, f"the default of param '{name}'")
 
 
 def check_presets(params: Dict[str, ParamSpec], presets: Dict[str, Dict[str, Any]], report: Reporter) -> None:

@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from .dtypes import DTypeName, parse_dtype, spelling_hint, torch_dtype, value_fits_dtype
 from .errors import ExprError, SpecError, SpecIssue, did_you_mean, shorten
 from .expr import Expr
+from .live import Live
 from .kinds import CAPACITY_NAMES, Axis, Padding, SlotKind
 from .model import RegistrySpec, SlotSpec
 
@@ -48,6 +49,11 @@ class ResolvedSlot(SlotKind):
     #: judges overlapping sources per row, alike), so the rows can join the device's
     #: grouped copy.
     rows: bool = False
+    #: False for ``adopt: never``: allocated (or pooled) even when ``adopt=`` is given.
+    adopt: bool = True
+    #: The spec's ``absent_fields: skip`` on a slot copied from its batch field: a field
+    #: that is missing, None or not a tensor is no copy (the slot is also ``optional``).
+    skip_absent: bool = False
 
     @property
     def dtype(self) -> Any:
@@ -128,10 +134,15 @@ def resolve_params(
         if name not in spec.params:
             issues.append(SpecIssue(file, None, f"unknown param '{name}'" + did_you_mean(name, spec.params)))
             continue
+        if spec.params[name].live and (isinstance(value, Live) or callable(value)):
+            values[name] = value if isinstance(value, Live) else Live(value)  # evaluated by the hooks at fill
+            continue
         try:
             values[name] = coerce_param(name, spec.params[name].type, value)
         except ValueError as exc:
-            issues.append(SpecIssue(file, spec.param_line(name), str(exc)))
+            hint = ("; a provider (a callable read at fill time) is only taken by a `live: true` param"
+                    if callable(value) and not isinstance(value, type) else "")
+            issues.append(SpecIssue(file, spec.param_line(name), str(exc) + hint))
     if issues:
         raise SpecError(issues)
 
@@ -185,9 +196,13 @@ def copied_as_rows(slot: SlotSpec) -> bool:
 
 
 def resolve_slot(
-    slot: SlotSpec, params: Mapping[str, Any], max_bs: int, max_num_tokens: int, line: Optional[int] = None
+    slot: SlotSpec, params: Mapping[str, Any], max_bs: int, max_num_tokens: int, line: Optional[int] = None,
+    absent_fields: str = "error",
 ) -> ResolvedSlot:
+    """``absent_fields``: the spec's rule; ``skip`` makes every slot copied from its
+    batch field optional, and a field that is not a tensor no copy either."""
     env = dict(params, max_bs=max_bs, max_num_tokens=max_num_tokens)
+    skip_absent = absent_fields == "skip" and slot.copy_from_fb and slot.source is None
     enabled = True if slot.enabled_if is None else bool(evaluate_field(slot.enabled_if, params))
     pad_value = None if slot.pad_value is None else evaluate_field(slot.pad_value, params)
     return ResolvedSlot(
@@ -200,7 +215,7 @@ def resolve_slot(
         padding=Padding.of(slot.padding),
         pad_value=pad_value,
         index=slot.index,
-        optional=slot.optional,
+        optional=slot.optional or skip_absent,
         enabled=enabled,
         copy_from_fb=slot.copy_from_fb,
         post_fill=slot.post_fill,
@@ -208,7 +223,16 @@ def resolve_slot(
         pre_capture=slot.pre_capture,
         rows=copied_as_rows(slot),
         line=line,
+        adopt=slot.adopt != "never",
+        skip_absent=skip_absent,
     )
+
+
+# Resolved slots kept per (spec object, params that can shape them, capacities): a registry
+# built again resolves nothing twice. Live params are left out of the key (no slot may use
+# one), so a new provider per build still hits.
+RESOLVED_CACHE_LIMIT = 256
+_RESOLVED: Dict[tuple, Tuple[RegistrySpec, Tuple[ResolvedSlot, ...]]] = {}
 
 
 def resolve_slots(
@@ -220,10 +244,26 @@ def resolve_slots(
             raise ValueError(f"{name} must be an int, got {type(value).__name__} {shorten(value)}")
     if max_bs < 1 or max_num_tokens < 1:
         raise ValueError(f"max_bs and max_num_tokens must be >= 1, got {max_bs} and {max_num_tokens}")
+    live = spec.params
+    key = (id(spec), type(max_bs), int(max_bs), type(max_num_tokens), int(max_num_tokens),
+           tuple((k, type(v), repr(v)) for k, v in params.items() if not (k in live and live[k].live)))
+    cached = _RESOLVED.get(key)
+    if cached is not None and cached[0] is spec:
+        return list(cached[1])
+    resolved = _resolve_slots(spec, params, max_bs, max_num_tokens)
+    if len(_RESOLVED) >= RESOLVED_CACHE_LIMIT:
+        _RESOLVED.clear()
+    _RESOLVED[key] = (spec, tuple(resolved))  # the spec kept alive: its id stays its own
+    return resolved
+
+
+def _resolve_slots(
+    spec: RegistrySpec, params: Mapping[str, Any], max_bs: int, max_num_tokens: int
+) -> List[ResolvedSlot]:
     resolved, issues = [], []
     for i, slot in enumerate(spec.slots):
         try:
-            r = resolve_slot(slot, params, max_bs, max_num_tokens, spec.slot_line(i))
+            r = resolve_slot(slot, params, max_bs, max_num_tokens, spec.slot_line(i), spec.absent_fields)
         except ExprError as exc:  # division by zero or overflow with these values
             issues.append(SpecIssue(spec.source, spec.slot_line(i), str(exc), slot.name))
             continue

@@ -11,7 +11,7 @@ from .hooks import HOOK_SIGNATURES, HookError, check_reference, is_import_refere
 from .kinds import CAPACITY_NAMES, Axis, Padding
 from .model import SlotSpec
 from .names import DOTTED, IMPORT_REFERENCE, is_identifier
-from .param_checks import Reporter, check_expr
+from .param_checks import Reporter, check_expr, check_no_live
 from .resolve import evaluate_field, slot_dtype
 
 # Most dimensions a slot's shape may have.
@@ -28,6 +28,7 @@ class SlotChecker:
         self.shown_name = shorten(slot.name, quote=False)
         self.types, self.default_values = types, default_values
         self.runtime = {n for n, p in params.items() if p.runtime}
+        self.live = {n for n, p in params.items() if p.live}
 
     def add(self, key: Optional[str], message: str) -> None:
         path = self.path if key is None else self.path + (key,)
@@ -39,8 +40,8 @@ class SlotChecker:
             check()
 
     def structural_types(self) -> Dict[str, str]:
-        """Names a shape, dtype or enabled_if may use: runtime params are not baked."""
-        return {k: v for k, v in self.types.items() if k not in self.runtime}
+        """Names a shape, dtype or enabled_if may use: runtime and live params are not baked."""
+        return {k: v for k, v in self.types.items() if k not in self.runtime and k not in self.live}
 
     def name(self) -> None:
         slot = self.slot
@@ -69,7 +70,10 @@ class SlotChecker:
                               f"float32, bfloat16, …) or a dtype param" + dtype_hint(dtype, dtype_params))
 
     def uses_runtime(self, text: str, key: str, what: str) -> bool:
-        """Report (and say whether) an expression that must be baked names a runtime param."""
+        """Report (and say whether) an expression that must be baked names a runtime or
+        a live param."""
+        if check_no_live(text, self.params, self.path + (key,), self.report, what, self.shown_name):
+            return True
         try:
             used = sorted(Expr.parse(text).names & self.runtime)
         except ExprError:
@@ -105,7 +109,13 @@ class SlotChecker:
                         break
             elif extent < 1:
                 self.add("shape", f"shape[{d}] is {extent}; extents must be positive")
-        if not 0 <= slot.slice_dim < len(slot.shape):
+        if not slot.shape:  # 0-d: a scalar buffer, the view is the buffer
+            if Axis(slot.axis).sliced:
+                self.add("shape", f"a 0-d slot (shape: []) has no dimension to slice: use axis 'none', not "
+                                  f"'{slot.axis}'")
+            elif slot.slice_dim != 0:
+                self.add("slice_dim", "a 0-d slot (shape: []) has no dimension to slice; remove slice_dim")
+        elif not 0 <= slot.slice_dim < len(slot.shape):
             self.add("slice_dim", f"slice_dim {slot.slice_dim} is beyond the shape {list(slot.shape)} "
                                   f"(it has {len(slot.shape)} dimension(s))")
         elif Axis(slot.axis).sliced:
@@ -139,6 +149,9 @@ class SlotChecker:
         if slot.pad_value is None or not needs:
             return
         if isinstance(slot.pad_value, str):
+            if check_no_live(slot.pad_value, self.params, self.path + ("pad_value",), self.report, "pad_value",
+                             self.shown_name):
+                return
             if check_expr(slot.pad_value, self.types, ("int", "float", "bool"), self.path + ("pad_value",),
                            self.report, "pad_value", slot.name) is None:
                 return

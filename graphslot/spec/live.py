@@ -1,0 +1,88 @@
+"""``live: true`` params: values a hook reads at fill time through ``ctx.params``,
+given at build as providers ``(ctx) -> value`` and evaluated only when read.
+
+An engine's attention-TP rank, or whether a bucket is sequence sharded, may only be
+known (or only be cheap to ask) at the step itself: a provider is called the first time
+a hook reads the param during a fill, at most once per fill, and never when no hook
+reads it. Shapes, dtypes, ``enabled_if`` and pad values cannot use live params (the
+spec check says so), so generated code never bakes one. Torch-free.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, Mapping
+
+__all__ = ["ContextFactory", "Live", "LiveParams", "context_factory", "live_view"]
+
+
+class Live:
+    """A ``live: true`` param's provider: ``fn(ctx) -> value``, evaluated when a hook
+    reads ``ctx.params[name]`` during a fill (at most once per fill), never before.
+
+    ``build_registry(params={"attn_tp_rank": lambda ctx: group.rank()})`` wraps a
+    callable given for a live param in one; a plain value is just the value.
+    """
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[[Any], Any]):
+        self.fn = fn
+
+    def __repr__(self) -> str:
+        return f"Live({getattr(self.fn, '__qualname__', type(self.fn).__name__)})"
+
+
+class LiveParams(Mapping):
+    """``ctx.params`` of a registry with live params: the resolved params, each live
+    one evaluated by its provider on first read during this fill."""
+
+    __slots__ = ("_values", "_providers", "_evaluated", "ctx")
+
+    def __init__(self, values: Mapping[str, Any], providers: Mapping[str, Callable[[Any], Any]]):
+        self._values, self._providers, self._evaluated, self.ctx = values, providers, {}, None
+
+    def __getitem__(self, name: str) -> Any:
+        provider = self._providers.get(name)
+        if provider is None:
+            return self._values[name]
+        evaluated = self._evaluated
+        if name not in evaluated:
+            evaluated[name] = provider(self.ctx)
+        return evaluated[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+
+ContextFactory = Callable[..., Any]
+
+
+def _providers(params: Mapping[str, Any]) -> Mapping[str, Callable[[Any], Any]]:
+    return {name: value.fn for name, value in params.items() if isinstance(value, Live)}
+
+
+def context_factory(make: ContextFactory, params: Mapping[str, Any]) -> ContextFactory:
+    """How a registry makes each fill's context: ``make(raw_bs, padded_bs,
+    raw_num_tokens, padded_num_tokens, params, side_inputs)`` (:class:`FillContext` by
+    default, or an engine's own type), with ``ctx.params`` a :class:`LiveParams` when
+    some param is :class:`Live`. Without live params ``make`` itself: nothing to pay."""
+    providers = _providers(params)
+    if not providers:
+        return make
+
+    def make_live(raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, params, side_inputs=None):
+        live = LiveParams(params, providers)
+        ctx = live.ctx = make(raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, live, side_inputs)
+        return ctx
+
+    return make_live
+
+
+def live_view(params: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``params`` for a context made outside a fill (``pre_capture``'s): a
+    :class:`LiveParams` whose ``ctx`` the caller sets, or ``params`` itself."""
+    providers = _providers(params)
+    return LiveParams(params, providers) if providers else params
