@@ -16,6 +16,7 @@ import torch
 
 import graphslot as gs
 from conftest import make_slot_yaml, parse, spec_error
+from test_registry_semantics import poison, t
 
 MODES = ("interpreted", "generated")
 LIVE_SPEC_TEXT = """\
@@ -38,10 +39,6 @@ LIVE_SPEC_TEXT = """\
 def build(text_or_spec: Any, mode: str, max_bs: int = 4, max_num_tokens: int = 8, **kwargs) -> gs.SlotRegistry:
     spec = parse(text_or_spec) if isinstance(text_or_spec, str) else text_or_spec
     return gs.build_registry(spec, max_bs, max_num_tokens, mode=mode, **kwargs)
-
-
-def t(*values, dtype=torch.int64):
-    return torch.tensor(values, dtype=dtype)
 
 
 # --- 0-d slots ----------------------------------------------------------------------------
@@ -132,8 +129,7 @@ SKIPPING = """\
 @pytest.mark.parametrize("absent", ["missing", None, "a string", 3])
 def test_absent_fields_skip_leaves_the_head_and_resets_the_tail(mode, absent):
     reg = build(SKIPPING, mode)
-    for name in reg.slot_names():
-        reg.slot(name).buffer.fill_(9)
+    poison(reg, 9)
     fb = SimpleNamespace(lens=t(5, 6), computed=None)
     if absent != "missing":
         fb.ids = absent
@@ -434,8 +430,7 @@ STAGED = """\
 @pytest.mark.parametrize("strict", [False, True])
 def test_skipped_slots_are_not_read_reset_or_hooked(mode, strict):
     reg = build(STAGED, mode, strict=strict)
-    for name in reg.slot_names():
-        reg.slot(name).buffer.fill_(9)
+    poison(reg, 9)
     fill = reg.fill_from_skipping({"positions", "seq_lens", "counted", "not_a_slot"})
     assert reg.fill_from_skipping({"seq_lens", "positions", "counted"}) is fill  # bound once per set
     fb = SimpleNamespace(positions=None, seq_lens="staged elsewhere", input_ids=t(1, 2))
