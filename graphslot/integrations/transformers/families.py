@@ -18,8 +18,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
-_ROBERTA_POSITIONS = ("derives its positions from the input ids, offset by padding_idx + 1; graphslot passes each "
-                      "token's position from 0, so every row would differ from the model's own decode")
+_ROBERTA_POSITIONS = ("it derives its positions from the input ids, offset by padding_idx + 1; graphslot passes "
+                      "each token's position from 0, so every row would differ from the model's own decode")
 
 #: model_type -> why a model of that family is refused even with ``allow_untested=True``.
 REFUSED: Dict[str, str] = {
@@ -88,7 +88,7 @@ def family_problem(model: Any, max_context_len: Optional[int] = None) -> Optiona
     config = model.config
     family = getattr(config, "model_type", None)
     if family in REFUSED:
-        return f"model_type {family!r} is not supported: it {REFUSED[family]}"
+        return f"model_type {family!r} is not supported: {REFUSED[family]}"
     can_set = getattr(type(model), "_can_set_experts_implementation", None)
     if getattr(config, "_experts_implementation", None) == "eager" and can_set is not None and can_set():
         return ("experts_implementation='eager' cannot be captured: its loop over experts reads the routing on the "
