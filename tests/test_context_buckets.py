@@ -67,7 +67,8 @@ transformers = pytest.importorskip("transformers")
 import torch  # noqa: E402
 
 from graphslot.integrations.transformers import (  # noqa: E402
-    ContinuousBatcher, DecodeStep, HFDecodeAdapter, PagedCache, PerRequestHF, tiny_config, tiny_model,
+    ContinuousBatcher, DecodeStep, HFDecodeAdapter, LayerGeometry, PagedCache, PerRequestHF, tiny_config,
+    tiny_model,
 )
 from graphslot.integrations.transformers.models import close, max_abs_diff  # noqa: E402
 from graphslot.runners.decode import DecodeGraphRunner  # noqa: E402
@@ -280,6 +281,8 @@ def test_the_pool_is_sized_by_num_slots_not_requests_times_context():
     config = tiny_config("llama")  # 2 layers x (K and V) x 2 KV heads x 16 x 4 bytes = 512 bytes a slot
     assert PagedCache.slots_for_bytes(config, 512 * 100 + 511) == 100
     assert PagedCache.slots_for_bytes(config, 512 * 100, torch.bfloat16) == 200
+    mla = [LayerGeometry(1, 16, 1, 8)] * 2  # what the model writes (kv_geometry): 2 x 24 x 4 bytes a slot
+    assert PagedCache.slots_for_bytes(mla, 192 * 7) == PagedCache.slots_for_bytes(tuple(mla), 192 * 7) == 7
     cache = PagedCache(config, max_requests=4, max_context_len=4096, num_slots=100)
     assert [b.shape for b in cache.pool.k_buffer] == [(100, 2, 16)] * 2 and cache.available_slots == 99
     assert cache.req_to_token_pool.req_to_token.shape == (5, 4096)

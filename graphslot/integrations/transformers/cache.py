@@ -257,8 +257,9 @@ class PagedCache(Cache):
         guess). Pass the result as ``num_slots``; ``max_context_len`` then makes sense up to
         ``num_slots - 1``. The request table (``(max_requests + 1) x max_context_len x 8``
         bytes) is not part of the budget."""
-        geometry = (geometry_or_config if isinstance(geometry_or_config, tuple)
-                    else config_geometry(geometry_or_config))
+        given = geometry_or_config
+        is_geometry = isinstance(given, (tuple, list)) and all(isinstance(g, LayerGeometry) for g in given)
+        geometry = tuple(given) if is_geometry else config_geometry(given)
         if not geometry:
             raise ValueError(f"slots_for_bytes: {type(geometry_or_config).__name__} names no KV heads; pass the "
                              "geometry the model writes (kv_geometry(model))")
