@@ -33,13 +33,14 @@ if Version(_transformers.__version__).release < Version(MIN_TRANSFORMERS).releas
     raise ImportError(f"graphslot.integrations.transformers needs transformers>={MIN_TRANSFORMERS}, found "
                       f"{_transformers.__version__}: pip install -U 'graphslot[hf]'")
 
-from .adapter import TESTED_FAMILIES, DecodeStep, HFDecodeAdapter, check_model  # noqa: E402
-from .cache import PagedCache, PagedCacheLayer, attention_layers  # noqa: E402
+from .adapter import DecodeStep, HFDecodeAdapter, check_model  # noqa: E402
+from .cache import LayerGeometry, PagedCache, PagedCacheLayer, attention_layers, kv_geometry  # noqa: E402
 from .engine import ContinuousBatcher, Request, StepOutput, greedy  # noqa: E402
-from .models import FAMILIES, PerRequestHF, tiny_config, tiny_model  # noqa: E402
+from .families import REFUSED  # noqa: E402
+from .models import FAMILIES, TESTED_FAMILIES, PerRequestHF, Recipe, tiny_config, tiny_model  # noqa: E402
 
 __all__ = [
-    "MIN_TRANSFORMERS", "TESTED_FAMILIES", "DecodeStep", "HFDecodeAdapter", "check_model", "PagedCache",
-    "PagedCacheLayer", "attention_layers", "ContinuousBatcher", "Request", "StepOutput", "greedy", "FAMILIES",
-    "PerRequestHF", "tiny_config", "tiny_model",
+    "MIN_TRANSFORMERS", "TESTED_FAMILIES", "DecodeStep", "HFDecodeAdapter", "check_model", "LayerGeometry",
+    "PagedCache", "PagedCacheLayer", "attention_layers", "kv_geometry", "ContinuousBatcher", "Request",
+    "StepOutput", "greedy", "REFUSED", "FAMILIES", "PerRequestHF", "Recipe", "tiny_config", "tiny_model",
 ]
