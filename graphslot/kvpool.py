@@ -14,7 +14,8 @@ that no real request ever reads.
 
 from __future__ import annotations
 
-from typing import Iterable, List, Sequence, Union
+from collections import deque
+from typing import Deque, Iterable, List, Sequence, Union
 
 import torch
 
@@ -29,14 +30,15 @@ def host_slots(slots: Slots) -> List[int]:
 
 
 class FreeList:
-    """Deterministic allocator of the integers 1..size-1 (0 is the dummy)."""
+    """Deterministic allocator of the integers 1..size-1 (0 is the dummy): taken in order,
+    a freed one queued behind the rest. A deque: taking ``n`` costs ``n``, not the pool's size."""
 
     def __init__(self, size: int, what: str):
         if size < 2:
             raise ValueError(f"{what} needs size >= 2 (index 0 is reserved), got {size}")
         self.size = size
         self.what = what
-        self._free: List[int] = list(range(1, size))
+        self._free: Deque[int] = deque(range(1, size))
 
     @property
     def available(self) -> int:
@@ -45,8 +47,7 @@ class FreeList:
     def take(self, n: int) -> List[int]:
         if n > len(self._free):
             raise RuntimeError(f"{self.what} exhausted: asked for {n}, {len(self._free)} free")
-        taken, self._free = self._free[:n], self._free[n:]
-        return taken
+        return [self._free.popleft() for _ in range(n)]
 
     def give_back(self, items: Iterable[int]) -> None:
         for i in items:
