@@ -62,23 +62,12 @@ Workload = List[Tuple[List[int], int]]  # (prompt, max_new_tokens)
 
 
 def build_model(shape: str, seed: int = 0):
-    import transformers
+    """graphslot's ``tiny_model("llama")`` at ``shape`` (its fan-in scaled random weights), no EOS."""
+    from graphslot.integrations.transformers import tiny_model
 
-    config = transformers.LlamaConfig(**SHAPES[shape], bos_token_id=1, eos_token_id=None, pad_token_id=0)
-    config._attn_implementation = "sdpa"
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = transformers.LlamaForCausalLM(config)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():  # the fan-in scaling of graphslot's tiny_model
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
-            elif p.dim() == 2 and "embed" not in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * (1.5 / math.sqrt(p.shape[1])))
-            else:
-                p.copy_(torch.randn(p.shape, generator=gen) * (1.0 if "embed" in name else 0.1))
-    model.eval()
+    dims = SHAPES[shape]
+    model = tiny_model("llama", seed=seed, head_dim=dims["hidden_size"] // dims["num_attention_heads"], **dims,
+                       bos_token_id=1, eos_token_id=None, pad_token_id=0)
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     model.generation_config.do_sample = False

@@ -3,22 +3,17 @@ equal generate's, and the report and JSON hold the figures and ratios it promise
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("transformers")
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_hf_serving.py"
+from test_bench_hf_decode import load_script  # noqa: E402
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("bench_hf_serving", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench_hf_serving")
 
 
 def test_smoke_run_measures_every_engine_and_checks_their_tokens(tmp_path, capsys):
