@@ -221,8 +221,8 @@ def test_continuous_batcher_with_a_huge_batch_is_refused_by_its_kv_pool(monkeypa
 
     model = tiny_model("llama")
     forbid_allocation(monkeypatch)
-    # 10**15 slots of 512 bytes: more than any machine's memory, the default cap.
-    with pytest.raises(BufferBudgetError, match=r"^PagedCache: max_requests=1000000 x max_context_len=1000000000 "
-                                                r"need a KV pool of 1000000000000001 slots .* over the cap of "
-                                                r"\d+ bytes \(.*\) \(the total memory of cpu\)\. "):
+    # a request table of 8 * 10**15 bytes: more than any machine's memory, the default KV budget.
+    with pytest.raises(BufferBudgetError, match=r"^ContinuousBatcher: a KV budget of \d+ bytes .* holds 0 token "
+                                                r"slots of 512 bytes after the request table \(1000001 rows .* "
+                                                r"max_context_len=1000000000 x 8 bytes = 8000008000000000 bytes "):
         ContinuousBatcher(model, max_bs=10**6, max_context_len=10**9)

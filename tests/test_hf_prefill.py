@@ -1,0 +1,101 @@
+"""ContinuousBatcher's prefill computes logits only where they are used: the last prompt
+position of each request (``logits_to_keep=1`` on left-padded rows), or the whole prompt
+of a request that asked for its prompt logprobs; a model without ``logits_to_keep``
+gets every position computed and the last ones taken, with the same results."""
+
+from __future__ import annotations
+
+import pytest
+
+transformers = pytest.importorskip("transformers")
+
+import torch  # noqa: E402
+
+from graphslot.integrations.transformers import (  # noqa: E402
+    ContinuousBatcher,
+    PerRequestHF,
+    tiny_model,
+)
+from graphslot.integrations.transformers.models import close  # noqa: E402
+
+PROMPTS = [[5, 17, 3, 99, 42, 8, 1], [7, 7, 1], [64, 2, 31, 8], [11]]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model("qwen2")  # a sliding window on one layer of two: the mask per layer type too
+
+
+def make_engine(model, **kwargs):
+    return ContinuousBatcher(model, max_bs=4, max_context_len=24, backend="cpu", capture_bs=[4], eos_token_id=(),
+                             **kwargs)
+
+
+def test_the_lm_head_sees_one_position_per_request(model):
+    engine = make_engine(model)
+    assert engine.last_logits_only
+    shapes = []
+    hook = model.lm_head.register_forward_hook(lambda module, args, out: shapes.append(tuple(args[0].shape)))
+    try:
+        for prompt in PROMPTS:
+            engine.add_request(prompt, 3)
+        out = engine.step()
+    finally:
+        hook.remove()
+    assert shapes[0] == (4, 1, model.config.hidden_size)  # the prefill: not 4 x 7 positions
+    ref = PerRequestHF(model)
+    for rid, logits in out.prefill_logits.items():
+        assert close(logits, ref.prefill(rid, PROMPTS[rid]))
+
+
+class NoLogitsToKeep(torch.nn.Module):
+    """A causal LM whose forward has no ``logits_to_keep``."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.config, self.generation_config = inner, inner.config, inner.generation_config
+
+    @property
+    def dtype(self):
+        return self.inner.dtype
+
+    @property
+    def device(self):
+        return self.inner.device
+
+    def forward(self, input_ids, position_ids, past_key_values, use_cache, attention_mask):
+        return self.inner(input_ids=input_ids, position_ids=position_ids, past_key_values=past_key_values,
+                          use_cache=use_cache, attention_mask=attention_mask)
+
+
+def test_a_model_without_logits_to_keep_gives_the_same_tokens_and_logits(model):
+    plain, fallback = make_engine(model), make_engine(NoLogitsToKeep(model).eval())
+    assert not fallback.last_logits_only
+    runs = []
+    for engine in (plain, fallback):
+        reqs = [engine.add_request(p, 5, prompt_logprobs=i % 2 == 0) for i, p in enumerate(PROMPTS)]
+        first = engine.step()
+        while not engine.done:
+            engine.step()
+        runs.append((first.prefill_logits, [r.output for r in reqs], [r.prompt_logprobs for r in reqs]))
+    (logits_a, out_a, lp_a), (logits_b, out_b, lp_b) = runs
+    assert out_a == out_b
+    assert all(close(logits_a[rid], logits_b[rid]) for rid in logits_a)
+    for a, b in zip(lp_a, lp_b):
+        assert (a is None) == (b is None) and (a is None or a[1:] == pytest.approx(b[1:], abs=1e-5))
+
+
+def test_prompt_logprobs_are_the_models_for_each_prompt_token(model):
+    engine = make_engine(model)
+    asks = [engine.add_request(p, 2, prompt_logprobs=True) for p in (PROMPTS[0], PROMPTS[3], PROMPTS[2])]
+    quiet = engine.add_request(PROMPTS[1], 2)
+    while not engine.done:
+        engine.step()
+    for req in asks:
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([req.prompt])).logits[0].float()
+        want = logits[:-1].log_softmax(-1).gather(1, torch.tensor(req.prompt[1:]).unsqueeze(1)).squeeze(1)
+        assert req.prompt_logprobs[0] is None and len(req.prompt_logprobs) == len(req.prompt)
+        assert req.prompt_logprobs[1:] == pytest.approx(want.tolist(), abs=1e-5)
+    assert asks[1].prompt_logprobs == [None]  # a one-token prompt has nothing to score
+    assert quiet.prompt_logprobs is None
