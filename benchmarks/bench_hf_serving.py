@@ -20,8 +20,9 @@ tokens each), greedy, EOS off, all queued at once. Engines:
 * ``hf_cb``: transformers' ``ContinuousBatchingManager`` (``continuous_batching_context_manager``),
   ``max_requests_per_batch = max_bs``, ``num_blocks`` just enough, ``max_batch_tokens`` 2048;
 * ``graphslot_ctx<L>``: ``ContinuousBatcher(max_bs, max_context_len=L)`` on the CPU tape
-  backend; ``--context-buckets`` goes to the decode runner (``DecodeRunnerConfig.context_buckets``)
-  where this checkout has it, and is reported as unavailable otherwise.
+  backend; ``--context-buckets`` goes to the decode runner (``DecodeRunnerConfig.context_buckets``;
+  default ``auto``, the engine's default; ``none``: one graph per batch size, every step
+  gathering ``L``; lengths beyond ``L`` are dropped for that engine).
 
 Timing. The machine may be shared, and wall time then measures the neighbours: each
 engine's run is timed in **process CPU seconds** (all threads, HF CB's scheduler thread
@@ -37,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import json
 import math
 import random
@@ -138,12 +138,6 @@ def hf_cb_engine(model, reqs: Workload, max_bs: int, page_size: int = 256):
     return run
 
 
-def buckets_supported() -> bool:
-    from graphslot.runners.decode import DecodeRunnerConfig
-
-    return "context_buckets" in {f.name for f in dataclasses.fields(DecodeRunnerConfig)}
-
-
 class GraphslotEngine:
     """One ContinuousBatcher, built (and captured) once; each run serves the whole workload."""
 
@@ -151,9 +145,10 @@ class GraphslotEngine:
         from graphslot.integrations.transformers import ContinuousBatcher
 
         start = Clock()
-        extra = {} if buckets is None else {"context_buckets": buckets}
+        if isinstance(buckets, list):
+            buckets = [n for n in buckets if n <= ctx] or None
         self.engine = ContinuousBatcher(model, max_bs=max_bs, max_context_len=ctx, backend="cpu", eos_token_id=(),
-                                        **extra)
+                                        context_buckets=buckets)
         for prompt, _ in reqs[:2]:  # the first eager prefill and replays, outside the timed runs
             self.engine.add_request(prompt, 2)
         while not self.engine.done:
@@ -182,13 +177,11 @@ def run(args) -> Dict[str, Any]:
                     (4, 12) if smoke else (32, 64))
     new_tokens = sum(n for _, n in reqs)
     buckets = args.context_buckets
-    have_buckets = buckets is not None and buckets_supported()
     result: Dict[str, Any] = {
         "shape": args.shape, "parameters": sum(p.numel() for p in model.parameters()), "threads": args.threads,
         "torch": torch.__version__, "transformers": transformers.__version__, "requests": len(reqs),
         "prompt_tokens": sum(len(p) for p, _ in reqs), "new_tokens": new_tokens, "reps": args.reps,
-        "context_buckets": (None if buckets is None else buckets if have_buckets
-                            else f"{buckets} requested, unavailable in this checkout (ran without)"),
+        "context_buckets": buckets,
         "runs": [],
     }
     cases: List[Tuple[int, str, Callable]] = []
@@ -200,7 +193,7 @@ def run(args) -> Dict[str, Any]:
             cases.append((bs, "hf_cb", hf_cb_engine(model, reqs, bs)))
         if "graphslot" in args.engines:
             for ctx in args.ctx:
-                engine = GraphslotEngine(model, reqs, bs, ctx, buckets if have_buckets else None)
+                engine = GraphslotEngine(model, reqs, bs, ctx, buckets)
                 setup[(bs, f"graphslot_ctx{ctx}")] = engine.setup_s
                 cases.append((bs, f"graphslot_ctx{ctx}", engine))
     times: Dict[Tuple[int, str], List[Tuple[float, float]]] = {(bs, name): [] for bs, name, _ in cases}
@@ -284,8 +277,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--reps", type=int, default=None, help="timed repetitions (after one warm-up)")
     parser.add_argument("--engines", nargs="+", default=["generate", "hf_cb", "graphslot"],
                         choices=["generate", "hf_cb", "graphslot"])
-    parser.add_argument("--context-buckets", type=parse_buckets, default=None,
-                        help="'auto' or lengths (128,512,2048): DecodeRunnerConfig.context_buckets")
+    parser.add_argument("--context-buckets", type=parse_buckets, default="auto",
+                        help="'auto' (the default), 'none' or lengths (128,512,2048): "
+                             "DecodeRunnerConfig.context_buckets")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     args = parser.parse_args(argv)

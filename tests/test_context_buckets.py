@@ -70,6 +70,8 @@ from graphslot.integrations.transformers import (  # noqa: E402
     ContinuousBatcher, DecodeStep, HFDecodeAdapter, LayerGeometry, PagedCache, PerRequestHF, tiny_config,
     tiny_model,
 )
+from graphslot.integrations.transformers.budget import pool_size  # noqa: E402
+from graphslot.integrations.transformers.geometry import bytes_per_slot, config_geometry  # noqa: E402
 from graphslot.integrations.transformers.models import close, max_abs_diff  # noqa: E402
 from graphslot.runners.decode import DecodeGraphRunner  # noqa: E402
 from graphslot.tools import audit_external_inputs  # noqa: E402
@@ -114,7 +116,7 @@ def engine_for(model, **options):
 
 def test_buckets_give_the_tokens_and_logits_of_no_buckets():
     model = tiny_model("qwen2")  # a sliding layer and a full one: both masks follow the bucket
-    plain, bucketed = engine_for(model), engine_for(model, context_buckets=BUCKETS)
+    plain, bucketed = engine_for(model, context_buckets=None), engine_for(model, context_buckets=BUCKETS)
     ref = PerRequestHF(model)
     a, b = drive(plain), drive(bucketed)
     assert len(a) == len(b) > 20
@@ -136,6 +138,17 @@ def test_buckets_give_the_tokens_and_logits_of_no_buckets():
             assert close(logits, ref.decode(rid, token))
     assert bucketed.runner.metrics()["eager_fallbacks"] == plain.runner.metrics()["eager_fallbacks"] == 0
     assert "replays_per_context" not in plain.runner.metrics()
+
+
+def test_the_batcher_buckets_contexts_by_default():
+    engine = ContinuousBatcher(tiny_model("llama", max_position_embeddings=1024), max_bs=2, max_context_len=300,
+                               backend="cpu", lazy=True)
+    assert engine.runner.captured_contexts == [300, 256, 128]
+    req = engine.add_request([5, 17, 3], 4)
+    while not engine.done:
+        engine.step()
+    assert len(req.output) == 4 and set(engine.runner.graphs) == {(1, 128)}
+    assert engine.runner.metrics()["eager_fallbacks"] == 0
 
 
 def test_each_step_replays_the_graph_of_its_batch_size_and_longest_context():
@@ -203,7 +216,7 @@ def test_every_pair_is_captured_largest_first_or_each_when_first_needed():
     with pytest.raises(KeyError, match=r"context bucket None is not among"):
         lazy.runner.graph(4)
 
-    plain = engine_for(model, capture_bs=[2, 1])
+    plain = engine_for(model, capture_bs=[2, 1], context_buckets=None)
     assert list(plain.runner.graphs) == [2, 1] and plain.runner.graph_keys == [(2, None), (1, None)]
     assert plain.runner.captured_contexts is None
     with pytest.raises(KeyError, match=r"context bucket 8 given, but the runner has no context buckets"):
@@ -279,15 +292,17 @@ def test_the_default_context_len_reads_the_host_lengths_only():
 
 def test_the_pool_is_sized_by_num_slots_not_requests_times_context():
     config = tiny_config("llama")  # 2 layers x (K and V) x 2 KV heads x 16 x 4 bytes = 512 bytes a slot
-    assert PagedCache.slots_for_bytes(config, 512 * 100 + 511) == 100
-    assert PagedCache.slots_for_bytes(config, 512 * 100, torch.bfloat16) == 200
-    mla = [LayerGeometry(1, 16, 1, 8)] * 2  # what the model writes (kv_geometry): 2 x 24 x 4 bytes a slot
-    assert PagedCache.slots_for_bytes(mla, 192 * 7) == PagedCache.slots_for_bytes(tuple(mla), 192 * 7) == 7
+    geometry = config_geometry(config)
+    assert bytes_per_slot(geometry, torch.float32) == 512 and bytes_per_slot(geometry, torch.bfloat16) == 256
+    mla = [LayerGeometry(1, 16, 1, 8)] * 2  # what an MLA model writes (kv_geometry): 2 x 24 x 4 bytes a slot
+    assert bytes_per_slot(mla, torch.float32) == 192
+    # a budget of 100 slots and the table of 5 rows x 4096 positions, whatever 4 x 4096 would need
+    size = pool_size(512, torch.device("cpu"), max_requests=4, max_context_len=99, positions=None,
+                     kv_cache_bytes=512 * 100 + 5 * 99 * 8 + 511)
+    assert size[:2] == (100, 99)
     cache = PagedCache(config, max_requests=4, max_context_len=4096, num_slots=100)
     assert [b.shape for b in cache.pool.k_buffer] == [(100, 2, 16)] * 2 and cache.available_slots == 99
     assert cache.req_to_token_pool.req_to_token.shape == (5, 4096)
-    with pytest.raises(ValueError, match=r"holds 1 KV slot\(s\) of 512 bytes; the pool needs 2 at least"):
-        PagedCache.slots_for_bytes(config, 1000)
     with pytest.raises(ValueError, match=r"num_slots must be an int >= 2"):
         PagedCache(config, max_requests=4, max_context_len=64, num_slots=1)
 

@@ -14,10 +14,11 @@ import torch  # noqa: E402
 from graphslot.integrations.transformers import (  # noqa: E402
     ContinuousBatcher,
     PagedCache,
-    budget,  # noqa: E402
-    tiny_config,
+    budget,
+    kv_geometry,
     tiny_model,
 )
+from graphslot.integrations.transformers.geometry import bytes_per_slot  # noqa: E402
 from graphslot.spec.budget import BufferBudgetError  # noqa: E402
 
 #: tiny Llama: 2 layers x 2 KV heads x head_dim 16 x (K, V) x 4 bytes
@@ -29,13 +30,28 @@ def model():
     return tiny_model("llama")
 
 
-def test_bytes_per_token_are_what_the_pool_allocates_per_slot():
-    for family, dtype in (("llama", torch.float32), ("qwen2", torch.bfloat16), ("qwen3", torch.float16)):
-        config = tiny_config(family)
-        cache = PagedCache(config, max_requests=1, max_context_len=4, num_slots=10, dtype=dtype)
+@pytest.mark.parametrize("family, per_slot", [
+    ("llama", PER_TOKEN),
+    ("falcon-mqa", 2 * (1 * 16 + 1 * 16) * 4),  # one KV head, whatever the config's 4 heads suggest
+    ("deepseek_v3", 2 * (1 * 16 + 1 * 8) * 4),  # MLA: the latent (16) and the rope part (8)
+])
+def test_a_slot_costs_what_the_pool_allocates_for_what_the_model_writes(family, per_slot):
+    for dtype in (torch.float32, torch.bfloat16):
+        model = tiny_model(family, dtype=dtype)
+        geometry = kv_geometry(model)
+        cache = PagedCache(model.config, max_requests=1, max_context_len=4, num_slots=10, dtype=dtype,
+                           geometry=geometry)
         pool = sum(t.numel() * t.element_size() for t in cache.pool.k_buffer + cache.pool.v_buffer)
-        assert budget.kv_bytes_per_token(config, dtype) * 10 == pool
-    assert budget.kv_bytes_per_token(tiny_config("llama"), torch.float32) == PER_TOKEN
+        assert bytes_per_slot(geometry, dtype) * 10 == pool == per_slot * dtype.itemsize // 4 * 10
+
+
+def test_the_budget_is_spent_on_the_probed_geometry_not_the_configs_guess():
+    model = tiny_model("falcon-mqa")  # the config names 4 heads; every layer writes 1
+    per_slot, table = 2 * (16 + 16) * 4, 3 * 8
+    engine = ContinuousBatcher(model, max_bs=2, kv_cache_bytes=41 * per_slot + 40 * table, backend="cpu")
+    assert engine.geometry == kv_geometry(model) and engine.cache.geometry == engine.geometry
+    assert (engine.kv_budget.num_slots, engine.kv_budget.max_context_len) == (41, 40)
+    assert [tuple(k.shape) for k in engine.cache.pool.k_buffer] == [(41, 1, 16)] * 2
 
 
 def test_the_context_is_what_the_budget_holds(model):
@@ -78,6 +94,10 @@ def test_the_default_budget_is_a_share_of_free_memory_under_the_env_cap(model, m
         ContinuousBatcher(model, max_bs=2, backend="cpu")
     assert str(info.value) == ("ContinuousBatcher: the free memory of cpu is unknown, so there is no default KV "
                                "budget: pass kv_cache_bytes=N or max_context_len, or set GRAPHSLOT_MAX_KV_BYTES=N")
+    # what the message offers: a max_context_len alone sizes the pool with every row full
+    engine = ContinuousBatcher(model, max_bs=2, max_context_len=16, backend="cpu")
+    assert engine.kv_budget[:2] == (2 * 16 + 1, 16) and engine.cache.pool.size == 33
+    assert engine.kv_budget.origin == "every row full (no budget: the free memory is unknown)"
 
 
 def test_free_memory_is_known_on_the_cpu():

@@ -149,3 +149,16 @@ def test_stop_arguments_are_refused_naming_them(model, kwargs, error, message):
         engine.add_request([1, 2], 4, **kwargs)
     assert str(info.value) == message
     assert not engine.waiting and not engine.requests
+
+
+def test_model_eos_ids_outside_the_vocabulary_are_dropped_as_generate_never_meets_them():
+    model = tiny_model("phi3")  # Phi3Config's default eos_token_id is 32000, beyond the tiny vocabulary of 128
+    assert model.generation_config.eos_token_id == 32000
+    assert ContinuousBatcher(model, max_bs=1, max_context_len=8, backend="cpu").eos_token_ids == ()
+    model.generation_config.eos_token_id = [-1, 7, 500]
+    assert ContinuousBatcher(model, max_bs=1, max_context_len=8, backend="cpu").eos_token_ids == (7,)
+    model.generation_config.eos_token_id = ["eos"]
+    with pytest.raises(TypeError, match=r"^the model's eos_token_id \(generation_config, else config\)\[0\] is 'eos'"):
+        ContinuousBatcher(model, max_bs=1, max_context_len=8, backend="cpu")
+    with pytest.raises(ValueError, match=r"^ContinuousBatcher: eos_token_id is 500, outside the model's vocabulary"):
+        ContinuousBatcher(model, max_bs=1, max_context_len=8, backend="cpu", eos_token_id=500)

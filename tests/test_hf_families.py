@@ -25,6 +25,7 @@ from graphslot.integrations.transformers import (  # noqa: E402
     FAMILIES, REFUSED, TESTED_FAMILIES, ContinuousBatcher, HFDecodeAdapter, LayerGeometry, PagedCache,
     PerRequestHF, kv_geometry, tiny_config, tiny_model,
 )
+from graphslot.integrations.transformers.geometry import bytes_per_slot  # noqa: E402
 from graphslot.integrations.transformers.families import _falcon_split_heads, capture_shims  # noqa: E402
 from graphslot.integrations.transformers.models import close, max_abs_diff  # noqa: E402
 
@@ -59,7 +60,7 @@ def prompt(i, length):
 def test_family_decodes_like_transformers_and_generates_like_generate(name):
     model = tiny_model(name)
     engine = ContinuousBatcher(model, max_bs=MAX_BS, max_context_len=32, backend="cpu", context_buckets=BUCKETS,
-                               lazy=True)
+                               lazy=True, eos_token_id=())  # no EOS: every request runs its max_new_tokens
     ref = PerRequestHF(model)
     requests, sizes, worst = [], [], 0.0
     step = 0
@@ -114,7 +115,7 @@ def test_the_pool_holds_what_each_layer_writes(name, layer):
     assert [tuple(k.shape[1:]) for k in cache.pool.k_buffer] == [(layer.k_heads, layer.k_width)] * 2
     assert [tuple(v.shape[1:]) for v in cache.pool.v_buffer] == [(layer.v_heads, layer.v_width)] * 2
     per_slot = 2 * (layer.k_heads * layer.k_width + layer.v_heads * layer.v_width) * 4
-    assert PagedCache.slots_for_bytes(kv_geometry(model), per_slot * 10) == 10
+    assert bytes_per_slot(kv_geometry(model), torch.float32) == per_slot
 
 
 def test_a_config_guess_is_replaced_before_the_pool_is_used_and_never_after():

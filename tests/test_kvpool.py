@@ -64,8 +64,9 @@ def test_the_sliding_window_pool_builds_on_the_shared_one():
 
 
 def test_the_hf_integration_uses_the_shared_pool():
-    hf_cache = pytest.importorskip("graphslot.integrations.transformers.cache")  # the `hf` extra
-    assert hf_cache.PagedKVCache is PagedKVCache and hf_cache.ReqToTokenPool is ReqToTokenPool
+    hf = pytest.importorskip("graphslot.integrations.transformers")  # the `hf` extra
+    cache = hf.PagedCache(hf.tiny_config("llama"), max_requests=1, max_context_len=4)
+    assert isinstance(cache.pool, PagedKVCache) and type(cache.req_to_token_pool) is ReqToTokenPool
 
 
 def test_taking_a_slot_costs_the_same_from_a_pool_64_times_larger():

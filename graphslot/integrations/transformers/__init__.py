@@ -35,15 +35,16 @@ if Version(_transformers.__version__).release < Version(MIN_TRANSFORMERS).releas
                       f"{_transformers.__version__}: pip install -U 'graphslot[hf]'")
 
 from .adapter import DecodeStep, HFDecodeAdapter, check_model  # noqa: E402
-from .cache import LayerGeometry, PagedCache, PagedCacheLayer, attention_layers, kv_geometry  # noqa: E402
+from .cache import PagedCache, PagedCacheLayer, kv_geometry  # noqa: E402
 from .engine import ContinuousBatcher, Request, StepOutput, TokenEvent, greedy  # noqa: E402
 from .families import REFUSED  # noqa: E402
+from .geometry import LayerGeometry, attention_layers, bytes_per_slot  # noqa: E402
 from .models import FAMILIES, TESTED_FAMILIES, PerRequestHF, Recipe, tiny_config, tiny_model  # noqa: E402
 from .sampling import SamplingParams  # noqa: E402
 
 __all__ = [
     "MIN_TRANSFORMERS", "TESTED_FAMILIES", "DecodeStep", "HFDecodeAdapter", "check_model", "LayerGeometry",
-    "PagedCache", "PagedCacheLayer", "attention_layers", "kv_geometry", "ContinuousBatcher", "Request",
+    "PagedCache", "PagedCacheLayer", "attention_layers", "bytes_per_slot", "kv_geometry", "ContinuousBatcher", "Request",
     "StepOutput", "TokenEvent", "greedy", "SamplingParams", "REFUSED", "FAMILIES", "PerRequestHF", "Recipe",
     "tiny_config", "tiny_model",
 ]

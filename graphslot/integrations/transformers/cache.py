@@ -13,8 +13,9 @@ captured size:
   (:class:`~graphslot.kvpool.ReqToTokenPool`). Slot 0 and row 0 are
   reserved dummies: a padded row (``req_pool_indices`` 0, ``out_cache_loc`` 0,
   ``positions`` 0) writes and reads only them. The pool's size is ``num_slots``, not
-  ``max_requests x max_context_len``: :meth:`PagedCache.slots_for_bytes` turns a byte
-  budget into slots, and requests are admitted while slots are free;
+  ``max_requests x max_context_len``: :func:`.budget.pool_size` turns a byte budget
+  into slots (what :func:`bytes_per_slot` of the geometry costs each), and requests
+  are admitted while slots are free;
 * the heads and widths of each layer's K and V (:class:`LayerGeometry`) are what the
   layer writes, learnt by one eager forward of one token (:meth:`PagedCache.probe`,
   which :class:`~.adapter.HFDecodeAdapter` runs before any capture): a multi-query
@@ -60,106 +61,29 @@ the host, so the whole forward can be captured.
 from __future__ import annotations
 
 import contextlib
-import os
-from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from ...kvpool import PagedKVCache, ReqToTokenPool
+from ...kvpool import ReqToTokenPool
 from ...spec.budget import BufferBudgetError, byte_cap, format_bytes
+from .budget import MAX_KV_BYTES_ENV, device_memory, table_bytes
 from .families import mask_route
+from .geometry import (
+    GeometryKVPool,
+    KVGeometry,
+    LayerGeometry,
+    attention_layers,
+    bytes_per_slot,
+    config_geometry,
+    describe_slot,
+    text_config,
+)
 
-FULL, SLIDING = "full_attention", "sliding_attention"
-#: Overrides PagedCache's default cap on its pool's bytes (the device's total memory).
-MAX_KV_BYTES_ENV = "GRAPHSLOT_MAX_KV_BYTES"
+
 #: Mask routes (see the module docstring).
 MASK_4D, MASK_2D = "4d", "2d"
-
-
-def device_memory(device: torch.device) -> Optional[int]:
-    """The total memory of ``device`` (host RAM for the CPU), or None where unknown."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).total_memory
-    if device.type == "cpu" and hasattr(os, "sysconf"):
-        try:
-            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (ValueError, OSError):
-            return None
-    return None
-
-
-def attention_layers(config) -> List[Tuple[str, Optional[int]]]:
-    """``(layer type, sliding window or None)`` per decoder layer of a transformers config.
-
-    ``config.layer_types`` when the config has it (Qwen2/Qwen3), else every layer is
-    sliding when ``config.sliding_window`` is set (Mistral) and full otherwise (Llama).
-    """
-    n = config.num_hidden_layers
-    window = getattr(config, "sliding_window", None)
-    types = getattr(config, "layer_types", None) or [SLIDING if window else FULL] * n
-    unknown = sorted(set(types) - {FULL, SLIDING})
-    if unknown:
-        raise ValueError(f"{type(config).__name__}: layer types {unknown} are not supported by PagedCache, which "
-                         f"serves '{FULL}' and '{SLIDING}' layers only")
-    if SLIDING in types and not window:
-        raise ValueError(f"{type(config).__name__} has '{SLIDING}' layers but no sliding_window")
-    return [(t, window if t == SLIDING else None) for t in types]
-
-
-class LayerGeometry(NamedTuple):
-    """What one layer writes per token: K as ``[k_heads, k_width]``, V as ``[v_heads, v_width]``."""
-
-    k_heads: int
-    k_width: int
-    v_heads: int
-    v_width: int
-
-    @property
-    def elements(self) -> int:
-        return self.k_heads * self.k_width + self.v_heads * self.v_width
-
-
-#: One :class:`LayerGeometry` per decoder layer.
-KVGeometry = Tuple[LayerGeometry, ...]
-
-
-def config_geometry(config) -> Optional[KVGeometry]:
-    """The geometry a config suggests (``num_key_value_heads`` or ``num_attention_heads``
-    heads of ``head_dim``, or ``hidden_size // num_attention_heads``, for K and V alike),
-    or None when it names no heads. A guess: :meth:`PagedCache.probe` learns the truth."""
-    heads = getattr(config, "num_attention_heads", None)
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    width = getattr(config, "head_dim", None) or (config.hidden_size // heads if heads else None)
-    if not kv_heads or not width:
-        return None
-    return (LayerGeometry(kv_heads, width, kv_heads, width),) * len(attention_layers(config))
-
-
-def bytes_per_slot(geometry: KVGeometry, dtype: torch.dtype) -> int:
-    """Bytes one KV slot takes: K and V over every layer."""
-    return sum(layer.elements for layer in geometry) * dtype.itemsize
-
-
-def _describe_slot(geometry: KVGeometry, itemsize: int) -> str:
-    first = geometry[0]
-    if all(layer == first for layer in geometry) and (first.k_heads, first.k_width) == (first.v_heads, first.v_width):
-        return (f"{len(geometry)} layers x {first.k_heads} KV heads x head_dim {first.k_width} x 2 (K and V) x "
-                f"{itemsize} bytes")
-    return f"{bytes_per_slot(geometry, torch.uint8) * itemsize} bytes (K and V over {len(geometry)} layers)"
-
-
-class GeometryKVPool(PagedKVCache):
-    """:class:`~graphslot.kvpool.PagedKVCache` with each layer's K and V shaped as it writes them."""
-
-    def __init__(self, geometry: KVGeometry, size: int, dtype: torch.dtype, device: torch.device):
-        self.geometry = tuple(geometry)
-        first = self.geometry[0]
-        super().__init__(len(self.geometry), first.k_heads, first.k_width, size, dtype=dtype, device=device)
-
-    def layer_shapes(self, layer: int) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
-        g = self.geometry[layer]
-        return (g.k_heads, g.k_width), (g.v_heads, g.v_width)
 
 
 class PagedCacheLayer(CacheLayerMixin):
@@ -205,7 +129,7 @@ class PagedCache(Cache):
 
     ``max_requests`` rows (plus the dummy row 0) of ``max_context_len`` positions;
     ``num_slots`` KV slots, slot 0 included (default: enough for every row to be full,
-    plus slot 0; :meth:`slots_for_bytes` sizes it from a byte budget instead);
+    plus slot 0; :func:`.budget.pool_size` sizes it from a byte budget instead);
     ``geometry``: each layer's K and V shapes when known (:func:`kv_geometry`), else the
     config's guess until :meth:`probe`.
     """
@@ -219,7 +143,7 @@ class PagedCache(Cache):
         if num_slots is not None and (isinstance(num_slots, bool) or not isinstance(num_slots, int) or num_slots < 2):
             raise ValueError(f"PagedCache: num_slots must be an int >= 2 (slot 0 is the padded rows' dummy), got "
                              f"{num_slots!r}")
-        self.config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+        self.config = text_config(config)
         self.layer_kinds = attention_layers(self.config)
         self.max_requests, self.max_context_len = max_requests, max_context_len
         self.device, self.dtype = torch.device(device), dtype
@@ -250,28 +174,6 @@ class PagedCache(Cache):
         super().__init__(layers=[PagedCacheLayer(self, i, t, w) for i, (t, w) in enumerate(self.layer_kinds)])
 
     # -- sizing ----------------------------------------------------------------------
-    @staticmethod
-    def slots_for_bytes(geometry_or_config: Any, kv_bytes: int, dtype: torch.dtype = torch.float32) -> int:
-        """How many KV slots (slot 0 included) a pool of at most ``kv_bytes`` holds, for a
-        :data:`KVGeometry` (from :func:`kv_geometry`: exact) or a transformers config (its
-        guess). Pass the result as ``num_slots``; ``max_context_len`` then makes sense up to
-        ``num_slots - 1``. The request table (``(max_requests + 1) x max_context_len x 8``
-        bytes) is not part of the budget."""
-        given = geometry_or_config
-        is_geometry = isinstance(given, (tuple, list)) and all(isinstance(g, LayerGeometry) for g in given)
-        geometry = tuple(given) if is_geometry else config_geometry(given)
-        if not geometry:
-            raise ValueError(f"slots_for_bytes: {type(geometry_or_config).__name__} names no KV heads; pass the "
-                             "geometry the model writes (kv_geometry(model))")
-        if isinstance(kv_bytes, bool) or not isinstance(kv_bytes, int) or kv_bytes < 1:
-            raise ValueError(f"slots_for_bytes: kv_bytes must be a positive int, got {kv_bytes!r}")
-        per_slot = bytes_per_slot(geometry, dtype)
-        slots = kv_bytes // per_slot
-        if slots < 2:
-            raise ValueError(f"slots_for_bytes: {format_bytes(kv_bytes)} holds {slots} KV slot(s) of {per_slot} bytes; "
-                             "the pool needs 2 at least (slot 0 is the padded rows' dummy)")
-        return slots
-
     def _set_geometry(self, geometry: Optional[KVGeometry]) -> None:
         if geometry is not None and len(geometry) != len(self.layer_kinds):
             raise ValueError(f"PagedCache: a geometry of {len(geometry)} layers for a model of "
@@ -284,7 +186,7 @@ class PagedCache(Cache):
         ``GRAPHSLOT_MAX_KV_BYTES``, else the device's total memory (what can never fit)."""
         itemsize = self.dtype.itemsize
         kv = 0 if geometry is None else self.num_slots * bytes_per_slot(geometry, self.dtype)
-        table = (self.max_requests + 1) * self.max_context_len * 8  # req_to_token, int64
+        table = table_bytes(self.max_requests, self.max_context_len)
         cap, origin = byte_cap(self._max_bytes, MAX_KV_BYTES_ENV, device_memory(self.device),
                                f"the total memory of {self.device}")
         if cap is None or kv + table <= cap:
@@ -294,7 +196,7 @@ class PagedCache(Cache):
                  f"num_slots={self.num_slots} (max_requests={self.max_requests}, max_context_len="
                  f"{self.max_context_len}) needs")
         pool = ("an unknown KV pool (the geometry is not known yet)" if geometry is None else
-                f"a KV pool of {self.num_slots} slots x {_describe_slot(geometry, itemsize)} = {format_bytes(kv)}")
+                f"a KV pool of {self.num_slots} slots x {describe_slot(geometry, itemsize)} = {format_bytes(kv)}")
         lower = "num_slots, max_requests" if self._sized_by == "num_slots" else "max_requests"
         raise BufferBudgetError(
             f"PagedCache: {sized} {pool}, plus {format_bytes(table)} of request table: over the cap of "
@@ -318,6 +220,7 @@ class PagedCache(Cache):
         written to the pool) and take them as the pool's geometry. Raises, naming the
         layers, when some layer never calls ``past_key_values.update``; a RuntimeError
         when the pool was allocated with another geometry and has requests in it."""
+        model = getattr(model, "_orig_mod", model)  # a torch.compile'd model: its module, run eagerly
         seen: Dict[int, LayerGeometry] = {}
         ids = torch.zeros(1, 1, dtype=torch.int64, device=self.device)
         self._probed = seen
@@ -478,6 +381,6 @@ class PagedCache(Cache):
 def kv_geometry(model: Any) -> KVGeometry:
     """Each decoder layer's K and V shapes as ``model`` writes them (one eager forward of
     one token through a throwaway :class:`PagedCache`; nothing is allocated for it): what
-    :meth:`PagedCache.slots_for_bytes` and ``PagedCache(geometry=...)`` take."""
+    :func:`bytes_per_slot` and ``PagedCache(geometry=...)`` take."""
     cache = PagedCache(model.config, max_requests=1, max_context_len=1, dtype=model.dtype, device=model.device)
     return cache.probe(model)

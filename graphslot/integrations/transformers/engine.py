@@ -1,8 +1,8 @@
 """A small continuous-batching driver: requests join and leave, decode goes through graphs.
 
 Each :meth:`ContinuousBatcher.step` first prefills the requests admitted this step (one
-eager transformers forward over all of them, left-padded, asking the model for the
-logits of the last position only: ``logits_to_keep``), then decodes every running
+eager transformers forward over all of them, asking the model for the logits of each
+prompt's last position only: :mod:`.batches`), then decodes every running
 request by one token through the :class:`DecodeGraphRunner` (replayed when a captured
 size fits, eager otherwise). A request admitted in a step is decoded in the same step,
 fed the token its prefill drew straight from the device. Tokens are picked on the
@@ -35,53 +35,25 @@ nothing from the device; the step's one read is its tokens (:func:`.sampling.to_
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import itertools
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
-from typing import (
-    Any,
-    Callable,
-    Deque,
-    Dict,
-    Iterator,
-    List,
-    NamedTuple,
-    Optional,
-    Sequence,
-    Tuple,
-    Union,
-)
+from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 
 from ...runners.decode import DecodeGraphRunner, DecodeRunnerConfig
-from .adapter import DecodeStep, HFDecodeAdapter
-from .budget import pool_size, text_config
-from .cache import PagedCache
+from .adapter import HFDecodeAdapter, check_model
+from .batches import decode_step, prefill_logits, split_prompt_logprobs, takes_logits_to_keep
+from .budget import pool_size
+from .cache import PagedCache, kv_geometry
 from .checks import count, flag, stop_ids, token_ids
-from .sampling import (
-    Choice,
-    Row,
-    Sampler,
-    SamplingParams,
-    block,
-    check_seed,
-    generation_defaults,
-    request_seed,
-    sampling_params,
-    to_host,
-    with_logprobs,
-)
+from .geometry import bytes_per_slot, text_config
+from .requests import FINISH_ABORT, Lane, Pending, Picks, Request, StepOutput, TokenEvent, notify
+from .sampling import (Choice, Row, Sampler, SamplingParams, block, check_seed, generation_defaults, model_eos,
+                       request_seed, sampling_params, to_host, with_logprobs)
 
-#: ``Request.finish_reason``: a stop token (EOS or ``stop_token_ids``) ended it.
-FINISH_STOP = "stop"
-#: ``Request.finish_reason``: it reached ``max_new_tokens``.
-FINISH_LENGTH = "length"
-#: ``Request.finish_reason``: :meth:`ContinuousBatcher.abort` ended it.
-FINISH_ABORT = "abort"
 #: The sampling keywords of :meth:`ContinuousBatcher.add_request` a custom ``sample`` replaces.
 SAMPLING_KEYWORDS = ("do_sample", "temperature", "top_k", "top_p", "seed")
 
@@ -90,148 +62,6 @@ def greedy(logits: torch.Tensor) -> List[int]:
     """A ``sample`` function: the argmax of every row (what the built-in sampler does for
     greedy requests, without its device-side batching)."""
     return logits.argmax(-1).tolist()
-
-
-class TokenEvent(NamedTuple):
-    """One new token of one request: what streaming hands out."""
-
-    rid: int
-    token: int
-    #: Its index in the request's output.
-    index: int
-    #: log p(token) under the model (when the request asked for logprobs).
-    logprob: Optional[float] = None
-    #: The ``top_logprobs`` most likely ``(token, logprob)`` pairs, most likely first (when asked).
-    top_logprobs: Optional[List[Tuple[int, float]]] = None
-    #: Set on the request's last token: ``"stop"`` or ``"length"``.
-    finish_reason: Optional[str] = None
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-
-# -- requests and steps ---------------------------------------------------------------
-@dataclass(eq=False)
-class Request:
-    rid: int
-    prompt: List[int]
-    max_new_tokens: int
-    output: List[int] = field(default_factory=list)
-    row: int = 0  # request-pool row once admitted (0: not admitted)
-    slots: List[int] = field(default_factory=list)  # KV slot per cached position
-    finished: bool = False
-    #: FINISH_STOP, FINISH_LENGTH or FINISH_ABORT once finished.
-    finish_reason: Optional[str] = None
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    #: Token ids that end the request (its EOS ids and stop_token_ids), sorted.
-    stop_token_ids: Tuple[int, ...] = ()
-    #: The stop tokens are masked (-inf) until the output has this many tokens.
-    min_new_tokens: int = 0
-    #: The logprob of each output token (None: not asked).
-    logprobs: Optional[List[float]] = None
-    #: Per output token, the ``top_n`` most likely ``(token, logprob)`` (None: not asked).
-    top_logprobs: Optional[List[List[Tuple[int, float]]]] = None
-    top_n: int = 0
-    #: log p(prompt[i] | prompt[:i]) for each prompt token, None for the first (filled at
-    #: prefill when asked; None: not asked).
-    prompt_logprobs: Optional[List[Optional[float]]] = None
-    wants_prompt_logprobs: bool = False
-    #: Called with each :class:`TokenEvent` of this request, after the step committed.
-    on_token: Optional[Callable[[TokenEvent], Any]] = None
-
-    @property
-    def cached(self) -> int:
-        """Tokens in the KV cache; the last output token is not yet among them."""
-        return len(self.slots)
-
-    @property
-    def need(self) -> int:
-        """KV slots the request holds at most: the prompt and every new token but the last."""
-        return len(self.prompt) + self.max_new_tokens - 1
-
-
-@dataclass
-class StepOutput:
-    """What one step did; logits rows are copies (``[vocab]`` each)."""
-
-    prefill_logits: Dict[int, torch.Tensor] = field(default_factory=dict)
-    #: rid -> (token fed, logits it produced)
-    decode: Dict[int, tuple] = field(default_factory=dict)
-    #: Rows the decode ran (a request whose first token ended it was decoded once in vain).
-    decode_batch_size: int = 0
-    decode_graph: bool = False
-    #: Wall time of the decode: building the batch, the runner, sampling, the read.
-    decode_seconds: float = 0.0
-    #: The new tokens, in the order they joined the outputs (prefill's first).
-    events: List[TokenEvent] = field(default_factory=list)
-    finished: List[int] = field(default_factory=list)
-    #: Requests whose :meth:`ContinuousBatcher.abort` came while the step ran (and that
-    #: did not finish in it): they got the step's tokens and left at its end.
-    aborted: List[int] = field(default_factory=list)
-
-
-class _Lane(NamedTuple):
-    """One request's row of a step's decode."""
-
-    req: Request
-    row: int
-    position: int  # where the fed token goes: the request's cached tokens
-    fed: Optional[int]  # None: the token its prefill drew this step (still on the device)
-    emitted: int  # output tokens before this decode's
-
-
-@dataclass
-class _Pending:
-    """A computed step not yet committed: what it took from the pool, what it will change."""
-
-    out: StepOutput = field(default_factory=StepOutput)
-    rows: List[int] = field(default_factory=list)  # taken from the pool, for rollback
-    slots: List[int] = field(default_factory=list)
-    admitted: List[Tuple[Request, int, List[int]]] = field(default_factory=list)  # (request, row, prompt slots)
-    lanes: List[_Lane] = field(default_factory=list)
-    decode_slots: List[int] = field(default_factory=list)  # one per lane
-    prompt_logprobs: List[Tuple[Request, List[Optional[float]]]] = field(default_factory=list)
-    tokens: List[Tuple[Request, TokenEvent]] = field(default_factory=list)  # in the order they are appended
-    ending: List[Tuple[Request, str]] = field(default_factory=list)
-
-
-class _Picks(NamedTuple):
-    """Where a phase's :class:`Choice` (prefill's or decode's) lies in the step's one read."""
-
-    first: int  # index of its tokens among the read tensors
-    logprobs: bool
-    top: int  # n of its top logprobs (0: none)
-
-    @classmethod
-    def add(cls, choice: Choice, reads: List[torch.Tensor]) -> _Picks:
-        picks = cls(len(reads), choice.logprobs is not None, 0 if choice.top_ids is None else choice.top_ids.shape[1])
-        reads.extend(t for t in choice if t is not None)
-        return picks
-
-    def get(self, host: List[List[Any]]) -> Tuple[List[int], Optional[List[float]], Optional[List[List[Tuple]]]]:
-        tokens = host[self.first]
-        logprobs = host[self.first + 1] if self.logprobs else None
-        top = None
-        if self.top:
-            ids, values, n = host[self.first + 2], host[self.first + 3], self.top
-            top = [list(zip(ids[i * n:(i + 1) * n], values[i * n:(i + 1) * n])) for i in range(len(tokens))]
-        return tokens, logprobs, top
-
-
-def takes_logits_to_keep(model: Any) -> bool:
-    """Whether ``model.forward`` has transformers' ``logits_to_keep`` argument."""
-    try:
-        return "logits_to_keep" in inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def model_eos(model: Any) -> Any:
-    """The EOS id(s) generate would use: ``generation_config.eos_token_id``, else the
-    (text) config's; None when neither has one."""
-    value = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    return value if value is not None else getattr(text_config(model.config), "eos_token_id", None)
 
 
 class ContinuousBatcher:
@@ -277,31 +107,33 @@ class ContinuousBatcher:
         if kv_cache_bytes is not None:
             kv_cache_bytes = count(kv_cache_bytes, "kv_cache_bytes", where)
         self.vocab_size: int = text_config(config).vocab_size
-        if eos_token_id is None:
-            eos_token_id, what = model_eos(model), "the model's eos_token_id (generation_config, else config)"
-        else:
-            what = f"{where}: eos_token_id"
         #: The ids that end a request by default (sorted; empty: none).
-        self.eos_token_ids: Tuple[int, ...] = () if eos_token_id is None else stop_ids(eos_token_id, self.vocab_size,
-                                                                                       what)
+        self.eos_token_ids: Tuple[int, ...] = (model_eos(model, self.vocab_size) if eos_token_id is None else
+                                               stop_ids(eos_token_id, self.vocab_size, f"{where}: eos_token_id"))
         self.defaults = generation_defaults(model)
         self.min_new_tokens = count(getattr(getattr(model, "generation_config", None), "min_new_tokens", None) or 0,
                                     "min_new_tokens", "model.generation_config", minimum=0)
         self.seed = (int(torch.empty((), dtype=torch.int64).random_().item()) if seed is None
                      else check_seed(seed, where))
         device = torch.device(model.device)
+        check_model(model, allow_untested)  # before the probe runs the model
+        #: What each layer caches per token (one eager forward of one token): the pool's slots and their bytes.
+        self.geometry = kv_geometry(model)
         #: The pool's size and the budget it came from.
-        self.kv_budget = pool_size(config, model.dtype, device, max_requests=max_requests,
-                                   max_context_len=max_context_len, kv_cache_bytes=kv_cache_bytes)
+        self.kv_budget = pool_size(bytes_per_slot(self.geometry, model.dtype), device, max_requests=max_requests,
+                                   max_context_len=max_context_len, kv_cache_bytes=kv_cache_bytes,
+                                   positions=getattr(text_config(config), "max_position_embeddings", None))
         self.model, self.sample, self.max_bs = model, sample, max_bs
         self.sampler = Sampler()
         self.cache = PagedCache(config, max_requests=max_requests, max_context_len=self.kv_budget.max_context_len,
-                                num_slots=self.kv_budget.num_slots, dtype=model.dtype, device=device)
+                                num_slots=self.kv_budget.num_slots, dtype=model.dtype, device=device,
+                                geometry=self.geometry)
         self.adapter = HFDecodeAdapter(model, self.cache, allow_untested=allow_untested)
         #: Prefill asks the model for the last position's logits only (``logits_to_keep``);
         #: False for a model without it (all positions' logits are computed, the last used).
         self.last_logits_only = takes_logits_to_keep(model)
         runner_options.setdefault("progress", False)
+        runner_options.setdefault("context_buckets", "auto")
         self.runner = DecodeGraphRunner(self.adapter, DecodeRunnerConfig(max_bs=max_bs, **runner_options))
         self.waiting: Deque[Request] = deque()
         self.running: List[Request] = []
@@ -448,7 +280,7 @@ class ContinuousBatcher:
                 raise RuntimeError("ContinuousBatcher.step() is already running: call it from one thread at a "
                                    "time, and not from sample")
             self._stepping = True
-        pending = _Pending()
+        pending = Pending()
         try:
             self._compute(pending)
         except BaseException:
@@ -464,21 +296,21 @@ class ContinuousBatcher:
                 self._commit(pending)
             finally:
                 self._end_step(pending.out)
-        self._notify(pending.tokens)
+        notify(pending.tokens)
         return pending.out
 
-    def _compute(self, p: _Pending) -> None:
+    def _compute(self, p: Pending) -> None:
         """Everything a step computes, into ``p``; no request changes."""
         out, reads = p.out, []
         self._admit(p)
-        p.lanes = [_Lane(r, r.row, r.cached, r.output[-1], len(r.output)) for r in self.running]
+        p.lanes = [Lane(r, r.row, r.cached, r.output[-1], len(r.output)) for r in self.running]
         prefill = prompt_part = fresh = None
         if p.admitted:
-            logits, prompt_lp = self._prefill(p.admitted)
+            logits, prompt_lp = prefill_logits(self.model, self.cache, p.admitted, self.last_logits_only)
             for (req, _, _), row_logits in zip(p.admitted, logits):
                 out.prefill_logits[req.rid] = row_logits.clone()
             choice = self._choose(logits, [self._row(req, 0) for req, _, _ in p.admitted])
-            prefill = _Picks.add(choice, reads)
+            prefill = Picks.add(choice, reads)
             if prompt_lp is not None:
                 prompt_part = len(reads)
                 reads.append(prompt_lp)
@@ -486,14 +318,14 @@ class ContinuousBatcher:
             going_on = [i for i, (req, _, _) in enumerate(p.admitted) if req.max_new_tokens > 1]
             if going_on:
                 fresh = choice.tokens.index_select(0, torch.tensor(going_on, device=choice.tokens.device))
-                p.lanes += [_Lane(req, row, len(slots), None, 1)
+                p.lanes += [Lane(req, row, len(slots), None, 1)
                             for req, row, slots in (p.admitted[i] for i in going_on)]
         decode = logits = None
         start = time.perf_counter()
         if p.lanes:
             p.decode_slots = self.cache.pool.take_slots(len(p.lanes))
             p.slots += p.decode_slots
-            step = self._decode_step(self._fed(p.lanes, fresh), [lane.position for lane in p.lanes],
+            step = decode_step(self.cache.device, self._fed(p.lanes, fresh), [lane.position for lane in p.lanes],
                                      [lane.row for lane in p.lanes], p.decode_slots)
             self.cache.req_to_token_pool.write_tokens(step.req_pool_indices, step.positions, step.out_cache_loc)
             out.decode_batch_size = len(p.lanes)
@@ -501,7 +333,7 @@ class ContinuousBatcher:
             logits = self.runner(step).clone()  # replayed outputs are views of static memory
             if logits.shape[0] != len(p.lanes):
                 raise RuntimeError(f"the decode step of {len(p.lanes)} requests returned {logits.shape[0]} rows")
-            decode = _Picks.add(self._choose(logits, [self._row(lane.req, lane.emitted) for lane in p.lanes]), reads)
+            decode = Picks.add(self._choose(logits, [self._row(lane.req, lane.emitted) for lane in p.lanes]), reads)
         host = to_host(reads)  # the step's one read: it waits for the device
         if p.lanes:
             out.decode_seconds = time.perf_counter() - start
@@ -510,30 +342,18 @@ class ContinuousBatcher:
             tokens, lps, top = prefill.get(host)
             for i, (req, _, _) in enumerate(p.admitted):
                 first[req.rid] = tokens[i]
-                self._token(p, req, 0, tokens[i], lps and lps[i], top and top[i], ended)
+                p.record(req, 0, tokens[i], lps and lps[i], top and top[i], ended)
             if prompt_part is not None:
-                self._split_prompt_logprobs(p, host[prompt_part])
+                split_prompt_logprobs(p, host[prompt_part])
         if decode is not None:
             tokens, lps, top = decode.get(host)
             for i, lane in enumerate(p.lanes):
                 if lane.req.rid in ended:  # its first token ended it: this row was decoded in vain
                     continue
                 out.decode[lane.req.rid] = (first[lane.req.rid] if lane.fed is None else lane.fed, logits[i])
-                self._token(p, lane.req, lane.emitted, tokens[i], lps and lps[i], top and top[i], ended)
+                p.record(lane.req, lane.emitted, tokens[i], lps and lps[i], top and top[i], ended)
 
-    @staticmethod
-    def _token(p: _Pending, req: Request, index: int, token: int, logprob: Optional[float],
-               top: Optional[List[Tuple[int, float]]], ended: set) -> None:
-        """Record token ``index`` of ``req`` (to commit), and whether it ends the request."""
-        reason = (FINISH_STOP if token in req.stop_token_ids
-                  else FINISH_LENGTH if index + 1 >= req.max_new_tokens else None)
-        p.tokens.append((req, TokenEvent(req.rid, token, index, None if req.logprobs is None else logprob,
-                                         None if req.top_logprobs is None else top[:req.top_n], reason)))
-        if reason is not None:
-            p.ending.append((req, reason))
-            ended.add(req.rid)
-
-    def _commit(self, p: _Pending) -> None:
+    def _commit(self, p: Pending) -> None:
         """Apply a computed step: list operations only, nothing here can fail halfway."""
         for req, row, slots in p.admitted:
             self.waiting.popleft()  # the admitted are the queue's head: only a commit or an abort between steps pops
@@ -554,18 +374,6 @@ class ContinuousBatcher:
             p.out.finished.append(req.rid)
         p.out.events = [event for _, event in p.tokens]
 
-    def _notify(self, tokens: List[Tuple[Request, TokenEvent]]) -> None:
-        """The step's ``on_token`` callbacks, in token order; the first error is raised at the end."""
-        error = None
-        for req, event in tokens:
-            if req.on_token is not None:
-                try:
-                    req.on_token(event)
-                except Exception as exc:  # noqa: BLE001 - the other requests' callbacks still run
-                    error = error or exc
-        if error is not None:
-            raise error
-
     def _end_step(self, out: Optional[StepOutput]) -> None:
         """Apply the aborts that came during the step (under the lock), and end it."""
         try:
@@ -579,7 +387,7 @@ class ContinuousBatcher:
             self._aborts.clear()
             self._stepping = False
 
-    def _admit(self, p: _Pending) -> None:
+    def _admit(self, p: Pending) -> None:
         """Take rows and prompt slots for the waiting requests there is room for: a free
         row, and slots for its every token beside what the running requests may still
         take (so a running request never runs out). The queue is indexed, not iterated:
@@ -611,71 +419,13 @@ class ContinuousBatcher:
                              f"{logits.shape[0]}")
         return with_logprobs(logits, rows, torch.tensor(tokens, dtype=torch.int64, device=logits.device))
 
-    def _prefill(self, admitted: List[Tuple[Request, int, List[int]]]) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """Last-position logits ``[len(admitted), vocab]`` (one eager forward, rows
-        left-padded so every prompt ends in the last column), and the prompt logprobs of
-        the requests that asked (concatenated; None when none did).
-
-        A padding token sits at position 0 of the dummy slot 0, so it writes nothing a
-        request reads, and its query sees position 0 of its own row only. The model
-        computes the logits of the last ``keep`` columns only (``logits_to_keep``): 1, or
-        the longest prompt whose logprobs were asked for."""
-        dev, width = self.cache.device, max(len(r.prompt) for r, _, _ in admitted)
-        asked = [r for r, _, _ in admitted if r.wants_prompt_logprobs]
-        keep = max((len(r.prompt) for r in asked), default=1)
-        ids, pos, loc = [], [], []
-        for r, _, slots in admitted:
-            pad = [0] * (width - len(r.prompt))
-            ids.append(pad + r.prompt)
-            pos.append(pad + list(range(len(r.prompt))))
-            loc.append(pad + slots)
-        ids, pos = torch.tensor(ids, device=dev), torch.tensor(pos, device=dev)
-        self.cache.bind(torch.tensor(loc, device=dev).view(-1), torch.tensor([row for _, row, _ in admitted],
-                                                                             device=dev))
-        extra = {"logits_to_keep": keep} if self.last_logits_only else {}
-        with torch.no_grad():
-            out = self.model(input_ids=ids, position_ids=pos, past_key_values=self.cache, use_cache=True,
-                             attention_mask=self.cache.attention_mask(pos, self.model.dtype), **extra)
-        logits = out.logits[:, -keep:]
-        if not asked:
-            return logits[:, -1], None
-        parts = []
-        for i, (r, _, _) in enumerate(admitted):
-            n = len(r.prompt)
-            if r.wants_prompt_logprobs and n > 1:  # column keep - n + j predicts prompt token j + 1
-                lp = logits[i, keep - n:keep - 1].float().log_softmax(-1)
-                parts.append(lp.gather(1, torch.tensor(r.prompt[1:], device=dev).unsqueeze(1)).squeeze(1))
-        return logits[:, -1], torch.cat(parts) if parts else torch.zeros(0, device=dev)
-
-    def _split_prompt_logprobs(self, p: _Pending, values: List[float]) -> None:
-        start = 0
-        for req, _, _ in p.admitted:
-            if req.wants_prompt_logprobs:
-                n = len(req.prompt) - 1
-                p.prompt_logprobs.append((req, [None] + values[start:start + n]))
-                start += n
-
-    def _fed(self, lanes: List[_Lane], fresh: Optional[torch.Tensor]) -> Union[List[int], torch.Tensor]:
+    def _fed(self, lanes: List[Lane], fresh: Optional[torch.Tensor]) -> Union[List[int], torch.Tensor]:
         """The decode's input ids: the running requests' last tokens (host), then the tokens
         the admitted ones just drew (``fresh``, on the device: not read to be fed)."""
         known = [lane.fed for lane in lanes if lane.fed is not None]
         if fresh is None:
             return known
         return torch.cat([torch.tensor(known, dtype=torch.int64, device=fresh.device), fresh])
-
-    def _decode_step(self, fed: Union[List[int], torch.Tensor], positions: List[int], rows: List[int],
-                     locs: List[int]) -> DecodeStep:
-        """The decode batch: token ``fed[i]`` at ``positions[i]`` of request row ``rows[i]``, its
-        KV to slot ``locs[i]``."""
-        dev = self.cache.device
-
-        def i64(values, device=dev):
-            return torch.tensor(values, dtype=torch.int64, device=device)
-
-        lens = [p + 1 for p in positions]
-        return DecodeStep(input_ids=fed if isinstance(fed, torch.Tensor) else i64(fed), positions=i64(positions),
-                          out_cache_loc=i64(locs), req_pool_indices=i64(rows), seq_lens=i64(lens),
-                          seq_lens_cpu=i64(lens, "cpu"), batch_size=len(positions))
 
     def _drop(self, req: Request) -> None:
         """Abort ``req`` between steps (under the lock); a finished request stays as it is."""

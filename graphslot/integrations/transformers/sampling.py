@@ -45,7 +45,8 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
-from .checks import as_int, flag, number
+from .checks import as_int, flag, number, stop_ids
+from .geometry import text_config
 
 #: generate's own defaults for what a model's ``generation_config`` leaves unset
 #: (``GenerationConfig._get_default_generation_params`` in transformers 5.x; checked by
@@ -83,6 +84,22 @@ def generation_defaults(model: Any) -> Dict[str, Any]:
     return {"do_sample": flag(out["do_sample"], "do_sample", where),
             "temperature": number(out["temperature"], "temperature", where, 0.0, float("inf")),
             "top_k": _top_k(out["top_k"], where), "top_p": _top_p(out["top_p"], where)}
+
+
+def model_eos(model: Any, vocab_size: int) -> Tuple[int, ...]:
+    """The EOS ids generate would use: ``generation_config.eos_token_id``, else the (text)
+    config's (an id or a list; ``()`` when neither has one). Ids outside the vocabulary
+    are dropped (-1, "none" to HF's continuous batching; a tiny test config's default):
+    no step can draw them, so generate never stops on them either."""
+    value = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if value is None:
+        value = getattr(text_config(model.config), "eos_token_id", None)
+    if value is None:
+        return ()
+    ids = [value] if as_int(value) is not None else value
+    if isinstance(ids, (list, tuple)):
+        ids = [v for v in ids if as_int(v) is None or 0 <= as_int(v) < vocab_size]  # what is no int stays, refused
+    return stop_ids(ids, vocab_size, "the model's eos_token_id (generation_config, else config)")
 
 
 def _top_k(value: Any, where: str) -> int:
