@@ -99,3 +99,47 @@ def test_prompt_logprobs_are_the_models_for_each_prompt_token(model):
         assert req.prompt_logprobs[1:] == pytest.approx(want.tolist(), abs=1e-5)
     assert asks[1].prompt_logprobs == [None]  # a one-token prompt has nothing to score
     assert quiet.prompt_logprobs is None
+
+
+def test_prefill_gathers_its_longest_prompt_not_max_context_len(model):
+    engine = ContinuousBatcher(model, max_bs=4, max_context_len=200, backend="cpu", capture_bs=[4], eos_token_id=(),
+                               lazy=True)
+    gathered, write_and_gather = [], engine.cache.write_and_gather
+
+    def record(layer, keys, values):
+        out = write_and_gather(layer, keys, values)
+        gathered.append((keys.shape[2], out[0].shape[2]))
+        return out
+
+    engine.cache.write_and_gather = record
+    for prompt in PROMPTS:
+        engine.add_request(prompt, 2)
+    engine.step()
+    layers = model.config.num_hidden_layers
+    assert gathered[:layers] == [(7, 7)] * layers  # prefill: 7 tokens a row, 7 positions gathered, not 200
+    assert set(gathered[layers:]) == {(1, 128)}  # the decode's capture: one token, the smallest context bucket
+
+
+@pytest.mark.parametrize("family", ["bloom", "falcon-alibi"])
+def test_the_2d_mask_route_prefills_right_padded_with_the_same_results(family):
+    """Bloom and alibi Falcon need rows from column 0: right padding, every column's logits."""
+    alibi = tiny_model(family)
+    engine = ContinuousBatcher(alibi, max_bs=4, max_context_len=24, backend="cpu", capture_bs=[4], eos_token_id=())
+    assert engine.cache.mask_route == "2d"
+    reqs = [engine.add_request(p, 3, prompt_logprobs=i != 1) for i, p in enumerate(PROMPTS)]
+    first = engine.step()
+    while not engine.done:
+        engine.step()
+    ref = PerRequestHF(alibi)
+    for req in reqs:
+        logits = ref.prefill(req.rid, req.prompt)
+        assert close(first.prefill_logits[req.rid], logits)
+        with torch.no_grad():
+            every = alibi(input_ids=torch.tensor([req.prompt])).logits[0].float()
+        want = every[:-1].log_softmax(-1).gather(1, torch.tensor(req.prompt[1:]).unsqueeze(1)).squeeze(1)
+        if req.rid != 1:
+            assert req.prompt_logprobs[1:] == pytest.approx(want.tolist(), abs=1e-4)
+        ids = torch.tensor([req.prompt])
+        assert req.output == alibi.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3,
+                                            do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(req.prompt):].tolist()
+

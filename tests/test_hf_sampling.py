@@ -134,6 +134,45 @@ def test_a_row_draws_the_same_whatever_its_neighbours_and_place():
     assert len(set(alone)) > 4  # they do sample
 
 
+READS = ("tolist", "item", "numpy", "__bool__", "__int__", "__float__", "__index__")
+
+
+def test_the_sampler_reads_nothing_back_from_the_device(monkeypatch):
+    """Every row's parameters go to the device as small tensors; the picks stay there."""
+    logits = torch.randn(5, 300, generator=torch.Generator().manual_seed(3))
+    rows = [Row(GREEDY, 0), Row(sampled(seed=1, temperature=0.7, top_k=5, top_p=0.9), 2, blocked=(4,), logprobs=3),
+            Row(sampled(seed=2, top_p=0.8), 0, logprobs=0), Row(sampled(seed=3, temperature=1.3, top_k=20), 1),
+            Row(GREEDY, 4, blocked=(int(logits[4].argmax()),))]
+    want = Sampler()(logits, rows)
+
+    def refuse(self, *args, **kwargs):
+        raise AssertionError("the sampler read the device")
+
+    with monkeypatch.context() as patch:
+        for name in READS:
+            patch.setattr(torch.Tensor, name, refuse)
+        got = Sampler()(logits, rows)
+    assert torch.equal(got.tokens, want.tokens) and got.top_ids.shape == (5, 3)
+    assert got.tokens[4] != logits[4].argmax()  # the blocked argmax was not picked
+
+
+def test_a_step_reads_the_device_once_whatever_its_rows_ask(model, monkeypatch):
+    from graphslot.integrations.transformers import engine as engine_module
+
+    engine, reads = make_engine(model), []
+    real = engine_module.to_host
+    monkeypatch.setattr(engine_module, "to_host", lambda tensors: reads.append(len(tensors)) or real(tensors))
+    engine.add_request(PROMPTS[0], 6)
+    engine.add_request(PROMPTS[1], 6, temperature=0.8, top_k=7, logprobs=True)
+    engine.add_request(PROMPTS[2], 6, top_p=0.9, seed=4, top_logprobs=2, prompt_logprobs=True)
+    engine.add_request(PROMPTS[3], 6, min_new_tokens=3, eos_token_id=[1, 2])
+    steps = 0
+    while not engine.done:
+        engine.step()
+        steps += 1
+    assert steps >= 5 and len(reads) == steps  # one read per step, with every row's tokens and logprobs in it
+
+
 # ---------------------------------------------------------------- through the engine
 
 
