@@ -5,6 +5,9 @@ gets every position computed and the last ones taken, with the same results."""
 
 from __future__ import annotations
 
+import itertools
+import random
+
 import pytest
 
 transformers = pytest.importorskip("transformers")
@@ -16,6 +19,8 @@ from graphslot.integrations.transformers import (  # noqa: E402
     PerRequestHF,
     tiny_model,
 )
+from graphslot.integrations.transformers import batches  # noqa: E402
+from graphslot.integrations.transformers.batches import prefill_groups  # noqa: E402
 from graphslot.integrations.transformers.models import close  # noqa: E402
 
 PROMPTS = [[5, 17, 3, 99, 42, 8, 1], [7, 7, 1], [64, 2, 31, 8], [11]]
@@ -143,3 +148,45 @@ def test_the_2d_mask_route_prefills_right_padded_with_the_same_results(family):
         assert req.output == alibi.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3,
                                             do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(req.prompt):].tolist()
 
+
+
+def test_prefill_groups_cut_where_padding_costs_more_than_a_forward():
+    assert prefill_groups([10, 60, 12, 64, 30], 64) == [[0, 2], [4, 1, 3]]  # 2 forwards: 64 + 24 + 64 + 192
+    assert prefill_groups([10, 60, 12, 64, 30], 1000) == [[0, 2, 4, 1, 3]]  # a costly forward: one, padded
+    assert prefill_groups([5], 64) == [[0]] and prefill_groups([3, 3, 3], 0) == [[0, 1, 2]]
+    rng = random.Random(0)
+    for _ in range(200):  # the fewest padded positions plus forwards, against every cut of the sorted lengths
+        lengths, forward = [rng.randint(1, 80) for _ in range(rng.randint(1, 7))], rng.choice([0, 16, 64, 200])
+        order = sorted(range(len(lengths)), key=lengths.__getitem__)
+
+        def cost(groups):
+            return sum(forward + len(g) * max(lengths[i] for i in g) for g in groups)
+
+        best = min(cost([order[a:b] for a, b in zip((0,) + cuts, cuts + (len(order),))])
+                   for k in range(len(order)) for cuts in itertools.combinations(range(1, len(order)), k))
+        groups = prefill_groups(lengths, forward)
+        assert sorted(i for g in groups for i in g) == list(range(len(lengths))) and cost(groups) == best
+
+
+def test_prefill_in_groups_gives_what_one_forward_gives(model, monkeypatch):
+    prompts = [[3] * 20, [5, 6], [7] * 17, [9, 10, 11], [12] * 19]
+    runs = []
+    for forward_tokens in (10**6, 0):  # one padded forward; then one forward per length
+        monkeypatch.setattr(batches, "FORWARD_TOKENS", {"cpu": forward_tokens})
+        engine = ContinuousBatcher(model, max_bs=5, max_context_len=32, backend="cpu", capture_bs=[5],
+                                   eos_token_id=())
+        widths = []
+        hook = model.lm_head.register_forward_hook(lambda module, args, out: widths.append(args[0].shape[0]))
+        try:
+            reqs = [engine.add_request(p, 4, prompt_logprobs=i % 2 == 0) for i, p in enumerate(prompts)]
+            first = engine.step()
+        finally:
+            hook.remove()
+        while not engine.done:
+            engine.step()
+        runs.append((widths, first.prefill_logits, [r.output for r in reqs], [r.prompt_logprobs for r in reqs]))
+    (one, logits_a, out_a, lp_a), (grouped, logits_b, out_b, lp_b) = runs
+    assert one == [5] and grouped == [1, 1, 1, 1, 1]  # rows per prefill forward (the decode replays a graph)
+    assert out_a == out_b and all(close(logits_a[rid], logits_b[rid]) for rid in logits_a)
+    for a, b in zip(lp_a, lp_b):
+        assert (a is None) == (b is None) and (a is None or a[1:] == pytest.approx(b[1:], abs=1e-5))

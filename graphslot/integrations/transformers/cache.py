@@ -86,6 +86,14 @@ from .geometry import (
 MASK_4D, MASK_2D = "4d", "2d"
 
 
+def _gather(buffer: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """``buffer[slots]``, written into a tensor made for it (``out=``): a graph replays the
+    gather into that tensor, where a result in new memory would be copied into it (the
+    CPU tape backend copies every such result; these are the step's largest)."""
+    out = torch.empty((slots.shape[0], *buffer.shape[1:]), dtype=buffer.dtype, device=buffer.device)
+    return torch.index_select(buffer, 0, slots, out=out)
+
+
 class PagedCacheLayer(CacheLayerMixin):
     """One decoder layer's view of the shared pool (transformers' per-layer protocol)."""
 
@@ -293,8 +301,8 @@ class PagedCache(Cache):
         if length != self.max_context_len:
             table = table[:, :length]  # a view of the static table: fixed for a given length
         slots = table.index_select(0, self._rows).view(-1)
-        keys = pool.k_buffer[layer_idx].index_select(0, slots).view(b, length, h, d)
-        values = pool.v_buffer[layer_idx].index_select(0, slots).view(b, length, hv, -1)
+        keys = _gather(pool.k_buffer[layer_idx], slots).view(b, length, h, d)
+        values = _gather(pool.v_buffer[layer_idx], slots).view(b, length, hv, -1)
         return keys.transpose(1, 2), values.transpose(1, 2)
 
     def _record(self, layer_idx: int, key_states: torch.Tensor, value_states: torch.Tensor):
