@@ -8,7 +8,7 @@ The model is a ``LlamaForCausalLM`` with random weights scaled by fan-in (as
 near-tie and every engine must produce the same tokens), fp32, sdpa:
 
 * ``small``: hidden 256, 4 layers, 4/2 heads (head_dim 64), intermediate 688, vocab 32000 (19.3M parameters);
-* ``issue``: hidden 512, 8 layers, 8/4 heads, intermediate 1024, vocab 32000, untied (51.6M).
+* ``issue``: hidden 512, 8 layers, 8/4 heads, intermediate 1024, vocab 32000, untied (51.65M parameters, the shape of the issue that asked for this benchmark).
 
 The workload is ``--requests`` seeded requests (prompts of 16-64 tokens, 32-64 new
 tokens each), greedy, EOS off, all queued at once. Engines:

@@ -88,7 +88,9 @@ class ContinuousBatcher:
       and requests cannot set sampling parameters then. It may be set or changed
       between steps (``engine.sample = fn``; None: the built-in sampler).
     * Runner options (``backend``, ``mode``, ``capture_bs``, ``progress``, ...) go to
-      :class:`DecodeRunnerConfig`.
+      :class:`DecodeRunnerConfig`; ``context_buckets`` is ``"auto"`` here: a step replays
+      the graph of its longest context's bucket, so a long ``max_context_len`` costs memory
+      (the request table), not time.
 
     Thread safety: :meth:`add_request` and :meth:`abort` hold ``self._lock`` while they
     change the queue, so other threads (and ``sample``) may call them while a step runs;
