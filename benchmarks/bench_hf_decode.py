@@ -189,8 +189,9 @@ class Graphslot:
 
         self.s, self.DecodeStep = s, DecodeStep
         before = s.memory()
+        # No EOS: every request must still be running after the first step, whatever it drew.
         self.engine = ContinuousBatcher(s.model if model is None else model, max_bs=s.max_bs, max_context_len=s.context,
-                                        backend="cpu" if s.smoke else "cuda")
+                                        backend="cpu" if s.smoke else "cuda", eos_token_id=())
         self.memory = grown(before, s.memory())
         pool = self.engine.cache.pool
         self.memory["kv_pool"] = sum(t.numel() * t.element_size() for t in pool.k_buffer + pool.v_buffer)

@@ -14,7 +14,8 @@ that no real request ever reads.
 
 from __future__ import annotations
 
-from typing import Iterable, List, Sequence, Union
+from collections import deque
+from typing import Deque, Iterable, List, Sequence, Tuple, Union
 
 import torch
 
@@ -29,14 +30,16 @@ def host_slots(slots: Slots) -> List[int]:
 
 
 class FreeList:
-    """Deterministic allocator of the integers 1..size-1 (0 is the dummy)."""
+    """Deterministic allocator of the integers 1..size-1 (0 is the dummy): first in, first
+    out. Taking ``n`` costs O(n) whatever the size (a pool sized by memory can hold
+    millions of slots, and the engine takes one per request every decode step)."""
 
     def __init__(self, size: int, what: str):
         if size < 2:
             raise ValueError(f"{what} needs size >= 2 (index 0 is reserved), got {size}")
         self.size = size
         self.what = what
-        self._free: List[int] = list(range(1, size))
+        self._free: Deque[int] = deque(range(1, size))
 
     @property
     def available(self) -> int:
@@ -45,8 +48,8 @@ class FreeList:
     def take(self, n: int) -> List[int]:
         if n > len(self._free):
             raise RuntimeError(f"{self.what} exhausted: asked for {n}, {len(self._free)} free")
-        taken, self._free = self._free[:n], self._free[n:]
-        return taken
+        pop = self._free.popleft
+        return [pop() for _ in range(n)]
 
     def give_back(self, items: Iterable[int]) -> None:
         for i in items:
@@ -90,8 +93,9 @@ class ReqToTokenPool:
 class PagedKVCache:
     """Per-layer K and V buffers of shape ``[size, num_kv_heads, head_dim]``.
 
-    A subclass may give a layer another slot space (:meth:`layer_size`) and hand out
-    slots through :meth:`take_slots` (host ints) to keep its own bookkeeping.
+    A subclass may give a layer another slot space (:meth:`layer_size`) or other K and V
+    row shapes (:meth:`layer_shapes`), and hand out slots through :meth:`take_slots`
+    (host ints) to keep its own bookkeeping.
     """
 
     def __init__(
@@ -111,14 +115,20 @@ class PagedKVCache:
         self.device = torch.device(device)
         self._free = FreeList(size, "PagedKVCache")
         sizes = [self.layer_size(layer) for layer in range(num_layers)]
+        shapes = [self.layer_shapes(layer) for layer in range(num_layers)]
         # zeros, not empty: attention multiplies masked-out values by 0, and 0 * NaN from
         # uninitialised memory would leak into real rows.
-        self.k_buffer = [torch.zeros(s, num_kv_heads, head_dim, dtype=dtype, device=self.device) for s in sizes]
-        self.v_buffer = [torch.zeros(s, num_kv_heads, head_dim, dtype=dtype, device=self.device) for s in sizes]
+        self.k_buffer = [torch.zeros(s, *k, dtype=dtype, device=self.device) for s, (k, _) in zip(sizes, shapes)]
+        self.v_buffer = [torch.zeros(s, *v, dtype=dtype, device=self.device) for s, (_, v) in zip(sizes, shapes)]
 
     def layer_size(self, layer: int) -> int:
         """Slots in ``layer``'s K and V buffers (all ``size`` here)."""
         return self.size
+
+    def layer_shapes(self, layer: int) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
+        """The shape of one slot's K and of its V in ``layer`` (``(num_kv_heads, head_dim)``
+        for both here)."""
+        return (self.num_kv_heads, self.head_dim), (self.num_kv_heads, self.head_dim)
 
     @property
     def available(self) -> int:
@@ -138,7 +148,7 @@ class PagedKVCache:
         self._free.give_back(host_slots(slots))
 
     def set_kv(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Write ``k``/``v`` (``[n, kv_heads, head_dim]``) at ``loc`` in the layer's slot space.
+        """Write ``k``/``v`` (``[n, *layer_shapes(layer)]``) at ``loc`` in the layer's slot space.
 
         ``index_copy_`` keeps this free of host syncs; duplicate indices only occur for
         the dummy slot 0 (padded rows), where the winner does not matter.

@@ -59,9 +59,11 @@ class RankRequests:
         return fb
 
 
-def run_rank(rank: int, world_size: int, device: str = "cpu", lazy: bool = False) -> List[Dict[str, Any]]:
+def run_rank(rank: int, world_size: int, device: str = "cpu", lazy: bool = False,
+             context_buckets: Any = None) -> List[Dict[str, Any]]:
     """The session on one rank: what it saw and computed, step by step (``lazy``: each
-    graph captured at the step that first needs it, by every rank at once)."""
+    graph captured at the step that first needs it, by every rank at once;
+    ``context_buckets``: the runners' context buckets)."""
     from graphslot.reference.dp_model import DPAttention, ReferenceDPDecodeAdapter
     from graphslot.runners.dp import DPDecodeRunner, DPExchange
 
@@ -74,7 +76,7 @@ def run_rank(rank: int, world_size: int, device: str = "cpu", lazy: bool = False
         refused = None
     except SlotError as exc:
         refused = str(exc)
-    dp = DPDecodeRunner(adapter, exchange, max_bs=MAX_BS, progress=False, lazy=lazy)
+    dp = DPDecodeRunner(adapter, exchange, max_bs=MAX_BS, progress=False, lazy=lazy, context_buckets=context_buckets)
     runner = dp.runner
     requests = RankRequests(rt, rank)
     records = []
@@ -86,7 +88,9 @@ def run_rank(rank: int, world_size: int, device: str = "cpu", lazy: bool = False
         agreed = dp.last
         rec: Dict[str, Any] = {"raw_tokens": 0 if fb is None else fb.num_tokens, "counts": agreed.global_num_tokens,
                                "flags": agreed.can_run, "padded_bs": agreed.padded_bs, "idle": agreed.idle,
-                               "logits": None if out is None else out.detach().cpu().clone()}
+                               "logits": None if out is None else out.detach().cpu().clone(),
+                               "longest": 0 if fb is None else max(fb.seq_lens_cpu.tolist()),
+                               "contexts": agreed.contexts, "context": agreed.context}
         if agreed.padded_bs is not None and not agreed.idle:
             reg = runner.registry
             rec["slots"] = {name: reg.slot(name).buffer.tolist()
@@ -128,6 +132,7 @@ MISMATCHES = {
     "num_tokens_per_bs": ({}, {"num_tokens_per_bs": 2}),
     "disable_padding": ({}, {"disable_padding": True}),
     "spec param cache_loc_dtype": ({}, {"params": {"cache_loc_dtype": "int32"}}),
+    "the context buckets": ({"context_buckets": [8, 16]}, {"context_buckets": [16]}),
     # Not a disagreement: rank 1 cannot build its runner at all (its dummy batch lacks encoder_lens).
     "a rank that cannot build": ({}, {"params": {"is_encoder_decoder": True}}),
 }

@@ -11,14 +11,19 @@ import pytest
 
 pytest.importorskip("transformers")
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_hf_decode.py"
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
-def load_bench():
-    spec = importlib.util.spec_from_file_location("bench_hf_decode", SCRIPT)
+def load_script(name: str):
+    """``benchmarks/<name>.py`` as a module (the benchmarks are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def load_bench():
+    return load_script("bench_hf_decode")
 
 
 def test_smoke_run_measures_every_case(tmp_path, capsys):

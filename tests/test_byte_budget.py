@@ -9,6 +9,7 @@ filling the machine's memory.
 
 from __future__ import annotations
 
+import math
 import textwrap
 
 import pytest
@@ -46,10 +47,16 @@ def no_env(monkeypatch):
     monkeypatch.delenv("GRAPHSLOT_MAX_KV_BYTES", raising=False)
 
 
-def forbid_allocation(monkeypatch):
-    """``torch.zeros`` refuses to run: what the test builds must be refused before it."""
+def forbid_allocation(monkeypatch, above: int = -1):
+    """``torch.zeros`` of more than ``above`` elements refuses to run (default: any):
+    what the test builds must be refused before it."""
+    zeros = torch.zeros
+
     def refuse(*args, **kwargs):
-        raise AssertionError(f"torch.zeros{args} ran: the byte check did not come first")
+        sizes = args[0] if len(args) == 1 and isinstance(args[0], (tuple, list, torch.Size)) else args
+        if above < 0 or math.prod(int(n) for n in sizes) > above:
+            raise AssertionError(f"torch.zeros{args} ran: the byte check did not come first")
+        return zeros(*args, **kwargs)
 
     monkeypatch.setattr(torch, "zeros", refuse)
 
@@ -220,9 +227,9 @@ def test_continuous_batcher_with_a_huge_batch_is_refused_by_its_kv_pool(monkeypa
     from graphslot.integrations.transformers import ContinuousBatcher, tiny_model
 
     model = tiny_model("llama")
-    forbid_allocation(monkeypatch)
-    # 10**15 slots of 512 bytes: more than any machine's memory, the default cap.
-    with pytest.raises(BufferBudgetError, match=r"^PagedCache: max_requests=1000000 x max_context_len=1000000000 "
-                                                r"need a KV pool of 1000000000000001 slots .* over the cap of "
-                                                r"\d+ bytes \(.*\) \(the total memory of cpu\)\. "):
+    forbid_allocation(monkeypatch, above=4096)  # the geometry probe's one token runs; nothing sized by the batch
+    # a request table of 8 * 10**15 bytes: more than any machine's memory, the default KV budget.
+    with pytest.raises(BufferBudgetError, match=r"^ContinuousBatcher: a KV budget of \d+ bytes .* holds 0 token "
+                                                r"slots of 512 bytes after the request table \(1000001 rows .* "
+                                                r"max_context_len=1000000000 x 8 bytes = 8000008000000000 bytes "):
         ContinuousBatcher(model, max_bs=10**6, max_context_len=10**9)

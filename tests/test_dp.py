@@ -147,6 +147,31 @@ def test_lazy_capture_happens_on_every_rank_at_the_step_that_first_needs_it():
             assert (rec["logits"] is None) if want is None else torch.equal(rec["logits"], want), (s, rank)
 
 
+def test_ranks_agree_on_the_context_bucket_of_the_longest_context_of_any_rank():
+    ranks = launch(dp_cases.run_rank, WORLD, "cpu", False, [4, 8, 16], timeout=TIMEOUT)
+    reference = dp_cases.single_process_logits(WORLD)
+    steps = [records[:-1] for records in ranks]
+    differing = 0
+    for s in range(len(STEPS)):
+        first, second = steps[0][s], steps[1][s]
+        own = [rec["longest"] for rec in (first, second)]
+        if first["padded_bs"] is None or first["idle"]:
+            assert first["context"] is None and second["context"] is None
+            continue
+        # each rank sent its own longest context (0 when idle); both took the bucket of the larger
+        assert first["contexts"] == second["contexts"] == own
+        assert first["context"] == second["context"] == min(n for n in (4, 8, 16) if n >= max(own))
+        differing += min(n for n in (4, 8, 16) if n >= min(own)) != first["context"]
+    assert differing >= 2  # steps where a rank alone would have picked a smaller bucket
+    for rank, records in enumerate(ranks):
+        summary = records[-1]
+        assert summary["graphs"] == sorted((bs, n) for bs in (8, 4, 2, 1) for n in (4, 8, 16))
+        assert sum(summary["metrics"]["replays_per_context"].values()) == summary["metrics"]["replays"] > 0
+        for s, rec in enumerate(steps[rank]):
+            want = reference[s][rank]
+            assert (rec["logits"] is None) if want is None else torch.equal(rec["logits"], want), (s, rank)
+
+
 # ---------------------------------------------------------------- fail fast, never hang
 
 
@@ -160,6 +185,7 @@ def mismatches():
     ("num_tokens_per_bs", "rank 0: 1, rank 1: 2"),
     ("disable_padding", "rank 0: False, rank 1: True"),
     ("spec param cache_loc_dtype", "rank 0: int64, rank 1: int32"),
+    ("the context buckets", "rank 0: [16, 8], rank 1: [16]"),
 ])
 def test_ranks_that_differ_in_a_setting_are_refused_on_every_rank_before_capture(mismatches, setting, values):
     for rank in range(WORLD):

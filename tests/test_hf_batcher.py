@@ -128,6 +128,8 @@ def fail(where, at_step, call=0):
             return False
         if where == "sample":
             engine.sample = Flaky(greedy, call)
+        elif where == "sampler":  # the built-in sampler picked the tokens (on the device), then the step failed
+            engine.sampler = Flaky(engine.sampler, call)
         elif where == "runner":  # the decode forward (graph replay) ran and wrote the pool
             engine.runner = Flaky(engine.runner.target if isinstance(engine.runner, Flaky) else engine.runner)
         else:  # the prefill forward ran and wrote the pool
@@ -137,10 +139,11 @@ def fail(where, at_step, call=0):
 
 
 @pytest.mark.parametrize("where, at_step, call", [
-    ("sample", 2, 0), ("sample", 2, 1), ("sample", 3, 0), ("runner", 2, 0), ("runner", 3, 0),
-    ("model", 0, 0), ("model", 2, 0),
-], ids=["sample-in-prefill", "sample-in-decode", "sample-decode-only-step", "runner-with-prefill",
-        "runner-decode-only-step", "prefill-first-step", "prefill-with-running"])
+    ("sample", 2, 0), ("sample", 2, 1), ("sample", 3, 0), ("sampler", 2, 0), ("sampler", 2, 1), ("sampler", 3, 0),
+    ("runner", 2, 0), ("runner", 3, 0), ("model", 0, 0), ("model", 2, 0),
+], ids=["sample-in-prefill", "sample-in-decode", "sample-decode-only-step", "sampler-in-prefill",
+        "sampler-in-decode", "sampler-decode-only-step", "runner-with-prefill", "runner-decode-only-step",
+        "prefill-first-step", "prefill-with-running"])
 def test_a_failed_step_changes_nothing_and_the_retry_gives_the_uninterrupted_tokens(model, where, at_step, call):
     assert_same_run(run(make_engine(model), fail(where, at_step, call)), reference(model))
 
@@ -390,8 +393,10 @@ def test_integral_scalars_are_token_ids(model):
     ({"max_context_len": -3}, ValueError, "ContinuousBatcher: max_context_len must be an int >= 1, got -3"),
     ({"max_context_len": 8.5}, TypeError, "ContinuousBatcher: max_context_len must be an int >= 1, got 8.5"),
     ({"eos_token_id": "2"}, TypeError, "ContinuousBatcher: eos_token_id is '2' (str); token ids must be integers"),
-    ({"eos_token_id": [1, 2]}, TypeError,
-     "ContinuousBatcher: eos_token_id is [1, 2] (list); token ids must be integers"),
+    ({"eos_token_id": [1, 2.0]}, TypeError,
+     "ContinuousBatcher: eos_token_id[1] is 2.0 (float); token ids must be integers"),
+    ({"kv_cache_bytes": 2.5}, TypeError, "ContinuousBatcher: kv_cache_bytes must be an int >= 1, got 2.5"),
+    ({"seed": 1.0}, TypeError, "ContinuousBatcher: seed must be an int >= 0, got 1.0"),
     ({"eos_token_id": 2.0}, TypeError, "ContinuousBatcher: eos_token_id is 2.0 (float); token ids must be integers"),
     ({"eos_token_id": 128}, ValueError,
      "ContinuousBatcher: eos_token_id is 128, outside the model's vocabulary (0 <= id < 128)"),
@@ -404,5 +409,8 @@ def test_the_batcher_refuses_bad_arguments_naming_them(model, kwargs, error, mes
 
 def test_unset_sizes_take_their_defaults(model):
     engine = ContinuousBatcher(model, max_bs=2, backend="cpu", capture_bs=[2])
+    # the default KV budget (a share of free memory) holds more than the model's 64 positions
     assert (engine.cache.max_requests, engine.cache.max_context_len) == (2, model.config.max_position_embeddings)
-    assert engine.eos_token_id is None
+    assert engine.cache.pool.size == 2 * 64 + 1 and engine.kv_budget.origin.startswith("0.25 of the ")
+    assert engine.eos_token_ids == (model.generation_config.eos_token_id,) == (2,)
+    assert engine.sample is None

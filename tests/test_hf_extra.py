@@ -47,9 +47,9 @@ def test_a_release_too_old_is_refused(monkeypatch):
 def test_unknown_demo_models_are_named():
     from graphslot.cli.demo_hf import run_hf_demo
 
-    with pytest.raises(ValueError, match=r"unknown demo model 'hf-gpt2'; choose one of: hf-llama, hf-mistral, "
+    with pytest.raises(ValueError, match=r"unknown demo model 'hf-gpt_neo'; choose one of: hf-llama, hf-mistral, "
                                          r"hf-qwen2, hf-qwen3"):
-        run_hf_demo("hf-gpt2")
+        run_hf_demo("hf-gpt_neo")
 
 
 def test_graphslot_and_its_runners_do_not_import_transformers():

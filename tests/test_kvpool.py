@@ -64,5 +64,25 @@ def test_the_sliding_window_pool_builds_on_the_shared_one():
 
 
 def test_the_hf_integration_uses_the_shared_pool():
-    hf_cache = pytest.importorskip("graphslot.integrations.transformers.cache")  # the `hf` extra
-    assert hf_cache.PagedKVCache is PagedKVCache and hf_cache.ReqToTokenPool is ReqToTokenPool
+    hf = pytest.importorskip("graphslot.integrations.transformers")  # the `hf` extra
+    cache = hf.PagedCache(hf.tiny_config("llama"), max_requests=1, max_context_len=4)
+    assert isinstance(cache.pool, PagedKVCache) and type(cache.req_to_token_pool) is ReqToTokenPool
+
+
+def test_taking_a_slot_costs_the_same_from_a_pool_64_times_larger():
+    """A pool sized by memory holds millions of slots and the engine takes one per request
+    every decode step: a take must not copy the free list (it did, O(pool size))."""
+    import time
+
+    def seconds(size):
+        free = FreeList(size, "pool")
+        best = float("inf")
+        for _ in range(5):
+            start = time.perf_counter()
+            for _ in range(2000):
+                free.give_back(free.take(1))
+            best = min(best, time.perf_counter() - start)
+        return best
+
+    small, large = seconds(1 << 14), seconds(1 << 20)
+    assert large < 8 * small, (small, large)

@@ -122,8 +122,9 @@ def _run(hf, name: str, steps: int, backend: str, mode: str, max_bs: int, seed: 
         "mode": "hf-decode",
         "model": name,
         "model_class": type(model).__name__,
-        "config": {k: getattr(model.config, k) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
-                                                         "num_key_value_heads", "vocab_size")},
+        "config": {**{k: getattr(model.config, k, None) for k in ("hidden_size", "num_hidden_layers",
+                                                                   "num_attention_heads", "vocab_size")},
+                   "num_key_value_heads": engine.geometry[0].k_heads},  # what a layer caches (the probe)
         "layer_kinds": [kind for kind, _ in engine.cache.layer_kinds],
         "transformers": transformers.__version__,
         **run_figures(runner, device, f"allclose(atol={hf.models.ATOL}, rtol={hf.models.RTOL}) vs transformers "

@@ -21,6 +21,12 @@ and per replayed batch ``fb``::
     init_replay_metadata(padded_bs, view, fb); replay
     slice_output(out, raw_bs, raw_tokens, padded_bs=..., padded_num_tokens=...)
 
+With context buckets (``DecodeRunnerConfig.context_buckets``) a graph is captured per
+``(bs, L)``: ``set_context_bucket(L)`` comes first in the capture sequence above, and per
+step the runner reads ``context_len(fb)`` (host data only), picks the bucket ``L`` and
+calls ``set_context_bucket(L)`` before the fill and ``init_replay_metadata``. Both hooks
+have defaults, so an adapter that knows nothing of buckets runs unchanged.
+
 Before any capture the runner checks that ``make_dummy_batch`` has every field the
 spec copies, and that the readers below work on it (:mod:`graphslot.runners.batch`).
 """
@@ -99,6 +105,35 @@ class DecodeAdapter:
         if bs < 1 or n < bs or n % bs:
             return None
         return n // bs
+
+    def context_len(self, fb: Any) -> int:
+        """The longest context among ``fb``'s requests (the positions a row's attention
+        reads in this step, its ``seq_len`` after it), from host data only: never read
+        device memory here, it runs every step. Default: the largest of
+        ``fb.seq_lens_cpu`` over the batch's rows (0 for a batch without rows). Read only
+        when the runner has context buckets."""
+        lens = getattr(fb, "seq_lens_cpu", None)
+        if lens is None:
+            raise AttributeError(f"a batch of type {type(fb).__name__} has no `seq_lens_cpu`; context buckets need "
+                                 "each step's longest context from the host: override DecodeAdapter.context_len")
+        if isinstance(lens, torch.Tensor):
+            if lens.device.type != "cpu":
+                raise ValueError(f"{type(fb).__name__}.seq_lens_cpu is on {lens.device}; reading it would wait for "
+                                 "the device every step: keep a host copy, or override DecodeAdapter.context_len")
+            lens = lens.tolist()
+        return max(lens[:self.batch_size(fb)], default=0)
+
+    def set_context_bucket(self, context_len: int) -> None:
+        """The context bucket the next capture or replayed step runs at (context buckets
+        only): called before a ``(bs, L)`` graph is captured and before each replayed
+        step's fill and ``init_replay_metadata``. Size what the forward gathers and masks
+        to ``context_len`` positions per row. Default: nothing."""
+
+    @property
+    def max_context_len(self) -> Optional[int]:
+        """The longest context a request can have (what ``context_buckets="auto"`` ladders
+        up to), or None when the adapter cannot say."""
+        return None
 
     def global_num_tokens_cpu(self, fb: Any) -> Optional[List[int]]:
         """Per-DP-rank token counts of this step, when the engine runs data parallel."""

@@ -7,6 +7,14 @@ not this module's. Which size a step replays, or why it runs eager, is the
 :class:`~graphslot.runners.dispatch.SizeDispatcher`'s (``runner.dispatch``); this module
 captures and replays.
 
+Context buckets (``DecodeRunnerConfig.context_buckets``): a graph per ``(batch size,
+context bucket)``, so a step's attention costs the bucket of its longest context rather
+than the longest context the engine allows (the cost model is in
+:mod:`~graphslot.runners.dispatch`). Without them (None, the default) graphs are keyed by
+batch size alone, as they always were; with them ``runner.graphs`` is keyed by
+``(bs, L)``, and :attr:`DecodeGraphRunner.graph_keys` lists both kinds as ``(bs, L or
+None)`` pairs.
+
 Public capture API (what ``graphslot verify``'s audit and the runner itself use):
 :meth:`DecodeGraphRunner.capture_view` stages a size's dummy batch,
 :meth:`DecodeGraphRunner.graph_body` is what its graph runs, and
@@ -21,7 +29,7 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, NamedTuple, Optional, Protocol, Sequence, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Protocol, Sequence, Tuple, Union
 
 import torch
 from tqdm import tqdm
@@ -34,7 +42,7 @@ from ..spec.errors import SlotError
 from .adapter import DecodeAdapter
 from .batch import check_dummy_batch, check_slice_output, describe_dummy
 from .config import GraphRunnerConfig, runner_config
-from .dispatch import SizeDispatcher, capture_sizes
+from .dispatch import SizeDispatcher, capture_sizes, context_ladder
 from .guard import ReplayGuard, guard_wanted, runner_tensors
 from .metrics import RunnerMetrics
 from .outputs import SharedOutputs
@@ -69,6 +77,13 @@ class DecodeRunnerConfig(GraphRunnerConfig):
     #: alive, not one per size, for one device copy per output tensor per replay; outputs
     #: are then valid until the next replay of any size.
     share_outputs: bool = False
+    #: Context buckets: None (one implicit bucket: graphs keyed by batch size, each
+    #: serving every context); ``"auto"`` (128, 256, ... up to the adapter's
+    #: ``max_context_len``); or the lengths. With buckets a graph is captured per
+    #: ``(bs, L)`` and a step replays the smallest bucket holding its longest context
+    #: (``DecodeAdapter.context_len``); a longer step runs eager. ``lazy=True`` keeps
+    #: the capture time to the keys steps use.
+    context_buckets: Union[None, str, Sequence[int]] = None
 
 
 class StepObserver(Protocol):
@@ -90,11 +105,13 @@ class PreparedReplay(NamedTuple):
     bs: int
     #: The rows the step needed, for the metrics; None: not counted.
     needed: Optional[int]
+    #: The context bucket replayed; None without buckets.
+    context: Optional[int] = None
 
 
 class DecodeGraphRunner:
-    """Captures on construction (or, ``lazy``, each size when first needed);
-    :meth:`replay` runs a batch :meth:`can_run` accepts."""
+    """Captures on construction (or, ``lazy``, each size -- or ``(size, bucket)`` -- when
+    first needed); :meth:`replay` runs a batch :meth:`can_run` accepts."""
 
     def __init__(self, adapter: DecodeAdapter, config: Optional[DecodeRunnerConfig] = None, *,
                  defer_capture: bool = False, **overrides: Any):
@@ -108,7 +125,9 @@ class DecodeGraphRunner:
         #: Which captured size a step replays, or why it runs eager.
         self.dispatch = SizeDispatcher(
             capture_sizes(config.max_bs, config.capture_bs, config.capture_bs_multiple, adapter.max_requests),
-            num_tokens_per_bs=self.k, disable_padding=config.disable_padding)
+            num_tokens_per_bs=self.k, disable_padding=config.disable_padding,
+            contexts=context_ladder(config.context_buckets, adapter.max_context_len))
+        self.bucketed = self.dispatch.contexts is not None
         max_bs = self.dispatch.largest
         self.registry = build_registry(config.spec, max_bs, max_bs * self.k, adapter.device,
                                        params={**adapter.spec_params(), **config.params}, mode=config.mode,
@@ -120,17 +139,19 @@ class DecodeGraphRunner:
         self._side = adapter.side_inputs()
         # Before any capture: what would otherwise fail in the first capture or step.
         check_dummy_batch(adapter, self.registry, adapter.make_dummy_batch(max_bs, max_bs * self.k),
-                          ("batch_size", "num_tokens", "tokens_per_bs"), "DecodeAdapter")
+                          ("batch_size", "num_tokens", "tokens_per_bs") + (("context_len",) if self.bucketed else ()),
+                          "DecodeAdapter")
         check_slice_output(adapter)
         adapter.init_graph_state(max_bs, max_bs * self.k)
         self.shared_outputs = SharedOutputs(max_bs, max_bs * self.k) if config.share_outputs else None
-        #: Captured graphs by batch size (lazy: those captured so far).
-        self.graphs: Dict[int, Graph] = {}
+        #: Captured graphs by batch size, or with context buckets by ``(bs, L)`` (lazy:
+        #: those captured so far).
+        self.graphs: Dict[Any, Graph] = {}
         #: Seconds spent capturing (lazy: so far).
         self.capture_seconds = 0.0 if config.lazy or defer_capture else self._capture_all()
         #: Counters of replays, padding and eager fallbacks (``metrics()``), and the raw
         #: sizes served (``histogram``).
-        self.stats = RunnerMetrics(num_tokens_per_bs=self.k)
+        self.stats = RunnerMetrics(num_tokens_per_bs=self.k, contexts=self.bucketed)
         self._observers: Tuple[StepObserver, ...] = ()
         self.guard = (ReplayGuard(lambda: runner_tensors(self.registry, adapter))
                       if guard_wanted(config.guard) else None)
@@ -139,6 +160,19 @@ class DecodeGraphRunner:
     def captured_sizes(self) -> List[int]:
         """The captured (lazy: capturable) batch sizes, largest first."""
         return self.dispatch.sizes
+
+    @property
+    def captured_contexts(self) -> Optional[List[int]]:
+        """The context buckets, largest first; None without buckets."""
+        return self.dispatch.contexts
+
+    @property
+    def graph_keys(self) -> List[Tuple[int, Optional[int]]]:
+        """Every captured (lazy: capturable) ``(bs, context bucket or None)``, in capture order."""
+        return self.dispatch.keys()
+
+    def _key(self, bs: int, context: Optional[int]) -> Any:
+        return bs if context is None else (bs, context)
 
     # -- observers -------------------------------------------------------------------
     def add_observer(self, observer: StepObserver) -> None:
@@ -156,42 +190,57 @@ class DecodeGraphRunner:
     def _capture_all(self) -> float:
         show = self.config.progress
         start = time.perf_counter()
-        bar = tqdm(self.captured_sizes, desc="Capturing decode graphs", unit="graph", leave=False,
+        bar = tqdm(self.graph_keys, desc="Capturing decode graphs", unit="graph", leave=False,
                    disable=None if show is None else not show)
         with no_collection():  # one full collection for all sizes, not one per graph
-            for bs in bar:
-                bar.set_postfix(bs=bs)
-                self.graphs[bs] = self._capture_one(bs)
+            for bs, context in bar:
+                bar.set_postfix(bs=bs, **({} if context is None else {"context": context}))
+                self.graphs[self._key(bs, context)] = self._capture_one(bs, context)
         return time.perf_counter() - start
 
     def capture_all(self) -> None:
         """Capture every size (after ``defer_capture``; construction does it otherwise)."""
         self.capture_seconds += self._capture_all()
 
-    def _capture_one(self, bs: int) -> Graph:
+    def _capture_one(self, bs: int, context: Optional[int] = None) -> Graph:
         warmup = self.config.warmup if not self.graphs or self.config.warmup_sizes == "all" else 0
-        return self.capture_on(self.backend, bs, warmup=warmup)[0]
+        return self.capture_on(self.backend, bs, context=context, warmup=warmup)[0]
 
-    def capture_on(self, backend: GraphBackend, bs: int, *, warmup: int = 0) -> Tuple[Graph, Any]:
-        """Size ``bs`` captured on ``backend``: ``(graph, view)``, ``view`` being the
-        staged dummy batch the graph ran on (:meth:`capture_view`, :meth:`graph_body`).
-        The runner captures its own graphs so; the stale-input audit captures again on the
-        CPU tape, whatever the runner's backend. It writes what a capture writes (slot
-        buffers, attention metadata): call it between steps."""
-        view = self.capture_view(bs)
+    def capture_on(self, backend: GraphBackend, bs: int, *, context: Optional[int] = None,
+                   warmup: int = 0) -> Tuple[Graph, Any]:
+        """Size ``bs`` (at context bucket ``context``, with buckets) captured on
+        ``backend``: ``(graph, view)``, ``view`` being the staged dummy batch the graph ran
+        on (:meth:`capture_view`, :meth:`graph_body`). The runner captures its own graphs
+        so; the stale-input audit captures again on the CPU tape, whatever the runner's
+        backend. It writes what a capture writes (slot buffers, attention metadata): call
+        it between steps."""
+        view = self.capture_view(bs, context)
         return backend.capture(functools.partial(self.graph_body, view, bs), warmup=warmup), view
 
-    def graph(self, bs: int) -> Graph:
-        """The graph of captured size ``bs``, captured now if lazy and not yet."""
-        graph = self.graphs.get(bs)
+    def graph(self, bs: int, context: Optional[int] = None) -> Graph:
+        """The graph of captured size ``bs`` (and context bucket ``context``, with
+        buckets), captured now if lazy and not yet."""
+        key = self._key(bs, context)
+        graph = self.graphs.get(key)
         if graph is None:
-            if bs not in self.dispatch:
-                raise KeyError(f"batch size {bs} is not among the captured sizes {self.captured_sizes}")
+            self._check_key(bs, context)
             start = time.perf_counter()
             with no_collection():
-                graph = self.graphs[bs] = self._capture_one(bs)
+                graph = self.graphs[key] = self._capture_one(bs, context)
             self.capture_seconds += time.perf_counter() - start
         return graph
+
+    def _check_key(self, bs: int, context: Optional[int]) -> None:
+        if bs not in self.dispatch:
+            raise KeyError(f"batch size {bs} is not among the captured sizes {self.captured_sizes}")
+        self._check_context(context)
+
+    def _check_context(self, context: Optional[int]) -> None:
+        contexts = self.dispatch.contexts
+        if contexts is None and context is not None:
+            raise KeyError(f"context bucket {context} given, but the runner has no context buckets")
+        if contexts is not None and context not in contexts:
+            raise KeyError(f"context bucket {context!r} is not among the runner's context buckets {contexts}")
 
     def graph_body(self, view: Any, bs: int) -> Any:
         """What a graph of size ``bs`` runs on ``view`` (from :meth:`capture_view`): the
@@ -200,13 +249,17 @@ class DecodeGraphRunner:
             out = self.adapter.forward(view)
         return out if self.shared_outputs is None else self.shared_outputs(out, bs, bs * self.k)
 
-    def capture_view(self, bs: int) -> Any:
-        """Stage a capture of size ``bs``: the pre-capture hooks, the adapter's dummy batch
-        filled through the spec (every row a padded row, as the spec pads at replay), its
-        view of the static buffers, DP buffer sizes and the capture metadata. Returns the
-        view, which :meth:`graph_body` takes. Raises SlotError naming the dummy batch when
-        it does not fit the spec."""
+    def capture_view(self, bs: int, context: Optional[int] = None) -> Any:
+        """Stage a capture of size ``bs`` (at context bucket ``context``: required with
+        buckets, told to the adapter first): the pre-capture hooks, the adapter's dummy
+        batch filled through the spec (every row a padded row, as the spec pads at
+        replay), its view of the static buffers, DP buffer sizes and the capture metadata.
+        Returns the view, which :meth:`graph_body` takes. Raises SlotError naming the dummy
+        batch when it does not fit the spec."""
         adapter, reg, n = self.adapter, self.registry, bs * self.k
+        self._check_context(context)
+        if context is not None:
+            adapter.set_context_bucket(context)
         reg.run_pre_capture(bs, n, self._side)
         dummy = adapter.make_dummy_batch(bs, n)
         where = f"capturing batch size {bs}: {describe_dummy(adapter, dummy)}"
@@ -240,16 +293,33 @@ class DecodeGraphRunner:
                 return max(raw_bs, self.dispatch.rows_for_tokens(max(counts)))
         return raw_bs
 
-    def _decide(self, fb: Any) -> Tuple[Optional[str], int, Optional[int]]:
-        """``(why eager or None, raw_bs, needed_bs)``; needed is None for a batch that is
-        not a decode step at all (empty, or another forward mode)."""
+    def _decide(self, fb: Any) -> Tuple[Optional[str], int, Optional[int], Optional[int]]:
+        """``(why eager or None, raw_bs, needed_bs, context bucket)``; needed is None for a
+        batch that is not a decode step at all (empty, or another forward mode); the
+        bucket is None without buckets or when the step runs eager."""
         raw_bs = self.adapter.batch_size(fb)
         tokens_per_bs = self.adapter.tokens_per_bs(fb) if raw_bs >= 1 else None  # an empty batch is read no further
         problem = self.dispatch.step_problem(raw_bs, tokens_per_bs)
         if problem is not None:
-            return problem, raw_bs, None
+            return problem, raw_bs, None, None
         needed = self._needed_bs(fb, raw_bs)
-        return self.dispatch.size_problem(needed), raw_bs, needed
+        problem = self.dispatch.size_problem(needed)
+        if problem is not None or not self.bucketed:
+            return problem, raw_bs, needed, None
+        longest = self.adapter.context_len(fb)
+        problem = self.dispatch.context_problem(longest)
+        return problem, raw_bs, needed, None if problem else self.dispatch.pad_context(longest)
+
+    def _context(self, fb: Any, longest: Optional[int]) -> Optional[int]:
+        """The bucket ``fb`` replays at (``longest``: its longest context, if known), or None
+        without buckets; a ValueError for a step beyond the largest."""
+        if not self.bucketed:
+            return None
+        longest = self.adapter.context_len(fb) if longest is None else longest
+        if self.dispatch.context_problem(longest):
+            raise ValueError(f"a step whose longest context is {longest} has no graph: the largest context bucket "
+                             f"is {self.dispatch.contexts[0]} (can_run is False; run it eager)")
+        return self.dispatch.pad_context(longest)
 
     def eager_reason(self, fb: Any) -> Optional[str]:
         """Why ``fb`` cannot replay a graph, or None when it can."""
@@ -261,6 +331,10 @@ class DecodeGraphRunner:
     def padded_bs(self, fb: Any) -> int:
         return self.dispatch.pad(self._needed_bs(fb, self.adapter.batch_size(fb)))
 
+    def padded_context(self, fb: Any) -> Optional[int]:
+        """The context bucket ``fb`` replays at; None without buckets."""
+        return self._context(fb, None)
+
     # -- replay ----------------------------------------------------------------------
     def replay(self, fb: Any, *, count: bool = True) -> Any:
         """Outputs for ``fb``'s rows: views of the graph's static outputs, valid until
@@ -270,18 +344,21 @@ class DecodeGraphRunner:
         :meth:`prepare` then :meth:`launch`."""
         return self.launch(self.prepare(fb, count=count))
 
-    def prepare(self, fb: Any, *, count: bool = True) -> PreparedReplay:
+    def prepare(self, fb: Any, *, count: bool = True, longest: Optional[int] = None) -> PreparedReplay:
         """Stage ``fb`` for its graph: every host step of a replay that can raise (a lazy
         capture, the fill, the observers, extract, the replay metadata, the guard), so
         that :meth:`launch` only replays. Nothing else may fill or replay in between:
-        the buffers hold this batch."""
+        the buffers hold this batch. ``longest``: the context to bucket (the DP runner
+        passes the one the ranks agreed on); None reads ``adapter.context_len(fb)``."""
         raw_bs = self.adapter.batch_size(fb)
-        return self._prepare(fb, raw_bs, self._needed_bs(fb, raw_bs), count)
+        return self._prepare(fb, raw_bs, self._needed_bs(fb, raw_bs), self._context(fb, longest), count)
 
-    def _prepare(self, fb: Any, raw_bs: int, needed: int, count: bool) -> PreparedReplay:
+    def _prepare(self, fb: Any, raw_bs: int, needed: int, context: Optional[int], count: bool) -> PreparedReplay:
         adapter, reg, k = self.adapter, self.registry, self.k
         bs = self.dispatch.pad(needed)
-        graph = self.graph(bs)  # before the fill: a lazy capture fills the buffers with its dummy batch
+        graph = self.graph(bs, context)  # before the fill: a lazy capture fills the buffers with its dummy batch
+        if context is not None:
+            adapter.set_context_bucket(context)
         reg.fill_from(fb, raw_bs, bs, raw_bs * k, bs * k, self._side)
         if self._observers:
             for observer in self._observers:
@@ -292,14 +369,14 @@ class DecodeGraphRunner:
             adapter.init_replay_metadata(bs, view, fb)
         if self.guard is not None:
             self.guard.check()
-        return PreparedReplay(graph, raw_bs, bs, needed if count else None)
+        return PreparedReplay(graph, raw_bs, bs, needed if count else None, context)
 
     def launch(self, step: PreparedReplay) -> Any:
         """Replay a step :meth:`prepare` staged; its outputs, as :meth:`replay` returns them."""
-        graph, raw_bs, bs, needed = step
+        graph, raw_bs, bs, needed, context = step
         graph.replay()
         if needed is not None:
-            self.stats.replayed(raw_bs, bs, needed)
+            self.stats.replayed(raw_bs, bs, needed, context)
         k = self.k
         return self.adapter.slice_output(graph.output, raw_bs, raw_bs * k, padded_bs=bs, padded_num_tokens=bs * k)
 
@@ -310,14 +387,15 @@ class DecodeGraphRunner:
 
     def __call__(self, fb: Any) -> Any:
         """Replay when a graph fits, else the eager forward."""
-        reason, raw_bs, needed = self._decide(fb)
+        reason, raw_bs, needed, context = self._decide(fb)
         if reason is None:
-            return self.launch(self._prepare(fb, raw_bs, needed, True))
+            return self.launch(self._prepare(fb, raw_bs, needed, context, True))
         self.record_eager(reason, needed)
         return self.adapter.forward_eager(fb)
 
     def metrics(self) -> Dict[str, Any]:
-        """Replays per captured size, padded rows and eager fallbacks by reason."""
+        """Replays per captured size (with buckets, per context bucket too), padded rows and
+        eager fallbacks by reason."""
         return self.stats.as_dict()
 
     @property
@@ -331,13 +409,14 @@ class DecodeGraphRunner:
     def static_bytes(self) -> int:
         return self.registry.nbytes
 
-    def external_inputs(self, bs: int) -> List[torch.Tensor]:
-        """Tensors the graph of size ``bs`` reads that nothing keeps current: not a slot
-        buffer, not declared static by the adapter, not made by the graph. A graph that
-        cannot list them (CUDA) has the size captured again on the tape to find them."""
-        graph = self.graph(bs)
+    def external_inputs(self, bs: int, context: Optional[int] = None) -> List[torch.Tensor]:
+        """Tensors the graph of size ``bs`` (and bucket ``context``) reads that nothing keeps
+        current: not a slot buffer, not declared static by the adapter, not made by the
+        graph. A graph that cannot list them (CUDA) has the key captured again on the tape
+        to find them."""
+        graph = self.graph(bs, context)
         if not isinstance(graph, InspectableGraph):
-            graph = self.capture_on(get_graph_backend("cpu", "cpu"), bs)[0]
+            graph = self.capture_on(get_graph_backend("cpu", "cpu"), bs, context=context)[0]
         return graph.external_inputs(self.declared_statics())
 
     def declared_statics(self) -> List[torch.Tensor]:
@@ -348,5 +427,6 @@ class DecodeGraphRunner:
         return statics
 
     def __repr__(self) -> str:
-        return (f"<DecodeGraphRunner backend={self.backend.name} sizes={self.captured_sizes} "
+        contexts = f" contexts={self.captured_contexts}" if self.bucketed else ""
+        return (f"<DecodeGraphRunner backend={self.backend.name} sizes={self.captured_sizes}{contexts} "
                 f"k={self.k} registry={self.registry.mode}>")

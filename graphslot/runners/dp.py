@@ -9,20 +9,23 @@ rank falling back to eager while the others replay, and per-rank counts that go 
 only from what every rank holds alike:
 
 1. before each step, one small all-gather exchanges each rank's token count (the
-   engine's ``global_num_tokens_cpu``, written onto the batch fresh every step) and a
-   "can run a graph" flag (false for a batch that is not graph-runnable, a prefill say);
+   engine's ``global_num_tokens_cpu``, written onto the batch fresh every step), a
+   "can run a graph" flag (false for a batch that is not graph-runnable, a prefill say)
+   and, with context buckets, its longest context (``DecodeAdapter.context_len``);
 2. every rank then computes the same answer: the smallest captured size that fits the
-   busiest rank, or eager on every rank when any flag is false or the busiest rank is
-   beyond the largest graph;
+   busiest rank (and the smallest context bucket that holds the longest context of any
+   rank), or eager on every rank when any flag is false or the busiest rank is beyond
+   the largest graph (or the longest context beyond the largest bucket);
 3. eager runs the same collectives (each rank padded to the busiest, sglang's
    ``MAX_LEN`` mode), so ranks stay matched either way. A rank with no requests runs
    an empty batch, joining the collectives; a step where no rank has any is skipped.
 
 Before capture (which runs the collectives too) the ranks agree, in one
 ``all_gather_object``, on everything that shapes the graphs or the per-step exchange:
-the captured sizes, ``lazy``, ``num_tokens_per_bs``, ``disable_padding``, the warm-up
-runs before each capture, the graph backend, the slot spec (name and hash) and the spec
-params its buffers read (shapes, dtypes by name, ``enabled_if``). A disagreement is a
+the captured sizes, the context buckets, ``lazy``, ``num_tokens_per_bs``,
+``disable_padding``, the warm-up runs before each capture, the graph backend, the slot
+spec (name and hash) and the spec params its buffers read (shapes, dtypes by name,
+``enabled_if``). A disagreement is a
 :class:`~graphslot.SlotError` on every rank naming each setting and every rank's value;
 a rank that failed to build its runner fails every rank (:class:`DPStepError`), all
 before any capture. (``share_outputs`` and the registry mode stay per rank: they change
@@ -55,6 +58,7 @@ peers are in the collectives already.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
@@ -117,11 +121,12 @@ class DPExchange:
         self.size = dist.get_world_size(self.group)
         self.device = torch.device(device)
 
-    def __call__(self, num_tokens: int, can_run: bool, failed: bool = False
-                 ) -> Tuple[List[int], List[bool], List[bool]]:
-        """Every rank's token count, can-run flag and failed flag."""
-        rows = self._gather_ints([num_tokens, int(can_run), int(failed)])
-        return [row[0] for row in rows], [bool(row[1]) for row in rows], [bool(row[2]) for row in rows]
+    def __call__(self, num_tokens: int, can_run: bool, failed: bool = False, longest: int = 0
+                 ) -> Tuple[List[int], List[bool], List[bool], List[int]]:
+        """Every rank's token count, can-run flag, failed flag and longest context."""
+        rows = self._gather_ints([num_tokens, int(can_run), int(failed), longest])
+        return ([row[0] for row in rows], [bool(row[1]) for row in rows], [bool(row[2]) for row in rows],
+                [row[3] for row in rows])
 
     def failed(self, mine: bool) -> List[bool]:
         """Every rank's failed flag: one int a rank."""
@@ -164,7 +169,8 @@ def runner_settings(runner: DecodeGraphRunner) -> Dict[str, Any]:
     config, registry = runner.config, runner.registry
     spec = registry.spec
     settings: Dict[str, Any] = {
-        "the captured sizes": list(runner.captured_sizes), "lazy": config.lazy, "num_tokens_per_bs": runner.k,
+        "the captured sizes": list(runner.captured_sizes), "the context buckets": runner.captured_contexts,
+        "lazy": config.lazy, "num_tokens_per_bs": runner.k,
         "disable_padding": config.disable_padding, "warmup": config.warmup, "warmup_sizes": config.warmup_sizes,
         "the graph backend": runner.backend.name, "the slot spec": f"{spec.name} (identity {spec.identity[:12]})",
     }
@@ -193,6 +199,10 @@ class DPStep:
     can_run: List[bool]
     #: The graph every rank replays, or None: every rank runs eager.
     padded_bs: Optional[int]
+    #: Every rank's longest context (all 0 without context buckets).
+    contexts: List[int] = dataclasses.field(default_factory=list)
+    #: The context bucket every rank replays; None without buckets or when eager.
+    context: Optional[int] = None
 
     @property
     def idle(self) -> bool:
@@ -243,14 +253,18 @@ class DPDecodeRunner:
         """This rank's say: a graph can run its batch, given a size that fits."""
         return fb is None or self.adapter.tokens_per_bs(fb) == self.k
 
-    def agree(self, counts: List[int], flags: List[bool]) -> Optional[int]:
-        """The padded size every rank picks from the same counts and flags; None: eager (or,
-        with no tokens anywhere, nothing)."""
+    def agree(self, counts: List[int], flags: List[bool], longest: int = 0) -> Optional[int]:
+        """The padded size every rank picks from the same counts, flags and longest context
+        (of any rank); None: eager (or, with no tokens anywhere, nothing)."""
         dispatch = self.runner.dispatch
         needed = dispatch.rows_for_tokens(max(counts))
-        if not all(flags) or needed < 1 or dispatch.size_problem(needed):
+        if not all(flags) or needed < 1 or dispatch.size_problem(needed) or dispatch.context_problem(longest):
             return None
         return dispatch.pad(needed)
+
+    def _longest(self, fb: Any, runnable: bool) -> int:
+        """This rank's longest context, for the exchange (0: no buckets, no batch or no graph)."""
+        return self.adapter.context_len(fb) if self.runner.bucketed and runnable and fb is not None else 0
 
     def __call__(self, fb: Any) -> Optional[Any]:
         """This rank's outputs (its rows only), or None when idle or when every rank is.
@@ -261,16 +275,19 @@ class DPDecodeRunner:
         try:
             num_tokens, runnable, error = (0 if fb is None else self.adapter.num_tokens(fb)), \
                 self.locally_runnable(fb), None
+            longest = self._longest(fb, runnable)
         except Exception as exc:  # noqa: BLE001 -- whatever it is, every rank must hear of it
-            num_tokens, runnable, error = 0, False, exc
-        counts, flags, failed = self.exchange(num_tokens, runnable, error is not None)
+            num_tokens, runnable, longest, error = 0, False, 0, exc
+        counts, flags, failed, contexts = self.exchange(num_tokens, runnable, error is not None, longest)
         self.exchange.settle(error, failed, f"{where}, before the exchange", after)
-        step = self.last = DPStep(counts, flags, self.agree(counts, flags))
+        padded = self.agree(counts, flags, max(contexts))
+        context = None if padded is None else self.runner.dispatch.pad_context(max(contexts))
+        step = self.last = DPStep(counts, flags, padded, contexts, context)
         if step.idle:
             self.skipped_steps += 1
             return None
-        if step.padded_bs is not None:
-            self.runner.graph(step.padded_bs)  # lazy: every rank captures at this step, before anything can fail
+        if step.padded_bs is not None:  # lazy: every rank captures at this step, before anything can fail
+            self.runner.graph(step.padded_bs, step.context)
         try:
             run, error = self._prepare(fb, step), None
         except Exception as exc:  # noqa: BLE001 -- whatever it is, every rank must hear of it
@@ -284,14 +301,16 @@ class DPDecodeRunner:
         batch = self.adapter.make_dummy_batch(1, self.k) if fb is None else fb
         batch.global_num_tokens_cpu = counts  # fresh every step: never a stale count
         if step.padded_bs is not None:
-            prepared = self.runner.prepare(batch, count=fb is not None)
-            if prepared.bs != step.padded_bs:  # the runner reads the same counts; never differs
-                raise RuntimeError(f"DP rank {self.exchange.rank}: the runner pads to {prepared.bs}, "
-                                   f"the ranks agreed on {step.padded_bs}")
+            prepared = self.runner.prepare(batch, count=fb is not None, longest=max(step.contexts))
+            if (prepared.bs, prepared.context) != (step.padded_bs, step.context):  # the same inputs; never differs
+                raise RuntimeError(f"DP rank {self.exchange.rank}: the runner pads to {prepared.bs} (context "
+                                   f"{prepared.context}), the ranks agreed on {step.padded_bs} (context "
+                                   f"{step.context})")
             return functools.partial(self._replay, prepared, fb is not None)
         reason = None
         if fb is not None:  # in the runner's metrics and histogram, as a fallback of its own would be
-            reason = self.runner.eager_reason(batch) or "another DP rank cannot run a graph"
+            reason = (self.runner.eager_reason(batch) or self.runner.dispatch.context_problem(max(step.contexts))
+                      or "another DP rank cannot run a graph")
         rows = max(counts)
         self.adapter.set_dp_buffer_len([rows] * len(counts), rows * len(counts))
         needed = self.runner.dispatch.rows_for_tokens(rows) if all(step.can_run) else None

@@ -54,11 +54,12 @@ class ExternalInput:
         return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype, "sizes": self.sizes}
 
 
-def capture_on_tape(runner: DecodeGraphRunner, bs: int) -> Tuple[TapeGraph, Any]:
-    """Size ``bs`` of a decode runner captured again on the CPU tape, whatever its
-    backend: ``(graph, view)`` (:meth:`DecodeGraphRunner.capture_on`). It writes what a
-    capture writes (slot buffers, attention metadata), so call it between steps."""
-    return runner.capture_on(TapeBackend(), bs)
+def capture_on_tape(runner: DecodeGraphRunner, bs: int, context: Optional[int] = None) -> Tuple[TapeGraph, Any]:
+    """Size ``bs`` (at context bucket ``context``, with buckets) of a decode runner captured
+    again on the CPU tape, whatever its backend: ``(graph, view)``
+    (:meth:`DecodeGraphRunner.capture_on`). It writes what a capture writes (slot buffers,
+    attention metadata), so call it between steps."""
+    return runner.capture_on(TapeBackend(), bs, context=context)
 
 
 def _storage(t: torch.Tensor) -> int:
@@ -102,11 +103,12 @@ def find_names(roots: Dict[str, Any], storages: set, depth: int = NAME_SEARCH_DE
 
 
 def audit_external_inputs(runner: DecodeGraphRunner) -> List[ExternalInput]:
-    """External inputs of every captured size of a decode runner, merged by tensor."""
+    """External inputs of every captured size (and context bucket) of a decode runner,
+    merged by tensor."""
     statics = runner.declared_statics()
     merged: Dict[int, ExternalInput] = {}
-    for bs in sorted(runner.captured_sizes):
-        graph, view = capture_on_tape(runner, bs)
+    for bs, context in sorted(runner.graph_keys, key=lambda key: (key[0], key[1] or 0)):
+        graph, view = capture_on_tape(runner, bs, context)
         tensors = graph.external_inputs(statics)
         if not tensors:
             continue
@@ -115,5 +117,6 @@ def audit_external_inputs(runner: DecodeGraphRunner) -> List[ExternalInput]:
             name = names.get(_storage(t))
             key = hash((name, tuple(t.shape), t.dtype)) if name else _storage(t)
             entry = merged.setdefault(key, ExternalInput(name, tuple(t.shape), str(t.dtype).removeprefix("torch.")))
-            entry.sizes.append(bs)
+            if bs not in entry.sizes:
+                entry.sizes.append(bs)
     return list(merged.values())

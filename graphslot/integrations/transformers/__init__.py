@@ -7,7 +7,8 @@
   adapter for a causal LM of a tested family (:data:`TESTED_FAMILIES`: Llama, Mistral,
   Qwen2, Qwen3) whose attention goes through the cache;
 * :class:`ContinuousBatcher`: requests join and leave; prefill runs eagerly through
-  transformers into the pool, decode through the graphs;
+  transformers into the pool, decode through the graphs; per-request sampling
+  (:mod:`.sampling`), stopping as generate, logprobs and streaming (:class:`TokenEvent`);
 * :func:`tiny_model` and :class:`PerRequestHF`: random-weight models of the tested
   families and plain per-request transformers decode to check against.
 
@@ -33,13 +34,17 @@ if Version(_transformers.__version__).release < Version(MIN_TRANSFORMERS).releas
     raise ImportError(f"graphslot.integrations.transformers needs transformers>={MIN_TRANSFORMERS}, found "
                       f"{_transformers.__version__}: pip install -U 'graphslot[hf]'")
 
-from .adapter import TESTED_FAMILIES, DecodeStep, HFDecodeAdapter, check_model  # noqa: E402
-from .cache import PagedCache, PagedCacheLayer, attention_layers  # noqa: E402
-from .engine import ContinuousBatcher, Request, StepOutput, greedy  # noqa: E402
-from .models import FAMILIES, PerRequestHF, tiny_config, tiny_model  # noqa: E402
+from .adapter import DecodeStep, HFDecodeAdapter, check_model  # noqa: E402
+from .cache import PagedCache, PagedCacheLayer, kv_geometry  # noqa: E402
+from .engine import ContinuousBatcher, Request, StepOutput, TokenEvent, greedy  # noqa: E402
+from .families import REFUSED  # noqa: E402
+from .geometry import LayerGeometry, attention_layers, bytes_per_slot  # noqa: E402
+from .models import FAMILIES, TESTED_FAMILIES, PerRequestHF, Recipe, tiny_config, tiny_model  # noqa: E402
+from .sampling import SamplingParams  # noqa: E402
 
 __all__ = [
-    "MIN_TRANSFORMERS", "TESTED_FAMILIES", "DecodeStep", "HFDecodeAdapter", "check_model", "PagedCache",
-    "PagedCacheLayer", "attention_layers", "ContinuousBatcher", "Request", "StepOutput", "greedy", "FAMILIES",
-    "PerRequestHF", "tiny_config", "tiny_model",
+    "MIN_TRANSFORMERS", "TESTED_FAMILIES", "DecodeStep", "HFDecodeAdapter", "check_model", "LayerGeometry",
+    "PagedCache", "PagedCacheLayer", "attention_layers", "bytes_per_slot", "kv_geometry", "ContinuousBatcher", "Request",
+    "StepOutput", "TokenEvent", "greedy", "SamplingParams", "REFUSED", "FAMILIES", "PerRequestHF", "Recipe",
+    "tiny_config", "tiny_model",
 ]

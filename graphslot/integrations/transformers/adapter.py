@@ -1,17 +1,29 @@
 """The decode runner's adapter for transformers causal LMs whose attention uses the cache.
 
 The model runs unchanged: the adapter calls ``model(input_ids=[B, T],
-position_ids=[B, T], attention_mask=<4-D mask>, past_key_values=<PagedCache>)`` on the
+position_ids=[B, T], attention_mask=<mask>, past_key_values=<PagedCache>)`` on the
 view of a step, so the layers' ``past_key_values.update`` calls land in the paged pool
 (:mod:`.cache`) and the mask, computed on the device from ``positions``, says what each
 row sees. No attention metadata lives outside the graph, so the capture and replay
 metadata hooks have nothing to do.
 
-The families whose modeling code this was checked against (their attention calls
-``past_key_values.update`` and takes a 4-D mask as given, or a mapping by layer type)
-are :data:`TESTED_FAMILIES`; another ``model_type`` is refused unless
-``allow_untested=True``, because a model that builds its own mask or keeps other state
-per step would decode wrong without an error.
+Context buckets: the adapter implements the runner's hooks. ``context_len`` is the
+default (the largest ``seq_lens_cpu``); :meth:`HFDecodeAdapter.set_context_bucket`
+notes the bucket, and a graph's forward gathers and masks that many positions per row
+(``cache.gathering``). An eager forward gathers ``max_context_len``.
+
+Before any capture the adapter probes the model (:meth:`.cache.PagedCache.probe`): one
+eager forward of one token learns what each layer writes, so the pool holds the heads
+and widths the model really caches, and a family whose layers do not all cache through
+``past_key_values.update`` is refused there. While a graph is captured, the forward
+runs the family's capturable stand-ins (:func:`.families.capture_shims`).
+
+The families the tests cover are :data:`TESTED_FAMILIES` (tests/test_hf_families.py:
+each one's tiny model from :data:`.models.FAMILIES` decodes like transformers and
+greedy-generates what ``model.generate`` does); another ``model_type`` is refused
+unless ``allow_untested=True``, because a model that builds its own mask or keeps other
+state per step would decode wrong without an error. Some families are refused always,
+with the reason (:data:`.families.REFUSED`, eager experts, ...).
 """
 
 from __future__ import annotations
@@ -23,9 +35,8 @@ import torch
 
 from ...runners.adapter import DecodeAdapter
 from .cache import PagedCache
-
-#: ``config.model_type`` of the families tested (tests/test_hf_integration.py).
-TESTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+from .families import capture_shims, family_problem
+from .models import TESTED_FAMILIES
 #: Attention implementations that take the cache's additive 4-D mask.
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
 
@@ -49,10 +60,13 @@ class DecodeStep:
     batch_size: int
 
 
-def check_model(model: Any, allow_untested: bool = False) -> None:
-    """Refuse, saying why, a model the adapter would run wrong."""
+def check_model(model: Any, allow_untested: bool = False, max_context_len: Optional[int] = None) -> None:
+    """Refuse, saying why, a model the adapter would run wrong (or could not capture)."""
     config = model.config
     family = getattr(config, "model_type", None)
+    problem = family_problem(model, max_context_len)
+    if problem is not None:
+        raise ValueError(f"{type(model).__name__}: {problem}")
     if family not in TESTED_FAMILIES and not allow_untested:
         raise ValueError(f"{type(model).__name__} (model_type {family!r}) is not a tested family "
                          f"({', '.join(TESTED_FAMILIES)}); pass allow_untested=True if its attention calls "
@@ -72,9 +86,12 @@ class HFDecodeAdapter(DecodeAdapter):
     """:class:`DecodeGraphRunner` adapter for a transformers causal LM over a :class:`PagedCache`."""
 
     def __init__(self, model: Any, cache: PagedCache, *, allow_untested: bool = False):
-        check_model(model, allow_untested)
+        check_model(model, allow_untested, cache.max_context_len)
         self.model, self.cache = model, cache
         self.device = cache.device
+        self._bucket: Optional[int] = None  # the context bucket of the next capture; None: max_context_len
+        if not cache.geometry_probed:
+            cache.probe(model)
 
     def run(self, step: Any) -> torch.Tensor:
         """Logits ``[num_tokens, vocab]`` of a step (a view or a live batch)."""
@@ -87,10 +104,19 @@ class HFDecodeAdapter(DecodeAdapter):
         return out.logits.flatten(0, 1)
 
     def forward(self, view: Any) -> torch.Tensor:
-        return self.run(view)
+        """The captured forward: gathers the context bucket set last, runs the family's shims."""
+        with self.cache.gathering(self._bucket), capture_shims(self.model):
+            return self.run(view)
 
     def forward_eager(self, fb: Any) -> torch.Tensor:
         return self.run(fb)
+
+    def set_context_bucket(self, context_len: int) -> None:
+        self._bucket = context_len
+
+    @property
+    def max_context_len(self) -> int:
+        return self.cache.max_context_len
 
     def init_capture_metadata(self, bs: int, num_tokens: int, view: Any) -> None:
         """Nothing: the mask is computed inside the graph from the static positions."""

@@ -7,80 +7,91 @@ lengths that join and leave. Here every row of a step says where its tokens go a
 which request it is, through the decode spec's slots, so one pool serves every
 captured size:
 
-* the pool holds K and V per layer as ``[num_slots, kv_heads, head_dim]``
+* the pool holds K and V per layer as ``[num_slots, heads, width]``
   (:class:`graphslot.kvpool.PagedKVCache`), and ``req_to_token[r, p]`` is the
   slot of position ``p`` of the request in row ``r``
   (:class:`~graphslot.kvpool.ReqToTokenPool`). Slot 0 and row 0 are
   reserved dummies: a padded row (``req_pool_indices`` 0, ``out_cache_loc`` 0,
-  ``positions`` 0) writes and reads only them;
+  ``positions`` 0) writes and reads only them. The pool's size is ``num_slots``, not
+  ``max_requests x max_context_len``: :func:`.budget.pool_size` turns a byte budget
+  into slots (what :func:`bytes_per_slot` of the geometry costs each), and requests
+  are admitted while slots are free;
+* the heads and widths of each layer's K and V (:class:`LayerGeometry`) are what the
+  layer writes, learnt by one eager forward of one token (:meth:`PagedCache.probe`,
+  which :class:`~.adapter.HFDecodeAdapter` runs before any capture): a multi-query
+  model writes one KV head, Falcon's new architecture broadcasts K and V to every head
+  first, and an MLA model (DeepSeek-V2/V3, MiniCPM3) caches its compressed latent, whose
+  K and V widths differ. Until then the config's guess stands; the pool is allocated at
+  its first use, so a probe before that allocates once;
 * before a forward, :meth:`PagedCache.bind` points the cache at the step's
   ``out_cache_loc`` (``[B*T]``, request-major) and ``req_pool_indices`` (``[B]``): the
   static views of the registry in a graph, the live batch's tensors eagerly;
 * ``update(key_states, value_states, layer_idx)``, called by every attention layer
-  with ``[B, kv_heads, T, head_dim]``, writes the step's tokens at ``out_cache_loc``
-  and returns each row's whole context row, ``[B, kv_heads, max_context_len,
-  head_dim]``, gathered through ``req_to_token``;
+  with ``[B, heads, T, width]``, writes the step's tokens at ``out_cache_loc`` and
+  returns the first ``L`` positions of each row's context, ``[B, heads, L, width]``,
+  gathered through ``req_to_token``. ``L`` is the gather length: ``max_context_len``,
+  or the context bucket a graph was captured for (:meth:`PagedCache.gathering`), so a
+  step's attention costs its bucket, not the longest context the cache allows. Every
+  row's context must fit in ``L`` (the runner picks the bucket from the step's longest);
 * which of those positions a query sees is the mask's business
   (:meth:`PagedCache.attention_mask`): position ``j`` is visible to a query at position
   ``p`` when ``j <= p`` (and ``j > p - window`` on a sliding-window layer, as
   transformers' own sliding mask). Unused and stale positions are masked out; their
-  values are finite (the pool starts at zero), so they add nothing.
+  values are finite (the pool starts at zero, a freed slot keeps what it held), so they
+  add nothing.
 
-Every shape is fixed by the batch size and ``max_context_len`` and nothing is read on
-the host, so the whole forward can be captured. The price is a gather of
-``max_context_len`` positions per row and layer, whatever the row's length: keep
-``max_context_len`` to what the engine needs (a production engine would use a paged
-attention kernel instead).
+Two mask routes. Most families take the additive 4-D mask as given (``"4d"``). Bloom
+and alibi Falcon build their alibi bias from a 2-D padding mask, so for them
+(``mask_route="2d"``) the mask is ``[B, L]`` (1 where ``j <= `` the row's last query
+position) and transformers builds causal-and-padding itself from the query offset this
+cache reports (:meth:`PagedCache.get_query_offset`): 0 for a forward of several tokens
+per row (a prefill whose rows start at position 0 in column 0, right-padded: checked),
+``L - 1`` for a decode step, where the 2-D mask alone says what each row sees. Alibi
+from that mask is ``slope * j``, a key-position bias, which softmax makes the same as
+``slope * (j - i)``.
+
+:meth:`PagedCache.get_seq_length` is 0: the cache has no one length, and with
+``position_ids`` and a mask given the families that ask (OPT, BioGPT, CTRL, XGLM,
+Falcon, Bloom, MPT) use it only to derive what the caller passed.
+
+Every shape is fixed by the batch size and the gather length and nothing is read on
+the host, so the whole forward can be captured.
 """
 
 from __future__ import annotations
 
-import os
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+import contextlib
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from ...kvpool import ReqToTokenPool
 from ...spec.budget import BufferBudgetError, byte_cap, format_bytes
-from ...kvpool import PagedKVCache, ReqToTokenPool
-
-FULL, SLIDING = "full_attention", "sliding_attention"
-#: Overrides PagedCache's default cap on its pool's bytes (the device's total memory).
-MAX_KV_BYTES_ENV = "GRAPHSLOT_MAX_KV_BYTES"
-
-
-def device_memory(device: torch.device) -> Optional[int]:
-    """The total memory of ``device`` (host RAM for the CPU), or None where unknown."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).total_memory
-    if device.type == "cpu" and hasattr(os, "sysconf"):
-        try:
-            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (ValueError, OSError):
-            return None
-    return None
+from .budget import MAX_KV_BYTES_ENV, device_memory, table_bytes
+from .families import mask_route
+from .geometry import (
+    GeometryKVPool,
+    KVGeometry,
+    LayerGeometry,
+    attention_layers,
+    bytes_per_slot,
+    config_geometry,
+    describe_slot,
+    text_config,
+)
 
 
-def attention_layers(config) -> List[Tuple[str, Optional[int]]]:
-    """``(layer type, sliding window or None)`` per decoder layer of a transformers config.
-
-    ``config.layer_types`` when the config has it (Qwen2/Qwen3), else every layer is
-    sliding when ``config.sliding_window`` is set (Mistral) and full otherwise (Llama).
-    """
-    n = config.num_hidden_layers
-    window = getattr(config, "sliding_window", None)
-    types = getattr(config, "layer_types", None) or [SLIDING if window else FULL] * n
-    unknown = sorted(set(types) - {FULL, SLIDING})
-    if unknown:
-        raise ValueError(f"{type(config).__name__}: layer types {unknown} are not supported by PagedCache, which "
-                         f"serves '{FULL}' and '{SLIDING}' layers only")
-    if SLIDING in types and not window:
-        raise ValueError(f"{type(config).__name__} has '{SLIDING}' layers but no sliding_window")
-    return [(t, window if t == SLIDING else None) for t in types]
+#: Mask routes (see the module docstring).
+MASK_4D, MASK_2D = "4d", "2d"
 
 
-def head_dim(config) -> int:
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+def _gather(buffer: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """``buffer[slots]``, written into a tensor made for it (``out=``): a graph replays the
+    gather into that tensor, where a result in new memory would be copied into it (the
+    CPU tape backend copies every such result; these are the step's largest)."""
+    out = torch.empty((slots.shape[0], *buffer.shape[1:]), dtype=buffer.dtype, device=buffer.device)
+    return torch.index_select(buffer, 0, slots, out=out)
 
 
 class PagedCacheLayer(CacheLayerMixin):
@@ -104,12 +115,13 @@ class PagedCacheLayer(CacheLayerMixin):
         return self.cache.write_and_gather(self.layer_idx, key_states, value_states)
 
     def get_mask_sizes(self, query_length: int) -> Tuple[int, int]:
-        return self.cache.max_context_len, 0
+        return self.cache.gather_length, 0
 
     def get_seq_length(self) -> int:
-        raise NotImplementedError(
-            "a PagedCache holds requests of different lengths, so it has no one sequence length: pass "
-            "position_ids and attention_mask=cache.attention_mask(position_ids) to the model")
+        """0: a PagedCache holds requests of different lengths, so it has no one length.
+        Callers pass ``position_ids`` and a mask, and the families that ask use the answer
+        only to derive those when they are missing (the module docstring names them)."""
+        return 0
 
     def get_max_length(self) -> int:
         return self.cache.max_context_len
@@ -124,84 +136,222 @@ class PagedCache(Cache):
     """transformers ``Cache`` over a paged pool; see the module docstring for the layout.
 
     ``max_requests`` rows (plus the dummy row 0) of ``max_context_len`` positions;
-    ``num_slots`` KV slots (default: enough for every row to be full, plus slot 0).
+    ``num_slots`` KV slots, slot 0 included (default: enough for every row to be full,
+    plus slot 0; :func:`.budget.pool_size` sizes it from a byte budget instead);
+    ``geometry``: each layer's K and V shapes when known (:func:`kv_geometry`), else the
+    config's guess until :meth:`probe`.
     """
 
     def __init__(self, config, *, max_requests: int, max_context_len: int, num_slots: Optional[int] = None,
                  dtype: torch.dtype = torch.float32, device: Union[str, torch.device] = "cpu",
-                 max_bytes: Optional[int] = None):
+                 max_bytes: Optional[int] = None, geometry: Optional[Sequence[LayerGeometry]] = None):
         if max_requests < 1 or max_context_len < 1:
             raise ValueError(f"PagedCache needs max_requests >= 1 and max_context_len >= 1, got {max_requests} "
                              f"and {max_context_len}")
-        self.config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+        if num_slots is not None and (isinstance(num_slots, bool) or not isinstance(num_slots, int) or num_slots < 2):
+            raise ValueError(f"PagedCache: num_slots must be an int >= 2 (slot 0 is the padded rows' dummy), got "
+                             f"{num_slots!r}")
+        self.config = text_config(config)
         self.layer_kinds = attention_layers(self.config)
         self.max_requests, self.max_context_len = max_requests, max_context_len
         self.device, self.dtype = torch.device(device), dtype
-        self.num_kv_heads = getattr(self.config, "num_key_value_heads", None) or self.config.num_attention_heads
-        self.head_dim = head_dim(self.config)
-        num_slots = num_slots or max_requests * max_context_len + 1
-        self._check_bytes(num_slots, max_bytes)
-        self.pool = PagedKVCache(len(self.layer_kinds), self.num_kv_heads, self.head_dim,
-                                 num_slots, dtype=dtype, device=self.device)
+        #: KV slots in the pool, slot 0 included.
+        self.num_slots = num_slots or max_requests * max_context_len + 1
+        self._sized_by = "num_slots" if num_slots else "max_requests x max_context_len"
+        self._max_bytes = max_bytes
+        #: Each layer's K and V shapes: learnt (:meth:`probe`), given, or the config's guess.
+        self.geometry: Optional[KVGeometry] = None
+        #: True once the geometry came from a probe of the model (or was given).
+        self.geometry_probed = geometry is not None
+        self._pool: Optional[GeometryKVPool] = None
+        self._set_geometry(tuple(geometry) if geometry is not None else config_geometry(self.config))
         self.req_to_token_pool = ReqToTokenPool(max_requests + 1, max_context_len, self.device)
         #: ``[1, 1, max_context_len]`` positions of the gathered keys, made once (a static input).
         self.kv_positions = torch.arange(max_context_len, device=self.device).view(1, 1, -1)
+        #: Positions gathered per row by the next forwards; None: ``max_context_len``.
+        self.gather_len: Optional[int] = None
+        #: ``"4d"`` (an additive mask the model takes as given) or ``"2d"`` (see the module docstring).
+        self.mask_route = mask_route(self.config)
+        if self.mask_route == MASK_2D and any(window for _, window in self.layer_kinds):
+            raise ValueError(f"{type(self.config).__name__}: sliding-window layers cannot take the 2-D mask its "
+                             "family needs (the window is a 4-D mask's business)")
+        self._query_len = 1  # tokens per row of the forward whose mask was made last (2-D route)
+        self._probed: Optional[Dict[int, LayerGeometry]] = None  # while probing
         self._loc: Optional[torch.Tensor] = None
         self._rows: Optional[torch.Tensor] = None
         super().__init__(layers=[PagedCacheLayer(self, i, t, w) for i, (t, w) in enumerate(self.layer_kinds)])
 
-    def _check_bytes(self, num_slots: int, max_bytes: Optional[int]) -> None:
+    # -- sizing ----------------------------------------------------------------------
+    def _set_geometry(self, geometry: Optional[KVGeometry]) -> None:
+        if geometry is not None and len(geometry) != len(self.layer_kinds):
+            raise ValueError(f"PagedCache: a geometry of {len(geometry)} layers for a model of "
+                             f"{len(self.layer_kinds)} decoder layers")
+        self._check_bytes(geometry)
+        self.geometry = geometry
+
+    def _check_bytes(self, geometry: Optional[KVGeometry]) -> None:
         """Refuse, before allocating, a pool over the cap: ``max_bytes``, else
         ``GRAPHSLOT_MAX_KV_BYTES``, else the device's total memory (what can never fit)."""
         itemsize = self.dtype.itemsize
-        kv = num_slots * len(self.layer_kinds) * self.num_kv_heads * self.head_dim * 2 * itemsize
-        table = (self.max_requests + 1) * self.max_context_len * 8  # req_to_token, int64
-        cap, origin = byte_cap(max_bytes, MAX_KV_BYTES_ENV, device_memory(self.device),
+        kv = 0 if geometry is None else self.num_slots * bytes_per_slot(geometry, self.dtype)
+        table = table_bytes(self.max_requests, self.max_context_len)
+        cap, origin = byte_cap(self._max_bytes, MAX_KV_BYTES_ENV, device_memory(self.device),
                                f"the total memory of {self.device}")
-        if cap is not None and kv + table > cap:
-            raise BufferBudgetError(
-                f"PagedCache: max_requests={self.max_requests} x max_context_len={self.max_context_len} need a KV "
-                f"pool of {num_slots} slots x {len(self.layer_kinds)} layers x {self.num_kv_heads} KV heads x "
-                f"head_dim {self.head_dim} x 2 (K and V) x {itemsize} bytes = {format_bytes(kv)}, plus "
-                f"{format_bytes(table)} of request table: over the cap of {format_bytes(cap)} ({origin}). Nothing "
-                f"was allocated. Lower max_requests (ContinuousBatcher's max_bs) or max_context_len, or raise the "
-                f"cap: PagedCache(max_bytes=N) or the environment variable {MAX_KV_BYTES_ENV}=N")
+        if cap is None or kv + table <= cap:
+            return
+        sized = (f"max_requests={self.max_requests} x max_context_len={self.max_context_len} need"
+                 if self._sized_by != "num_slots" else
+                 f"num_slots={self.num_slots} (max_requests={self.max_requests}, max_context_len="
+                 f"{self.max_context_len}) needs")
+        pool = ("an unknown KV pool (the geometry is not known yet)" if geometry is None else
+                f"a KV pool of {self.num_slots} slots x {describe_slot(geometry, itemsize)} = {format_bytes(kv)}")
+        lower = "num_slots, max_requests" if self._sized_by == "num_slots" else "max_requests"
+        raise BufferBudgetError(
+            f"PagedCache: {sized} {pool}, plus {format_bytes(table)} of request table: over the cap of "
+            f"{format_bytes(cap)} ({origin}). Nothing was allocated. Lower {lower} (ContinuousBatcher's max_bs) or "
+            f"max_context_len, or raise the cap: PagedCache(max_bytes=N) or the environment variable "
+            f"{MAX_KV_BYTES_ENV}=N")
+
+    @property
+    def pool(self) -> GeometryKVPool:
+        """The K and V buffers, allocated at first use with the geometry known then."""
+        if self._pool is None:
+            if self.geometry is None:
+                raise RuntimeError(f"PagedCache: the KV pool's geometry is unknown ({type(self.config).__name__} "
+                                   "names no KV heads); run cache.probe(model) first (HFDecodeAdapter does)")
+            self._pool = GeometryKVPool(self.geometry, self.num_slots, self.dtype, self.device)
+        return self._pool
+
+    # -- the geometry probe ------------------------------------------------------------
+    def probe(self, model: Any) -> KVGeometry:
+        """Learn each layer's K and V shapes from one eager forward of one token (nothing is
+        written to the pool) and take them as the pool's geometry. Raises, naming the
+        layers, when some layer never calls ``past_key_values.update``; a RuntimeError
+        when the pool was allocated with another geometry and has requests in it."""
+        model = getattr(model, "_orig_mod", model)  # a torch.compile'd model: its module, run eagerly
+        seen: Dict[int, LayerGeometry] = {}
+        ids = torch.zeros(1, 1, dtype=torch.int64, device=self.device)
+        self._probed = seen
+        try:
+            with torch.no_grad(), self.gathering(1):
+                model(input_ids=ids, position_ids=ids, past_key_values=self, use_cache=True,
+                      attention_mask=self.attention_mask(ids, model.dtype))
+        finally:
+            self._probed = None
+        missing = [i for i in range(len(self.layer_kinds)) if i not in seen]
+        if missing:
+            raise ValueError(f"{type(model).__name__}: decoder layer(s) {missing} of {len(self.layer_kinds)} never "
+                             "called past_key_values.update in a forward; PagedCache serves models whose every "
+                             "attention layer caches through it")
+        geometry = tuple(seen[i] for i in range(len(self.layer_kinds)))
+        self.adopt_geometry(geometry)
+        return geometry
+
+    def adopt_geometry(self, geometry: Sequence[LayerGeometry]) -> None:
+        """Take ``geometry`` for the pool (checked against the byte cap); an allocated pool
+        of another geometry is dropped if no request holds a slot, else RuntimeError."""
+        geometry = tuple(geometry)
+        if geometry != self.geometry and self._pool is not None:
+            if self._pool.available != self.num_slots - 1:
+                raise RuntimeError("PagedCache: the pool has requests in it; its geometry cannot change now (probe "
+                                   "the model before admitting requests)")
+            self._pool = None
+        self._set_geometry(geometry)
+        self.geometry_probed = True
 
     # -- the step ------------------------------------------------------------------
+    @property
+    def gather_length(self) -> int:
+        """Positions gathered (and masked) per row by the next forward."""
+        return self.gather_len or self.max_context_len
+
+    @contextlib.contextmanager
+    def gathering(self, length: Optional[int]) -> Iterator[None]:
+        """Gather (and mask) the first ``length`` positions of each row in the forwards run
+        inside (None: ``max_context_len``). A graph captured inside replays that length
+        whatever comes later; the caller makes sure every row's context fits."""
+        if length is not None and not 1 <= length <= self.max_context_len:
+            raise ValueError(f"PagedCache: a gather length of {length!r}; it must be 1..max_context_len "
+                             f"({self.max_context_len})")
+        previous, self.gather_len = self.gather_len, length
+        try:
+            yield
+        finally:
+            self.gather_len = previous
+
     def bind(self, out_cache_loc: torch.Tensor, req_pool_indices: torch.Tensor) -> None:
         """Point the next forward at a step's slots (the same tensors a graph was captured on)."""
         self._loc, self._rows = out_cache_loc, req_pool_indices
 
     def write_and_gather(self, layer_idx: int, key_states: torch.Tensor, value_states: torch.Tensor):
+        if self._probed is not None:
+            return self._record(layer_idx, key_states, value_states)
         if self._loc is None:
             raise RuntimeError("PagedCache.update before bind(): bind the step's out_cache_loc and "
                                "req_pool_indices before running the model")
         b, h, t, d = key_states.shape
+        hv = value_states.shape[1]
         if self._loc.shape[0] != b * t or self._rows.shape[0] != b:
             raise ValueError(f"PagedCache: the bound step has {self._rows.shape[0]} requests and "
                              f"{self._loc.shape[0]} token slots, the model ran {b} x {t} tokens")
-        self.pool.set_kv(layer_idx, self._loc, key_states.transpose(1, 2).reshape(b * t, h, d),
-                         value_states.transpose(1, 2).reshape(b * t, h, value_states.shape[-1]))
-        slots = self.req_to_token_pool.req_to_token.index_select(0, self._rows).view(-1)
-        length = self.max_context_len
-        keys = self.pool.k_buffer[layer_idx].index_select(0, slots).view(b, length, h, d)
-        values = self.pool.v_buffer[layer_idx].index_select(0, slots).view(b, length, h, -1)
+        pool = self.pool
+        pool.set_kv(layer_idx, self._loc, key_states.transpose(1, 2).reshape(b * t, h, d),
+                    value_states.transpose(1, 2).reshape(b * t, hv, value_states.shape[-1]))
+        length, table = self.gather_length, self.req_to_token_pool.req_to_token
+        if length != self.max_context_len:
+            table = table[:, :length]  # a view of the static table: fixed for a given length
+        slots = table.index_select(0, self._rows).view(-1)
+        keys = _gather(pool.k_buffer[layer_idx], slots).view(b, length, h, d)
+        values = _gather(pool.v_buffer[layer_idx], slots).view(b, length, hv, -1)
         return keys.transpose(1, 2), values.transpose(1, 2)
+
+    def _record(self, layer_idx: int, key_states: torch.Tensor, value_states: torch.Tensor):
+        """The probe: note what the layer writes, hand it back as its whole context."""
+        seen = LayerGeometry(key_states.shape[1], key_states.shape[-1], value_states.shape[1], value_states.shape[-1])
+        if self._probed.setdefault(layer_idx, seen) != seen:
+            raise ValueError(f"decoder layer {layer_idx} called past_key_values.update twice in one forward, with "
+                             f"{self._probed[layer_idx]} and {seen}; PagedCache keeps one K and V per layer and token")
+        return key_states, value_states
 
     def attention_mask(self, positions: torch.Tensor, dtype: Optional[torch.dtype] = None
                        ) -> Union[torch.Tensor, Dict[str, torch.Tensor]]:
-        """Additive masks ``[B, 1, T, max_context_len]`` for queries at ``positions``
-        (``[B, T]``): one tensor when every layer has the same kind, else a mapping by
-        layer type (what Qwen2/Qwen3 take). transformers uses a 4-D mask as given."""
+        """The mask for queries at ``positions`` (``[B, T]``) over the gathered positions.
+
+        Route ``"4d"``: additive masks ``[B, 1, T, L]``, one tensor when every layer has
+        the same kind, else a mapping by layer type (what Qwen2/Qwen3 take); transformers
+        uses a 4-D mask as given. Route ``"2d"``: ``[B, L]`` of 0/1 (see the module
+        docstring); a forward of several tokens per row must have each row's token at
+        position ``p > 0`` in column ``p`` (right padding), else ValueError."""
+        length = self.gather_length
+        kv = self.kv_positions if length == self.max_context_len else self.kv_positions[..., :length]
+        if self.mask_route == MASK_2D:
+            return self._two_d_mask(positions, kv)
         dtype = dtype or self.dtype
         pos = positions.unsqueeze(-1)  # [B, T, 1]
-        visible = self.kv_positions <= pos
+        visible = kv <= pos
         masks: Dict[str, torch.Tensor] = {}
         for kind, window in dict.fromkeys(self.layer_kinds):
-            seen = visible if window is None else visible & (self.kv_positions > pos - window)
+            seen = visible if window is None else visible & (kv > pos - window)
             masks[kind] = torch.zeros(seen.shape, dtype=dtype, device=seen.device).masked_fill_(
                 ~seen, torch.finfo(dtype).min).unsqueeze(1)
         return next(iter(masks.values())) if len(masks) == 1 else masks
+
+    def _two_d_mask(self, positions: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+        self._query_len = positions.shape[-1]
+        if self._query_len > 1:  # eager only (a prefill): a decode step has one token per row
+            columns = torch.arange(self._query_len, device=positions.device)
+            if not bool(((positions == columns) | (positions == 0)).all()):
+                raise ValueError("PagedCache (2-D mask route): a forward of several tokens per row needs each row's "
+                                 "token at position p in column p (rows start at position 0 in column 0, padded on "
+                                 "the right): the query offset that transformers combines with a 2-D mask is one int "
+                                 "for the whole batch")
+        last = positions.max(dim=-1, keepdim=True).values  # [B, 1]: the row's last query position
+        return (kv.view(1, -1) <= last).to(torch.int64)
+
+    def get_query_offset(self, layer_idx: int = 0) -> int:
+        """Where the queries start among the gathered positions, for transformers' mask
+        from a 2-D mask: 0 for a forward of several tokens per row, ``L - 1`` for one."""
+        return 0 if self._query_len > 1 else self.gather_length - 1
 
     # -- request bookkeeping (host) -------------------------------------------------
     def alloc_request(self) -> int:
@@ -234,3 +384,11 @@ class PagedCache(Cache):
         yield from self.pool.v_buffer
         yield self.req_to_token_pool.req_to_token
         yield self.kv_positions
+
+
+def kv_geometry(model: Any) -> KVGeometry:
+    """Each decoder layer's K and V shapes as ``model`` writes them (one eager forward of
+    one token through a throwaway :class:`PagedCache`; nothing is allocated for it): what
+    :func:`bytes_per_slot` and ``PagedCache(geometry=...)`` take."""
+    cache = PagedCache(model.config, max_requests=1, max_context_len=1, dtype=model.dtype, device=model.device)
+    return cache.probe(model)

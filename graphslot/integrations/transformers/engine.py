@@ -1,161 +1,96 @@
 """A small continuous-batching driver: requests join and leave, decode goes through graphs.
 
-Each :meth:`ContinuousBatcher.step` first prefills the requests admitted this step
-(one eager transformers forward over all of them, right-padded, writing the pool), then
-decodes every running request by one token through the :class:`DecodeGraphRunner`
-(replayed when a captured size fits, eager otherwise). Sampling is greedy unless a
-``sample`` function is given. A request leaves when it has ``max_new_tokens`` tokens,
-meets ``eos_token_id`` or is aborted; its row and slots go back to the pool.
+Each :meth:`ContinuousBatcher.step` first prefills the requests admitted this step (one
+eager transformers forward over all of them, asking the model for the logits of each
+prompt's last position only: :mod:`.batches`), then decodes every running
+request by one token through the :class:`DecodeGraphRunner` (replayed when a captured
+size fits, eager otherwise). A request admitted in a step is decoded in the same step,
+fed the token its prefill drew straight from the device. Tokens are picked on the
+device per request (:mod:`.sampling`: greedy, temperature, top-k, top-p, seeded) and
+read back once per step, with their logprobs when asked. A request leaves when it has
+``max_new_tokens`` tokens, draws one of its stop tokens (EOS; kept in its output, as
+generate keeps it) or is aborted; its row and slots go back to the pool.
 
 A step is all or nothing. It computes first (admission, prefill, decode, sampling) into
 local results, taking the rows and slots it needs from the pool, and only then commits
 them to the requests, in one place that cannot fail halfway. When anything raises on
-the way (the model, the runner, ``sample``, a check of what ``sample`` returned), the
-rows and slots go back (what the step wrote to the KV pool went to them, so nothing
-reads it), the requests it admitted stay at the head of the waiting queue, no request
-changes, and the exception propagates: calling ``step()`` again gives the tokens an
-uninterrupted run gives.
+the way (the model, the runner, the sampler or ``sample``, a check of what ``sample``
+returned), the rows and slots go back (what the step wrote to the KV pool went to them,
+so nothing reads it), the requests it admitted stay at the head of the waiting queue,
+no request changes, and the exception propagates: calling ``step()`` again gives the
+tokens an uninterrupted run gives (a seeded draw is a function of the request's seed and
+token index, so a retry draws the same). Streaming callbacks run after the commit.
 
 :meth:`~ContinuousBatcher.add_request` and :meth:`~ContinuousBatcher.abort` take a lock
 and may be called from any thread, and from ``sample``: an abort while a step runs takes
 effect at the step's end (the request keeps that step's tokens and gets no more).
 ``step()`` itself runs in one thread at a time. Requests and arguments are checked up
-front: token ids are integers in the model's vocabulary, counts are ints >= 1.
+front: token ids are integers in the model's vocabulary, counts are ints >= 1, sampling
+parameters within their ranges; each refusal names the argument.
 
 Host bookkeeping (rows, slots, lengths) stays in Python lists, so building a step reads
-nothing from the device; only sampling does.
+nothing from the device; the step's one read is its tokens (:func:`.sampling.to_host`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
-import operator
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Any, Callable, Deque, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 
 from ...runners.decode import DecodeGraphRunner, DecodeRunnerConfig
-from .adapter import DecodeStep, HFDecodeAdapter
-from .cache import PagedCache
+from .adapter import HFDecodeAdapter, check_model
+from .batches import decode_step, prefill_logits, split_prompt_logprobs, takes_logits_to_keep
+from .budget import pool_size
+from .cache import PagedCache, kv_geometry
+from .checks import count, flag, stop_ids, token_ids
+from .geometry import bytes_per_slot, text_config
+from .requests import FINISH_ABORT, Lane, Pending, Picks, Request, StepOutput, TokenEvent, notify
+from .sampling import (Choice, Row, Sampler, SamplingParams, block, check_seed, generation_defaults, model_eos,
+                       request_seed, sampling_params, to_host, with_logprobs)
+
+#: The sampling keywords of :meth:`ContinuousBatcher.add_request` a custom ``sample`` replaces.
+SAMPLING_KEYWORDS = ("do_sample", "temperature", "top_k", "top_p", "seed")
 
 
 def greedy(logits: torch.Tensor) -> List[int]:
+    """A ``sample`` function: the argmax of every row (what the built-in sampler does for
+    greedy requests, without its device-side batching)."""
     return logits.argmax(-1).tolist()
-
-
-# -- checks -------------------------------------------------------------------------
-def _as_int(value: Any) -> Optional[int]:
-    """An int or an integral torch/numpy scalar as a Python int; None for anything else.
-    Bools and floats (even 1.0) are not ints here: a token id or a count is never truncated."""
-    if isinstance(value, bool) or (isinstance(value, torch.Tensor) and (value.dtype == torch.bool or value.dim())):
-        return None
-    try:
-        return operator.index(value)
-    except TypeError:
-        return None
-
-
-def _count(value: Any, name: str, where: str) -> int:
-    """``value`` as an int >= 1, or a TypeError/ValueError naming ``name``."""
-    n = _as_int(value)
-    if n is None or n < 1:
-        raise (TypeError if n is None else ValueError)(f"{where}: {name} must be an int >= 1, got {value!r}")
-    return n
-
-
-def _token_id(value: Any, vocab_size: int, what: str) -> int:
-    """``value`` as a token id of the model, or a TypeError/ValueError naming ``what``."""
-    t = _as_int(value)
-    if t is None:
-        raise TypeError(f"{what} is {value!r} ({type(value).__name__}); token ids must be integers")
-    if not 0 <= t < vocab_size:
-        raise ValueError(f"{what} is {t}, outside the model's vocabulary (0 <= id < {vocab_size})")
-    return t
-
-
-def _token_ids(values: Any, vocab_size: int, what: str) -> List[int]:
-    """A sequence, tensor or array of token ids as Python ints (a tensor is read once)."""
-    if hasattr(values, "tolist"):
-        values = values.tolist()
-    if not isinstance(values, (list, tuple)):
-        try:
-            values = list(values)
-        except TypeError:
-            raise TypeError(f"{what} must be a sequence of token ids, got {type(values).__name__}") from None
-    return [v if type(v) is int and 0 <= v < vocab_size else _token_id(v, vocab_size, f"{what}[{i}]")
-            for i, v in enumerate(values)]
-
-
-# -- requests and steps ---------------------------------------------------------------
-@dataclass(eq=False)
-class Request:
-    rid: int
-    prompt: List[int]
-    max_new_tokens: int
-    output: List[int] = field(default_factory=list)
-    row: int = 0  # request-pool row once admitted (0: not admitted)
-    slots: List[int] = field(default_factory=list)  # KV slot per cached position
-    finished: bool = False
-
-    @property
-    def cached(self) -> int:
-        """Tokens in the KV cache; the last output token is not yet among them."""
-        return len(self.slots)
-
-
-@dataclass
-class StepOutput:
-    """What one step did; logits rows are copies (``[vocab]`` each)."""
-
-    prefill_logits: Dict[int, torch.Tensor] = field(default_factory=dict)
-    #: rid -> (token fed, logits it produced)
-    decode: Dict[int, tuple] = field(default_factory=dict)
-    decode_batch_size: int = 0
-    decode_graph: bool = False
-    #: Wall time of the decode: building the batch, the runner, sampling.
-    decode_seconds: float = 0.0
-    finished: List[int] = field(default_factory=list)
-    #: Requests whose :meth:`ContinuousBatcher.abort` came while the step ran (and that
-    #: did not finish in it): they got the step's tokens and left at its end.
-    aborted: List[int] = field(default_factory=list)
-
-
-class _Lane(NamedTuple):
-    """One request's row of a step's decode."""
-
-    req: Request
-    row: int
-    position: int  # where the fed token goes: the request's cached tokens
-    fed: int
-    emitted: int  # output tokens before this decode's
-
-
-@dataclass
-class _Pending:
-    """A computed step not yet committed: what it took from the pool, what it will change."""
-
-    out: StepOutput = field(default_factory=StepOutput)
-    rows: List[int] = field(default_factory=list)  # taken from the pool, for rollback
-    slots: List[int] = field(default_factory=list)
-    admitted: List[Tuple[Request, int, List[int]]] = field(default_factory=list)  # (request, row, prompt slots)
-    lanes: List[_Lane] = field(default_factory=list)
-    decode_slots: List[int] = field(default_factory=list)  # one per lane
-    tokens: List[Tuple[Request, int]] = field(default_factory=list)  # in the order they are appended
-    ending: List[Request] = field(default_factory=list)
 
 
 class ContinuousBatcher:
     """Decode a stream of requests with a transformers causal LM through graphs.
 
-    ``max_bs`` caps the running batch and the captured sizes; ``max_requests`` (default
-    ``max_bs``) sizes the request pool; ``max_context_len`` (prompt plus new tokens)
-    sizes the cache rows, default the config's ``max_position_embeddings``. Runner
-    options (``backend``, ``mode``, ``capture_bs``, ``progress``...) go to
-    :class:`DecodeRunnerConfig`.
+    * ``max_bs`` caps the running batch and the captured sizes; ``max_requests``
+      (default ``max_bs``) sizes the request pool.
+    * The KV pool takes ``kv_cache_bytes`` (pool and request table; default: a share of
+      the device's free memory, at most ``GRAPHSLOT_MAX_KV_BYTES``; :mod:`.budget`).
+      ``max_context_len`` (prompt plus new tokens of one request) defaults to
+      ``min(max_position_embeddings, num_slots - 1)``. Requests are admitted while the
+      pool can hold all their tokens.
+    * ``eos_token_id``: an id or a list of ids that end every request (kept in its
+      output); default (None) the model's ``generation_config.eos_token_id``, else its
+      config's, as generate; ``()`` for none. A request may give its own.
+    * Sampling is per request (:meth:`add_request`); the parameters a request leaves
+      unset take the model's ``generation_config``, over generate's defaults (greedy;
+      sampling is at temperature 1 with top_k 50). ``seed`` seeds the requests that give
+      none (default: drawn from torch's global generator, so ``torch.manual_seed`` makes
+      a run repeatable).
+    * ``sample``: an escape hatch, ``sample(scores [rows, vocab]) -> token ids`` for every
+      row of every step instead of the built-in sampler. It gets float32 scores with the
+      ``min_new_tokens`` masks applied, its ids are read on the host (a read per call),
+      and requests cannot set sampling parameters then. It may be set or changed
+      between steps (``engine.sample = fn``; None: the built-in sampler).
+    * Runner options (``backend``, ``mode``, ``capture_bs``, ``progress``, ...) go to
+      :class:`DecodeRunnerConfig`; ``context_buckets`` is ``"auto"`` here: a step replays
+      the graph of its longest context's bucket, so a long ``max_context_len`` costs memory
+      (the request table), not time.
 
     Thread safety: :meth:`add_request` and :meth:`abort` hold ``self._lock`` while they
     change the queue, so other threads (and ``sample``) may call them while a step runs;
@@ -163,21 +98,44 @@ class ContinuousBatcher:
     """
 
     def __init__(self, model: Any, *, max_bs: int = 8, max_context_len: Optional[int] = None,
-                 max_requests: Optional[int] = None, sample: Callable[[torch.Tensor], List[int]] = greedy,
-                 eos_token_id: Optional[int] = None, allow_untested: bool = False, **runner_options: Any):
+                 max_requests: Optional[int] = None, kv_cache_bytes: Optional[int] = None,
+                 eos_token_id: Any = None, sample: Optional[Callable[[torch.Tensor], Any]] = None,
+                 seed: Optional[int] = None, allow_untested: bool = False, **runner_options: Any):
         config, where = model.config, "ContinuousBatcher"
-        max_bs = _count(max_bs, "max_bs", where)
-        max_requests = max_bs if max_requests is None else _count(max_requests, "max_requests", where)
-        max_context_len = (config.max_position_embeddings if max_context_len is None
-                           else _count(max_context_len, "max_context_len", where))
+        max_bs = count(max_bs, "max_bs", where)
+        max_requests = max_bs if max_requests is None else count(max_requests, "max_requests", where)
+        if max_context_len is not None:
+            max_context_len = count(max_context_len, "max_context_len", where)
+        if kv_cache_bytes is not None:
+            kv_cache_bytes = count(kv_cache_bytes, "kv_cache_bytes", where)
+        self.vocab_size: int = text_config(config).vocab_size
+        #: The ids that end a request by default (sorted; empty: none).
+        self.eos_token_ids: Tuple[int, ...] = (model_eos(model, self.vocab_size) if eos_token_id is None else
+                                               stop_ids(eos_token_id, self.vocab_size, f"{where}: eos_token_id"))
+        self.defaults = generation_defaults(model)
+        self.min_new_tokens = count(getattr(getattr(model, "generation_config", None), "min_new_tokens", None) or 0,
+                                    "min_new_tokens", "model.generation_config", minimum=0)
+        self.seed = (int(torch.empty((), dtype=torch.int64).random_().item()) if seed is None
+                     else check_seed(seed, where))
+        device = torch.device(model.device)
+        check_model(model, allow_untested)  # before the probe runs the model
+        #: What each layer caches per token (one eager forward of one token): the pool's slots and their bytes.
+        self.geometry = kv_geometry(model)
+        #: The pool's size and the budget it came from.
+        self.kv_budget = pool_size(bytes_per_slot(self.geometry, model.dtype), device, max_requests=max_requests,
+                                   max_context_len=max_context_len, kv_cache_bytes=kv_cache_bytes,
+                                   positions=getattr(text_config(config), "max_position_embeddings", None))
         self.model, self.sample, self.max_bs = model, sample, max_bs
-        self.cache = PagedCache(config, max_requests=max_requests, max_context_len=max_context_len,
-                                dtype=model.dtype, device=model.device)
-        self.vocab_size: int = self.cache.config.vocab_size
-        self.eos_token_id = (None if eos_token_id is None
-                             else _token_id(eos_token_id, self.vocab_size, f"{where}: eos_token_id"))
+        self.sampler = Sampler()
+        self.cache = PagedCache(config, max_requests=max_requests, max_context_len=self.kv_budget.max_context_len,
+                                num_slots=self.kv_budget.num_slots, dtype=model.dtype, device=device,
+                                geometry=self.geometry)
         self.adapter = HFDecodeAdapter(model, self.cache, allow_untested=allow_untested)
+        #: Prefill asks the model for the last position's logits only (``logits_to_keep``);
+        #: False for a model without it (all positions' logits are computed, the last used).
+        self.last_logits_only = takes_logits_to_keep(model)
         runner_options.setdefault("progress", False)
+        runner_options.setdefault("context_buckets", "auto")
         self.runner = DecodeGraphRunner(self.adapter, DecodeRunnerConfig(max_bs=max_bs, **runner_options))
         self.waiting: Deque[Request] = deque()
         self.running: List[Request] = []
@@ -188,22 +146,72 @@ class ContinuousBatcher:
         self._aborts: Dict[int, None] = {}  # rids aborted while the step runs, in order
 
     # -- requests --------------------------------------------------------------------
-    def add_request(self, prompt: Sequence[int], max_new_tokens: int) -> Request:
-        """Queue a request; it is prefilled at the next step with room for it."""
-        prompt = _token_ids(prompt, self.vocab_size, "add_request: prompt")
+    def add_request(self, prompt: Sequence[int], max_new_tokens: int, *, do_sample: Optional[bool] = None,
+                    temperature: Optional[float] = None, top_k: Optional[int] = None, top_p: Optional[float] = None,
+                    seed: Optional[int] = None, min_new_tokens: Optional[int] = None, eos_token_id: Any = None,
+                    stop_token_ids: Sequence[int] = (), logprobs: bool = False, top_logprobs: int = 0,
+                    prompt_logprobs: bool = False, on_token: Optional[Callable[[TokenEvent], Any]] = None) -> Request:
+        """Queue a request; it is prefilled at the next step with room for it.
+
+        * Sampling: ``do_sample`` (None: sample when ``temperature``, ``top_k``, ``top_p``
+          or ``seed`` is given, else the model's default), ``temperature`` (0: greedy),
+          ``top_k`` (0: off), ``top_p`` (1: off), ``seed`` (default: from the engine's
+          seed and the request id). Unset ones take the engine's defaults.
+        * Stopping: ``max_new_tokens``; ``eos_token_id`` (an id or ids; None: the engine's;
+          ``()``: none) and ``stop_token_ids`` end the request, the token kept in its
+          output; ``min_new_tokens`` (default: the model's, else 0) masks them until the
+          output has that many tokens.
+        * ``logprobs``: record each output token's logprob in ``Request.logprobs``;
+          ``top_logprobs=n``: and the n most likely in ``Request.top_logprobs``;
+          ``prompt_logprobs``: each prompt token's, in ``Request.prompt_logprobs``.
+        * ``on_token(event)``: called with each :class:`TokenEvent` of the request after
+          the step that made it committed, in the stepping thread.
+        """
+        where = "add_request"
+        prompt = token_ids(prompt, self.vocab_size, f"{where}: prompt")
         if not prompt:
             raise ValueError("add_request: the prompt is empty; a request needs at least one token")
-        max_new_tokens = _count(max_new_tokens, "max_new_tokens", "add_request")
+        max_new_tokens = count(max_new_tokens, "max_new_tokens", where)
         # The last new token is sampled, never fed: it needs no cache position.
         need = len(prompt) + max_new_tokens - 1
         if need > self.cache.max_context_len:
             raise ValueError(f"a request of {len(prompt)} prompt tokens and {max_new_tokens} new tokens needs "
                              f"{need} cache positions, more than max_context_len={self.cache.max_context_len}")
+        params = self._sampling(where, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
+                                seed=seed)
+        min_new = self.min_new_tokens if min_new_tokens is None else count(min_new_tokens, "min_new_tokens", where, 0)
+        if min_new > max_new_tokens:
+            raise ValueError(f"add_request: min_new_tokens={min_new} is more than max_new_tokens={max_new_tokens}")
+        eos = self.eos_token_ids if eos_token_id is None else stop_ids(eos_token_id, self.vocab_size,
+                                                                       f"{where}: eos_token_id")
+        stops = tuple(sorted(set(eos) | set(token_ids(stop_token_ids, self.vocab_size, f"{where}: stop_token_ids"))))
+        top_n = count(top_logprobs, "top_logprobs", where, 0)
+        if top_n > self.vocab_size:
+            raise ValueError(f"add_request: top_logprobs={top_n} is more than the vocabulary ({self.vocab_size})")
+        want = flag(logprobs, "logprobs", where) or top_n > 0
+        wants_prompt = flag(prompt_logprobs, "prompt_logprobs", where)
+        if on_token is not None and not callable(on_token):
+            raise TypeError(f"add_request: on_token must be callable (it gets each TokenEvent), got {on_token!r}")
         with self._lock:
-            req = Request(next(self._ids), prompt, max_new_tokens)
-            self.requests[req.rid] = req
+            rid = next(self._ids)
+            if seed is None:
+                params = dataclasses.replace(params, seed=request_seed(self.seed, rid))
+            req = Request(rid, prompt, max_new_tokens, sampling=params, stop_token_ids=stops, min_new_tokens=min_new,
+                          logprobs=[] if want else None, top_logprobs=[] if top_n else None, top_n=top_n,
+                          wants_prompt_logprobs=wants_prompt, on_token=on_token)
+            self.requests[rid] = req
             self.waiting.append(req)
         return req
+
+    def _sampling(self, where: str, **given: Any) -> SamplingParams:
+        if self.sample is not None:
+            named = [name for name in SAMPLING_KEYWORDS if given[name] is not None]
+            if named:
+                raise ValueError(f"{where}: {named[0]} is set, but this engine picks tokens with its sample= function, "
+                                 "which replaces per-request sampling: drop it, or build the engine without sample=")
+        seed = given.pop("seed")
+        return sampling_params(where, self.defaults, 0 if seed is None else check_seed(seed, where),
+                               seeded=seed is not None, **given)
 
     def abort(self, rid: int) -> None:
         """Drop a request, waiting or running (a client that went away); a finished one stays
@@ -222,16 +230,59 @@ class ContinuousBatcher:
     def done(self) -> bool:
         return not self.waiting and not self.running
 
+    # -- driving it ------------------------------------------------------------------
+    def stream(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, **params: Any) -> Iterator[TokenEvent]:
+        """Queue ``prompts`` (each with :meth:`add_request`'s keywords ``params``, checked now:
+        when one is refused, those queued before it are aborted) and return an iterator that steps the
+        engine and yields their :class:`TokenEvent` s as they come, until all of them
+        finished. Other requests in the engine advance too. Closing the iterator early
+        aborts the unfinished ones."""
+        reqs = self._add_all(prompts, max_new_tokens, params)
+
+        def events() -> Iterator[TokenEvent]:
+            mine = {req.rid for req in reqs}
+            try:
+                while not all(req.finished for req in reqs):
+                    for event in self.step().events:
+                        if event.rid in mine:
+                            yield event
+            finally:
+                for req in reqs:
+                    if not req.finished:
+                        self.abort(req.rid)
+
+        return events()
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, **params: Any) -> List[Request]:
+        """Like :meth:`stream`, run to the end: the finished requests, in the order of ``prompts``."""
+        reqs = self._add_all(prompts, max_new_tokens, params)
+        while not all(req.finished for req in reqs):
+            self.step()
+        return reqs
+
+    def _add_all(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, params: Dict[str, Any]) -> List[Request]:
+        reqs: List[Request] = []
+        try:
+            for prompt in prompts:
+                reqs.append(self.add_request(prompt, max_new_tokens, **params))
+        except BaseException:
+            for req in reqs:
+                self.abort(req.rid)
+            raise
+        return reqs
+
     # -- a step ----------------------------------------------------------------------
     def step(self) -> StepOutput:
         """Prefill the requests there is room for and decode every running one by a token;
-        all or nothing (see the module docstring)."""
+        all or nothing (see the module docstring). Then the new tokens' ``on_token``
+        callbacks run; when one raises, the others still run and the first exception
+        propagates (the step stays committed)."""
         with self._lock:
             if self._stepping:
                 raise RuntimeError("ContinuousBatcher.step() is already running: call it from one thread at a "
                                    "time, and not from sample")
             self._stepping = True
-        pending = _Pending()
+        pending = Pending()
         try:
             self._compute(pending)
         except BaseException:
@@ -247,44 +298,64 @@ class ContinuousBatcher:
                 self._commit(pending)
             finally:
                 self._end_step(pending.out)
+        notify(pending.tokens)
         return pending.out
 
-    def _compute(self, p: _Pending) -> None:
+    def _compute(self, p: Pending) -> None:
         """Everything a step computes, into ``p``; no request changes."""
-        out = p.out
+        out, reads = p.out, []
         self._admit(p)
-        p.lanes = [_Lane(r, r.row, r.cached, r.output[-1], len(r.output)) for r in self.running]
+        p.lanes = [Lane(r, r.row, r.cached, r.output[-1], len(r.output)) for r in self.running]
+        prefill = prompt_part = fresh = None
         if p.admitted:
-            logits = self._prefill(p.admitted)
-            for (req, row, slots), row_logits, token in zip(p.admitted, logits, self._sample(logits)):
+            logits, prompt_lp = prefill_logits(self.model, self.cache, p.admitted, self.last_logits_only)
+            for (req, _, _), row_logits in zip(p.admitted, logits):
                 out.prefill_logits[req.rid] = row_logits.clone()
-                p.tokens.append((req, token))
-                if self._ends(req, 1, token):
-                    p.ending.append(req)
-                else:
-                    p.lanes.append(_Lane(req, row, len(slots), token, 1))
-        if not p.lanes:
-            return
+            choice = self._choose(logits, [self._row(req, 0) for req, _, _ in p.admitted])
+            prefill = Picks.add(choice, reads)
+            if prompt_lp is not None:
+                prompt_part = len(reads)
+                reads.append(prompt_lp)
+            # Decoded in this step too, fed the token just drawn (unless one token is all it wants).
+            going_on = [i for i, (req, _, _) in enumerate(p.admitted) if req.max_new_tokens > 1]
+            if going_on:
+                fresh = choice.tokens.index_select(0, torch.tensor(going_on, device=choice.tokens.device))
+                p.lanes += [Lane(req, row, len(slots), None, 1)
+                            for req, row, slots in (p.admitted[i] for i in going_on)]
+        decode = logits = None
         start = time.perf_counter()
-        for lane in p.lanes:
-            p.decode_slots += self.cache.alloc_tokens(lane.row, lane.position, 1)
-            p.slots.append(p.decode_slots[-1])
-        step = self._decode_step([lane.fed for lane in p.lanes], [lane.position for lane in p.lanes],
-                                 [lane.row for lane in p.lanes], p.decode_slots)
-        out.decode_batch_size = len(p.lanes)
-        out.decode_graph = self.runner.can_run(step)
-        logits = self.runner(step).clone()  # replayed outputs are views of static memory
-        if logits.shape[0] != len(p.lanes):
-            raise RuntimeError(f"the decode step of {len(p.lanes)} requests returned {logits.shape[0]} rows")
-        tokens = self._sample(logits)  # reads the device: the step is done when it returns
-        out.decode_seconds = time.perf_counter() - start
-        for lane, row_logits, token in zip(p.lanes, logits, tokens):
-            out.decode[lane.req.rid] = (lane.fed, row_logits)
-            p.tokens.append((lane.req, token))
-            if self._ends(lane.req, lane.emitted + 1, token):
-                p.ending.append(lane.req)
+        if p.lanes:
+            p.decode_slots = self.cache.pool.take_slots(len(p.lanes))
+            p.slots += p.decode_slots
+            step = decode_step(self.cache.device, self._fed(p.lanes, fresh), [lane.position for lane in p.lanes],
+                                     [lane.row for lane in p.lanes], p.decode_slots)
+            self.cache.req_to_token_pool.write_tokens(step.req_pool_indices, step.positions, step.out_cache_loc)
+            out.decode_batch_size = len(p.lanes)
+            out.decode_graph = self.runner.can_run(step)
+            logits = self.runner(step).clone()  # replayed outputs are views of static memory
+            if logits.shape[0] != len(p.lanes):
+                raise RuntimeError(f"the decode step of {len(p.lanes)} requests returned {logits.shape[0]} rows")
+            decode = Picks.add(self._choose(logits, [self._row(lane.req, lane.emitted) for lane in p.lanes]), reads)
+        host = to_host(reads)  # the step's one read: it waits for the device
+        if p.lanes:
+            out.decode_seconds = time.perf_counter() - start
+        ended, first = set(), {}
+        if prefill is not None:
+            tokens, lps, top = prefill.get(host)
+            for i, (req, _, _) in enumerate(p.admitted):
+                first[req.rid] = tokens[i]
+                p.record(req, 0, tokens[i], lps and lps[i], top and top[i], ended)
+            if prompt_part is not None:
+                split_prompt_logprobs(p, host[prompt_part])
+        if decode is not None:
+            tokens, lps, top = decode.get(host)
+            for i, lane in enumerate(p.lanes):
+                if lane.req.rid in ended:  # its first token ended it: this row was decoded in vain
+                    continue
+                out.decode[lane.req.rid] = (first[lane.req.rid] if lane.fed is None else lane.fed, logits[i])
+                p.record(lane.req, lane.emitted, tokens[i], lps and lps[i], top and top[i], ended)
 
-    def _commit(self, p: _Pending) -> None:
+    def _commit(self, p: Pending) -> None:
         """Apply a computed step: list operations only, nothing here can fail halfway."""
         for req, row, slots in p.admitted:
             self.waiting.popleft()  # the admitted are the queue's head: only a commit or an abort between steps pops
@@ -292,11 +363,18 @@ class ContinuousBatcher:
             self.running.append(req)
         for lane, slot in zip(p.lanes, p.decode_slots):
             lane.req.slots.append(slot)
-        for req, token in p.tokens:
-            req.output.append(token)
-        for req in p.ending:
-            self._finish(req)
+        for req, values in p.prompt_logprobs:
+            req.prompt_logprobs = values
+        for req, event in p.tokens:
+            req.output.append(event.token)
+            if req.logprobs is not None:
+                req.logprobs.append(event.logprob)
+            if req.top_logprobs is not None:
+                req.top_logprobs.append(event.top_logprobs)
+        for req, reason in p.ending:
+            self._finish(req, reason)
             p.out.finished.append(req.rid)
+        p.out.events = [event for _, event in p.tokens]
 
     def _end_step(self, out: Optional[StepOutput]) -> None:
         """Apply the aborts that came during the step (under the lock), and end it."""
@@ -311,75 +389,58 @@ class ContinuousBatcher:
             self._aborts.clear()
             self._stepping = False
 
-    def _admit(self, p: _Pending) -> None:
-        """Take rows and prompt slots for the waiting requests there is room for (the queue is
-        indexed, not iterated: another thread may append to it meanwhile)."""
+    def _admit(self, p: Pending) -> None:
+        """Take rows and prompt slots for the waiting requests there is room for: a free
+        row, and slots for its every token beside what the running requests may still
+        take (so a running request never runs out). The queue is indexed, not iterated:
+        another thread may append to it meanwhile."""
         cache, i = self.cache, 0
+        free = cache.available_slots - sum(r.need - r.cached for r in self.running)
         while (i < len(self.waiting) and len(self.running) + i < self.max_bs and cache.available_requests
-               and cache.available_slots >= len(self.waiting[i].prompt) + self.waiting[i].max_new_tokens):
+               and free >= self.waiting[i].need):
             req = self.waiting[i]
             row = cache.alloc_request()
             p.rows.append(row)
             slots = cache.alloc_tokens(row, 0, len(req.prompt))
             p.slots += slots
             p.admitted.append((req, row, slots))
+            free -= req.need
             i += 1
 
-    def _sample(self, logits: torch.Tensor) -> List[int]:
-        tokens = _token_ids(self.sample(logits), self.vocab_size, "sample(logits)")
+    def _row(self, req: Request, index: int) -> Row:
+        return Row(req.sampling, index, req.stop_token_ids if index < req.min_new_tokens else (),
+                   -1 if req.logprobs is None else req.top_n)
+
+    def _choose(self, logits: torch.Tensor, rows: List[Row]) -> Choice:
+        """The built-in sampler, or ``sample`` (checked) when set."""
+        if self.sample is None:
+            return self.sampler(logits, rows)
+        tokens = token_ids(self.sample(block(logits, rows)), self.vocab_size, "sample(logits)")
         if len(tokens) != logits.shape[0]:
             raise ValueError(f"sample must return one token id per row of logits: got {len(tokens)} for "
                              f"{logits.shape[0]}")
-        return tokens
+        return with_logprobs(logits, rows, torch.tensor(tokens, dtype=torch.int64, device=logits.device))
 
-    def _prefill(self, admitted: List[Tuple[Request, int, List[int]]]) -> torch.Tensor:
-        """Last-position logits ``[len(admitted), vocab]``: one eager forward, rows right-padded.
-
-        A padding token sits at position 0 of the dummy slot 0, so it writes nothing a
-        request reads, and its query sees position 0 of its own row only."""
-        dev, width = self.cache.device, max(len(r.prompt) for r, _, _ in admitted)
-        ids = torch.zeros(len(admitted), width, dtype=torch.int64)
-        pos = torch.zeros(len(admitted), width, dtype=torch.int64)
-        loc = torch.zeros(len(admitted), width, dtype=torch.int64)
-        for i, (r, _, slots) in enumerate(admitted):
-            n = len(r.prompt)
-            ids[i, :n], pos[i, :n], loc[i, :n] = torch.tensor(r.prompt), torch.arange(n), torch.tensor(slots)
-        ids, pos = ids.to(dev), pos.to(dev)
-        self.cache.bind(loc.view(-1).to(dev), torch.tensor([row for _, row, _ in admitted], device=dev))
-        with torch.no_grad():
-            out = self.model(input_ids=ids, position_ids=pos, past_key_values=self.cache, use_cache=True,
-                             attention_mask=self.cache.attention_mask(pos, self.model.dtype))
-        last = torch.tensor([len(r.prompt) - 1 for r, _, _ in admitted], device=dev)
-        return out.logits[torch.arange(len(admitted), device=dev), last]
-
-    def _decode_step(self, fed: List[int], positions: List[int], rows: List[int], locs: List[int]) -> DecodeStep:
-        """The decode batch: token ``fed[i]`` at ``positions[i]`` of request row ``rows[i]``, its
-        KV to slot ``locs[i]``."""
-        dev = self.cache.device
-
-        def i64(values, device=dev):
-            return torch.tensor(values, dtype=torch.int64, device=device)
-
-        lens = [p + 1 for p in positions]
-        return DecodeStep(input_ids=i64(fed), positions=i64(positions), out_cache_loc=i64(locs),
-                          req_pool_indices=i64(rows), seq_lens=i64(lens), seq_lens_cpu=i64(lens, "cpu"),
-                          batch_size=len(fed))
-
-    def _ends(self, req: Request, emitted: int, token: int) -> bool:
-        return emitted >= req.max_new_tokens or (self.eos_token_id is not None and token == self.eos_token_id)
+    def _fed(self, lanes: List[Lane], fresh: Optional[torch.Tensor]) -> Union[List[int], torch.Tensor]:
+        """The decode's input ids: the running requests' last tokens (host), then the tokens
+        the admitted ones just drew (``fresh``, on the device: not read to be fed)."""
+        known = [lane.fed for lane in lanes if lane.fed is not None]
+        if fresh is None:
+            return known
+        return torch.cat([torch.tensor(known, dtype=torch.int64, device=fresh.device), fresh])
 
     def _drop(self, req: Request) -> None:
         """Abort ``req`` between steps (under the lock); a finished request stays as it is."""
         if req.finished:
             return
         if req.row:
-            self._finish(req)
+            self._finish(req, FINISH_ABORT)
         else:
             self.waiting.remove(req)
-            req.finished = True
+            req.finished, req.finish_reason = True, FINISH_ABORT
 
-    def _finish(self, req: Request) -> None:
-        req.finished = True
+    def _finish(self, req: Request, reason: str) -> None:
+        req.finished, req.finish_reason = True, reason
         self.running.remove(req)
         self.cache.free_request(req.row, req.slots)
         req.slots = []
