@@ -15,10 +15,9 @@ batch size alone, as they always were; with them ``runner.graphs`` is keyed by
 ``(bs, L)``, and :attr:`DecodeGraphRunner.graph_keys` lists both kinds as ``(bs, L or
 None)`` pairs.
 
-Public capture API (what ``graphslot verify``'s audit and the runner itself use):
-:meth:`DecodeGraphRunner.capture_view` stages a size's dummy batch,
-:meth:`DecodeGraphRunner.graph_body` is what its graph runs, and
-:meth:`DecodeGraphRunner.capture_on` captures the two on any graph backend.
+Public capture API (what ``graphslot verify``'s audit and the runner use): ``capture_view``
+stages a size's dummy batch, ``graph_body`` is what its graph runs, and ``capture_on``
+captures the two on any graph backend (methods of :class:`DecodeGraphRunner`).
 
 Observers (:class:`StepObserver`, :meth:`DecodeGraphRunner.add_observer`) see each
 replayed step right after its fill, before the replay metadata and the replay.
@@ -159,6 +158,7 @@ class DecodeGraphRunner:
         self.stats = RunnerMetrics(num_tokens_per_bs=self.k, contexts=self.bucketed)
         #: Eager fallbacks logged (INFO), per reason: the first, then every 1000th.
         self.eager_log = PerReason(log)
+        self._eager_message = f"decode step ran eager: %s (%d rows needed; captured sizes {describe_sizes(self.dispatch.sizes)})"
         self._observers: Tuple[StepObserver, ...] = ()
         self.guard = (ReplayGuard(lambda: runner_tensors(self.registry, adapter))
                       if guard_wanted(config.guard) else None)
@@ -397,8 +397,10 @@ class DecodeGraphRunner:
         and log it (:attr:`eager_log`): for a caller that runs the eager forward itself
         (the DP runner)."""
         self.stats.fell_back(reason, needed)
-        rows = "" if needed is None else f" ({needed} rows needed; captured sizes {describe_sizes(self.captured_sizes)})"
-        self.eager_log.log(reason, "decode step ran eager: %s%s", reason, rows)
+        if needed is None:
+            self.eager_log.log(reason, "decode step ran eager: %s", reason)
+        else:  # formatted only when logged
+            self.eager_log.log(reason, self._eager_message, reason, needed)
 
     def __call__(self, fb: Any) -> Any:
         """Replay when a graph fits, else the eager forward."""
