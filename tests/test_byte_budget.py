@@ -176,16 +176,27 @@ def test_format_bytes():
 # --- runners ------------------------------------------------------------------------------------
 
 
+class Unbuilt(DecodeAdapter):
+    """An adapter that gets no further than the registry's byte check."""
+
+    device = torch.device("cpu")
+
+    def forward(self, *args):
+        raise AssertionError("the byte check comes first")
+
+    forward_eager = make_dummy_batch = init_capture_metadata = init_replay_metadata = forward
+
+
 def test_a_decode_runner_with_a_huge_max_bs_is_refused_before_allocating(no_allocation):
     assert len(capture_sizes(10**9)) == 1403  # bounded: every 8th size would be 125 million
     with pytest.raises(BufferBudgetError, match=r"^spec 'decode': its buffers would take .* at max_bs=1000000000, "):
-        DecodeGraphRunner(DecodeAdapter(), max_bs=10**9)
+        DecodeGraphRunner(Unbuilt(), max_bs=10**9)
 
 
 def test_a_decode_runners_config_carries_the_cap_to_its_registry(no_allocation):
     with pytest.raises(BufferBudgetError, match=r"at max_bs=64, max_num_tokens=64, over the cap of 100 bytes "
                                                 r"\(max_bytes\); "):
-        DecodeGraphRunner(DecodeAdapter(), max_bs=64, max_bytes=100)
+        DecodeGraphRunner(Unbuilt(), max_bs=64, max_bytes=100)
 
 
 # --- the transformers KV pool -------------------------------------------------------------------

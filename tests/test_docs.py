@@ -2,7 +2,10 @@
 
 The page's ```python blocks are run in order in one namespace, as a reader would paste
 them one after another; each block is its own test step, so a failure names the block
-and the line in the page.
+and the line in the page. A block whose first line is ``# some/path.py: ...`` is a whole
+file of a project (:func:`file_blocks`): it runs the same, and need not assert (the
+blocks after it do; ``tests/test_scratch_engine.py`` writes it to a project and runs
+the CLI on it).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import pytest
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "engine.md"
 FENCE = re.compile(r"^```python\n(.*?)^```$", re.S | re.M)
+FILE_LINE = re.compile(r"# ([\w./]+\.py):")
 
 
 def python_blocks(path: Path):
@@ -27,12 +31,18 @@ def python_blocks(path: Path):
 BLOCKS = python_blocks(PAGE)
 
 
+def file_blocks(path: Path = PAGE):
+    """``{relative path: code}`` of the blocks that are whole files."""
+    return {m.group(1): code for _, code in python_blocks(path) if (m := FILE_LINE.match(code))}
+
+
 def test_the_page_has_examples_that_assert_something():
     assert len(BLOCKS) >= 6
     asserts = sum(len(re.findall(r"^\s*assert ", code, re.M)) for _, code in BLOCKS)
     assert asserts >= 20
     # every block but the tiny ones shows a result
-    assert all(re.search(r"^\s*assert ", code, re.M) for _, code in BLOCKS)
+    assert all(re.search(r"^\s*assert ", code, re.M) for _, code in BLOCKS if not FILE_LINE.match(code))
+    assert list(file_blocks()) == ["myengine/engine.py"]
 
 
 def test_every_python_block_runs_in_order(monkeypatch):

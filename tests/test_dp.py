@@ -311,10 +311,11 @@ def test_the_verdict_names_every_rank_that_raised_the_same_error_and_no_one_when
 # -------------------------------------------------------------------------------- demo
 
 
-def test_cli_dp_demo_matches_one_process(monkeypatch, capsys):
+def test_cli_dp_demo_matches_one_process(monkeypatch, capfd):
     monkeypatch.setattr(demo_dp, "DEFAULT_TIMEOUT", TIMEOUT)
     assert main(["demo", "--dp", "2", "--steps", "40", "--max-bs", "4", "--backend", "cpu", "--json"]) == 0
-    out, err = capsys.readouterr()
+    out, err = capfd.readouterr()  # the ranks' stderr too: not a terminal, so no bar frames from any process
+    assert "\r" not in err and "Decoding (rank 0)" not in err and "Capturing" not in err
     result = json.loads(out)
     assert result["mode"] == "dp-decode" and result["dp"] == 2 and result["dist_backend"] == "gloo"
     assert result["check"] == "torch.equal" and result["mismatching_forwards"] == 0

@@ -3,7 +3,7 @@
 Every module under ``graphslot/`` is parsed (never imported) and each of its imports,
 function-level ones included, is checked against the table below. A layer is a
 subpackage of ``graphslot`` (``graphslot.runners.*`` is ``runners``) or one of the
-top-level modules (``api``, ``env``, ``kvpool``, ``_version``; ``graphslot/__init__.py`` is
+top-level modules (``api``, ``env``, ``kvpool``, ``log``, ``_version``; ``graphslot/__init__.py`` is
 ``root``). The table reads as the specification:
 
 =============  ===============================================================  ===========================================
@@ -11,6 +11,7 @@ layer          may import (besides itself)                                      
 =============  ===============================================================  ===========================================
 _version       nothing                                                           the version string
 env            spec.errors                                                       the GRAPHSLOT_* variables: torch-free
+log            nothing                                                           the graphslot logger, progress bars: torch-free
 spec           _version, env                                                     the format: torch-free
 planning       spec                                                              capture-size planning: torch-free
 registry       spec                                                              buffers, pool, interpreter (torch)
@@ -20,9 +21,9 @@ api            spec, registry, codegen, env                                     
 root           _version, spec, api, registry                                     ``import graphslot`` (lazy names)
 graphs         spec.errors                                                       backends know nothing of slots or runners
 kvpool         nothing                                                           the paged KV pool (torch)
-runners        spec, registry, api, graphs, planning, env                        codegen only through api; no kvpool
-tools          runners, graphs, registry, spec                                   diagnostics over the public runner API
-integrations   runners, graphs, tools, spec, registry, kvpool, env, api          never the reference (demo) package; api: the sglang drop-in
+runners        spec, registry, api, graphs, planning, env, log                   codegen only through api; no kvpool
+tools          runners, graphs, registry, spec, log                              diagnostics over the public runner API
+integrations   runners, graphs, tools, spec, registry, kvpool, env, api, log     never the reference (demo) package; api: the sglang drop-in
 reference      runners, graphs, kvpool, spec, registry, api, planning, tools     an example engine: any library layer
 cli            anything                                                          the top
 =============  ===============================================================  ===========================================
@@ -36,7 +37,7 @@ and, whatever the layer:
   class, a function), or is a parameter annotated with such a class
   (``def f(runner: DecodeGraphRunner): runner._capture_view``); what the AST cannot
   type (an attribute of an attribute, an unannotated parameter) is out of reach here;
-* planning and env import no torch, not even inside a function.
+* planning, env and log import no torch, not even inside a function.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ ANYTHING = "*"
 ALLOWED: Dict[str, Tuple[str, ...]] = {
     "_version": (),
     "env": ("spec.errors",),
+    "log": (),
     "spec": ("_version", "env"),
     "planning": ("spec",),
     "registry": ("spec",),
@@ -67,14 +69,14 @@ ALLOWED: Dict[str, Tuple[str, ...]] = {
     "root": ("_version", "spec", "api", "registry"),
     "graphs": ("spec.errors",),
     "kvpool": (),
-    "runners": ("spec", "registry", "api", "graphs", "planning", "env"),
-    "tools": ("runners", "graphs", "registry", "spec"),
-    "integrations": ("runners", "graphs", "tools", "spec", "registry", "kvpool", "env", "api"),
+    "runners": ("spec", "registry", "api", "graphs", "planning", "env", "log"),
+    "tools": ("runners", "graphs", "registry", "spec", "log"),
+    "integrations": ("runners", "graphs", "tools", "spec", "registry", "kvpool", "env", "api", "log"),
     "reference": ("runners", "graphs", "kvpool", "spec", "registry", "api", "planning", "tools"),
     "cli": (ANYTHING,),
 }
 #: Layers that never import torch, not even inside a function.
-TORCH_FREE = ("planning", "env")
+TORCH_FREE = ("planning", "env", "log")
 #: Underscore modules every layer may import: they are shared, not private.
 SHARED_PRIVATE_MODULES = ("graphslot._version",)
 
@@ -305,7 +307,7 @@ def test_a_wrong_way_import_is_named_with_its_rule():
     directions, _ = check_source("graphslot.runners.x", "def f():\n    from ..tools.audit import capture_on_tape\n")
     assert directions == ["graphslot.runners.x (line 2): `from ..tools.audit import capture_on_tape` imports layer "
                           "'tools' (graphslot.tools.audit); rule: runners may import spec, registry, api, graphs, "
-                          "planning, env"]
+                          "planning, env, log"]
     directions, _ = check_source("graphslot.graphs.x", "from graphslot.spec.errors import SlotError\n"
                                                        "from graphslot.spec import model\n")
     assert directions == ["graphslot.graphs.x (line 2): `from graphslot.spec import model` imports layer 'spec' "

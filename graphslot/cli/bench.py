@@ -17,7 +17,9 @@ HELP = """Time fill_from + extract: generated vs interpreted vs hand-written.
 Shipped decode spec, max_bs 256, raw/padded 3/4, 30/32, 200/256, all measured in one
 run; also counts the mutating ATen ops of one padded fill (on a GPU, kernel
 launches). Progress goes to stderr (a bar on a terminal, else a line per size);
---json keeps stdout pure JSON. Exit 1 when a target is missed.
+--json keeps stdout pure JSON. Exit 1 when an op-count target is missed (they are
+deterministic), naming it and by how much; a missed timing target (the speedup over
+the interpreter, which a loaded machine moves) is named with its margin, exit 0.
 """
 
 
@@ -31,11 +33,13 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     print(f"graphslot bench: fill_from + extract of the shipped decode spec, generated vs interpreted vs "
           f"hand-written, {args.repeats} repeats x {args.iters} iters per batch size", file=sys.stderr)
     import_torch()
-    from .fill_bench import format_report, run_bench
+    from .fill_bench import describe_miss, format_report, run_bench
 
     result = run_bench(args.iters, args.repeats, progress=True)
     print(json.dumps(result, indent=2) if args.json else format_report(result))
-    return 0 if result["targets_met"] else 1
+    for miss in result["missed"]:
+        print(f"graphslot bench: {'missed' if miss['gates'] else 'note'}: {describe_miss(miss)}", file=sys.stderr)
+    return 1 if result["gating_missed"] else 0
 
 
 COMMAND = Command("bench", HELP, add_arguments, run)

@@ -13,8 +13,8 @@ import time
 from typing import Any, Dict, List
 
 import torch
-from tqdm import tqdm
 
+from ..log import progress_bar
 from ..reference import Scheduler, TinyConfig, build_reference_model
 from ..reference.adapter import ReferenceDecodeAdapter
 from ..reference.numerics import output_check
@@ -64,7 +64,7 @@ def _run(steps: int, backend: str, mode: str, max_bs: int, seed: int, progress: 
         batches.append(fb)
         return eager
 
-    bar = tqdm(range(steps), desc="Decoding", unit="step", leave=False, disable=None if progress else True)
+    bar = progress_bar(range(steps), show=progress, desc="Decoding", unit="step", leave=False)
     for _ in bar:
         if sched.done:
             break

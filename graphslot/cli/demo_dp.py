@@ -17,8 +17,8 @@ import time
 from typing import Any, Dict, List, Optional
 
 import torch
-from tqdm import tqdm
 
+from ..log import progress_bar
 from ..reference import Scheduler, TinyConfig, build_reference_model
 from ..reference.dp_launch import launch
 from ..reference.numerics import output_check
@@ -74,7 +74,8 @@ def _rank_main(rank: int, dp: int, steps: int, backend: str, mode: str, max_bs: 
                         "seconds": seconds, "logits": out.cpu().clone()})
         return out
 
-    bar = tqdm(range(steps), desc="Decoding (rank 0)", unit="step", leave=False, disable=not (progress and rank == 0))
+    bar = progress_bar(range(steps), show=progress and rank == 0, desc="Decoding (rank 0)", unit="step",
+                       leave=False)
     idle: List[Dict[str, Any]] = []
     for step in bar:
         count = len(decodes)

@@ -18,8 +18,8 @@ import time
 from typing import Any, Dict, List, Tuple
 
 import torch
-from tqdm import tqdm
 
+from ..log import progress_bar
 from .common import human_bytes, metric_table
 from .demo_common import demo_device, run_figures, single_thread, timed
 
@@ -76,8 +76,7 @@ def _run(hf, name: str, steps: int, backend: str, mode: str, max_bs: int, seed: 
     mismatches: List[int] = []
     worst, rows, graph_steps, finished, admitted = 0.0, 0, 0, 0, 0
 
-    bar = tqdm(range(steps), desc=f"Decoding {name}", unit="step", leave=False,
-               disable=None if progress else True)
+    bar = progress_bar(range(steps), show=progress, desc=f"Decoding {name}", unit="step", leave=False)
     for step in bar:
         # Arrivals: a burst now and then, more when the batch runs low.
         if rng.random() < (0.6 if len(engine.running) < max_bs // 2 else 0.2):

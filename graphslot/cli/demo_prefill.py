@@ -21,10 +21,10 @@ import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
-from tqdm import tqdm
 
 from .common import human_bytes
 from .demo_common import demo_device, fill_timings, representative, run_figures, single_thread, timed
+from ..log import progress_bar
 from ..reference import TinyConfig, build_reference_model, make_extend_batch
 from ..reference.numerics import output_check
 
@@ -188,8 +188,8 @@ def _run(names: List[str], count: int, backend: str, mode: str, max_bs: int, buc
         used: Dict[int, int] = {}
         stream = zip(prefill_batches(runtime, count, seed, max_bs, max_tokens, MAX_LIVE),
                      prefill_batches(twin, count, seed, max_bs, max_tokens, MAX_LIVE))
-        bar = tqdm(stream, total=count, desc=f"Prefill ({name})", unit="batch", leave=False,
-                   disable=None if progress else True)
+        bar = progress_bar(stream, show=progress, total=count, desc=f"Prefill ({name})", unit="batch",
+                           leave=False)
         for i, (fb, twin_fb) in enumerate(bar):
             if not runner.can_run(fb):  # the stream stays within the buckets; a miss is a bug
                 raise RuntimeError(f"batch {i} ({fb.batch_size} reqs, {fb.num_tokens} tokens) fits no bucket")

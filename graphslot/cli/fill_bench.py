@@ -5,7 +5,12 @@ Everything is measured in one run on this machine: per-call time of ``fill_from`
 number of mutating ATen ops one padded fill issues (on a GPU each is a kernel launch).
 The generated column includes the contract's per-step check (one shape comparison per
 copied field); the "checks" column is what that costs, measured against the same
-module with the check removed.
+module with the check removed (the difference of two noisy medians, shown as 0 when
+noise makes it negative; ``unchecked_us`` is the raw figure).
+
+Targets: the op counts are deterministic and gate (``gating_missed``); the speedup over
+the interpreter is a timing, which a loaded machine moves, so a miss is reported with
+its margin (:func:`missed_targets`) but does not fail the run.
 """
 
 from __future__ import annotations
@@ -20,11 +25,11 @@ from typing import Callable, Dict, List, Optional, Set
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from tqdm import tqdm
 
 from .. import __version__
 from ..api import build_registry
 from ..codegen.generator import render_module
+from ..log import progress_bar
 from ..spec.loading import load_spec
 from ..spec.resolve import resolve_params
 
@@ -186,8 +191,7 @@ def run_bench(iters: int = 2000, repeats: int = 7, device: str = "cpu", progress
         "hand_written": HandWrittenDecode(MAX_BS, MAX_BS, device=device),
     }
     rows = []
-    bar = tqdm(total=len(SIZES) * repeats, desc="Timing", unit="sample", leave=False,
-               disable=None if progress else True)
+    bar = progress_bar(show=progress, total=len(SIZES) * repeats, desc="Timing", unit="sample", leave=False)
     for i, (raw, padded) in enumerate(SIZES, 1):
         fb = decode_batch(raw, device)
         row = {"raw": raw, "padded": padded}
@@ -196,7 +200,7 @@ def run_bench(iters: int = 2000, repeats: int = 7, device: str = "cpu", progress
             row[f"{name}_ops"] = len(count_mutating_ops(runners[name].fill_from, fb, raw, padded))
         reg = runners["generated"]
         row["generated_device_ops"] = len(count_device_ops(reg, fb, raw, padded, raw, padded))
-        row["check_us"] = row["generated_us"] - row.pop("unchecked_us")
+        row["check_us"] = max(0.0, row["generated_us"] - row["unchecked_us"])  # two noisy medians: never < 0
         del row["unchecked_ops"]
         row["speedup_vs_interpreted"] = row["interpreted_us"] / row["generated_us"]
         row["speedup_vs_hand_written"] = row["hand_written_us"] / row["generated_us"]
@@ -204,13 +208,41 @@ def run_bench(iters: int = 2000, repeats: int = 7, device: str = "cpu", progress
         if progress and bar.disable:  # no terminal for a bar: a line per size
             print(f"graphslot bench: raw/padded {raw}/{padded} timed ({i} of {len(SIZES)})", file=sys.stderr)
     bar.close()
-    met = all(r["speedup_vs_interpreted"] >= TARGET_SPEEDUP and r["generated_ops"] <= TARGET_OPS
-              and r["generated_device_ops"] <= TARGET_DEVICE_OPS for r in rows)
+    missed = missed_targets(rows)
     return {"device": device, "torch": torch.__version__, "graphslot": __version__,
             "python": platform.python_version(), "platform": platform.platform(), "threads": torch.get_num_threads(),
             "max_bs": MAX_BS, "iters": iters, "repeats": repeats, "rows": rows,
             "targets": {"speedup_vs_interpreted": TARGET_SPEEDUP, "max_ops": TARGET_OPS,
-                        "max_device_ops": TARGET_DEVICE_OPS}, "targets_met": met}
+                        "max_device_ops": TARGET_DEVICE_OPS}, "targets_met": not missed, "missed": missed,
+            "gating_missed": any(m["gates"] for m in missed)}
+
+
+def missed_targets(rows: List[Dict]) -> List[Dict]:
+    """Every target a row misses: the size, the target, the figure, the limit, by how
+    much (``margin``, > 0) and whether it ``gates`` (op counts do; the timing does not)."""
+    missed = []
+    for r in rows:
+        size = f"{r['raw']}/{r['padded']}"
+        if r["speedup_vs_interpreted"] < TARGET_SPEEDUP:
+            missed.append({"size": size, "target": "speedup_vs_interpreted", "value": r["speedup_vs_interpreted"],
+                           "limit": TARGET_SPEEDUP, "margin": TARGET_SPEEDUP - r["speedup_vs_interpreted"],
+                           "gates": False})
+        for target, key, limit in (("max_ops", "generated_ops", TARGET_OPS),
+                                   ("max_device_ops", "generated_device_ops", TARGET_DEVICE_OPS)):
+            if r[key] > limit:
+                missed.append({"size": size, "target": target, "value": r[key], "limit": limit,
+                               "margin": r[key] - limit, "gates": True})
+    return missed
+
+
+def describe_miss(miss: Dict) -> str:
+    """One line: which target, at which size, the figure and the margin."""
+    where = f"raw/padded {miss['size']}"
+    if miss["target"] == "speedup_vs_interpreted":
+        return (f"{where}: generated is {miss['value']:.2f}x the interpreter, target >= {miss['limit']}x, short by "
+                f"{miss['margin']:.2f}x (a timing: reported, not gated)")
+    what = "mutating ops per padded fill" if miss["target"] == "max_ops" else "ops on the device per padded fill"
+    return f"{where}: {miss['value']} {what}, target <= {miss['limit']}, {miss['margin']} over"
 
 
 def format_report(result: Dict) -> str:
@@ -228,5 +260,6 @@ def format_report(result: Dict) -> str:
     t = result["targets"]
     lines.append(f"targets: generated >= {t['speedup_vs_interpreted']}x the interpreter at every size, "
                  f"<= {t['max_ops']} mutating ops per padded fill, <= {t['max_device_ops']} on the device: "
-                 f"{'met' if result['targets_met'] else 'NOT met'}")
+                 f"{'met' if result['targets_met'] else 'missed:'}")
+    lines += [f"  {describe_miss(m)}" for m in result["missed"]]
     return "\n".join(lines)

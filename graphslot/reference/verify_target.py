@@ -3,14 +3,18 @@ code of yours (``graphslot verify`` / ``--reference``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import Any
 
 import torch
 
 from ..runners.decode import DecodeGraphRunner, DecodeRunnerConfig
-from ..tools.verify import VerifyTarget
+from ..spec.errors import SlotError
+from ..spec.loading import load_spec
+from ..tools.verify import TargetError, VerifyTarget
 from .adapter import ReferenceDecodeAdapter
+from .forward_batch import ForwardBatch
 from .model import TinyConfig, build_reference_model
 from .scheduler import make_decode_batch, make_extend_batch
 
@@ -21,8 +25,13 @@ def reference_target(backend: str = "auto", max_bs: int = 8, spec: Any = "decode
     ``make_batch(n)`` decodes one token for the first ``n`` of them."""
     cuda = backend == "cuda" or (backend == "auto" and torch.cuda.is_available())
     rt = build_reference_model(config, device="cuda" if cuda else "cpu", seed=seed, max_num_reqs=max_bs)
-    runner = DecodeGraphRunner(ReferenceDecodeAdapter(rt), DecodeRunnerConfig(
-        max_bs=max_bs, spec=spec, backend=backend, progress=False))
+    spec = load_spec(spec) if isinstance(spec, str) else spec
+    try:
+        runner = DecodeGraphRunner(ReferenceDecodeAdapter(rt), DecodeRunnerConfig(
+            max_bs=max_bs, spec=spec, backend=backend, progress=False))
+    except SlotError as exc:
+        unknown(spec, exc)
+        raise
     rng = random.Random(seed)
     vocab, ctx = rt.config.vocab_size, rt.config.max_context_len
     prompts = [[rng.randrange(1, vocab) for _ in range(rng.randint(2, ctx // 2))] for _ in range(max_bs)]
@@ -36,5 +45,18 @@ def reference_target(backend: str = "auto", max_bs: int = 8, spec: Any = "decode
     def release(fb: Any) -> None:
         rt.token_to_kv_pool.free(fb.out_cache_loc)
 
-    name = spec if isinstance(spec, str) else getattr(spec, "name", "spec")
-    return VerifyTarget(runner, make_batch, release, label=f"reference model, spec {name}, max_bs {max_bs}")
+    return VerifyTarget(runner, make_batch, release, label=f"reference model, spec {spec.name}, max_bs {max_bs}")
+
+
+def unknown(spec: Any, error: SlotError) -> None:
+    """A TargetError, when ``spec`` copies fields the reference model's batches lack (a
+    project spec with a slot of its own): only the engine's own runner can verify it."""
+    known = {f.name for f in dataclasses.fields(ForwardBatch)}
+    added = [s.name for s in spec.slots if s.copy_from_fb and s.source is None and s.name not in known]
+    if added:
+        names = ", ".join(f"'{name}'" for name in added)
+        raise TargetError(
+            f"spec '{spec.name}' ({spec.source}) copies {names}, which the reference model's batches do not have "
+            "and its model does not read; verify the spec on your own runner, whose batches set "
+            f"{'them' if len(added) > 1 else 'it'}: `graphslot verify yourpackage.module:make_target` "
+            "(docs/engine.md, \"Checking your runner\")") from error

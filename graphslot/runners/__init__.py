@@ -11,6 +11,7 @@ attention, :class:`EagerRunner` for the eager path through the same slots. Prefi
 from .adapter import DecodeAdapter
 from .breakable import BreakableGraphRunner, capture_breakable, eager_on_graph, is_eager_on_graph
 from .config import GraphRunnerConfig
+from .contract import AdapterContractError
 from .decode import DecodeGraphRunner, DecodeRunnerConfig, PreparedReplay, StepObserver
 from .dispatch import SizeDispatcher, capture_sizes
 from .dp import DPDecodeRunner, DPExchange, DPStep, DPStepError
@@ -23,6 +24,7 @@ from .prefill import PrefillGraphRunner, PrefillRunnerConfig, default_token_buck
 from .prefill_adapter import LayerStackError, PrefillAdapter
 
 __all__ = [
+    "AdapterContractError",
     "BreakableGraphRunner",
     "DPDecodeRunner",
     "DPExchange",

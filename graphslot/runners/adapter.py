@@ -27,25 +27,38 @@ step the runner reads ``context_len(fb)`` (host data only), picks the bucket ``L
 calls ``set_context_bucket(L)`` before the fill and ``init_replay_metadata``. Both hooks
 have defaults, so an adapter that knows nothing of buckets runs unchanged.
 
-Before any capture the runner checks that ``make_dummy_batch`` has every field the
-spec copies, and that the readers below work on it (:mod:`graphslot.runners.batch`).
+When a runner is built it first checks the contract (:mod:`graphslot.runners.contract`):
+every hook in :attr:`DecodeAdapter.REQUIRED_HOOKS` the subclass does not implement is
+named in one error, and ``device`` is the adapter's or its model's. Before any capture
+it checks that ``make_dummy_batch`` has every field the spec copies, and that the
+readers below work on it (:mod:`graphslot.runners.batch`).
+
+What a graph may read without its being a stale input: the slot buffers,
+``static_tensors()`` and the parameters and buffers of ``static_modules()`` (by default
+the adapter's ``nn.Module`` attributes, so ``self.model`` is declared by being there).
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable, List, Mapping, Optional, Tuple
+from typing import Any, List, Mapping, Optional
 
 import torch
 
 from .batch import count_requests
+from .contract import AdapterStatics
 from .outputs import slice_rows
 
 
-class DecodeAdapter:
-    """Base class of engine adapters; subclass and implement the abstract hooks."""
+class DecodeAdapter(AdapterStatics):
+    """Base class of engine adapters; subclass and implement :attr:`REQUIRED_HOOKS`."""
 
-    #: Device the registry's buffers and the graphs live on.
-    device: torch.device = torch.device("cpu")
+    #: The hooks a subclass must implement; a runner names every one missing at once.
+    REQUIRED_HOOKS = ("forward", "forward_eager", "make_dummy_batch", "init_capture_metadata",
+                      "init_replay_metadata")
+
+    #: Device the registry's buffers and the graphs live on. Not set: the device of the
+    #: model's weights (``static_modules()``); neither is an error at construction.
+    device: torch.device
 
     # -- what the graph runs -------------------------------------------------------
     def forward(self, fb: Any) -> Any:
@@ -167,15 +180,3 @@ class DecodeAdapter:
 
     def set_dp_buffer_len(self, global_num_tokens_cpu: List[int], global_dp_buffer_len: int) -> None:
         """Size the DP gather buffers before capture (sglang's ``set_dp_buffer_len``)."""
-
-    def static_tensors(self) -> Iterable[torch.Tensor]:
-        """Tensors a graph may read that are legitimately static: weights, KV and
-        request pools, attention metadata buffers. Anything else a graph reads that
-        is not a slot buffer is a stale input (see ``external_inputs``)."""
-        return ()
-
-    def named_static_tensors(self) -> Iterable[Tuple[str, torch.Tensor]]:
-        """``static_tensors()`` with names, for the replay guard's messages
-        (:mod:`graphslot.runners.guard`); override it to name them."""
-        for i, tensor in enumerate(self.static_tensors()):
-            yield f"#{i} of {type(self).__name__}.static_tensors()", tensor

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import torch
 
 from ..spec.errors import SlotError
+from ..spec.kinds import Axis
 
 
 def count_requests(adapter: Any, base: str, fb: Any) -> int:
@@ -69,3 +70,21 @@ def check_slice_output(adapter: Any) -> None:
         raise TypeError(f"{type(adapter).__name__}.slice_output must take (output, raw_bs, raw_num_tokens, *, "
                         "padded_bs, padded_num_tokens): the runner passes the padded sizes so that every "
                         "tensor's padded rows can be told and cut") from None
+
+
+def check_batch_rows(adapter: Any, registry: Any, fb: Any, raw_bs: int) -> None:
+    """SlotError when a per-request field of ``fb`` (a plain slot on the ``bs`` axis) has
+    another row count than ``raw_bs``, the requests ``adapter.batch_size`` read: such a
+    batch is miscounted, not a step of another forward mode."""
+    for slot in registry.checker.plain:
+        spec = slot.resolved
+        value = getattr(fb, slot.name, None)
+        if spec.axis != Axis.BS or not isinstance(value, torch.Tensor) or value.dim() <= spec.slice_dim:
+            continue
+        rows = int(value.shape[spec.slice_dim])
+        if rows != raw_bs:
+            raise SlotError(
+                f"spec '{registry.spec.name}', slot '{slot.name}': {type(adapter).__name__}.batch_size says the "
+                f"{type(fb).__name__} holds {raw_bs} request(s), but its field '{slot.name}' (one row per request) "
+                f"has {rows} along dim {spec.slice_dim} (shape {list(value.shape)}); set the batch's batch_size to "
+                "its number of requests (or override batch_size to count them)")

@@ -15,10 +15,9 @@ batch size alone, as they always were; with them ``runner.graphs`` is keyed by
 ``(bs, L)``, and :attr:`DecodeGraphRunner.graph_keys` lists both kinds as ``(bs, L or
 None)`` pairs.
 
-Public capture API (what ``graphslot verify``'s audit and the runner itself use):
-:meth:`DecodeGraphRunner.capture_view` stages a size's dummy batch,
-:meth:`DecodeGraphRunner.graph_body` is what its graph runs, and
-:meth:`DecodeGraphRunner.capture_on` captures the two on any graph backend.
+Public capture API (what ``graphslot verify``'s audit and the runner use): ``capture_view``
+stages a size's dummy batch, ``graph_body`` is what its graph runs, and ``capture_on``
+captures the two on any graph backend (methods of :class:`DecodeGraphRunner`).
 
 Observers (:class:`StepObserver`, :meth:`DecodeGraphRunner.add_observer`) see each
 replayed step right after its fill, before the replay metadata and the replay.
@@ -27,25 +26,28 @@ replayed step right after its fill, before the replay metadata and the replay.
 from __future__ import annotations
 
 import functools
-import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, NamedTuple, Optional, Protocol, Sequence, Tuple, Union
 
 import torch
-from tqdm import tqdm
 
 from ..api import build_registry
 from ..graphs.backend import Graph, GraphBackend, InspectableGraph, get_graph_backend
 from ..graphs.util import no_collection
+from ..log import PerReason, get_logger, progress_bar
 from ..planning.histogram import BatchSizeHistogram
 from ..spec.errors import SlotError
 from .adapter import DecodeAdapter
-from .batch import check_dummy_batch, check_slice_output, describe_dummy
+from .batch import check_batch_rows, check_dummy_batch, check_slice_output, describe_dummy
 from .config import GraphRunnerConfig, runner_config
-from .dispatch import SizeDispatcher, capture_sizes, context_ladder
+from .contract import check_adapter, statics
+from .dispatch import SizeDispatcher, capture_sizes, context_ladder, other_forward_mode
 from .guard import ReplayGuard, guard_wanted, runner_tensors
 from .metrics import RunnerMetrics
 from .outputs import SharedOutputs
+from .report import CaptureTimer, describe_keys, describe_sizes
+
+log = get_logger(__name__)
 
 
 @dataclass
@@ -118,6 +120,8 @@ class DecodeGraphRunner:
         """``defer_capture``: capture nothing yet, :meth:`capture_all` does (a DP runner
         agrees with its peers first: capture runs their collectives)."""
         config = runner_config(DecodeRunnerConfig, config, overrides)
+        #: Where the registry's buffers and the graphs live: the adapter's ``device``, else its model's.
+        self.device = check_adapter(adapter, DecodeAdapter, DecodeAdapter.REQUIRED_HOOKS)
         self.adapter, self.config = adapter, config
         if config.warmup_sizes not in ("all", "largest"):
             raise ValueError(f"warmup_sizes must be 'all' or 'largest', got {config.warmup_sizes!r}")
@@ -129,13 +133,13 @@ class DecodeGraphRunner:
             contexts=context_ladder(config.context_buckets, adapter.max_context_len))
         self.bucketed = self.dispatch.contexts is not None
         max_bs = self.dispatch.largest
-        self.registry = build_registry(config.spec, max_bs, max_bs * self.k, adapter.device,
+        self.registry = build_registry(config.spec, max_bs, max_bs * self.k, self.device,
                                        params={**adapter.spec_params(), **config.params}, mode=config.mode,
                                        max_bytes=config.max_bytes)
         p = self.registry.params
         self.gathered = bool(p.get("require_gathered_buffer"))
         self._dp_ranks = int(p.get("dp_size", 1)) if p.get("require_mlp_tp_gather") else 1
-        self.backend: GraphBackend = get_graph_backend(config.backend, adapter.device)
+        self.backend: GraphBackend = get_graph_backend(config.backend, self.device)
         self._side = adapter.side_inputs()
         # Before any capture: what would otherwise fail in the first capture or step.
         check_dummy_batch(adapter, self.registry, adapter.make_dummy_batch(max_bs, max_bs * self.k),
@@ -152,6 +156,9 @@ class DecodeGraphRunner:
         #: Counters of replays, padding and eager fallbacks (``metrics()``), and the raw
         #: sizes served (``histogram``).
         self.stats = RunnerMetrics(num_tokens_per_bs=self.k, contexts=self.bucketed)
+        #: Eager fallbacks logged (INFO), per reason: the first, then every 1000th.
+        self.eager_log = PerReason(log)
+        self._eager_message = f"decode step ran eager: %s (%d rows needed; captured sizes {describe_sizes(self.dispatch.sizes)})"
         self._observers: Tuple[StepObserver, ...] = ()
         self.guard = (ReplayGuard(lambda: runner_tensors(self.registry, adapter))
                       if guard_wanted(config.guard) else None)
@@ -187,16 +194,19 @@ class DecodeGraphRunner:
         self._observers = tuple(observers)
 
     # -- capture ---------------------------------------------------------------------
+    def _timer(self, keys: Sequence[Tuple[int, Optional[int]]]) -> CaptureTimer:
+        return CaptureTimer(log, "decode", describe_keys(keys), self.backend.name, self.device, self.registry.nbytes)
+
     def _capture_all(self) -> float:
-        show = self.config.progress
-        start = time.perf_counter()
-        bar = tqdm(self.graph_keys, desc="Capturing decode graphs", unit="graph", leave=False,
-                   disable=None if show is None else not show)
-        with no_collection():  # one full collection for all sizes, not one per graph
+        keys = self.graph_keys
+        bar = progress_bar(keys, show=self.config.progress, desc="Capturing decode graphs", unit="graph",
+                           leave=False)
+        with self._timer(keys) as timer, no_collection():  # one full collection for all sizes, not one per graph
             for bs, context in bar:
                 bar.set_postfix(bs=bs, **({} if context is None else {"context": context}))
                 self.graphs[self._key(bs, context)] = self._capture_one(bs, context)
-        return time.perf_counter() - start
+                timer.count += 1
+        return timer.seconds
 
     def capture_all(self) -> None:
         """Capture every size (after ``defer_capture``; construction does it otherwise)."""
@@ -224,10 +234,10 @@ class DecodeGraphRunner:
         graph = self.graphs.get(key)
         if graph is None:
             self._check_key(bs, context)
-            start = time.perf_counter()
-            with no_collection():
+            with self._timer([(bs, context)]) as timer, no_collection():
                 graph = self.graphs[key] = self._capture_one(bs, context)
-            self.capture_seconds += time.perf_counter() - start
+                timer.count = 1
+            self.capture_seconds += timer.seconds
         return graph
 
     def _check_key(self, bs: int, context: Optional[int]) -> None:
@@ -301,6 +311,8 @@ class DecodeGraphRunner:
         tokens_per_bs = self.adapter.tokens_per_bs(fb) if raw_bs >= 1 else None  # an empty batch is read no further
         problem = self.dispatch.step_problem(raw_bs, tokens_per_bs)
         if problem is not None:
+            if problem == other_forward_mode(self.k):  # a miscounted batch looks like one: say which it is
+                check_batch_rows(self.adapter, self.registry, fb, raw_bs)
             return problem, raw_bs, None, None
         needed = self._needed_bs(fb, raw_bs)
         problem = self.dispatch.size_problem(needed)
@@ -381,9 +393,14 @@ class DecodeGraphRunner:
         return self.adapter.slice_output(graph.output, raw_bs, raw_bs * k, padded_bs=bs, padded_num_tokens=bs * k)
 
     def record_eager(self, reason: str, needed: Optional[int]) -> None:
-        """Count an eager step in :meth:`metrics` and (``needed`` not None) the histogram:
-        for a caller that runs the eager forward itself (the DP runner)."""
+        """Count an eager step in :meth:`metrics` and (``needed`` not None) the histogram,
+        and log it (:attr:`eager_log`): for a caller that runs the eager forward itself
+        (the DP runner)."""
         self.stats.fell_back(reason, needed)
+        if needed is None:
+            self.eager_log.log(reason, "decode step ran eager: %s", reason)
+        else:  # formatted only when logged
+            self.eager_log.log(reason, self._eager_message, reason, needed)
 
     def __call__(self, fb: Any) -> Any:
         """Replay when a graph fits, else the eager forward."""
@@ -420,11 +437,12 @@ class DecodeGraphRunner:
         return graph.external_inputs(self.declared_statics())
 
     def declared_statics(self) -> List[torch.Tensor]:
-        """Slot buffers and the adapter's static tensors: what a graph may read."""
-        statics = [s.buffer for s in self.registry.active]
-        statics += list(self.adapter.static_tensors())
-        statics += self.shared_outputs.tensors() if self.shared_outputs is not None else []
-        return statics
+        """Slot buffers, the adapter's static tensors and its models' parameters and
+        buffers (:func:`~graphslot.runners.contract.statics`): what a graph may read."""
+        declared = [s.buffer for s in self.registry.active]
+        declared += statics(self.adapter)
+        declared += self.shared_outputs.tensors() if self.shared_outputs is not None else []
+        return declared
 
     def __repr__(self) -> str:
         contexts = f" contexts={self.captured_contexts}" if self.bucketed else ""

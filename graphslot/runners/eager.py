@@ -18,6 +18,7 @@ from ..api import build_registry
 from ..spec.loading import load_spec
 from ..spec.model import RegistrySpec
 from .adapter import DecodeAdapter
+from .contract import check_adapter
 
 NO_COPY_ENV = env.EAGER_INPUT_NO_COPY.name
 PRESET = "eager"
@@ -43,6 +44,8 @@ class EagerRunner:
         params: Optional[Mapping[str, Any]] = None,
         no_copy: Optional[bool] = None,
     ):
+        #: Where the registry's buffers live: the adapter's ``device``, else its model's.
+        self.device = check_adapter(adapter, DecodeAdapter, ("forward_eager",))
         self.adapter, self.mode = adapter, mode
         self.no_copy = no_copy_from_env() if no_copy is None else bool(no_copy)
         if not isinstance(spec, RegistrySpec):
@@ -61,7 +64,7 @@ class EagerRunner:
         self.registry = self._build(max_bs, max_num_tokens or max_bs)
 
     def _build(self, max_bs: int, max_num_tokens: int):
-        return build_registry(self._spec, max_bs, max_num_tokens, self.adapter.device,
+        return build_registry(self._spec, max_bs, max_num_tokens, self.device,
                               params=self.params, mode=self.mode, preset=PRESET)
 
     @property

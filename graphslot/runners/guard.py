@@ -5,7 +5,8 @@ or a weight (``param.data = ...``, ``pool.k_buffer[0] = torch.empty(...)``), or
 resizing a tensor leaves the graph reading the old memory: silent wrong answers on a
 GPU. Before each replay the guard re-reads every slot buffer and every tensor the
 adapter declares static and compares its data pointer, shape and dtype with what they
-were at capture; a difference raises :class:`ReplayGuardError` naming the tensor.
+were at capture; a difference raises :class:`ReplayGuardError` naming the tensor,
+logged first at WARNING (``graphslot.runners.guard``).
 
 On with ``GRAPHSLOT_DEBUG=1`` or ``DecodeRunnerConfig(guard=True)``; it costs one
 ``data_ptr()`` and two comparisons per tensor per replay (``benchmarks/bench_guard.py``).
@@ -18,6 +19,10 @@ from typing import Any, Callable, Iterable, Iterator, List, Optional, Tuple
 import torch
 
 from .. import env
+from ..log import get_logger
+from .contract import named_statics
+
+log = get_logger(__name__)
 
 GUARD_ENV = env.DEBUG.name
 
@@ -36,10 +41,11 @@ def guard_wanted(flag: Optional[bool]) -> bool:
 
 
 def runner_tensors(registry: Any, adapter: Any) -> Iterator[Named]:
-    """Every slot buffer and declared static tensor, read afresh (a rebinding shows)."""
+    """Every slot buffer and declared static tensor (the models' weights included), read
+    afresh (a rebinding shows)."""
     for slot in registry.active:
         yield f"slot '{slot.name}'", slot.buffer
-    for name, tensor in adapter.named_static_tensors():
+    for name, tensor in named_statics(adapter):
         yield f"static tensor '{name}'", tensor
 
 
@@ -67,7 +73,9 @@ class ReplayGuard:
         seen = [(name, _signature(t)) for name, t in self._tensors()]
         if len(seen) != len(self._expected) or any(
                 sig != want for (_, sig), want in zip(seen, self._expected)):
-            raise ReplayGuardError(self._explain(seen))
+            message = self._explain(seen)
+            log.warning("%s", message)
+            raise ReplayGuardError(message)
 
     def _explain(self, seen: List[Tuple[str, Any]]) -> str:
         fix = ("the captured graph still reads the old memory: write into the tensor in place "

@@ -11,20 +11,29 @@ a :class:`~graphslot.graphs.segments.SegmentedGraph` (:meth:`PrefillGraphRunner.
 from __future__ import annotations
 
 import bisect
-import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
-from tqdm import tqdm
 
 from ..api import build_registry
 from ..graphs.backend import GraphCaptureError, get_graph_backend
 from ..graphs.segments import SegmentedGraph
+from ..log import PerReason, get_logger, progress_bar
 from ..spec.errors import SlotError
 from .batch import check_dummy_batch, describe_dummy
 from .config import GraphRunnerConfig, runner_config
+from .contract import check_adapter, statics
 from .prefill_adapter import PrefillAdapter, resolve_layer_stack
+from .report import CaptureTimer, describe_sizes
+
+log = get_logger(__name__)
+
+#: Eager reasons of a prefill runner (logged, per reason).
+NOT_A_PREFILL = "not a prefill"
+EMPTY_PREFILL = "no requests or no tokens"
+TOO_MANY_REQUESTS = "more requests than max_bs"
+TOO_MANY_TOKENS = "more tokens than the largest token bucket"
 
 
 def default_token_buckets(max_num_tokens: int) -> List[int]:
@@ -66,6 +75,8 @@ class PrefillGraphRunner:
 
     def __init__(self, adapter: PrefillAdapter, config: Optional[PrefillRunnerConfig] = None, **overrides: Any):
         config = runner_config(self.config_class, config, overrides)
+        #: Where the registry's buffers and the graphs live: the adapter's ``device``, else its model's.
+        self.device = check_adapter(adapter, PrefillAdapter, PrefillAdapter.REQUIRED_HOOKS)
         self.adapter, self.config = adapter, config
         self.stack = resolve_layer_stack(adapter)
         self.buckets = token_buckets(config.max_num_tokens, config.token_buckets)
@@ -74,9 +85,9 @@ class PrefillGraphRunner:
         # The stack's hidden input is a reset-only slot, so its address is fixed too.
         params = {**adapter.spec_params(), **config.params, "register_input_embeds": True,
                   "hidden_size": adapter.hidden_size, "embed_dtype": adapter.hidden_dtype}
-        self.registry = build_registry("prefill", self.max_bs, self.buckets[0], adapter.device,
+        self.registry = build_registry("prefill", self.max_bs, self.buckets[0], self.device,
                                        params=params, mode=config.mode, max_bytes=config.max_bytes)
-        self.backend = get_graph_backend(config.backend, adapter.device)
+        self.backend = get_graph_backend(config.backend, self.device)
         self._side = adapter.side_inputs()
         # Before any capture: what would otherwise fail in the first capture or step.
         check_dummy_batch(adapter, self.registry, adapter.make_dummy_batch(self.buckets[0]),
@@ -84,6 +95,8 @@ class PrefillGraphRunner:
         self.setup()
         self.graphs: Dict[int, SegmentedGraph] = {}
         self.capture_seconds = self._capture_all()
+        #: Eager fallbacks logged (INFO), per reason: the first, then every 1000th.
+        self.eager_log = PerReason(log)
 
     def setup(self) -> None:
         """Subclass hook: runs once, after the registry and backend exist, before capture."""
@@ -95,14 +108,16 @@ class PrefillGraphRunner:
     # -- capture ---------------------------------------------------------------------
     def _capture_all(self) -> float:
         self.adapter.init_graph_state(self.max_bs, self.buckets[0])
-        show = self.config.progress
-        start = time.perf_counter()
-        bar = tqdm(self.buckets, desc=f"Capturing {self.kind} prefill graphs", unit="graph", leave=False,
-                   disable=None if show is None else not show)
-        for n in bar:
-            bar.set_postfix(tokens=n)
-            self.graphs[n] = self._capture_one(n)
-        return time.perf_counter() - start
+        bar = progress_bar(self.buckets, show=self.config.progress, desc=f"Capturing {self.kind} prefill graphs",
+                           unit="graph", leave=False)
+        buckets = f"token bucket{'s' if len(self.buckets) > 1 else ''} {describe_sizes(self.buckets)}"
+        with CaptureTimer(log, f"{self.kind} prefill", buckets, self.backend.name, self.device,
+                          self.registry.nbytes) as timer:
+            for n in bar:
+                bar.set_postfix(tokens=n)
+                self.graphs[n] = self._capture_one(n)
+                timer.count += 1
+        return timer.seconds
 
     def _capture_one(self, n: int) -> SegmentedGraph:
         adapter, reg = self.adapter, self.registry
@@ -121,11 +136,21 @@ class PrefillGraphRunner:
             raise GraphCaptureError(f"token bucket {n}: {e}") from e
 
     # -- replay ----------------------------------------------------------------------
-    def can_run(self, fb: Any) -> bool:
+    def eager_reason(self, fb: Any) -> Optional[str]:
+        """Why ``fb`` cannot replay a graph, or None when it can."""
         if not self.adapter.is_prefill(fb):
-            return False
+            return NOT_A_PREFILL
         bs, n = self.adapter.batch_size(fb), self.adapter.num_tokens(fb)
-        return 1 <= bs <= self.max_bs and 1 <= n <= self.buckets[0]
+        if bs < 1 or n < 1:
+            return EMPTY_PREFILL
+        if bs > self.max_bs:
+            return TOO_MANY_REQUESTS
+        if n > self.buckets[0]:
+            return TOO_MANY_TOKENS
+        return None
+
+    def can_run(self, fb: Any) -> bool:
+        return self.eager_reason(fb) is None
 
     def bucket(self, fb: Any) -> int:
         n = self.adapter.num_tokens(fb)
@@ -150,8 +175,13 @@ class PrefillGraphRunner:
             return adapter.logits(graph.output[:raw], fb)
 
     def __call__(self, fb: Any) -> Any:
-        """Replay when a bucket fits, else the eager forward."""
-        return self.replay(fb) if self.can_run(fb) else self.adapter.forward_eager(fb)
+        """Replay when a bucket fits, else the eager forward (logged, :attr:`eager_log`)."""
+        reason = self.eager_reason(fb)
+        if reason is None:
+            return self.replay(fb)
+        self.eager_log.log(reason, "%s prefill ran eager: %s (max_bs %d, largest token bucket %d)", self.kind,
+                           reason, self.max_bs, self.buckets[0])
+        return self.adapter.forward_eager(fb)
 
     # -- figures ---------------------------------------------------------------------
     @property
@@ -160,8 +190,8 @@ class PrefillGraphRunner:
 
     def external_inputs(self, n: int) -> List[torch.Tensor]:
         """Tensors bucket ``n``'s segments read that nothing keeps current (tape only)."""
-        statics = [s.buffer for s in self.registry.active] + list(self.adapter.static_tensors())
-        return self.graphs[n].external_inputs(statics)
+        declared = [s.buffer for s in self.registry.active] + statics(self.adapter)
+        return self.graphs[n].external_inputs(declared)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} backend={self.backend.name} buckets={self.buckets}>"

@@ -22,31 +22,37 @@ and per replayed batch ``fb`` (``raw_tokens <= n``)::
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import torch
 from torch import nn
 
 from .batch import count_requests
+from .contract import AdapterStatics
 
 
 class LayerStackError(TypeError):
     """The adapter does not name the layer stack a prefill runner captures."""
 
 
-class PrefillAdapter:
-    """Base class of prefill adapters; subclass and implement the abstract hooks."""
+class PrefillAdapter(AdapterStatics):
+    """Base class of prefill adapters; subclass and implement :attr:`REQUIRED_HOOKS`
+    (``model``, ``hidden_size`` and ``hidden_dtype`` may be attributes or properties)."""
 
-    #: Device the registry's buffers and the graphs live on.
-    device: torch.device = torch.device("cpu")
+    #: What a subclass must provide; a runner names every one missing at once.
+    REQUIRED_HOOKS = ("model", "layer_stack", "hidden_size", "hidden_dtype", "embed", "logits", "forward_eager",
+                      "make_dummy_batch", "init_capture_metadata", "init_replay_metadata")
+
+    #: Device the registry's buffers and the graphs live on. Not set: the device of the
+    #: model's weights; neither is an error at construction.
+    device: torch.device
     #: The custom ops (``"ns::name"``) the piecewise runner splits the compiled layer
     #: stack at, unless its config names them; None: none.
     split_ops: Optional[Sequence[str]] = None
 
     # -- the capture boundary ------------------------------------------------------
-    @property
-    def model(self) -> nn.Module:
-        raise NotImplementedError
+    #: The model (an attribute or a property); its weights are static by default.
+    model: nn.Module
 
     def layer_stack(self, model: nn.Module) -> nn.Module:
         """The module whose forward is the captured layer stack. Required: no default."""
@@ -56,13 +62,10 @@ class PrefillAdapter:
         """Run the stack on ``hidden`` ``[padded_tokens, H]`` of a padded view batch."""
         return stack(view.positions, hidden, view)
 
-    @property
-    def hidden_size(self) -> int:
-        raise NotImplementedError
-
-    @property
-    def hidden_dtype(self) -> torch.dtype:
-        raise NotImplementedError
+    #: Width of the hidden states the stack takes and returns (``H``).
+    hidden_size: int
+    #: Their dtype (the static ``input_embeds`` buffer's).
+    hidden_dtype: torch.dtype
 
     # -- the eager head and tail ---------------------------------------------------
     def embed(self, fb: Any) -> torch.Tensor:
@@ -118,10 +121,6 @@ class PrefillAdapter:
 
     def side_inputs(self) -> Mapping[str, Any]:
         return {}
-
-    def static_tensors(self) -> Iterable[torch.Tensor]:
-        """Tensors a graph may legitimately read that no slot owns (weights, pools)."""
-        return ()
 
 
 def resolve_layer_stack(adapter: PrefillAdapter) -> nn.Module:

@@ -44,8 +44,8 @@ class ExternalInput:
     def describe(self) -> str:
         where = self.name or "a tensor found on neither the batch nor the adapter"
         fix = ("declare it as a slot of the spec (or stage it into a static buffer) so each step refills it"
-               if self.is_batch_field else "declare it in DecodeAdapter.static_tensors() if it never changes, "
-               "else make it a slot")
+               if self.is_batch_field else "declare it in DecodeAdapter.static_tensors() (or, a model's, "
+               "in static_modules()) if it never changes, else make it a slot")
         sizes = ", ".join(map(str, self.sizes))
         return (f"{where} {list(self.shape)} {self.dtype}: read by the graph of size(s) {sizes} at its "
                 f"capture-time address, never refilled; {fix}")

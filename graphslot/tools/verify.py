@@ -24,6 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from ..runners.contract import statics
 from ..runners.decode import DecodeGraphRunner
 from ..spec.errors import shorten
 from ..spec.files import display_path
@@ -31,6 +32,7 @@ from .audit import ExternalInput, audit_external_inputs
 from .poison import PATTERNS, Poisoner, hostile_name, poisonable
 
 _IMPORTLIB = Path(importlib.__file__).parent
+_PACKAGE = Path(__file__).resolve().parent.parent
 
 
 class TargetError(ValueError):
@@ -42,12 +44,15 @@ class TargetError(ValueError):
 def describe_exception(exc: BaseException) -> str:
     """``file:line: Type: message`` of ``exc`` caught where it was, one short line: the
     line of a SyntaxError, else of the innermost frame below the catching one that is
-    not the import machinery's (none: ``Type: message``)."""
+    not the import machinery's, nor graphslot's when the target's code called it (the
+    target's line that called graphslot wrongly; none: ``Type: message``)."""
     if isinstance(exc, SyntaxError):
         where, line, message = exc.filename, exc.lineno, exc.msg
     else:
         frames = [f for f in traceback.extract_tb(exc.__traceback__)[1:]
                   if not (f.filename.startswith("<frozen") or Path(f.filename).parent == _IMPORTLIB)]
+        theirs = [f for f in frames if not Path(f.filename).resolve().is_relative_to(_PACKAGE)]
+        frames = theirs or frames
         where, line = (frames[-1].filename, frames[-1].lineno) if frames else (None, None)
         message = str(exc).splitlines()[0] if str(exc).strip() else ""
     if where and not where.startswith("<"):
@@ -161,11 +166,12 @@ FIX = ("use padding 'zero' (with index: true where it indexes a pool whose row 0
 
 
 class _State:
-    """Clones of everything a replay may write (slot buffers, non-parameter statics)."""
+    """Clones of everything a replay may write (slot buffers, non-parameter statics: the
+    pools, metadata and the models' buffers)."""
 
     def __init__(self, runner: Any):
         tensors = [s.buffer for s in runner.registry.active]
-        tensors += [t for t in runner.adapter.static_tensors() if not isinstance(t, torch.nn.Parameter)]
+        tensors += [t for t in statics(runner.adapter) if not isinstance(t, torch.nn.Parameter)]
         self.saved = [(t, t.clone()) for t in tensors]
 
     def restore(self) -> None:
