@@ -84,6 +84,7 @@ def hf_target(family: str = "llama", max_bs: int = 4) -> VerifyTarget:
     """A tiny transformers model behind the HF decode adapter, ``max_bs`` requests
     prefilled; ``make_batch(n)`` is the first ``n`` rows of one decode step."""
     from graphslot.integrations.transformers import ContinuousBatcher, tiny_model
+    from graphslot.integrations.transformers.batches import decode_step
 
     engine = ContinuousBatcher(tiny_model(family, seed=0), max_bs=max_bs, max_context_len=24, backend="cpu")
     for i in range(max_bs):
@@ -91,7 +92,8 @@ def hf_target(family: str = "llama", max_bs: int = 4) -> VerifyTarget:
     engine.step()  # prefill all, decode once
     batch = list(engine.running)
     locs = [engine.cache.alloc_tokens(r.row, r.cached, 1)[0] for r in batch]
-    step = engine._decode_step([r.output[-1] for r in batch], [r.cached for r in batch], [r.row for r in batch], locs)
+    step = decode_step(engine.cache.device, [r.output[-1] for r in batch], [r.cached for r in batch],
+                       [r.row for r in batch], locs)
 
     def make_batch(n):
         fields = {f.name: getattr(step, f.name)[:n] for f in dataclasses.fields(step) if f.name != "batch_size"}

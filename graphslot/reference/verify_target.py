@@ -12,6 +12,7 @@ import torch
 from ..runners.decode import DecodeGraphRunner, DecodeRunnerConfig
 from ..spec.errors import SlotError
 from ..spec.loading import load_spec
+from ..spec.resolve import resolve_params, resolve_slots
 from ..tools.verify import TargetError, VerifyTarget
 from .adapter import ReferenceDecodeAdapter
 from .forward_batch import ForwardBatch
@@ -52,7 +53,9 @@ def unknown(spec: Any, error: SlotError) -> None:
     """A TargetError, when ``spec`` copies fields the reference model's batches lack (a
     project spec with a slot of its own): only the engine's own runner can verify it."""
     known = {f.name for f in dataclasses.fields(ForwardBatch)}
-    added = [s.name for s in spec.slots if s.copy_from_fb and s.source is None and s.name not in known]
+    enabled = {r.name for r in resolve_slots(spec, resolve_params(spec), 1, 1) if r.enabled}
+    added = [s.name for s in spec.slots
+             if s.name in enabled and s.copy_from_fb and s.source is None and s.name not in known]
     if added:
         names = ", ".join(f"'{name}'" for name in added)
         raise TargetError(
