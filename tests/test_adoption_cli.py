@@ -155,10 +155,10 @@ def test_a_file_graphslot_did_not_write_is_never_reported_nor_removed(project, c
     assert cli(capsys, "generate", "--check")[0] == 0
 
 
-def test_the_search_stays_out_of_other_projects_hidden_directories_and_environments(project, capsys):
+def test_the_search_stays_out_of_other_projects_hidden_directories_environments_and_builds(project, capsys):
     assert cli(capsys, "generate")[0] == 0
     generated = project / "pkg" / "gen"
-    for where in ("vendor/other_project/gen", ".cache/gen", "venv/gen"):
+    for where in ("vendor/other_project/gen", ".cache/gen", "venv/gen", "build/lib/pkg/gen", "dist/gen"):
         copy = project / where
         copy.mkdir(parents=True)
         for name in ("__init__.py", "tiny_default.py"):

@@ -8,9 +8,9 @@ therefore looks through the project for the packages it generated -- directories
 that carries its full module banner. A file without the banner is never touched; the
 package's ``__init__.py`` goes only with the last file in it. The walk stays inside the
 project: it follows no symbolic link and skips hidden directories, virtual
-environments, ``__pycache__``, ``node_modules``, ``site-packages`` and other projects
-(a directory with its own pyproject.toml), and it stops after :data:`MAX_DIRS`
-directories (saying so). Torch-free.
+environments, build outputs (``build``, ``dist``), ``__pycache__``, ``node_modules``,
+``site-packages`` and other projects (a directory with its own pyproject.toml), and it
+stops after :data:`MAX_DIRS` directories (saying so). Torch-free.
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ __all__ = ["MAX_DIRS", "stale_files"]
 
 #: Most directories looked through (a monorepo's worth; each costs one listing).
 MAX_DIRS = 20000
-_SKIPPED = frozenset({"__pycache__", "node_modules", "site-packages"})
+# Build outputs (setuptools copies the package, generated modules included, to build/lib)
+# and environments hold copies, not the project's own modules.
+_SKIPPED = frozenset({"__pycache__", "node_modules", "site-packages", "build", "dist"})
 _INIT = "__init__.py"
 
 
