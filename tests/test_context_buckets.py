@@ -111,7 +111,8 @@ def drive(engine, seed=0):
 
 
 def engine_for(model, **options):
-    return ContinuousBatcher(model, max_bs=4, max_context_len=MAX_CONTEXT, backend="cpu", **options)
+    # every decode step through the graphs (mixed prefill steps: tests/test_hf_mixed.py)
+    return ContinuousBatcher(model, max_bs=4, max_context_len=MAX_CONTEXT, backend="cpu", mix_prefill=False, **options)
 
 
 def test_buckets_give_the_tokens_and_logits_of_no_buckets():

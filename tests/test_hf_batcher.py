@@ -56,6 +56,7 @@ def model():
 
 
 def make_engine(model, **kwargs):
+    kwargs.setdefault("mix_prefill", False)  # the schedule below: a request decodes in the step that admits it
     return ContinuousBatcher(model, max_bs=4, max_context_len=16, backend="cpu", capture_bs=[4], **kwargs)
 
 

@@ -60,7 +60,8 @@ def prompt(i, length):
 def test_family_decodes_like_transformers_and_generates_like_generate(name):
     model = tiny_model(name)
     engine = ContinuousBatcher(model, max_bs=MAX_BS, max_context_len=32, backend="cpu", context_buckets=BUCKETS,
-                               lazy=True, eos_token_id=())  # no EOS: every request runs its max_new_tokens
+                               lazy=True, eos_token_id=(),  # no EOS: every request runs its max_new_tokens
+                               mix_prefill=False)  # every decode step through the graphs (mixed: test_hf_mixed.py)
     ref = PerRequestHF(model)
     requests, sizes, worst = [], [], 0.0
     step = 0

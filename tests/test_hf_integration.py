@@ -39,7 +39,8 @@ LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
 def drive(family, targets=TARGETS, seed=0, **model_kwargs):
     """Run the batcher to the target sizes, checking every row against per-request HF."""
     model = tiny_model(family, seed=seed, **model_kwargs)
-    engine = ContinuousBatcher(model, max_bs=MAX_BS, max_context_len=40, backend="cpu")
+    # every decode step through the graph (mixed prefill steps: tests/test_hf_mixed.py)
+    engine = ContinuousBatcher(model, max_bs=MAX_BS, max_context_len=40, backend="cpu", mix_prefill=False)
     ref = PerRequestHF(model)
     rng = random.Random(seed)
     stats = {"sizes": [], "graph_steps": 0, "finished": 0, "aborted": 0, "rows": 0, "worst": 0.0}

@@ -36,11 +36,11 @@ if Version(_transformers.__version__).release < Version(MIN_TRANSFORMERS).releas
 
 from .adapter import DecodeStep, HFDecodeAdapter, check_model  # noqa: E402
 from .cache import PagedCache, PagedCacheLayer, kv_geometry  # noqa: E402
-from .engine import ContinuousBatcher, Request, StepOutput, TokenEvent, greedy  # noqa: E402
+from .engine import ContinuousBatcher, Request, StepOutput, TokenEvent  # noqa: E402
 from .families import REFUSED  # noqa: E402
 from .geometry import LayerGeometry, attention_layers, bytes_per_slot  # noqa: E402
 from .models import FAMILIES, TESTED_FAMILIES, PerRequestHF, Recipe, tiny_config, tiny_model  # noqa: E402
-from .sampling import SamplingParams  # noqa: E402
+from .sampling import SamplingParams, greedy  # noqa: E402
 
 __all__ = [
     "MIN_TRANSFORMERS", "TESTED_FAMILIES", "DecodeStep", "HFDecodeAdapter", "check_model", "LayerGeometry",

@@ -1,13 +1,14 @@
-"""The batches a :class:`~.engine.ContinuousBatcher` step runs: the eager prefill and the decode step.
+"""The batches a :class:`~.engine.ContinuousBatcher` step runs: the eager prefill, the
+decode step, and the packed step that does both in one forward.
 
-Both are built from host lists (nothing is read from the device) and bound to the
+All are built from host lists (nothing is read from the device) and bound to the
 :class:`~.cache.PagedCache` by the slots each token's K and V go to.
 """
 
 from __future__ import annotations
 
 import inspect
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -149,3 +150,52 @@ def decode_step(dev: torch.device, fed: Union[List[int], torch.Tensor], position
     return DecodeStep(input_ids=fed if isinstance(fed, torch.Tensor) else i64(fed), positions=i64(positions),
                       out_cache_loc=i64(locs), req_pool_indices=i64(rows), seq_lens=i64(lens),
                       seq_lens_cpu=i64(lens, "cpu"), batch_size=len(positions))
+
+
+#: Most elements (queries x keys) a packed step's mask may have; a step beyond prefills
+#: apart (the mask is dense: every query against every gathered key).
+PACKED_MASK_ELEMENTS = 1 << 22
+
+
+class Packed(NamedTuple):
+    """One sequence of a packed step: its new ``tokens`` at positions ``start, start+1,
+    ...`` and the slots of its whole context (``start + len(tokens)`` of them, the new
+    tokens' last)."""
+
+    tokens: List[int]
+    start: int
+    slots: List[int]
+
+
+def packed_fits(queries: int, keys: int) -> bool:
+    """Whether a packed step of ``queries`` tokens over ``keys`` context slots keeps its
+    mask within :data:`PACKED_MASK_ELEMENTS`."""
+    return queries * keys <= PACKED_MASK_ELEMENTS
+
+
+def packed_logits(model: Any, cache: PagedCache, seqs: Sequence[Packed]) -> torch.Tensor:
+    """The logits of each sequence's last token, ``[len(seqs), vocab]``: one eager forward
+    over all of them packed in one row (no padding), each token attending over its own
+    sequence's context (:meth:`.cache.PagedCache.packed_mask`); the model computes the
+    logits of those positions only (``logits_to_keep``)."""
+    ids, pos, loc, query_seqs, keys, key_seqs, key_pos, last = [], [], [], [], [], [], [], []
+    for i, (tokens, start, slots) in enumerate(seqs):
+        ids += tokens
+        pos += range(start, start + len(tokens))
+        loc += slots[start:]
+        query_seqs += [i] * len(tokens)
+        keys += slots
+        key_seqs += [i] * len(slots)
+        key_pos += range(len(slots))
+        last.append(len(ids) - 1)
+
+    def i64(values):
+        return torch.tensor(values, dtype=torch.int64, device=cache.device)
+
+    cache.bind_packed(i64(loc), i64(keys))
+    mask = cache.packed_mask(i64(query_seqs), i64(pos), i64(key_seqs), i64(key_pos), model.dtype)
+    with torch.no_grad():
+        out = model(input_ids=i64(ids).view(1, -1), position_ids=i64(pos).view(1, -1), past_key_values=cache,
+                    use_cache=True, attention_mask=mask, logits_to_keep=i64(last))
+    return out.logits[0]
+

@@ -179,6 +179,7 @@ class PagedCache(Cache):
         self._probed: Optional[Dict[int, LayerGeometry]] = None  # while probing
         self._loc: Optional[torch.Tensor] = None
         self._rows: Optional[torch.Tensor] = None
+        self._keys: Optional[torch.Tensor] = None  # a packed step's gathered slots
         super().__init__(layers=[PagedCacheLayer(self, i, t, w) for i, (t, w) in enumerate(self.layer_kinds)])
 
     # -- sizing ----------------------------------------------------------------------
@@ -281,7 +282,14 @@ class PagedCache(Cache):
 
     def bind(self, out_cache_loc: torch.Tensor, req_pool_indices: torch.Tensor) -> None:
         """Point the next forward at a step's slots (the same tensors a graph was captured on)."""
-        self._loc, self._rows = out_cache_loc, req_pool_indices
+        self._loc, self._rows, self._keys = out_cache_loc, req_pool_indices, None
+
+    def bind_packed(self, out_cache_loc: torch.Tensor, keys: torch.Tensor) -> None:
+        """Point the next (eager) forward at a packed step: one row of ``T`` tokens from
+        several sequences, token ``i``'s K and V to slot ``out_cache_loc[i]``, every layer
+        attending over the slots ``keys`` (``[K]``: the sequences' contexts, one after
+        another); :meth:`packed_mask` says which query sees which key."""
+        self._loc, self._rows, self._keys = out_cache_loc, None, keys
 
     def write_and_gather(self, layer_idx: int, key_states: torch.Tensor, value_states: torch.Tensor):
         if self._probed is not None:
@@ -291,16 +299,20 @@ class PagedCache(Cache):
                                "req_pool_indices before running the model")
         b, h, t, d = key_states.shape
         hv = value_states.shape[1]
-        if self._loc.shape[0] != b * t or self._rows.shape[0] != b:
-            raise ValueError(f"PagedCache: the bound step has {self._rows.shape[0]} requests and "
-                             f"{self._loc.shape[0]} token slots, the model ran {b} x {t} tokens")
+        rows = 1 if self._rows is None else self._rows.shape[0]
+        if self._loc.shape[0] != b * t or rows != b:
+            raise ValueError(f"PagedCache: the bound step has {rows} {'requests' if self._keys is None else 'row'} "
+                             f"and {self._loc.shape[0]} token slots, the model ran {b} x {t} tokens")
         pool = self.pool
         pool.set_kv(layer_idx, self._loc, key_states.transpose(1, 2).reshape(b * t, h, d),
                     value_states.transpose(1, 2).reshape(b * t, hv, value_states.shape[-1]))
-        length, table = self.gather_length, self.req_to_token_pool.req_to_token
-        if length != self.max_context_len:
-            table = table[:, :length]  # a view of the static table: fixed for a given length
-        slots = table.index_select(0, self._rows).view(-1)
+        if self._keys is not None:  # packed: one row over the given slots
+            slots, length = self._keys, self._keys.shape[0]
+        else:
+            length, table = self.gather_length, self.req_to_token_pool.req_to_token
+            if length != self.max_context_len:
+                table = table[:, :length]  # a view of the static table: fixed for a given length
+            slots = table.index_select(0, self._rows).view(-1)
         keys = _gather(pool.k_buffer[layer_idx], slots).view(b, length, h, d)
         values = _gather(pool.v_buffer[layer_idx], slots).view(b, length, hv, -1)
         return keys.transpose(1, 2), values.transpose(1, 2)
@@ -326,9 +338,24 @@ class PagedCache(Cache):
         kv = self.kv_positions if length == self.max_context_len else self.kv_positions[..., :length]
         if self.mask_route == MASK_2D:
             return self._two_d_mask(positions, kv)
-        dtype = dtype or self.dtype
-        pos = positions.unsqueeze(-1)  # [B, T, 1]
-        visible = kv <= pos
+        return self._additive(positions.unsqueeze(-1), kv, None, dtype or self.dtype)
+
+    def packed_mask(self, query_seqs: torch.Tensor, query_positions: torch.Tensor, key_seqs: torch.Tensor,
+                    key_positions: torch.Tensor, dtype: Optional[torch.dtype] = None
+                    ) -> Union[torch.Tensor, Dict[str, torch.Tensor]]:
+        """The mask of a packed step (:meth:`bind_packed`), ``[1, 1, T, K]`` (or a mapping by
+        layer type): query ``i`` of sequence ``query_seqs[i]`` at ``query_positions[i]``
+        sees key ``j`` when it is of the same sequence at a position ``<=`` its own (and
+        within the window on a sliding layer)."""
+        same = query_seqs.view(1, -1, 1) == key_seqs.view(1, 1, -1)
+        return self._additive(query_positions.view(1, -1, 1), key_positions.view(1, 1, -1), same,
+                              dtype or self.dtype)
+
+    def _additive(self, pos: torch.Tensor, kv: torch.Tensor, same: Optional[torch.Tensor], dtype: torch.dtype
+                  ) -> Union[torch.Tensor, Dict[str, torch.Tensor]]:
+        """Additive masks ``[B, 1, T, L]``: 0 where the key at ``kv`` is visible from the
+        query at ``pos`` (``[B, T, 1]``), the dtype's lowest elsewhere; per layer type."""
+        visible = kv <= pos if same is None else (kv <= pos) & same
         masks: Dict[str, torch.Tensor] = {}
         for kind, window in dict.fromkeys(self.layer_kinds):
             seen = visible if window is None else visible & (kv > pos - window)

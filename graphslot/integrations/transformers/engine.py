@@ -1,15 +1,16 @@
 """A small continuous-batching driver: requests join and leave, decode goes through graphs.
 
-Each :meth:`ContinuousBatcher.step` first prefills the requests admitted this step (one
-eager transformers forward over all of them, asking the model for the logits of each
-prompt's last position only: :mod:`.batches`), then decodes every running
-request by one token through the :class:`DecodeGraphRunner` (replayed when a captured
-size fits, eager otherwise). A request admitted in a step is decoded in the same step,
-fed the token its prefill drew straight from the device. Tokens are picked on the
-device per request (:mod:`.sampling`: greedy, temperature, top-k, top-p, seeded) and
-read back once per step, with their logprobs when asked. A request leaves when it has
-``max_new_tokens`` tokens, draws one of its stop tokens (EOS; kept in its output, as
-generate keeps it) or is aborted; its row and slots go back to the pool.
+Each :meth:`ContinuousBatcher.step` prefills the requests admitted this step (eager
+forwards asking the model for each prompt's last logits only: :mod:`.batches`), then
+decodes every running request by one token through the :class:`DecodeGraphRunner`
+(replayed when a captured size fits, eager otherwise); a request admitted in a step is
+decoded in it too, fed the token its prefill drew on the device. With ``mix_prefill``
+(the CPU's default) a step that admits requests while others run is one packed eager
+forward of the running requests' tokens and the new prompts instead (the weights read
+once, not twice), and the new requests decode from the next step. Tokens are picked on
+the device per request (:mod:`.sampling`) and read back once per step, with their
+logprobs when asked. A request leaves when it has ``max_new_tokens`` tokens, draws one
+of its stop tokens (EOS; kept in its output, as generate keeps it) or is aborted.
 
 A step is all or nothing. It computes first (admission, prefill, decode, sampling) into
 local results, taking the rows and slots it needs from the pool, and only then commits
@@ -39,16 +40,19 @@ import itertools
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
 from ...runners.decode import DecodeGraphRunner, DecodeRunnerConfig
 from .adapter import HFDecodeAdapter, check_model
-from .batches import decode_step, prefill_logits, split_prompt_logprobs, takes_logits_to_keep
+from .batches import (Packed, decode_step, packed_fits, packed_logits, prefill_logits, split_prompt_logprobs,
+                      takes_logits_to_keep)
 from .budget import pool_size
 from .cache import PagedCache, kv_geometry
 from .checks import count, flag, stop_ids, token_ids
+from .driving import Driving
+from .families import packs
 from .geometry import bytes_per_slot, text_config
 from .requests import FINISH_ABORT, Lane, Pending, Picks, Request, StepOutput, TokenEvent, notify
 from .sampling import (Choice, Row, Sampler, SamplingParams, block, check_seed, generation_defaults, model_eos,
@@ -58,13 +62,7 @@ from .sampling import (Choice, Row, Sampler, SamplingParams, block, check_seed, 
 SAMPLING_KEYWORDS = ("do_sample", "temperature", "top_k", "top_p", "seed")
 
 
-def greedy(logits: torch.Tensor) -> List[int]:
-    """A ``sample`` function: the argmax of every row (what the built-in sampler does for
-    greedy requests, without its device-side batching)."""
-    return logits.argmax(-1).tolist()
-
-
-class ContinuousBatcher:
+class ContinuousBatcher(Driving):
     """Decode a stream of requests with a transformers causal LM through graphs.
 
     * ``max_bs`` caps the running batch and the captured sizes; ``max_requests``
@@ -87,6 +85,9 @@ class ContinuousBatcher:
       ``min_new_tokens`` masks applied, its ids are read on the host (a read per call),
       and requests cannot set sampling parameters then. It may be set or changed
       between steps (``engine.sample = fn``; None: the built-in sampler).
+    * ``mix_prefill`` (default: True on the CPU): see the module docstring; where the
+      family cannot pack (:func:`.families.packs`) or a request wants its prompt
+      logprobs, the step prefills apart. The tokens are the same either way.
     * Runner options (``backend``, ``mode``, ``capture_bs``, ``progress``, ...) go to
       :class:`DecodeRunnerConfig`; ``context_buckets`` is ``"auto"`` here: a step replays
       the graph of its longest context's bucket, so a long ``max_context_len`` costs memory
@@ -100,7 +101,8 @@ class ContinuousBatcher:
     def __init__(self, model: Any, *, max_bs: int = 8, max_context_len: Optional[int] = None,
                  max_requests: Optional[int] = None, kv_cache_bytes: Optional[int] = None,
                  eos_token_id: Any = None, sample: Optional[Callable[[torch.Tensor], Any]] = None,
-                 seed: Optional[int] = None, allow_untested: bool = False, **runner_options: Any):
+                 seed: Optional[int] = None, mix_prefill: Optional[bool] = None, allow_untested: bool = False,
+                 **runner_options: Any):
         config, where = model.config, "ContinuousBatcher"
         max_bs = count(max_bs, "max_bs", where)
         max_requests = max_bs if max_requests is None else count(max_requests, "max_requests", where)
@@ -134,6 +136,10 @@ class ContinuousBatcher:
         #: Prefill asks the model for the last position's logits only (``logits_to_keep``);
         #: False for a model without it (all positions' logits are computed, the last used).
         self.last_logits_only = takes_logits_to_keep(model)
+        #: A step that admits requests while others run packs both in one eager forward (:meth:`_mixed`).
+        mix_prefill = flag(mix_prefill, "mix_prefill", where, allow_none=True)
+        self.mix_prefill = ((device.type == "cpu" if mix_prefill is None else mix_prefill)
+                            and self.last_logits_only and packs(self.cache.config))
         runner_options.setdefault("progress", False)
         runner_options.setdefault("context_buckets", "auto")
         self.runner = DecodeGraphRunner(self.adapter, DecodeRunnerConfig(max_bs=max_bs, **runner_options))
@@ -230,47 +236,6 @@ class ContinuousBatcher:
     def done(self) -> bool:
         return not self.waiting and not self.running
 
-    # -- driving it ------------------------------------------------------------------
-    def stream(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, **params: Any) -> Iterator[TokenEvent]:
-        """Queue ``prompts`` (each with :meth:`add_request`'s keywords ``params``, checked now:
-        when one is refused, those queued before it are aborted) and return an iterator that steps the
-        engine and yields their :class:`TokenEvent` s as they come, until all of them
-        finished. Other requests in the engine advance too. Closing the iterator early
-        aborts the unfinished ones."""
-        reqs = self._add_all(prompts, max_new_tokens, params)
-
-        def events() -> Iterator[TokenEvent]:
-            mine = {req.rid for req in reqs}
-            try:
-                while not all(req.finished for req in reqs):
-                    for event in self.step().events:
-                        if event.rid in mine:
-                            yield event
-            finally:
-                for req in reqs:
-                    if not req.finished:
-                        self.abort(req.rid)
-
-        return events()
-
-    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, **params: Any) -> List[Request]:
-        """Like :meth:`stream`, run to the end: the finished requests, in the order of ``prompts``."""
-        reqs = self._add_all(prompts, max_new_tokens, params)
-        while not all(req.finished for req in reqs):
-            self.step()
-        return reqs
-
-    def _add_all(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, params: Dict[str, Any]) -> List[Request]:
-        reqs: List[Request] = []
-        try:
-            for prompt in prompts:
-                reqs.append(self.add_request(prompt, max_new_tokens, **params))
-        except BaseException:
-            for req in reqs:
-                self.abort(req.rid)
-            raise
-        return reqs
-
     # -- a step ----------------------------------------------------------------------
     def step(self) -> StepOutput:
         """Prefill the requests there is room for and decode every running one by a token;
@@ -306,6 +271,8 @@ class ContinuousBatcher:
         out, reads = p.out, []
         self._admit(p)
         p.lanes = [Lane(r, r.row, r.cached, r.output[-1], len(r.output)) for r in self.running]
+        if p.admitted and p.lanes and self.mix_prefill and self._mixed(p):
+            return
         prefill = prompt_part = fresh = None
         if p.admitted:
             logits, prompt_lp = prefill_logits(self.model, self.cache, p.admitted, self.last_logits_only)
@@ -354,6 +321,39 @@ class ContinuousBatcher:
                     continue
                 out.decode[lane.req.rid] = (first[lane.req.rid] if lane.fed is None else lane.fed, logits[i])
                 p.record(lane.req, lane.emitted, tokens[i], lps and lps[i], top and top[i], ended)
+
+    def _mixed(self, p: Pending) -> bool:
+        """The step as one packed eager forward: each running request's token and each
+        admitted prompt, no padding (the weights are read once, where a prefill and a
+        decode read them twice). The admitted requests draw their first token here and
+        decode from the next step. False (nothing done) when a request wants its prompt
+        logprobs or the packed mask would be too large: the step runs apart."""
+        lanes, out, n = p.lanes, p.out, len(p.lanes)
+        prompts = sum(len(req.prompt) for req, _, _ in p.admitted)
+        if (any(req.wants_prompt_logprobs for req, _, _ in p.admitted)
+                or not packed_fits(n + prompts, sum(lane.position + 1 for lane in lanes) + prompts)):
+            return False
+        start, slots = time.perf_counter(), self.cache.pool.take_slots(n)
+        p.decode_slots, p.slots = slots, p.slots + slots
+        seqs = [Packed([lane.fed], lane.position, lane.req.slots + [slot]) for lane, slot in zip(lanes, slots)]
+        seqs += [Packed(req.prompt, 0, prompt_slots) for req, _, prompt_slots in p.admitted]
+        dev = self.cache.device
+        self.cache.req_to_token_pool.write_tokens(torch.tensor([lane.row for lane in lanes], device=dev),
+                                                  torch.tensor([lane.position for lane in lanes], device=dev),
+                                                  torch.tensor(slots, device=dev))
+        logits = packed_logits(self.model, self.cache, seqs)
+        reads: List[torch.Tensor] = []
+        picks = Picks.add(self._choose(logits, [self._row(lane.req, lane.emitted) for lane in lanes]
+                                       + [self._row(req, 0) for req, _, _ in p.admitted]), reads)
+        tokens, lps, top = picks.get(to_host(reads))
+        out.decode_batch_size, out.decode_seconds, ended = n, time.perf_counter() - start, set()
+        for i, (req, _, _) in enumerate(p.admitted, n):
+            out.prefill_logits[req.rid] = logits[i].clone()
+            p.record(req, 0, tokens[i], lps and lps[i], top and top[i], ended)
+        for i, lane in enumerate(lanes):
+            out.decode[lane.req.rid] = (lane.fed, logits[i])
+            p.record(lane.req, lane.emitted, tokens[i], lps and lps[i], top and top[i], ended)
+        return True
 
     def _commit(self, p: Pending) -> None:
         """Apply a computed step: list operations only, nothing here can fail halfway."""

@@ -3,7 +3,7 @@
 * :data:`REFUSED`: families that would run through :class:`~.cache.PagedCache` and
   decode silently wrong, refused whatever ``allow_untested`` says, with the reason;
 * :func:`mask_route`: the families that take a 2-D padding mask instead of the 4-D one
-  (they build an alibi bias from it);
+  (they build an alibi bias from it); :func:`packs`: those that can run a packed step;
 * :func:`capture_shims`: a capturable stand-in for a method a family's forward would
   otherwise run a host-to-device copy in (a tensor made from a Python list), applied
   to one model's modules for the duration of a graph capture only;
@@ -38,6 +38,14 @@ def mask_route(config: Any) -> str:
     if family == "bloom" or (family == "falcon" and getattr(config, "alibi", False)):
         return "2d"
     return "4d"
+
+
+def packs(config: Any) -> bool:
+    """Whether a model of this family can run a packed step (:func:`.batches.packed_logits`:
+    several sequences in one row, each attending over its own context among all the
+    gathered keys). Not the 2-D mask route (its alibi needs one row per sequence), nor MPT
+    (its alibi table covers ``max_seq_len`` keys; a packed step gathers every sequence's)."""
+    return mask_route(config) == "4d" and getattr(config, "model_type", None) != "mpt"
 
 
 def _falcon_split_heads(self: Any, fused_qkv: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -260,6 +260,11 @@ class Sampler:
         return u.log_().neg_().log_().neg_()
 
 
+def greedy(logits: torch.Tensor) -> List[int]:
+    """A ``sample`` function: the argmax of every row (what the built-in sampler does for
+    greedy requests, without its device-side batching)."""
+    return logits.argmax(-1).tolist()
+
 
 def with_logprobs(logits: torch.Tensor, rows: Sequence[Row], tokens: torch.Tensor) -> Choice:
     """``tokens`` with the logprobs the rows asked for (of the model's distribution)."""
