@@ -224,3 +224,35 @@ def test_the_paged_cache_has_no_single_length_and_requests_must_fit():
     with pytest.raises(ValueError, match=r"unknown model family 'gpt_neo'; tested: llama, mistral, qwen2, qwen3, "):
         tiny_model("gpt_neo")
     assert set(TESTED_FAMILIES) == {recipe.model_type for recipe in FAMILIES.values()}
+
+
+def test_the_cache_goes_under_the_keyword_the_forward_declares():
+    """transformers 5.24 renames the forward's past_key_values to cache (the old name
+    warns on every call); older releases know only past_key_values."""
+    from graphslot.integrations.transformers.cache import with_cache
+
+    class New:
+        def forward(self, input_ids=None, cache=None):
+            pass
+
+    class Old:
+        def forward(self, input_ids=None, past_key_values=None):
+            pass
+
+    marker = object()
+    assert with_cache(New(), marker) == {"cache": marker}
+    assert with_cache(Old(), marker) == {"past_key_values": marker}
+
+
+def test_a_batcher_decodes_without_a_deprecation_warning():
+    import warnings
+
+    from graphslot.integrations.transformers import ContinuousBatcher
+
+    engine = ContinuousBatcher(tiny_model("llama", seed=0), max_bs=4, max_context_len=32, backend="cpu")
+    request = engine.add_request([1, 2, 3, 4], max_new_tokens=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        for _ in range(3):
+            engine.step()
+    assert len(request.output) == 3

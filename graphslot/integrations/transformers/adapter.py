@@ -34,7 +34,7 @@ from typing import Any, Iterable, Mapping, Optional
 import torch
 
 from ...runners.adapter import DecodeAdapter
-from .cache import PagedCache
+from .cache import PagedCache, with_cache
 from .families import capture_shims, family_problem
 from .models import TESTED_FAMILIES
 #: Attention implementations that take the cache's additive 4-D mask.
@@ -99,7 +99,7 @@ class HFDecodeAdapter(DecodeAdapter):
         ids, pos = step.input_ids.view(bs, -1), step.positions.view(bs, -1)
         self.cache.bind(step.out_cache_loc, step.req_pool_indices)
         with torch.no_grad():
-            out = self.model(input_ids=ids, position_ids=pos, past_key_values=self.cache, use_cache=True,
+            out = self.model(input_ids=ids, position_ids=pos, **with_cache(self.model, self.cache), use_cache=True,
                              attention_mask=self.cache.attention_mask(pos, self.model.dtype))
         return out.logits.flatten(0, 1)
 

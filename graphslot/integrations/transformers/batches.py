@@ -13,7 +13,7 @@ from typing import Any, List, NamedTuple, Optional, Sequence, Tuple, Union
 import torch
 
 from .adapter import DecodeStep
-from .cache import MASK_2D, PagedCache
+from .cache import MASK_2D, PagedCache, with_cache
 from .requests import Pending, Request
 
 
@@ -112,7 +112,7 @@ def _forward(model: Any, cache: PagedCache, admitted: List[Tuple[Request, int, L
     cache.bind(torch.tensor(loc, device=dev).view(-1), torch.tensor([row for _, row, _ in admitted], device=dev))
     extra = {"logits_to_keep": keep} if keep else {}
     with torch.no_grad(), cache.gathering(width):
-        logits = model(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True,
+        logits = model(input_ids=ids, position_ids=pos, **with_cache(model, cache), use_cache=True,
                        attention_mask=cache.attention_mask(pos, model.dtype), **extra).logits
     # column of row i's prompt token 0 among the logits' columns
     starts = [logits.shape[1] - len(r.prompt) if left else 0 for r, _, _ in admitted]
@@ -195,7 +195,7 @@ def packed_logits(model: Any, cache: PagedCache, seqs: Sequence[Packed]) -> torc
     cache.bind_packed(i64(loc), i64(keys))
     mask = cache.packed_mask(i64(query_seqs), i64(pos), i64(key_seqs), i64(key_pos), model.dtype)
     with torch.no_grad():
-        out = model(input_ids=i64(ids).view(1, -1), position_ids=i64(pos).view(1, -1), past_key_values=cache,
+        out = model(input_ids=i64(ids).view(1, -1), position_ids=i64(pos).view(1, -1), **with_cache(model, cache),
                     use_cache=True, attention_mask=mask, logits_to_keep=i64(last))
     return out.logits[0]
 

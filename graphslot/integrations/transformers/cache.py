@@ -61,6 +61,8 @@ the host, so the whole forward can be captured.
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -93,6 +95,23 @@ def _gather(buffer: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     out = torch.empty((slots.shape[0], *buffer.shape[1:]), dtype=buffer.dtype, device=buffer.device)
     return torch.index_select(buffer, 0, slots, out=out)
 
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_keyword(forward_owner: type) -> str:
+    forward = getattr(forward_owner, "forward", None)
+    try:
+        names = inspect.signature(forward).parameters if forward is not None else {}
+    except (TypeError, ValueError):
+        names = {}
+    return "cache" if "cache" in names else "past_key_values"
+
+
+def with_cache(model: Any, cache: Any) -> Dict[str, Any]:
+    """The forward's keyword argument for the KV cache: ``cache`` from transformers 5.24,
+    which deprecates ``past_key_values`` (a FutureWarning every call), else
+    ``past_key_values``; decided once per model class."""
+    return {_cache_keyword(type(model)): cache}
 
 class PagedCacheLayer(CacheLayerMixin):
     """One decoder layer's view of the shared pool (transformers' per-layer protocol)."""
@@ -235,7 +254,7 @@ class PagedCache(Cache):
         self._probed = seen
         try:
             with torch.no_grad(), self.gathering(1):
-                model(input_ids=ids, position_ids=ids, past_key_values=self, use_cache=True,
+                model(input_ids=ids, position_ids=ids, **with_cache(model, self), use_cache=True,
                       attention_mask=self.attention_mask(ids, model.dtype))
         finally:
             self._probed = None

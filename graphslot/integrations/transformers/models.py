@@ -22,6 +22,8 @@ from typing import Any, Dict, NamedTuple, Optional
 import torch
 import transformers
 
+from .cache import with_cache
+
 
 class Recipe(NamedTuple):
     """How to build one family's tiny model."""
@@ -181,7 +183,7 @@ class PerRequestHF:
     def _run(self, rid: int, tokens) -> torch.Tensor:
         ids = torch.tensor([list(tokens)], dtype=torch.int64, device=self.model.device)
         with torch.no_grad():
-            out = self.model(input_ids=ids, past_key_values=self.caches[rid], use_cache=True)
+            out = self.model(input_ids=ids, **with_cache(self.model, self.caches[rid]), use_cache=True)
         return out.logits[0, -1]
 
     def prefill(self, rid: int, prompt) -> torch.Tensor:
