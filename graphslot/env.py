@@ -101,8 +101,8 @@ MAX_BUFFER_BYTES = Variable(
     "configs); checked before anything is allocated")
 MAX_KV_BYTES = Variable(
     "GRAPHSLOT_MAX_KV_BYTES", "bytes", "the device's total memory",
-    "the cap on a `PagedCache`'s KV pool bytes where `max_bytes=` is not given; checked before anything "
-    "is allocated")
+    "the cap on a `PagedCache`'s KV pool bytes where `max_bytes=` is not given, and on `ContinuousBatcher`'s "
+    "default KV budget; checked before anything is allocated")
 
 SGLANG = Variable(
     "GRAPHSLOT_SGLANG", "bool", "off",
