@@ -61,7 +61,6 @@ the host, so the whole forward can be captured.
 from __future__ import annotations
 
 import contextlib
-import functools
 import inspect
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -97,21 +96,20 @@ def _gather(buffer: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
 
 
 
-@functools.lru_cache(maxsize=None)
-def _cache_keyword(forward_owner: type) -> str:
-    forward = getattr(forward_owner, "forward", None)
+def forward_takes(model: Any, name: str) -> bool:
+    """Whether ``model.forward`` declares the argument ``name``."""
     try:
-        names = inspect.signature(forward).parameters if forward is not None else {}
+        return name in inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
-        names = {}
-    return "cache" if "cache" in names else "past_key_values"
+        return False
 
 
 def with_cache(model: Any, cache: Any) -> Dict[str, Any]:
     """The forward's keyword argument for the KV cache: ``cache`` from transformers 5.24,
     which deprecates ``past_key_values`` (a FutureWarning every call), else
-    ``past_key_values``; decided once per model class."""
-    return {_cache_keyword(type(model)): cache}
+    ``past_key_values``."""
+    return {"cache" if forward_takes(model, "cache") else "past_key_values": cache}
+
 
 class PagedCacheLayer(CacheLayerMixin):
     """One decoder layer's view of the shared pool (transformers' per-layer protocol)."""
