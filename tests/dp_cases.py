@@ -238,6 +238,17 @@ def rank_one_aborts(rank: int, world_size: int) -> None:
     dist.barrier()
 
 
+def done_then_aborts_at_exit(rank: int, world_size: int) -> int:
+    """Both ranks finish; then the interpreter's teardown would abort rank 1 (as gloo did
+    when a process group outlived ``destroy_process_group`` in an uncollected cycle)."""
+    import atexit
+    import os
+
+    if rank == 1:
+        atexit.register(os.abort)
+    return rank
+
+
 def sleep_forever(rank: int, world_size: int) -> None:
     import time
 

@@ -288,6 +288,10 @@ def test_a_rank_that_dies_without_a_word_is_named_not_the_survivor():
                                   "because rank 1 failed")
 
 
+def test_a_rank_is_done_once_its_result_is_written_whatever_the_interpreter_teardown_does():
+    assert launch(dp_cases.done_then_aborts_at_exit, WORLD, timeout=TIMEOUT) == [0, 1]
+
+
 def report(rank, at, error, consequence=False, blamed=None):
     return RankReport(rank, at, error, f"Traceback of rank {rank}", consequence, blamed or {})
 

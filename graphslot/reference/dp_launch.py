@@ -18,9 +18,11 @@ rank reported an error of its own.
 from __future__ import annotations
 
 import datetime
+import os
 import pickle
 import signal
 import socket
+import sys
 import tempfile
 import time
 import traceback
@@ -103,8 +105,24 @@ def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int, ba
         (Path(out_dir) / f"rank{rank}.pkl").write_bytes(pickle.dumps(result))
     except BaseException as exc:  # noqa: BLE001 -- reported, then the rank exits
         report.send(rank_report(rank, exc))  # first: the launcher may kill this process any moment now
-        raise SystemExit(1) from None  # no group teardown: its peers may be gone (the launcher kills a hang)
+        _leave(1)  # no group teardown: its peers may be gone (the launcher kills a hang)
     dist.destroy_process_group()
+    _leave(0)
+
+
+def _leave(code: int) -> None:
+    """End the rank now, without the interpreter's teardown: its result is written and
+    its group destroyed (or its error reported), so nothing is left to do there, and a
+    crash there would fail a rank whose work is done. Such crashes happened: a process
+    group an uncollected cycle still holds (a runner's exchange, say) outlives
+    ``destroy_process_group``; when a peer closed its connections during this rank's
+    teardown, gloo aborted it ("terminate called without an active exception", SIGABRT;
+    4 of 56 launches of one test's ranks on a 2-core machine). ``atexit`` handlers do
+    not run in a rank."""
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            stream.flush()
+    os._exit(code)
 
 
 def _signal_name(code: int) -> str:
