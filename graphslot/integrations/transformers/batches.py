@@ -12,13 +12,8 @@ from typing import Any, List, NamedTuple, Optional, Sequence, Tuple, Union
 import torch
 
 from .adapter import DecodeStep
-from .cache import MASK_2D, PagedCache, forward_takes, with_cache
+from .cache import MASK_2D, PagedCache, with_cache
 from .requests import Pending, Request
-
-
-def takes_logits_to_keep(model: Any) -> bool:
-    """Whether ``model.forward`` has transformers' ``logits_to_keep`` argument."""
-    return forward_takes(model, "logits_to_keep")
 
 
 #: What one prefill forward costs beside its tokens, in padded tokens: the weights read

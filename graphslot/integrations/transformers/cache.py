@@ -61,6 +61,7 @@ the host, so the whole forward can be captured.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -95,13 +96,19 @@ def _gather(buffer: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     return torch.index_select(buffer, 0, slots, out=out)
 
 
-
 def forward_takes(model: Any, name: str) -> bool:
-    """Whether ``model.forward`` declares the argument ``name``."""
+    """Whether ``model.forward`` declares the argument ``name``. The signature is read
+    once per forward function: :func:`with_cache` asks on every forward call."""
+    forward = model.forward
+    return name in _arguments(getattr(forward, "__func__", forward))
+
+
+@functools.lru_cache(maxsize=None)
+def _arguments(function: Any) -> frozenset:
     try:
-        return name in inspect.signature(model.forward).parameters
+        return frozenset(inspect.signature(function).parameters)
     except (TypeError, ValueError):
-        return False
+        return frozenset()
 
 
 def with_cache(model: Any, cache: Any) -> Dict[str, Any]:

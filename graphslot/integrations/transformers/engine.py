@@ -46,10 +46,9 @@ import torch
 
 from ...runners.decode import DecodeGraphRunner, DecodeRunnerConfig
 from .adapter import HFDecodeAdapter, check_model
-from .batches import (Packed, decode_step, packed_fits, packed_logits, prefill_logits, split_prompt_logprobs,
-                      takes_logits_to_keep)
+from .batches import Packed, decode_step, packed_fits, packed_logits, prefill_logits, split_prompt_logprobs
 from .budget import pool_size
-from .cache import PagedCache, kv_geometry
+from .cache import PagedCache, forward_takes, kv_geometry
 from .checks import count, flag, stop_ids, token_ids
 from .driving import Driving
 from .families import packs
@@ -135,7 +134,7 @@ class ContinuousBatcher(Driving):
         self.adapter = HFDecodeAdapter(model, self.cache, allow_untested=allow_untested)
         #: Prefill asks the model for the last position's logits only (``logits_to_keep``);
         #: False for a model without it (all positions' logits are computed, the last used).
-        self.last_logits_only = takes_logits_to_keep(model)
+        self.last_logits_only = forward_takes(model, "logits_to_keep")
         #: A step that admits requests while others run packs both in one eager forward (:meth:`_mixed`).
         mix_prefill = flag(mix_prefill, "mix_prefill", where, allow_none=True)
         self.mix_prefill = ((device.type == "cpu" if mix_prefill is None else mix_prefill)
