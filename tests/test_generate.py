@@ -334,7 +334,7 @@ def test_cli_generate_without_outputs_says_what_to_add(tmp_path, monkeypatch, ca
     monkeypatch.chdir(tmp_path)
     assert main(["generate"]) == 2
     assert capsys.readouterr().err == ("graphslot generate: error: nothing to generate: pyproject.toml declares no "
-                                       "[[tool.graphslot.outputs]]; see README 'Generating code ahead of time'\n")
+                                       "[[tool.graphslot.outputs]]; see docs/generate.md\n")
 
 
 def test_cli_generate_reports_spec_errors_with_location(project, monkeypatch, capsys):
