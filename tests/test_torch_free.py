@@ -330,3 +330,26 @@ def test_numpy_warning_is_silenced_where_graphslot_imports_torch(tmp_path):
     # Imported by the engine itself, the warning is torch's own business (here: an error).
     loud = run_python(strict + "import torch\n", env)
     assert loud.returncode != 0 and "Failed to initialize NumPy" in loud.stderr
+
+
+def test_import_graphslot_loads_neither_pydantic_nor_yaml_and_a_checked_in_module_no_generator():
+    """``import graphslot`` is the version and the error types (the spec model loads when
+    a spec is first read); building from a checked-in generated module renders nothing,
+    so neither jinja2 nor graphslot's generator is imported (torch itself imports tqdm)."""
+    code = textwrap.dedent("""
+        import sys
+        import graphslot
+        RESULT = {"heavy_after_import": sorted({"pydantic", "yaml", "torch", "jinja2"} & set(sys.modules))}
+        import torch
+        before = set(sys.modules)
+        import graphslot.generated.decode_default as module
+        reg = graphslot.build_registry(module, 4, 4)
+        new = set(sys.modules) - before
+        RESULT["new"] = sorted(n for n in new if n.split(".")[0] in ("jinja2", "tqdm")
+                               or n in ("graphslot.codegen.generator", "graphslot.log"))
+        RESULT["filled"] = reg.mode
+        ATTEMPTS = []
+    """) + REPORT
+    report = report_of(run_python(code))
+    assert report["heavy_after_import"] == []
+    assert report["new"] == [] and report["filled"] == "generated"

@@ -18,7 +18,6 @@ from ..spec.resolve import ResolvedSlot
 from .embedded import module_name, module_params, same_spec_file
 from .emitter import params_literal, structural_params
 from .handshake import version_incompatibility
-from .generator import render_module
 
 _MODULES: Dict[tuple, types.ModuleType] = {}
 
@@ -36,6 +35,8 @@ def compile_module(spec: RegistrySpec, params: Mapping[str, Any],
     module = _MODULES.get(key)
     if module is not None:
         return module
+    from .generator import render_module  # jinja2: only when a module is rendered, never for a checked-in one
+
     source = render_module(spec, params, skip=skip)
     filename = f"<graphslot-generated {spec.name}-{key[0][:8]}-{len(_MODULES)}.py>"
     linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
