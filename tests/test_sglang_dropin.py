@@ -387,6 +387,8 @@ def slot_kwargs(rng: random.Random) -> List[Dict[str, Any]]:
         dict(name="nested.values", shape_fn=lambda bs, mt: (bs,), dtype=torch.int32, axis="none",
              padding_policy="KEEP_PAD", source_fn=nested_source),
         dict(name="off", shape_fn=lambda bs, mt: (bs,), dtype=torch.int32, axis="bs", enabled=False),
+        policy(name="nested.scratch", shape_fn=lambda bs, mt: (mt,), dtype=torch.int64, axis="tokens",
+               post_fill=scale_head),  # dotted, no source_fn: sglang never copies it
     ]
     chosen = rng.sample(pool, rng.randint(3, len(pool)))
     return chosen
@@ -489,6 +491,40 @@ def test_random_slot_sets_cover_every_kind_of_slot():
         if seed % 2:
             late |= set(chosen[len(chosen) // 2:])
     assert drawn == {"tok", "req", "grid", "rows", "host", "mask", "count", "computed", "hooked", "once",
-                     "reset_only", "nested.values", "off"}
+                     "reset_only", "nested.values", "off", "nested.scratch"}
     assert len(late) >= 6
 
+
+def test_a_slot_named_like_a_disabled_factory_slot_is_the_users_like_sglang():
+    """sglang's factories register the mamba slots only with enable_mamba_track: without
+    it, a runner's own ``mamba_track_indices`` is just another slot."""
+    kw = dict(device=CPU, max_bs=4, max_num_token=4, seq_len_fill_value=1, cache_loc_dtype=torch.int64,
+              share_pool=False)
+    fb = SimpleNamespace(batch_size=2, input_ids=torch.tensor([7, 8]), mamba_track_indices=torch.tensor([3, 4]))
+    buffers = []
+    for module in (REG, dropin):
+        reg = module.build_decode_registry(**kw)
+        assert not reg.has_slot("mamba_track_indices")
+        reg.register_slot(module.GraphSlot("mamba_track_indices", lambda bs, mt: (bs,), torch.int64, axis="bs",
+                                           padding_policy=module.PaddingPolicy.FILL_SENTINEL, pad_value=-1))
+        reg.fill_from(fb, raw_bs=2, padded_bs=4, raw_num_tokens=2, padded_num_tokens=4)
+        buffers.append((reg.slot_names()[-1], reg.get_slot("mamba_track_indices").buffer.tolist(),
+                        reg.get_slot("input_ids").buffer.tolist()))
+    assert buffers[1] == buffers[0] == ("mamba_track_indices", [3, 4, -1, -1], [7, 8, 0, 0])
+
+
+def test_a_dotted_slot_without_source_fn_is_reset_and_hooked_never_copied_like_sglang():
+    """sglang reads ``getattr(fb, 'a.b')`` for it, never there: no copy; the tail
+    resets and ``post_fill`` run, and ``extract_buffer`` leaves it off the view."""
+    fb = MiniBatch(batch_size=2, tok=torch.tensor([1, 2]), nested=SimpleNamespace(values=torch.tensor([9, 9])))
+    seen = []
+    for module in (REG, dropin):
+        reg = module.CudaGraphBufferRegistry(device=CPU, max_bs=4, max_num_tokens=4)
+        for name, copy in (("nested.values", True), ("nested.computed", False)):
+            reg.register_slot(module.GraphSlot(name, lambda bs, mt: (mt,), torch.int64, post_fill=scale_head,
+                                               padding_policy=module.PaddingPolicy.ZERO, copy_from_fb=copy))
+            reg.get_slot(name).buffer.fill_(5)
+        reg.fill_from(fb, raw_bs=2, padded_bs=2, raw_num_tokens=2, padded_num_tokens=3)
+        view = reg.extract_buffer(padded_bs=2, padded_num_tokens=3, forward_batch_template=fb)
+        seen.append(([reg.get_slot(n).buffer.tolist() for n in reg.slot_names()], view.nested is fb.nested))
+    assert seen[1] == seen[0] == ([[15, 15, 0, 5], [15, 15, 0, 5]], True)

@@ -6,7 +6,7 @@ read by duck typing) into the plain data of one ``slots:`` item and its hooks:
 the sliced one as ``max_bs`` / ``max_num_tokens``; ``slice_fn`` becomes ``slice_dim``
 (probed on the buffer, unless it is a :class:`~.slots.SliceDim`); the callables
 (``post_fill``, ``source_fn``) become hooks under names made from the slot's name
-(``sglang.post_fill.<slot>``), so the spec, and the generated module compiled for it,
+(``sglang.post_fill.<slot>``; a dotted slot sglang never copies gets :func:`no_source`), so the spec, and the generated module compiled for it,
 do not depend on which closures a registry holds. ``check_entry`` validates the entry
 through ``graphslot.spec_from_dict`` (errors are ``SpecError``, a ``ValueError``,
 naming the slot).
@@ -122,11 +122,18 @@ def slot_entry(slot: Any, buffer: torch.Tensor, max_bs: int, max_num_tokens: int
             raise ValueError(f"GraphSlot {name!r}: sglang copies a source_fn result along dimension 0, but the "
                              f"slot slices dimension {d}")
         hooks[_hook(entry, "source")] = slot.source_fn
-    elif "." in name:
-        copy = False  # sglang reads fb.<'a.b'>: never there, so never copied
+    elif "." in name:  # sglang never copies it (it reads fb.<'a.b'>, never there): its source gives None
+        hooks[_hook(entry, "source")] = no_source
+        copy = True  # a spec's dotted slot is copied from its source (copy_from_fb: false is refused)
     if not copy:
         entry["copy_from_fb"] = False
     return entry, hooks
+
+
+def no_source(fb: Any, ctx: Any) -> None:
+    """The ``source`` of a dotted slot sglang never copies (no ``source_fn``, or
+    ``copy_from_fb=False``): a spec's dotted slot needs one, and None is no copy."""
+    return None
 
 
 def _padding(slot: Any, policy: str, axis: str) -> Dict[str, Any]:

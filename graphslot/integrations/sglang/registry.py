@@ -213,7 +213,10 @@ def composite_spec(base: Optional[RegistrySpec], entries: List[Dict[str, Any]]) 
         else:
             data = base.to_dict() if base is not None else {"name": "sglang", "absent_fields": ABSENT_FIELDS,
                                                             "slots": []}
-            data["slots"] = list(data["slots"]) + list(entries)
+            # A base slot an entry names is one the factory left disabled (register_slot
+            # refuses a registered name): as in sglang, which never registered it, the name is the entry's.
+            names = {e["name"] for e in entries}
+            data["slots"] = [s for s in data["slots"] if s["name"] not in names] + list(entries)
             spec = spec_from_dict(data, source=base.source if base is not None else CODE_LABEL)
         if len(_SPECS) >= _SPEC_CACHE_LIMIT:
             _SPECS.clear()
