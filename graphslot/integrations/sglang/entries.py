@@ -14,11 +14,14 @@ naming the slot).
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Callable, Dict, Tuple
 
 import torch
 
+from ...spec.errors import shorten
 from ...spec.loading import spec_from_dict
+from ...spec.yaml_loader import INT_LIMIT
 from .slots import AXES, RESETTING, SliceDim, policy_name
 
 #: Every spec the drop-in builds treats an absent batch field as sglang does.
@@ -31,6 +34,38 @@ def dtype_name(dtype: Any, slot: str) -> str:
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"GraphSlot {slot!r}: dtype must be a torch.dtype, got {dtype!r}")
     return str(dtype).removeprefix("torch.")
+
+
+def _extent(value: Any) -> Any:
+    """``value`` as an int when torch takes it as an extent (an int, numpy integer or
+    integer tensor, not a bool), else None."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
+def buffer_shape(slot: str, shape: Any) -> Tuple[int, ...]:
+    """``shape_fn``'s result as extents: a tuple (``torch.Size``) or list of ints, or one
+    int (a 1-d shape), as sglang's ``torch.zeros(shape)`` takes them. TypeError for what
+    is not such a shape, ValueError for an extent not in ``[1, 2**63)``, naming the slot."""
+    one = _extent(shape)
+    if one is None and not isinstance(shape, (tuple, list)):
+        raise TypeError(f"GraphSlot {slot!r}: shape_fn returned {shorten(shape)}: a shape is a tuple of ints "
+                        "(or one int)")
+    extents = (shape,) if one is not None else tuple(shape)
+    ints = tuple(_extent(n) for n in extents)
+    if None in ints:
+        bad = extents[ints.index(None)]
+        raise TypeError(f"GraphSlot {slot!r}: shape_fn returned {shorten(shape)}: extents must be ints, got "
+                        f"{shorten(bad)} ({type(bad).__name__})")
+    if any(n <= 0 for n in ints):
+        raise ValueError(f"GraphSlot {slot!r}: shape_fn returned {shorten(shape)}: extents must be positive")
+    if any(n >= INT_LIMIT for n in ints):
+        raise ValueError(f"GraphSlot {slot!r}: shape_fn returned {shorten(shape)}: extents must be below 2**63")
+    return ints
 
 
 def _number(value: Any, slot: str) -> Any:

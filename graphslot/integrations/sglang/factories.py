@@ -93,7 +93,7 @@ def from_spec(kind: str, params: Dict[str, Any], *, device: Any, max_bs: int, ma
                                  "cannot adopt.")
             buffer = reg._checked_bind(slot.name, bind, slot.shape, slot.dtype, graph_slot.device)
         else:
-            fresh = torch.zeros(slot.shape, dtype=slot.dtype, device=reg._where(graph_slot.device))
+            fresh = reg._zeros(slot.name, slot.shape, slot.dtype, graph_slot.device)
             buffer = reg._share(slot.name, fresh, slot.pad_value if slot.fills_at_allocation else None)
         reg._add(graph_slot, buffer)
     if source is not None and pp_axis is not None:
