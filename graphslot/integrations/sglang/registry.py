@@ -20,9 +20,10 @@ import torch
 
 from ...api import build_registry
 from ...registry.base import ViewMaker
+from ...spec.errors import shorten
 from ...spec.loading import spec_from_dict
 from ...spec.model import RegistrySpec
-from .entries import ABSENT_FIELDS, CODE_LABEL, check_entry, slot_entry
+from .entries import ABSENT_FIELDS, CODE_LABEL, buffer_shape, check_entry, slot_entry
 from .sglang_env import SGLANG_POOL
 from .slots import FillContext, policy_name, same_tensor_view
 
@@ -63,8 +64,8 @@ class CudaGraphBufferRegistry:
         if not slot.enabled:
             self._slots[slot.name] = slot
             return slot
-        shape = tuple(int(n) for n in slot.shape_fn(self.max_bs, self.max_num_tokens))
-        fresh = torch.zeros(shape, dtype=slot.dtype, device=self._where(slot.device)) if bind is None else None
+        shape = buffer_shape(slot.name, slot.shape_fn(self.max_bs, self.max_num_tokens))
+        fresh = self._zeros(slot.name, shape, slot.dtype, slot.device) if bind is None else None
         probe = self._checked_bind(slot.name, bind, shape, slot.dtype, slot.device) if bind is not None else fresh
         entry, hooks = slot_entry(slot, probe, self.max_bs, self.max_num_tokens, torch.device(self.device))
         check_entry(entry)
@@ -81,6 +82,15 @@ class CudaGraphBufferRegistry:
         self._slots[slot.name] = slot
         self._buffers[slot.name] = buffer
         self._unbind()
+
+    def _zeros(self, name: str, shape: tuple, dtype: torch.dtype, device: Any) -> torch.Tensor:
+        """A fresh buffer for slot ``name``; an allocation torch refuses is a RuntimeError naming it."""
+        where = self._where(device)
+        try:
+            return torch.zeros(shape, dtype=dtype, device=where)
+        except RuntimeError as exc:  # out of memory, or a size torch cannot represent
+            raise RuntimeError(f"GraphSlot {name!r}: cannot allocate its {shape} "
+                               f"{str(dtype).removeprefix('torch.')} buffer on {where}: {exc}") from exc
 
     def _where(self, device: Any) -> torch.device:
         return torch.device(self.device if device is None else device)
@@ -153,7 +163,7 @@ class CudaGraphBufferRegistry:
             self._bind()
         if not skip_slots:
             return self._fill
-        key = frozenset(skip_slots)
+        key = skip_set(skip_slots)
         fill = self._fills.get(key)
         if fill is None:
             fill = self._fills[key] = (self._bound.fill_from_skipping(key) if self._bound is not None
@@ -201,6 +211,20 @@ class CudaGraphBufferRegistry:
             torch._foreach_copy_(dsts, srcs)
 
 
+def skip_set(skip_slots: Any) -> frozenset:
+    """``fill_from``'s ``skip_slots`` as a frozenset; TypeError naming the argument for
+    what is not a collection of names, a str first (sglang's ``name in "input_ids"``
+    tests substrings)."""
+    if not isinstance(skip_slots, (str, bytes)):
+        try:
+            return frozenset(skip_slots)
+        except TypeError:
+            pass
+    hint = f": pass {{{shorten(skip_slots)}}}" if isinstance(skip_slots, str) else ""
+    raise TypeError(f"skip_slots must be a collection of slot names (a set, frozenset, list or tuple), got the "
+                    f"{type(skip_slots).__name__} {shorten(skip_slots)}{hint}")
+
+
 def composite_spec(base: Optional[RegistrySpec], entries: List[Dict[str, Any]]) -> RegistrySpec:
     """The spec of a base (or none) plus code-built entries, validated once per
     process for each distinct combination."""
@@ -213,7 +237,10 @@ def composite_spec(base: Optional[RegistrySpec], entries: List[Dict[str, Any]]) 
         else:
             data = base.to_dict() if base is not None else {"name": "sglang", "absent_fields": ABSENT_FIELDS,
                                                             "slots": []}
-            data["slots"] = list(data["slots"]) + list(entries)
+            # A base slot an entry names is one the factory left disabled (register_slot
+            # refuses a registered name): as in sglang, which never registered it, the name is the entry's.
+            names = {e["name"] for e in entries}
+            data["slots"] = [s for s in data["slots"] if s["name"] not in names] + list(entries)
             spec = spec_from_dict(data, source=base.source if base is not None else CODE_LABEL)
         if len(_SPECS) >= _SPEC_CACHE_LIMIT:
             _SPECS.clear()
