@@ -460,13 +460,13 @@ def test_extract_exposes_a_required_slot_whose_field_a_skipping_fill_left_none(m
 
 
 def test_a_skip_variant_is_compiled_once_per_process(monkeypatch):
-    from graphslot.codegen import inprocess
+    from graphslot.codegen import generator
 
     spec = parse(STAGED.replace("name: staged", "name: staged_once"))
     gs.build_registry(spec, 4, 8).fill_from_skipping({"seq_lens"})
     rendered = []
-    real = inprocess.render_module
-    monkeypatch.setattr(inprocess, "render_module", lambda *a, **k: rendered.append(k) or real(*a, **k))
+    real = generator.render_module
+    monkeypatch.setattr(generator, "render_module", lambda *a, **k: rendered.append(k) or real(*a, **k))
     again = gs.build_registry(spec, 4, 8)
     again.fill_from_skipping({"seq_lens"})
     assert rendered == []

@@ -287,7 +287,7 @@ def test_a_skip_set_is_bound_once_then_looked_up(binds):
 
 
 def test_identical_slot_sets_share_one_compiled_module():
-    import graphslot.codegen.inprocess as inprocess
+    import graphslot.codegen.generator as generator
 
     def make(scale):
         reg = dropin.CudaGraphBufferRegistry(device=CPU, max_bs=4, max_num_tokens=8)
@@ -297,7 +297,7 @@ def test_identical_slot_sets_share_one_compiled_module():
 
     first = make(2)
     first.graphslot
-    with mock.patch.object(inprocess, "render_module", wraps=inprocess.render_module) as render:
+    with mock.patch.object(generator, "render_module", wraps=generator.render_module) as render:
         second = make(3)
         fb = Batch()
         fb.h = torch.tensor([1, 2])

@@ -16,7 +16,7 @@ import torch
 
 import graphslot as gs
 from conftest import parse
-from graphslot.codegen import inprocess
+from graphslot.codegen import generator
 
 LABEL = "<code: tests>"
 
@@ -114,7 +114,7 @@ def test_a_second_build_parses_resolves_and_compiles_nothing(monkeypatch):
     spec = gs.spec_from_dict({"name": "cached_once", "slots": [slot()]}, source=LABEL)
     gs.build_registry(spec, 4, 8)
     calls = []
-    for module, name in ((inprocess, "render_module"), (gs.spec.resolve, "_resolve_slots"),
+    for module, name in ((generator, "render_module"), (gs.spec.resolve, "_resolve_slots"),
                          (gs.spec.loading, "_validated")):
         real = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
@@ -151,6 +151,6 @@ def test_live_providers_do_not_defeat_the_caches(monkeypatch):
     calls = []
     real = gs.spec.resolve._resolve_slots
     monkeypatch.setattr(gs.spec.resolve, "_resolve_slots", lambda *a: calls.append(1) or real(*a))
-    monkeypatch.setattr(inprocess, "render_module", lambda *a, **k: calls.append(2))
+    monkeypatch.setattr(generator, "render_module", lambda *a, **k: calls.append(2))
     gs.build_registry(spec, 4, 8, params={"k": lambda ctx: 2})
     assert calls == []
