@@ -253,3 +253,12 @@ def sleep_forever(rank: int, world_size: int) -> None:
     import time
 
     time.sleep(600)
+
+
+def rank_one_returns_early(rank: int, world_size: int) -> int:
+    """Rank 1's function returns without the collective rank 0 waits for it in."""
+    import torch.distributed as dist
+
+    if rank == 0:
+        dist.barrier()
+    return rank

@@ -288,6 +288,15 @@ def test_a_rank_that_dies_without_a_word_is_named_not_the_survivor():
                                   "because rank 1 failed")
 
 
+def test_a_rank_that_returns_early_is_named_not_the_survivor_whose_collective_lost_it():
+    with pytest.raises(RankFailure) as info:
+        launch(dp_cases.rank_one_returns_early, WORLD, timeout=TIMEOUT)
+    assert info.value.culprits == [1]
+    assert info.value.summary == ("DP rank 1 of 2 returned while rank 0 still waited for it in a collective; rank 0 "
+                                  "stopped because rank 1 returned early")
+    assert "by peer" in info.value.details  # what rank 0 saw: gloo's connection closed, or reset, by peer
+
+
 def test_a_rank_is_done_once_its_result_is_written_whatever_the_interpreter_teardown_does():
     assert launch(dp_cases.done_then_aborts_at_exit, WORLD, timeout=TIMEOUT) == [0, 1]
 
@@ -302,6 +311,15 @@ def test_the_verdict_blames_the_first_own_error_even_when_a_consequence_was_repo
                               {0: (11.0, 1), 1: (11.0, 1)}, [], 12.0), WORLD)
     assert (failure.summary, failure.details, failure.culprits) == (
         "DP rank 1 of 2 failed: KeyError: 'x'; rank 0 stopped because rank 1 failed", "Traceback of rank 1", [1])
+
+
+def test_the_verdict_blames_the_ranks_that_returned_when_the_others_only_lost_their_peers():
+    lost = ("RuntimeError", "[pair.cc:537] Read error [127.0.0.1]:1234: Connection reset by peer")
+    failure = verdict(Watched({2: report(2, 5.0, lost, consequence=True)}, {0: (4.0, 0), 1: (4.5, 0), 2: (6.0, 1)},
+                              [], 6.0), 3)
+    assert (failure.summary, failure.details, failure.culprits) == (
+        "DP ranks 0, 1 of 3 returned while rank 2 still waited for them in a collective; rank 2 stopped because "
+        "ranks 0, 1 returned early", "Traceback of rank 2", [0, 1])
 
 
 def test_the_verdict_names_every_rank_that_raised_the_same_error_and_no_one_when_all_finished():

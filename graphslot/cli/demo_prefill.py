@@ -23,6 +23,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import torch
 
 from .common import human_bytes
+from .limits import PREFILL_CACHED, PREFILL_REQUEST_SLOTS
 from .demo_common import demo_device, fill_timings, representative, run_figures, single_thread, timed
 from ..log import progress_bar
 from ..reference import TinyConfig, build_reference_model, make_extend_batch
@@ -30,8 +31,7 @@ from ..reference.numerics import output_check
 
 DEFAULT_BUCKETS = (64, 48, 32, 16, 8)
 #: Request slots of the demo runtime; a batch plus the cached requests must fit.
-MAX_NUM_REQS = 64
-MAX_LIVE = 16
+MAX_NUM_REQS, MAX_LIVE = PREFILL_REQUEST_SLOTS, PREFILL_CACHED
 MAX_DEMO_BS = MAX_NUM_REQS - MAX_LIVE
 RunnerFactory = Callable[[Any, Dict[str, Any]], Any]
 

@@ -14,6 +14,9 @@ from .model import ReferenceRuntime
 
 
 class ReferenceDecodeAdapter(DecodeAdapter):
+    #: The spec params :meth:`spec_params` sets: a decode spec declares them, a prefill spec does not.
+    SPEC_PARAMS = ("seq_len_fill_value", "is_hybrid_swa")
+
     def __init__(self, runtime: ReferenceRuntime):
         self.runtime = runtime
         self.device = runtime.device
@@ -63,10 +66,8 @@ class ReferenceDecodeAdapter(DecodeAdapter):
 
     def spec_params(self) -> Mapping[str, Any]:
         kv = self.runtime.token_to_kv_pool
-        return {
-            "seq_len_fill_value": self.runtime.attn_backend.get_cuda_graph_seq_len_fill_value(),
-            "is_hybrid_swa": isinstance(kv, SWAKVCache) and bool(kv.swa_layers),
-        }
+        return dict(zip(self.SPEC_PARAMS, (self.runtime.attn_backend.get_cuda_graph_seq_len_fill_value(),
+                                           isinstance(kv, SWAKVCache) and bool(kv.swa_layers))))
 
     @property
     def max_requests(self) -> int:
