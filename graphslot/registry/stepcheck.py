@@ -16,6 +16,11 @@ generated code raise the same ``SlotError`` for the same input
 * strict mode adds dtype and device equality and rejects a source whose bytes overlap a
   slot buffer's (other than exactly its own head view, which copies onto itself),
   whatever made the view: slicing, DLPack, numpy.
+
+None of the batch-field checks reads the padded counts, so :meth:`StepChecker.sources`
+(``SlotRegistry.check_step``) makes them, and the raw counts' own, before a step's
+padded size is known, writing nothing: the DP runner refuses a batch so before its
+one collective, where the fill would refuse it only after.
 """
 
 from __future__ import annotations
