@@ -133,6 +133,7 @@ MISMATCHES = {
     "disable_padding": ({}, {"disable_padding": True}),
     "spec param cache_loc_dtype": ({}, {"params": {"cache_loc_dtype": "int32"}}),
     "the context buckets": ({"context_buckets": [8, 16]}, {"context_buckets": [16]}),
+    "the replay guard": ({"guard": False}, {"guard": True}),  # a second collective a step on one rank only
     # Not a disagreement: rank 1 cannot build its runner at all (its dummy batch lacks encoder_lens).
     "a rank that cannot build": ({}, {"params": {"is_encoder_decoder": True}}),
 }
@@ -276,7 +277,8 @@ def count_collectives(rank: int, world_size: int) -> Dict[str, Any]:
 
     torch.set_num_threads(1)
     rt = build_reference_model(max_num_reqs=16)
-    dp = DPDecodeRunner(ReferenceDPDecodeAdapter(rt, DPAttention()), DPExchange(), max_bs=MAX_BS, progress=False)
+    dp = DPDecodeRunner(ReferenceDPDecodeAdapter(rt, DPAttention()), DPExchange(), max_bs=MAX_BS, progress=False,
+                        guard=False)
     requests = RankRequests(rt, rank)
     counter = CollectiveCounter()
     steps: List[Dict[str, Any]] = []

@@ -190,6 +190,7 @@ def mismatches():
     ("disable_padding", "rank 0: False, rank 1: True"),
     ("spec param cache_loc_dtype", "rank 0: int64, rank 1: int32"),
     ("the context buckets", "rank 0: [16, 8], rank 1: [16]"),
+    ("the replay guard", "rank 0: False, rank 1: True"),
 ])
 def test_ranks_that_differ_in_a_setting_are_refused_on_every_rank_before_capture(mismatches, setting, values):
     for rank in range(WORLD):
