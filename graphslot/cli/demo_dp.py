@@ -181,7 +181,7 @@ def format_dp_table(result: Dict[str, Any]) -> str:
         ("disagreeing steps", str(len(result["disagreeing_steps"]))),
         ("mismatching forwards", f"{result['mismatching_forwards']} of {result['checked_forwards']} "
                                  f"({result['check']} vs one process, no DP)"),
-        ("graph step", f"{result['graph_step_ms']:.3f} ms (exchange + fill + ok flags + replay)"),
-        ("eager step", f"{result['eager_step_ms']:.3f} ms (exchange + ok flags + eager)"),
+        ("graph step", f"{result['graph_step_ms']:.3f} ms (check + exchange + fill + replay)"),
+        ("eager step", f"{result['eager_step_ms']:.3f} ms (check + exchange + eager)"),
     ]
     return metric_table(rows)

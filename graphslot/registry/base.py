@@ -192,6 +192,16 @@ class SlotRegistry:
         """The fill of :meth:`fill_from_skipping` for a non-empty set of enabled slots."""
         raise NotImplementedError
 
+    def check_step(self, fb: Any, *, raw_bs: int, raw_num_tokens: int) -> None:
+        """Raise the :class:`SlotError` that ``fill_from(fb, raw_bs=raw_bs, padded_bs=...,
+        raw_num_tokens=raw_num_tokens, ...)`` would raise for the raw counts or a batch
+        field (missing, not a tensor, wrong shape; strict mode: dtype, device, aliasing),
+        for any padded counts from raw to capacity; write nothing. For a caller that must
+        know a batch fits before it commits to a step, its padded size not yet known (the
+        DP runner, before its exchange). ``source`` and ``post_fill`` hooks are not run:
+        what they raise, the fill raises."""
+        self.checker.sources(fb, raw_bs, raw_num_tokens)
+
     def run_pre_capture(self, bs: int, num_tokens: int, side_inputs: Any = None) -> None:
         """Run every ``pre_capture`` hook before a graph of this size is captured."""
         params = live_view(self.params)  # a live param read here: its provider gets this context
