@@ -13,6 +13,9 @@ included) with a :class:`GeneratedCodeError`. The top level must be, in order:
 5. the constants SPEC_NAME … SPEC_JSON, each a literal (with ``expected``, that value);
 6. ``def allocate`` and ``def bind``, in which nothing imports, declares globals,
    defines classes, or reaches for ``eval``-like names or any dunder.
+
+No library does this: linters (ruff, bandit) flag risky patterns, none says a module is
+exactly an expected skeleton with only literals where spec text may land.
 """
 
 from __future__ import annotations
