@@ -38,7 +38,8 @@ import torch
 from graphslot.graphs import EagerStep, TapeGraph
 from graphslot.reference import build_reference_model, make_decode_batch, make_extend_batch
 from graphslot.reference.adapter import ReferenceDecodeAdapter
-from graphslot.runners import CAPTURE_MODES, DecodeGraphRunner
+from graphslot.runners import DecodeGraphRunner
+from graphslot.runners.capture import CAPTURE_MODES
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The commit before issue 33's runners.

@@ -23,7 +23,8 @@ from graphslot.reference import build_reference_model, make_decode_batch, make_e
 from graphslot.reference.adapter import ReferenceDecodeAdapter
 from graphslot.reference.numerics import output_check
 from graphslot.reference.prefill_adapter import ReferencePrefillAdapter
-from graphslot.runners import CAPTURE_MODES, DecodeGraphRunner, PrefillGraphRunner
+from graphslot.runners import DecodeGraphRunner, PrefillGraphRunner
+from graphslot.runners.capture import CAPTURE_MODES
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 #: Decode batch sizes, one step each: every captured size (1, 2, 4) and a padded 3.
