@@ -18,7 +18,7 @@ from torch import nn
 
 from prefill_cases import against_eager, mixed_batches
 
-from graphslot.graphs import SegmentedGraph, TapeBackend, TapeGraph, graph_pool
+from graphslot.graphs import CudaGraphBackend, SegmentedGraph, TapeBackend, TapeGraph, get_graph_backend, graph_pool
 from graphslot.reference import build_reference_model, make_decode_batch, make_extend_batch
 from graphslot.reference.adapter import ReferenceDecodeAdapter
 from graphslot.reference.numerics import output_check
@@ -156,6 +156,14 @@ def test_one_pool_shared_by_every_runner_of_a_process():
     assert decode.graph_pool is prefill.graph_pool is pool
     own = decode_runner(runtime(), "full")
     assert own.graph_pool is not pool and own.graph_pool is not None  # not given: the backend's own
+
+
+def test_a_pool_handle_goes_to_the_backend_made_from_a_name():
+    token = graph_pool("cpu")
+    assert get_graph_backend("cpu", "cpu", pool=token).pool is token
+    assert CudaGraphBackend("cuda", pool=token).pool is token  # no CUDA touched: the handle is kept
+    with pytest.raises(TypeError, match=r"^the tape's graph pool must be a TapePool"):
+        TapeBackend(pool="mine")
 
 
 def test_a_backend_object_is_used_as_it_is():
