@@ -90,6 +90,16 @@ def test_decode_in_every_capture_mode_equals_eager(capture):
 
 
 @pytest.mark.parametrize("capture", CAPTURE_MODES)
+def test_target_verify_in_every_capture_mode_equals_eager(capture):
+    rt = runtime()
+    runner = decode_runner(rt, capture, capture_bs=[2, 4], num_tokens_per_bs=2)
+    rpi = rt.req_to_token_pool.alloc(3)
+    rt.forward(make_extend_batch(rt, rpi, [0] * 3, [[1, 2, 3], [4, 5], [6, 7, 8, 9]]))
+    fb = make_decode_batch(rt, rpi, [3, 2, 4], [[10, 11], [12, 13], [14, 15]])  # 3 requests: padded to 4
+    assert same_as_eager(rt, runner, fb) and runner.metrics()["replays_per_size"] == {"4": 1}
+
+
+@pytest.mark.parametrize("capture", CAPTURE_MODES)
 def test_prefill_in_every_capture_mode_equals_eager(capture):
     rt = runtime()
     runner = prefill_runner(rt, capture)
