@@ -143,16 +143,30 @@ class CountingContext:
             self.open = False
 
 
+class WatchedBackend(TapeBackend):
+    """The tape, noting at each capture whether the engine's context is open."""
+
+    def __init__(self, context):
+        super().__init__()
+        self.context, self.inside = context, []
+
+    def begin_capture(self):  # every tape capture, whole or segment, begins here
+        self.inside.append(self.context.open)
+        return super().begin_capture()
+
+
 @pytest.mark.parametrize("capture", CAPTURE_MODES)
 def test_the_capture_context_is_entered_once_per_graph_segment_or_piece(capture):
     rt = runtime()
     pre_ctx, dec_ctx = CountingContext(), CountingContext()
+    backend = WatchedBackend(dec_ctx)
     prefill = prefill_runner(rt, capture, capture_context=pre_ctx, lazy=False, token_buckets=[16, 32])
-    decode = decode_runner(rt, capture, capture_context=dec_ctx)
+    decode = decode_runner(rt, capture, capture_context=dec_ctx, backend=backend)
     for runner, ctx in ((prefill, pre_ctx), (decode, dec_ctx)):
         expected = sum(segments(g) for g in runner.graphs.values())
         assert ctx.entries == expected and not ctx.open
         assert expected == (len(runner.graphs) if capture == "full" else len(runner.graphs) * 3)  # 2 layers
+    assert len(backend.inside) == dec_ctx.entries and all(backend.inside)  # each capture inside the context
 
 
 # ------------------------------------------------------------------------- the pool
