@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Mapping, Optional
 
 from .errors import SlotError, did_you_mean
-from .live import Live
+from .live import Live, LiveParamError, at_slot
 
 # How each kind of hook is called; a user hook must accept these arguments.
 HOOK_SIGNATURES = {
@@ -223,7 +223,13 @@ def _attn_tp_shard(params, slot_name):
     def fail(message):
         return SlotError(f"slot '{slot_name}': {message}")
 
-    return lambda ctx: _shard(ctx.params.get, fail)
+    def shard(ctx):
+        try:
+            return _shard(ctx.params.get, fail)
+        except LiveParamError as exc:
+            raise at_slot(exc, slot_name) from exc.__cause__
+
+    return shard
 
 
 def _local_bounds(sharded, rank, size, padded_num_tokens):
