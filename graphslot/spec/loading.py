@@ -313,9 +313,18 @@ def _allowed_keys(path: Tuple[Any, ...]) -> Tuple[str, ...]:
     return TOP_KEYS if not path else ()
 
 
+def _list_errors(errors: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """pydantic's errors as of the lists a spec holds: the model keeps them as tuples
+    (a spec never changes), and its tuple validator adds a ``too_short`` to a sequence
+    whose item failed (one it counts as missing)."""
+    failed_items = {error["loc"][:-i] for error in errors for i in range(1, len(error["loc"]))}
+    return [dict(error, msg=error["msg"].replace("valid tuple", "valid list").replace("Tuple should", "List should"))
+            for error in errors if not (error["type"] == "too_short" and error["loc"] in failed_items)]
+
+
 def _structural_issues(exc: ValidationError, data: Any, locations: Locations) -> List[SpecIssue]:
     seen, issues = set(), []
-    for error in exc.errors():
+    for error in _list_errors(exc.errors()):
         path, rest = _document_path(error["loc"], data)
         kind = error["type"]
         if rest[-1:] == ("[key]",):

@@ -18,7 +18,7 @@ from .errors import ExprError, SpecError, SpecIssue, did_you_mean, shorten
 from .expr import Expr
 from .live import Live
 from .kinds import CAPACITY_NAMES, Axis, Padding, SlotKind
-from .model import RegistrySpec, SlotSpec
+from .model import RegistrySpec, SlotSpec, one_nan
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ def coerce_param(name: str, ptype: str, value: Any) -> Any:
     }[ptype]
     if not ok:
         raise ValueError(f"param '{name}' is {ptype}, got {type(value).__name__} {value!r}")
-    return float(value) if ptype == "float" else value
+    return one_nan(float(value)) if ptype == "float" else value
 
 
 def _live_value(name: str, ptype: str, value: Any) -> Any:
