@@ -160,6 +160,7 @@ class RegistrySpec(_Strict):
     _text: str = PrivateAttr("")
     _locations: Optional[Locations] = PrivateAttr(None)
     _identity: Optional[str] = PrivateAttr(None)
+    _by_name: Optional[Tuple[Tuple[SlotSpec, ...], Dict[str, SlotSpec]]] = PrivateAttr(None)
 
     @model_validator(mode="after")
     def _freeze(self) -> "RegistrySpec":
@@ -213,10 +214,12 @@ class RegistrySpec(_Strict):
         return self._locations or Locations(self._source)
 
     def slot_spec(self, name: str) -> SlotSpec:
-        for slot in self.slots:
-            if slot.name == name:
-                return slot
-        raise KeyError(name)
+        if self._by_name is None or self._by_name[0] is not self.slots:  # made once (a copy's slots: again)
+            by_name: Dict[str, SlotSpec] = {}
+            for slot in self.slots:
+                by_name.setdefault(slot.name, slot)  # the first of a name, as a search finds
+            self._by_name = (self.slots, by_name)
+        return self._by_name[1][name]
 
     def slot_line(self, index: int, key: Optional[str] = None) -> Optional[int]:
         path = ("slots", index) if key is None else ("slots", index, key)
