@@ -62,6 +62,9 @@ class Live:
         return f"Live({getattr(self.fn, '__qualname__', type(self.fn).__name__)})"
 
 
+_UNREAD, _READING = object(), object()  # a live param not read yet this fill; being read
+
+
 class LiveParams(Mapping):
     """``ctx.params`` of a registry with live params: the resolved params, each live
     one evaluated by its provider on first read during this fill."""
@@ -110,9 +113,6 @@ class LiveParams(Mapping):
 
 
 ContextFactory = Callable[..., Any]
-
-
-_UNREAD, _READING = object(), object()
 
 
 def _providers(params: Mapping[str, Any]) -> Mapping[str, Live]:
