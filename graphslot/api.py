@@ -11,6 +11,7 @@ import torch
 from .spec.budget import check_buffer_bytes
 from .spec.errors import SpecError, SpecIssue
 from .spec.hooks import BUILTIN_HOOKS, HOOK_SIGNATURES, HookError, bind_hook
+from .spec.live import Live, naming_slot
 from .spec.loading import load_spec
 from .spec.model import RegistrySpec
 from .registry.buffers import check_given_buffers
@@ -29,8 +30,10 @@ def strict_from_env() -> bool:
 def bind_slot_hooks(
     spec: RegistrySpec, slots: list, params: Mapping[str, Any], user_hooks: Mapping[str, Callable]
 ) -> Dict[str, Dict[str, Callable]]:
-    """Each enabled slot's hooks as callables; a hook with nothing to do is left out."""
+    """Each enabled slot's hooks as callables; a hook with nothing to do is left out.
+    With live params, a hook not built in names its slot when a provider it reads fails."""
     bound: Dict[str, Dict[str, Callable]] = {}
+    live = any(isinstance(value, Live) for value in params.values())
     issues = [SpecIssue("<hooks=>", None, f"hook name '{name}' passed in build_registry(hooks=...) is the name "
                         f"of a built-in hook; rename yours (e.g. 'my_{name}') and use that name in the spec")
               for name in sorted(set(user_hooks) & set(BUILTIN_HOOKS))]
@@ -47,7 +50,8 @@ def bind_slot_hooks(
                 issues.append(SpecIssue(spec.source, spec.slot_line(index, kind), str(exc), slot.name))
                 continue
             if fn is not None:
-                bound.setdefault(slot.name, {})[kind] = fn
+                named = live and ref not in BUILTIN_HOOKS  # a built-in reading live params names its slot
+                bound.setdefault(slot.name, {})[kind] = naming_slot(fn, slot.name) if named else fn
     if issues:
         raise SpecError(issues)
     return bound

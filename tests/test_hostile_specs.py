@@ -331,7 +331,7 @@ def test_total_bytes_are_capped_at_the_validation_capacities():
         "spec.yaml:2: the enabled slots take 2048000000000000 bytes at max_bs=256, max_num_tokens=256, more "
         "than the limit of 4294967296 bytes (largest: slot 'x', 2048000000000000 bytes); raise it with "
         "`graphslot validate --max-bytes N` or load_spec(..., max_bytes=N)"]
-    assert parses(huge, max_bytes=2048000000000000).slots[0].shape == ["max_bs", 1000000000000]
+    assert parses(huge, max_bytes=2048000000000000).slots[0].shape == ("max_bs", 1000000000000)
     assert checks.DEFAULT_MAX_BYTES == 4 << 30
     assert errors(SPEC, max_bytes=2047) == [
         "spec.yaml:2: the enabled slots take 2048 bytes at max_bs=256, max_num_tokens=256, more than the limit "

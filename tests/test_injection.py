@@ -149,7 +149,7 @@ def test_hostile_slot_and_runtime_param_names_reaching_the_emitter_are_refused(k
     payload = PAYLOADS[kind]
     spec = gs.parse_spec(_spec_text("name", "victim"), "victim.yaml")
     slot = spec.slots[0].model_copy(update={"name": payload})
-    hostile = spec.model_copy(update={"slots": [slot]})
+    hostile = spec.model_copy(update={"slots": (slot,)})
     try:
         text = render_module(hostile, gs.resolve_params(spec))
     except GeneratedCodeError as exc:

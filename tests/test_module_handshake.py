@@ -197,3 +197,22 @@ def test_a_module_without_a_spec_identity_is_an_older_format():
     with pytest.raises(gs.SpecError, match="generated module 'tampered_decode' records no SPEC_IDENTITY "
                                            r"\(an older graphslot's module format\); run `graphslot generate`"):
         gs.build_registry("decode", 4, 4, mode=module)
+
+
+@pytest.mark.parametrize("module", [ast, types.ModuleType("my_engine_buffers")])
+def test_a_module_that_graphslot_did_not_generate_is_named_as_such(module):
+    """Not "edited or damaged" (issue 37): a module with none of a generated module's
+    records was never one; the error says what to pass instead."""
+    name = module.__name__
+    with pytest.raises(gs.SpecError) as err:
+        gs.build_registry(module, 4, 4)
+    assert str(err.value) == (
+        f"<module {name}>: module '{name}' is not a graphslot-generated module (it has no GRAPHSLOT_VERSION, "
+        "SPEC_IDENTITY or SPEC_JSON): pass build_registry a spec (a RegistrySpec, a spec name or a YAML path) or "
+        "a module `graphslot generate` wrote")
+    with pytest.raises(gs.SpecError) as err:
+        gs.build_registry("decode", 4, 4, mode=module)
+    assert str(err.value) == (
+        f"graphslot/slot_specs/decode.yaml: module '{name}' is not a graphslot-generated module (it has no "
+        "GRAPHSLOT_VERSION, SPEC_IDENTITY or SPEC_JSON): pass mode='generated', mode='interpreted' or a module "
+        "`graphslot generate` wrote")

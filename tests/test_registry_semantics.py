@@ -1058,3 +1058,30 @@ def test_keep_pad_slots_accumulate_no_autograd_history_over_many_fills(mode):
     for name in ("kept", "doubled"):  # keep_pad: never reset, so history would chain step after step
         assert reg.slot(name).buffer.grad_fn is None
     assert_plain_data(reg)
+
+
+COUNT_HOOKS = """\
+    name: counts
+    absent_fields: skip
+    slots:
+      - {name: local, shape: [1], dtype: int32, axis: none, copy_from_fb: false,
+         post_fill: local_num_token_non_padded}
+      - {name: host, shape: [1], dtype: int64, axis: none, device: cpu, copy_from_fb: false,
+         post_fill: local_num_token_non_padded_cpu}
+"""
+
+
+@pytest.mark.parametrize("mode", ["interpreted", "generated"])
+@pytest.mark.parametrize("field, value, slot", [
+    ("num_token_non_padded", [3], "local"), ("global_num_token_non_padded", [3], "local"),
+    ("global_num_token_non_padded_cpu", [3], "host"), ("num_token_non_padded", "3", "local"),
+    ("global_num_token_non_padded_cpu", 3.0, "host")])
+def test_a_count_field_that_is_not_an_int_or_a_tensor_is_a_slot_error_naming_slot_and_field(mode, field, value, slot):
+    """Issue 37: a list-valued count was a TypeError naming nothing, and "3" was int()-ed."""
+    reg = gs.build_registry(parse(COUNT_HOOKS), 4, 8, mode=mode)
+    with pytest.raises(gs.SlotError) as err:
+        reg.fill_from(SimpleNamespace(**{field: value}), raw_bs=3, padded_bs=4, raw_num_tokens=3, padded_num_tokens=8)
+    assert str(err.value) == (f"slot '{slot}': fb.{field} is {type(value).__name__} {value!r}; a count is an int "
+                              "or a tensor")
+    reg.fill_from(SimpleNamespace(**{field: 3}), raw_bs=3, padded_bs=4, raw_num_tokens=3, padded_num_tokens=8)
+    assert reg.slot(slot).buffer.tolist() == [3]

@@ -56,7 +56,7 @@ def test_a_code_spec_is_validated_like_a_file_and_its_errors_name_the_label_and_
     ({1: 2}, "the spec: key 1 is not a string"),
     ({"name": "t", "slots": [{("a",): 1}]}, "slots[0]: key ('a',) is not a string"),
     ({"name": "t", "slots": [slot(shape=[torch.int64])]},
-     "slots[0].shape[0]: dtype is not plain data: a spec from code holds only dicts, lists, str, int, float, bool "
+     "slots[0].shape[0]: torch.dtype is not plain data: a spec from code holds only dicts, lists, str, int, float, bool "
      "and None (a dtype by its name: 'int64')"),
     ({"name": "t", "slots": [slot(shape=[2 ** 63])]},
      "slots[0].shape[0]: integer 9223372036854775808 out of range (|value| < 2**63)"),
@@ -77,6 +77,39 @@ def test_enum_values_are_taken_as_their_plain_values():
     spec = gs.spec_from_dict({"name": "t", "slots": [slot(axis=Axis.NONE, shape=[Two.TWO], padding=None)]})
     assert spec.slots[0].axis == "none" and type(spec.slots[0].shape[0]) is int
     assert gs.spec_from_dict({"name": "t", "slots": [slot(axis="none", shape=[2], padding=None)]}) is spec
+
+
+def test_str_subclass_keys_and_numpy_scalars_are_taken_as_their_plain_values():
+    """Issue 37: a str-enum key was "not a string", and np.bool_ "bool is not plain data
+    ... holds only ... bool"."""
+    import numpy as np
+
+    class Key(str, enum.Enum):
+        NAME = "name"
+        AXIS = "axis"
+
+    keys = {k: v for k, v in slot(shape=[np.int64(2)], optional=np.bool_(True)).items() if k != "axis"}
+    spec = gs.spec_from_dict({Key.NAME: "t", "slots": [dict(keys, padding=None, **{Key.AXIS: "none"})],
+                              "params": {"p": {"type": "float", "default": np.float32(0.5)}}})
+    assert spec.slots[0].axis == "none" and spec.slots[0].shape == (2,) and spec.slots[0].optional is True
+    assert type(spec.slots[0].shape[0]) is int and spec.params["p"].default == 0.5
+    assert spec.identity == gs.spec_from_dict({"name": "t", "slots": [slot(axis="none", shape=[2], optional=True,
+                                                                           padding=None)],
+                                               "params": {"p": {"type": "float", "default": 0.5}}}).identity
+
+
+class LyingList(list):
+    def __len__(self):
+        return 1 << 60
+
+
+def test_a_sequence_is_read_by_iterating_never_by_trusting_its_len():
+    spec = gs.spec_from_dict({"name": "t", "slots": LyingList([slot()])})
+    assert [s.name for s in spec.slots] == ["x"]
+    with pytest.raises(gs.SpecError) as err:
+        gs.spec_from_dict({"name": "t", "slots": [slot(shape=LyingList([1, object()]))]}, source=LABEL)
+    assert str(err.value) == (f"{LABEL}: slots[0].shape[1]: object is not plain data: a spec from code holds only "
+                              "dicts, lists, str, int, float, bool and None (a dtype by its name: 'int64')")
 
 
 def test_hooks_of_a_code_spec_are_passed_by_name():

@@ -15,7 +15,7 @@ from ..spec.loading import is_shipped
 from ..spec.model import RegistrySpec
 from ..registry.base import SlotRegistry
 from ..spec.resolve import ResolvedSlot
-from .embedded import module_name, module_params, same_spec_file
+from .embedded import module_name, module_params, refuse_foreign, same_spec_file
 from .emitter import params_literal, structural_params
 from .handshake import version_incompatibility
 
@@ -51,6 +51,7 @@ def check_module(module: Any, spec: RegistrySpec, params: Mapping[str, Any]) -> 
     """A checked-in module must be one this graphslot runs (:mod:`.handshake`'s policy),
     from this very spec (its meaning: :attr:`RegistrySpec.identity`) and these params."""
     name = module_name(module)
+    refuse_foreign(module, spec.source, "mode='generated', mode='interpreted'")
     problems = []
     version = getattr(module, "GRAPHSLOT_VERSION", None)
     why = version_incompatibility(version)

@@ -211,6 +211,8 @@ def py_str(text: str) -> str:
     quotes than single ones; every other character escaped exactly as ``repr()``
     escapes it (so one printable line, whatever ``text`` holds)."""
     quote = "'" if text.count('"') > text.count("'") else '"'
+    if text.isascii() and text.isprintable() and "\\" not in text and quote not in text:
+        return quote + text + quote  # nothing to escape (the common case; SPEC_JSON is long)
     body = "".join("\\" + c if c == quote else c if c in "'\"" else repr(c)[1:-1] for c in text)
     return quote + body + quote
 

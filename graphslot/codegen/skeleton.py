@@ -183,9 +183,9 @@ def check_module_structure(text: str, spec: RegistrySpec, expected: Optional[Seq
     SPEC_IDENTITY are checked against ``spec`` and the others only for being literals.
     Raises :class:`GeneratedCodeError` naming the first statement that does not fit.
     """
-    bad = [c for c in text if c != "\n" and not c.isprintable()]
-    if bad:
-        raise refuse(spec, f"the source would contain the control character {ascii(bad[0])}")
+    if not text.replace("\n", "").isprintable():  # one pass in C; the loop only to name the character
+        bad = next(c for c in text if c != "\n" and not c.isprintable())
+        raise refuse(spec, f"the source would contain the control character {ascii(bad)}")
     try:
         tree = ast.parse(text)
     except SyntaxError as exc:  # spec text broke the syntax (or a generator bug): never write it

@@ -28,6 +28,16 @@ def adoptable(adopt: Any, name: str) -> Any:
     return value
 
 
+def refuse_strided(where: str, how: str, tensor: torch.Tensor) -> None:
+    """SlotError for a tensor a registry would bind or adopt that is not dense with a
+    unit last stride: generated code views buffers of several dtypes as one integer dtype
+    (one copy kernel a step), which needs that layout (``is_contiguous()`` alone does not
+    promise the unit stride of a last dimension of size 1)."""
+    if not tensor.is_contiguous() or (tensor.dim() and tensor.stride(-1) != 1):
+        raise SlotError(f"{where}: {how}= holds a non-contiguous tensor (shape {list(tensor.shape)}, strides "
+                        f"{list(tensor.stride())}); pass a contiguous tensor (.contiguous() gives one)")
+
+
 def allocate_buffer(
     name: str,
     shape: Tuple[int, ...],
@@ -51,6 +61,7 @@ def allocate_buffer(
             raise SlotError(f"slot '{name}': cannot adopt the tensor: expected shape "
                             f"{list(shape)} dtype {dtype}, got shape {list(tensor.shape)} "
                             f"dtype {tensor.dtype}")
+        refuse_strided(f"slot '{name}'", "adopt", tensor)
         return tensor  # adopted tensors are already initialised by their owner
     try:
         buffer = torch.zeros(shape, dtype=dtype, device=device)
@@ -92,6 +103,7 @@ def check_given_buffers(spec_name: str, slots, buffers: Any, device: torch.devic
         if tuple(tensor.shape) != slot.shape or tensor.dtype != slot.dtype or not _same_device(tensor.device, where):
             raise SlotError(f"spec '{spec_name}', slot '{slot.name}': buffers= holds shape {list(tensor.shape)} "
                             f"{tensor.dtype} on {tensor.device}, expected {list(slot.shape)} {slot.dtype} on {where}")
+        refuse_strided(f"spec '{spec_name}', slot '{slot.name}'", "buffers", tensor)
         given[slot.name] = tensor
     return given
 
