@@ -75,9 +75,9 @@ def check_model(model: Any, allow_untested: bool = False, max_context_len: Optio
                          "output with plain transformers decode")
     impl = inner_implementation(config)
     if impl not in ATTENTION_IMPLEMENTATIONS:
-        raise ValueError(f"{type(model).__name__} uses attn_implementation {config._attn_implementation!r}; the paged cache's 4-D mask "
-                         f"needs one of {', '.join(ATTENTION_IMPLEMENTATIONS)} (load the model with "
-                         "attn_implementation='sdpa')")
+        raise ValueError(f"{type(model).__name__} uses attn_implementation {config._attn_implementation!r}; the "
+                         f"paged cache's 4-D mask needs one of {', '.join(ATTENTION_IMPLEMENTATIONS)} (load the "
+                         "model with attn_implementation='sdpa')")
     if model.training:
         raise ValueError(f"{type(model).__name__} is in training mode (dropout would differ per replay); call "
                          "model.eval() first")

@@ -185,8 +185,11 @@ class HFPrefillAdapter(PrefillAdapter):
 
     # -- attention metadata ----------------------------------------------------------------
     def init_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
-        self.meta = PrefillMetadata(self.cache, max_bs, max_num_tokens)
-        handle(self.meta)  # what the piecewise op finds it by
+        meta = self.meta
+        # Kept while large enough: graphs already captured read (and their ops find) this one.
+        if meta is None or meta.rows.shape[0] < max_bs or meta.token_req.shape[0] < max_num_tokens:
+            self.meta = PrefillMetadata(self.cache, max_bs, max_num_tokens)
+            handle(self.meta)  # what the piecewise op finds it by
 
     def init_capture_metadata(self, num_tokens: int, view: Any) -> None:
         # Under capture="full" the graph gathers this many positions per request for good.
