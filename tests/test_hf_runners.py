@@ -12,6 +12,9 @@ CPU's matmul is batch-invariant, else allclose), and the greedy tokens with
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("transformers")
@@ -32,7 +35,7 @@ MAX_NEW = [7, 2, 4, 3, 4, 2]
 #: Prefill waves: ``(request, first, end)`` prompt slices; request 4 is prefilled in two chunks.
 WAVES = [[(0, 0, 3), (1, 0, 7)], [(2, 0, 2), (3, 0, 5), (4, 0, 5)], [(4, 5, 9), (5, 0, 4)]]
 TOKEN_BUCKETS = [8, 16]
-CAPTURE_BS = [2, 4, 6]
+CAPTURE_BS = [2, 6]
 MAX_CONTEXT = 24
 
 
@@ -133,6 +136,16 @@ def checked(runner, eager, same, graphs_run):
     return step
 
 
+def assert_cut_at_attention(runner, capture, model):
+    """Each graph runs every layer's attention eagerly (once per layer) unless ``full``, and
+    reads nothing but declared static tensors (tape: each op's inputs are known)."""
+    for key in runner.graph_keys:
+        graph = runner.graphs[key if key[1] is not None else key[0]]
+        cuts = getattr(graph, "num_eager_steps", 0)
+        assert cuts == (0 if capture == "full" else model.config.num_hidden_layers), (key, graph)
+        assert runner.external_inputs(*key) == []
+
+
 def comparison():
     return torch.equal if linear_is_batch_invariant() else close
 
@@ -151,9 +164,7 @@ def test_decode_graphs_give_the_eager_logits_and_generates_tokens(model, generat
     assert all(a != b for a, b in zip(sizes, sizes[1:])), sizes  # a new batch size every step
     assert set(sizes) - set(CAPTURE_BS) and set(sizes) & set(CAPTURE_BS), sizes  # padded and exact
     assert len(run) == len(sizes)
-    graph = runner.graphs[max(runner.graphs)] if capture == "full" else runner.graphs[max(runner.graphs)]
-    cuts = getattr(graph, "num_eager_steps", 0)
-    assert cuts == (0 if capture == "full" else model.config.num_hidden_layers)
+    assert_cut_at_attention(runner, capture, model)
 
 
 @pytest.mark.parametrize("capture", MODES)
@@ -168,8 +179,25 @@ def test_prefill_graphs_give_the_eager_logits_and_generates_tokens(model, genera
     assert server.run() == generated
     assert server.prefill_tokens == [10, 12, 8]  # padded to 16, 16 and exactly 8
     assert len(run) == len(WAVES)
-    cuts = [g.num_eager_steps for g in runner.graphs.values()]
-    assert cuts == [0 if capture == "full" else model.config.num_hidden_layers] * len(runner.graphs)
+    assert_cut_at_attention(runner, capture, model)
+    # capture="full": the attention metadata is in the graph, so a graph per request-slot count too
+    assert all(requests is not None for _, requests in runner.graph_keys) == (capture == "full")
+
+
+def test_prefill_and_decode_graphs_together(model, generated):
+    cache = new_cache(model)
+    prefill = PrefillGraphRunner(HFPrefillAdapter(model, cache), capture="full", max_bs=4,
+                                 token_buckets=TOKEN_BUCKETS, backend="cpu", progress=False)
+    decode = DecodeGraphRunner(HFDecodeAdapter(model, cache), capture="breakable", max_bs=6, capture_bs=CAPTURE_BS,
+                               backend="cpu", progress=False)
+    assert Server(cache, prefill, decode).run() == generated
+
+
+def test_the_readme_example_runs():
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    blocks = [b for b in re.findall(r"^```python\n(.*?)^```$", readme, re.S | re.M) if "HFPrefillAdapter(" in b]
+    assert len(blocks) == 1
+    exec(compile(blocks[0], "README.md", "exec"), {})
 
 
 def test_prefill_logits_match_transformers_own_forward(model):

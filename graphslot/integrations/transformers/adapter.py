@@ -100,6 +100,7 @@ class HFDecodeAdapter(DecodeAdapter):
             route_attention(model)
         if not cache.geometry_probed:
             cache.probe(model)
+        cache.pool  # allocated now: a graph (or a torch.compile trace) reads the pool, never makes it
 
     def run(self, step: Any) -> torch.Tensor:
         """Logits ``[num_tokens, vocab]`` of a step (a view or a live batch)."""

@@ -154,6 +154,7 @@ class HFPrefillAdapter(PrefillAdapter):
         self.meta: Optional[PrefillMetadata] = None
         if not cache.geometry_probed:
             cache.probe(model)
+        cache.pool  # allocated now: a graph (or a torch.compile trace) reads the pool, never makes it
 
     def layer_stack(self, model: nn.Module) -> nn.Module:
         return HFLayerStack(model.model)
