@@ -13,7 +13,7 @@ from graphslot.cli.demo_common import demo_device
 from graphslot.cli.demo_decode import format_demo_table, run_demo
 from graphslot.cli.demo_prefill import format_prefill_table, run_prefill_demo
 from graphslot.reference.numerics import output_check
-from graphslot.runners.breakable import BreakableGraphRunner
+from graphslot.runners.prefill import PrefillGraphRunner
 
 
 def test_short_demo_matches_eager_and_prints_a_table():
@@ -81,7 +81,7 @@ def test_prefill_demo_rejects_an_unknown_runner():
 def test_prefill_demo_catches_a_broken_runner(monkeypatch):
     # Attention metadata written at capture and never on replay: silently wrong logits
     # (one bucket, so the stale metadata has the right shape and nothing raises).
-    monkeypatch.setattr(BreakableGraphRunner, "prepare_replay", lambda self, n, view, fb: None)
+    monkeypatch.setattr(PrefillGraphRunner, "prepare_replay", lambda self, n, view, fb: None)
     result = run_prefill_demo(batches=6, backend="cpu", runners=["breakable"], token_buckets=[64],
                               progress=False)
     assert result["mismatching_batches"] > 0
@@ -149,7 +149,7 @@ def test_cli_demo_rejects_the_other_workloads_flags(monkeypatch, capsys, argv, m
 
 
 def test_cli_prefill_demo_exits_1_on_a_mismatch(monkeypatch, capsys):
-    monkeypatch.setattr(BreakableGraphRunner, "prepare_replay", lambda self, n, view, fb: None)
+    monkeypatch.setattr(PrefillGraphRunner, "prepare_replay", lambda self, n, view, fb: None)
     monkeypatch.setattr(demo_prefill, "DEFAULT_BUCKETS", (64,))
     assert main([*PREFILL_CLI, "--batches", "6", "--runner", "breakable"]) == 1
     assert json.loads(capsys.readouterr().out)["mismatching_batches"] > 0

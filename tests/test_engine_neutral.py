@@ -20,7 +20,7 @@ import graphslot as gs
 from graphslot.reference import ForwardBatch, ForwardMode, Scheduler, build_reference_model, make_decode_batch
 from graphslot.reference.adapter import ReferenceDecodeAdapter
 from graphslot.reference.prefill_adapter import ReferencePrefillAdapter
-from graphslot.runners.breakable import BreakableGraphRunner
+from graphslot.runners.prefill import PrefillGraphRunner
 from graphslot.runners.adapter import DecodeAdapter
 from graphslot.runners.decode import DecodeGraphRunner
 from graphslot.runners.outputs import slice_rows
@@ -437,7 +437,7 @@ class PlainPrefillAdapter(ReferencePrefillAdapter):
 def test_a_prefill_batch_without_forward_mode_runs_the_prefill_graph():
     rt = build_reference_model(max_num_reqs=64)
     adapter = PlainPrefillAdapter(rt)
-    runner = BreakableGraphRunner(adapter, token_buckets=[16, 32], progress=False)
+    runner = PrefillGraphRunner(adapter, capture="breakable", token_buckets=[16, 32], progress=False)
     seen = 0
     for fb in mixed_batches(rt, seed=5, sizes=(1, 3, 4), max_len=6):
         batch = as_plain_extend(fb)
@@ -456,7 +456,7 @@ def test_a_prefill_dummy_missing_a_field_fails_at_construction():
 
     with pytest.raises(gs.SlotError, match=r"^spec 'prefill': the PlainExtend from Forgetful\.make_dummy_batch has "
                                            r"no 'positions'"):
-        BreakableGraphRunner(Forgetful(build_reference_model(max_num_reqs=4)), token_buckets=[16], progress=False)
+        PrefillGraphRunner(Forgetful(build_reference_model(max_num_reqs=4)), token_buckets=[16], progress=False)
 
 
 def test_an_old_slice_output_override_fails_at_construction():

@@ -8,12 +8,13 @@ being deterministic, the same request and KV slots). Every batch's logits are
 compared. Nothing is shared between the two sides, so a wrong graph cannot leak into
 the reference, and the K/V a continuation reads was written by the graph alone.
 
-Each runner (breakable, piecewise) gets its own pair of runtimes and the same seeded
-stream of batches.
+Each runner (the prefill runner with capture "breakable", then "piecewise") gets its own
+pair of runtimes and the same seeded stream of batches.
 """
 
 from __future__ import annotations
 
+import functools
 import random
 import statistics
 import sys
@@ -39,22 +40,15 @@ RunnerFactory = Callable[[Any, Dict[str, Any]], Any]
 # ------------------------------------------------------------------------- runners
 
 
-def _make_breakable(runtime: Any, options: Dict[str, Any]) -> Any:
+def _make_runner(capture: str, runtime: Any, options: Dict[str, Any]) -> Any:
     from ..reference.prefill_adapter import ReferencePrefillAdapter
-    from ..runners.breakable import BreakableGraphRunner
+    from ..runners.prefill import PrefillGraphRunner
 
-    return BreakableGraphRunner(ReferencePrefillAdapter(runtime), **options)
-
-
-def _make_piecewise(runtime: Any, options: Dict[str, Any]) -> Any:
-    from ..reference.piecewise_ops import PiecewiseReferencePrefillAdapter
-    from ..runners.piecewise import PiecewiseGraphRunner
-
-    return PiecewiseGraphRunner(PiecewiseReferencePrefillAdapter(runtime), **options)
+    return PrefillGraphRunner(ReferencePrefillAdapter(runtime), capture=capture, **options)
 
 
-#: Runner name -> factory ``(runtime, options) -> runner``, in report order.
-RUNNERS: Dict[str, RunnerFactory] = {"breakable": _make_breakable, "piecewise": _make_piecewise}
+#: Runner name (the prefill runner's capture mode) -> factory ``(runtime, options) -> runner``, in report order.
+RUNNERS: Dict[str, RunnerFactory] = {name: functools.partial(_make_runner, name) for name in ("breakable", "piecewise")}
 
 
 # ------------------------------------------------------------------------ workload

@@ -44,6 +44,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple, 
 
 import torch
 
+from ...graphs.cuda import CudaGraphBackend
 from ...runners.decode import DecodeGraphRunner, DecodeRunnerConfig
 from .adapter import HFDecodeAdapter, check_model
 from .batches import Packed, decode_step, packed_fits, packed_logits, prefill_logits, split_prompt_logprobs
@@ -90,7 +91,8 @@ class ContinuousBatcher(Driving):
     * Runner options (``backend``, ``mode``, ``capture_bs``, ``progress``, ...) go to
       :class:`DecodeRunnerConfig`; ``context_buckets`` is ``"auto"`` here: a step replays
       the graph of its longest context's bucket, so a long ``max_context_len`` costs memory
-      (the request table), not time.
+      (the request table), not time. On a GPU the backend asks for a fresh cuBLAS workspace
+      (``fresh_cublas_workspace=True``): torch.compile's CUDAGraph Trees may share the process.
 
     Thread safety: :meth:`add_request` and :meth:`abort` hold ``self._lock`` while they
     change the queue, so other threads (and ``sample``) may call them while a step runs;
@@ -141,6 +143,9 @@ class ContinuousBatcher(Driving):
                             and self.last_logits_only and packs(self.cache.config))
         runner_options.setdefault("progress", False)
         runner_options.setdefault("context_buckets", "auto")
+        if device.type == "cuda" and runner_options.get("backend", "auto") in ("auto", "cuda"):
+            runner_options["backend"] = CudaGraphBackend(device, pool=runner_options.pop("graph_pool", None),
+                                                         fresh_cublas_workspace=True)  # see above
         self.runner = DecodeGraphRunner(self.adapter, DecodeRunnerConfig(max_bs=max_bs, **runner_options))
         self.waiting: Deque[Request] = deque()
         self.running: List[Request] = []
