@@ -5,9 +5,14 @@ prompt split over two waves: chunked prefill after a cached prefix) and decodes 
 running request each step, freeing each when done, so the decode batch size and the
 prefill token count change at every step, captured sizes and padded ones. One phase
 runs through a graph runner in one capture mode, the other eagerly; every step's
-logits are compared with the eager forward of the same step (bit for bit where the
-CPU's matmul is batch-invariant, else allclose), and the greedy tokens with
-``model.generate`` per request.
+logits are compared with the eager forward of the same step, and the greedy tokens
+with ``model.generate`` per request.
+
+Logits are compared ``allclose``, not bit for bit: a graph computes a step at its
+padded size and the CPU's matmul picks kernels by row count (decode: 2e-6 apart here),
+and a ``full`` prefill graph attends over its request slots' ``max_context_len``
+positions where eager attends over the batch's longest context. (The breakable and
+piecewise prefill graphs gave eager's bits on this CPU; not asserted.)
 """
 
 from __future__ import annotations
@@ -54,16 +59,6 @@ def generated(model):
     return out
 
 
-def linear_is_batch_invariant() -> bool:
-    """Whether this CPU's ``nn.Linear`` gives a row the same bits at every row count (one
-    thread, as conftest sets): then graph and eager logits must be equal, not just close."""
-    gen = torch.Generator().manual_seed(0)
-    w, x = torch.randn(96, 64, generator=gen), torch.randn(32, 64, generator=gen)
-    full = torch.nn.functional.linear(x, w)
-    return torch.get_num_threads() == 1 and all(
-        torch.equal(torch.nn.functional.linear(x[:m], w), full[:m]) for m in (1, 2, 3, 5, 9, 17))
-
-
 class Server:
     """Runs :data:`WAVES` and decode steps: a wave, a decode step, ... then decode steps
     until every request is done. ``prefill(step)`` returns logits ``[tokens, vocab]``,
@@ -80,12 +75,15 @@ class Server:
             self.decode_step()
         while self.decode_step():
             pass
+        assert self.cache.available_requests == self.cache.max_requests  # every row given back
         return [self.tokens[r] for r in range(len(PROMPTS))]
 
     def prefill_wave(self, wave):
         chunks = []
         for rid, first, end in wave:
-            row = self.rows.setdefault(rid, self.cache.alloc_request())
+            if rid not in self.rows:
+                self.rows[rid] = self.cache.alloc_request()
+            row = self.rows[rid]
             slots = self.cache.alloc_tokens(row, first, end - first)
             self.slots.setdefault(rid, []).extend(slots)
             chunks.append((row, first, PROMPTS[rid][first:end], slots))
@@ -146,10 +144,6 @@ def assert_cut_at_attention(runner, capture, model):
         assert runner.external_inputs(*key) == []
 
 
-def comparison():
-    return torch.equal if linear_is_batch_invariant() else close
-
-
 @pytest.mark.parametrize("capture", MODES)
 def test_decode_graphs_give_the_eager_logits_and_generates_tokens(model, generated, capture):
     cache = new_cache(model)
@@ -158,7 +152,7 @@ def test_decode_graphs_give_the_eager_logits_and_generates_tokens(model, generat
                                progress=False)
     prefill = HFPrefillAdapter(model, cache)
     run = []
-    server = Server(cache, prefill.forward_eager, checked(runner, adapter.forward_eager, comparison(), run))
+    server = Server(cache, prefill.forward_eager, checked(runner, adapter.forward_eager, close, run))
     assert server.run() == generated
     sizes = server.decode_sizes
     assert all(a != b for a, b in zip(sizes, sizes[1:])), sizes  # a new batch size every step
@@ -175,7 +169,7 @@ def test_prefill_graphs_give_the_eager_logits_and_generates_tokens(model, genera
                                 progress=False)
     decode = HFDecodeAdapter(model, cache)
     run = []
-    server = Server(cache, checked(runner, adapter.forward_eager, comparison(), run), decode.forward_eager)
+    server = Server(cache, checked(runner, adapter.forward_eager, close, run), decode.forward_eager)
     assert server.run() == generated
     assert server.prefill_tokens == [10, 12, 8]  # padded to 16, 16 and exactly 8
     assert len(run) == len(WAVES)
@@ -190,6 +184,23 @@ def test_prefill_and_decode_graphs_together(model, generated):
                                  token_buckets=TOKEN_BUCKETS, backend="cpu", progress=False)
     decode = DecodeGraphRunner(HFDecodeAdapter(model, cache), capture="breakable", max_bs=6, capture_bs=CAPTURE_BS,
                                backend="cpu", progress=False)
+    assert Server(cache, prefill, decode).run() == generated
+
+
+def test_recapture_and_release_keep_the_tokens(model, generated):
+    """New graphs over the same buffers (``recapture``), then none (``release``: eager)."""
+    cache = new_cache(model)
+    prefill = PrefillGraphRunner(HFPrefillAdapter(model, cache), capture="full", max_bs=4,
+                                 token_buckets=TOKEN_BUCKETS, backend="cpu", progress=False)
+    decode = DecodeGraphRunner(HFDecodeAdapter(model, cache), capture="full", max_bs=6, capture_bs=CAPTURE_BS,
+                               backend="cpu", progress=False)
+    assert Server(cache, prefill, decode).run() == generated
+    prefill.recapture()
+    decode.recapture()
+    assert Server(cache, prefill, decode).run() == generated
+    prefill.release()
+    decode.release()
+    assert not prefill.graphs and not decode.graphs
     assert Server(cache, prefill, decode).run() == generated
 
 
