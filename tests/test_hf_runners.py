@@ -119,6 +119,15 @@ def new_cache(model):
     return PagedCache(model.config, max_requests=6, max_context_len=MAX_CONTEXT)
 
 
+def prefill_runner(adapter, capture):
+    return PrefillGraphRunner(adapter, capture=capture, max_bs=4, token_buckets=TOKEN_BUCKETS, backend="cpu",
+                              progress=False)
+
+
+def decode_runner(adapter, capture):
+    return DecodeGraphRunner(adapter, capture=capture, max_bs=6, capture_bs=CAPTURE_BS, backend="cpu", progress=False)
+
+
 def checked(runner, eager, same, graphs_run):
     """``runner`` on each step, after checking it replays a graph and comparing it with
     ``eager`` on the same step (eager first: the runner's K and V are what later steps read)."""
@@ -148,8 +157,7 @@ def assert_cut_at_attention(runner, capture, model):
 def test_decode_graphs_give_the_eager_logits_and_generates_tokens(model, generated, capture):
     cache = new_cache(model)
     adapter = HFDecodeAdapter(model, cache)
-    runner = DecodeGraphRunner(adapter, capture=capture, max_bs=6, capture_bs=CAPTURE_BS, backend="cpu",
-                               progress=False)
+    runner = decode_runner(adapter, capture)
     prefill = HFPrefillAdapter(model, cache)
     run = []
     server = Server(cache, prefill.forward_eager, checked(runner, adapter.forward_eager, close, run))
@@ -165,8 +173,7 @@ def test_decode_graphs_give_the_eager_logits_and_generates_tokens(model, generat
 def test_prefill_graphs_give_the_eager_logits_and_generates_tokens(model, generated, capture):
     cache = new_cache(model)
     adapter = HFPrefillAdapter(model, cache)
-    runner = PrefillGraphRunner(adapter, capture=capture, max_bs=4, token_buckets=TOKEN_BUCKETS, backend="cpu",
-                                progress=False)
+    runner = prefill_runner(adapter, capture)
     decode = HFDecodeAdapter(model, cache)
     run = []
     server = Server(cache, checked(runner, adapter.forward_eager, close, run), decode.forward_eager)
@@ -180,20 +187,16 @@ def test_prefill_graphs_give_the_eager_logits_and_generates_tokens(model, genera
 
 def test_prefill_and_decode_graphs_together(model, generated):
     cache = new_cache(model)
-    prefill = PrefillGraphRunner(HFPrefillAdapter(model, cache), capture="full", max_bs=4,
-                                 token_buckets=TOKEN_BUCKETS, backend="cpu", progress=False)
-    decode = DecodeGraphRunner(HFDecodeAdapter(model, cache), capture="breakable", max_bs=6, capture_bs=CAPTURE_BS,
-                               backend="cpu", progress=False)
+    prefill = prefill_runner(HFPrefillAdapter(model, cache), "full")
+    decode = decode_runner(HFDecodeAdapter(model, cache), "breakable")
     assert Server(cache, prefill, decode).run() == generated
 
 
 def test_recapture_and_release_keep_the_tokens(model, generated):
     """New graphs over the same buffers (``recapture``), then none (``release``: eager)."""
     cache = new_cache(model)
-    prefill = PrefillGraphRunner(HFPrefillAdapter(model, cache), capture="full", max_bs=4,
-                                 token_buckets=TOKEN_BUCKETS, backend="cpu", progress=False)
-    decode = DecodeGraphRunner(HFDecodeAdapter(model, cache), capture="full", max_bs=6, capture_bs=CAPTURE_BS,
-                               backend="cpu", progress=False)
+    prefill = prefill_runner(HFPrefillAdapter(model, cache), "full")
+    decode = decode_runner(HFDecodeAdapter(model, cache), "full")
     assert Server(cache, prefill, decode).run() == generated
     prefill.recapture()
     decode.recapture()
