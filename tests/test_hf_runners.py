@@ -27,7 +27,7 @@ pytest.importorskip("transformers")
 import torch  # noqa: E402
 
 from graphslot.integrations.transformers import HFDecodeAdapter, PagedCache, tiny_model  # noqa: E402
-from graphslot.integrations.transformers.attention import SPLIT_OPS, route_attention  # noqa: E402
+from graphslot.integrations.transformers.attention import ROUTED_FAMILIES, route_attention  # noqa: E402
 from graphslot.integrations.transformers.batches import decode_step  # noqa: E402
 from graphslot.integrations.transformers.models import close  # noqa: E402
 from graphslot.integrations.transformers.prefill import HFPrefillAdapter, prefill_step  # noqa: E402
@@ -49,14 +49,18 @@ def model():
     return tiny_model("llama")
 
 
-@pytest.fixture(scope="module")
-def generated(model):
-    """Greedy tokens of ``model.generate`` per request (before any routing)."""
+def generate(model):
+    """Greedy tokens of ``model.generate`` per request."""
     out = []
     for prompt, n in zip(PROMPTS, MAX_NEW):
         ids = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, min_new_tokens=n)
         out.append(ids[0, len(prompt):].tolist())
     return out
+
+
+@pytest.fixture(scope="module")
+def generated(model):
+    return generate(model)
 
 
 class Server:
@@ -192,6 +196,18 @@ def test_prefill_and_decode_graphs_together(model, generated):
     assert Server(cache, prefill, decode).run() == generated
 
 
+@pytest.mark.parametrize("family", [f for f in ROUTED_FAMILIES if f != "llama"])
+def test_the_other_routed_families(family):
+    """Sliding windows on every layer (Mistral) or some (Qwen2), q/k norms (Qwen3): the
+    prefill graph's in-graph mask is per layer type, the decode graph cuts at attention."""
+    model = tiny_model(family)
+    want = generate(model)
+    cache = new_cache(model)
+    prefill = prefill_runner(HFPrefillAdapter(model, cache), "full")
+    decode = decode_runner(HFDecodeAdapter(model, cache), "breakable")
+    assert Server(cache, prefill, decode).run() == want
+
+
 def test_recapture_and_release_keep_the_tokens(model, generated):
     """New graphs over the same buffers (``recapture``), then none (``release``: eager)."""
     cache = new_cache(model)
@@ -232,10 +248,11 @@ def test_prefill_logits_match_transformers_own_forward(model):
     assert close(got[[len(prompts[0]) - 1, -1]], want)
 
 
-def test_routing_changes_no_eager_output():
-    plain, routed = tiny_model("llama"), tiny_model("llama")
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_routing_changes_no_eager_output(impl):
+    plain, routed = tiny_model("llama", attn_implementation=impl), tiny_model("llama", attn_implementation=impl)
     route_attention(routed)
-    assert routed.config._attn_implementation == "graphslot_sdpa"
+    assert routed.config._attn_implementation == f"graphslot_{impl}"
     ids = torch.tensor([[0, 0, 3, 4], [1, 2, 3, 4]])
     mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
     with torch.no_grad():
@@ -243,7 +260,9 @@ def test_routing_changes_no_eager_output():
                            routed(input_ids=ids, attention_mask=mask).logits)
 
 
-def test_split_ops_are_registered_custom_ops():
-    for name in SPLIT_OPS:
-        ns, op = name.split("::")
-        assert hasattr(getattr(torch.ops, ns), op)
+def test_a_family_the_prefill_stack_does_not_run_is_refused():
+    model = tiny_model("gpt2")
+    with pytest.raises(ValueError, match=r"GPT2LMHeadModel \(model_type 'gpt2'\): the prefill layer stack runs "
+                                         r"Llama-like decoder layers only \(llama, mistral, qwen2, qwen3\)"):
+        HFPrefillAdapter(model, new_cache(model))
+    assert model.config._attn_implementation == "sdpa"  # left as it was

@@ -45,7 +45,8 @@ from ...runners.breakable import eager_on_graph
 #: The implementations a model can be routed over, and the name each is registered as.
 ROUTED = {"sdpa": "graphslot_sdpa", "eager": "graphslot_eager"}
 #: Families whose attention modules call ``ALL_ATTENTION_FUNCTIONS`` and whose decoder
-#: layers run as Llama's (tests/test_hf_runners.py runs each in every capture mode).
+#: layers run as Llama's (tests/test_hf_runners.py: Llama in every phase x capture mode,
+#: the others in a full prefill graph and a breakable decode graph).
 ROUTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 #: The split ops of a piecewise capture (decode, prefill).
 SPLIT_OPS = ("graphslot_hf::attention", "graphslot_hf::prefill_attention")

@@ -25,7 +25,7 @@ cache's ``max_context_len``; otherwise attention runs eagerly on the live batch,
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Iterable, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -214,15 +214,6 @@ class HFPrefillAdapter(PrefillAdapter):
             yield self.meta.rows
             yield self.meta.token_req
 
-    def spec_params(self) -> Mapping[str, Any]:
-        return {}
-
 
 def _longest(fb: PrefillStep) -> int:
     return max(fb.seq_lens_cpu.tolist(), default=1)
-
-
-def prefill_chunks(cache: PagedCache, requests: Sequence[Tuple[int, int, List[int]]]
-                   ) -> List[Tuple[int, int, List[int], List[int]]]:
-    """Allocate the slots of each ``(row, start, tokens)`` and return the step's chunks."""
-    return [(row, start, list(tokens), cache.alloc_tokens(row, start, len(tokens))) for row, start, tokens in requests]
