@@ -100,6 +100,8 @@ class HFDecodeAdapter(DecodeAdapter):
             route_attention(model)
         if not cache.geometry_probed:
             cache.probe(model)
+        #: The forward's cache argument, read once (torch.compile would trace the signature probe).
+        self._cache_arg = with_cache(model, cache)
         cache.pool  # allocated now: a graph (or a torch.compile trace) reads the pool, never makes it
 
     def run(self, step: Any) -> torch.Tensor:
@@ -108,7 +110,7 @@ class HFDecodeAdapter(DecodeAdapter):
         ids, pos = step.input_ids.view(bs, -1), step.positions.view(bs, -1)
         self.cache.bind(step.out_cache_loc, step.req_pool_indices)
         with torch.no_grad():
-            out = self.model(input_ids=ids, position_ids=pos, **with_cache(self.model, self.cache), use_cache=True,
+            out = self.model(input_ids=ids, position_ids=pos, **self._cache_arg, use_cache=True,
                              attention_mask=self.cache.attention_mask(pos, self.model.dtype))
         return out.logits.flatten(0, 1)
 
