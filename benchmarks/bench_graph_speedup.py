@@ -3,8 +3,7 @@
     python benchmarks/bench_graph_speedup.py [--device cuda|cpu] [--quick] [--json PATH]
 
 Decode: one DecodeGraphRunner (max_bs 32) timed at batch sizes 1, 8 and 32. Prefill:
-the breakable and the piecewise runner, each on its own runtime (they install
-different attention wrappers), timed at 16, 64 and 256 tokens. Each figure is the
+the prefill runner captured breakable and piecewise, each on its own runtime, timed at 16, 64 and 256 tokens. Each figure is the
 median over rounds of the mean per-call time; the graph side is the runner's whole
 step (``runner.replay``: fill + metadata + replay), the eager side ``rt.forward``.
 Every case also checks that the runner's output matches eager (torch.equal on the

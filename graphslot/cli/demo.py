@@ -22,7 +22,7 @@ HELP = """Run the reference model through the graph runners and check it against
 registry code, captures the decode sizes, runs a continuous-batching decode whose
 batch size changes step to step, and compares every step's logits with eager.
 
---workload prefill: captures the breakable and the piecewise prefill runners per token
+--workload prefill: captures the prefill runner, breakable and piecewise, per token
 bucket, runs seeded prefill batches of 1..max-bs requests with mixed prompt lengths
 (some continuing a cached prefix), and compares every batch's logits with eager.
 (--mode is the older spelling of --workload and still works.)

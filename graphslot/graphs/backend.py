@@ -17,7 +17,7 @@ The protocols are the whole contract between backends and their callers:
 
 * :class:`GraphBackend`: ``capture(fn)`` runs ``fn`` into a :class:`Graph`;
   ``begin_capture()`` opens an :class:`OpenCapture` while Python code runs on, whose
-  ``end(output)`` returns the graph (``abort()`` abandons it): the breakable runner cuts
+  ``end(output)`` returns the graph (``abort()`` abandons it): the breakable capture cuts
   one run of a model into segments with it;
 * :class:`Graph`: ``replay()`` and the ``output`` it rewrites in place;
 * :class:`InspectableGraph`: a graph that can also list the tensors it reads that

@@ -12,7 +12,6 @@ breakable capture runs eagerly.
 
 from .adapter import DecodeAdapter
 from .breakable import capture_breakable, eager_on_graph, is_eager_on_graph
-from .capture import CAPTURE_MODES
 from .config import GraphRunnerConfig
 from .contract import AdapterContractError
 from .decode import DecodeGraphRunner, DecodeRunnerConfig, PreparedReplay, StepObserver
@@ -27,7 +26,6 @@ from .prefill_adapter import LayerStackError, PrefillAdapter
 
 __all__ = [
     "AdapterContractError",
-    "CAPTURE_MODES",
     "DPDecodeRunner",
     "DPExchange",
     "DPStep",

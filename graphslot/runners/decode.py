@@ -209,11 +209,6 @@ class DecodeGraphRunner(PhaseRunner):
         view = self.capture_view(bs, context)
         return self._capture(backend, functools.partial(self.graph_body, view, bs), warmup), view
 
-    def graph(self, bs: int, context: Optional[int] = None) -> Graph:
-        """The graph of captured size ``bs`` (and context bucket ``context``, with
-        buckets), captured now if lazy and not yet."""
-        return super().graph(bs, context)
-
     def _check_key(self, bs: int, context: Optional[int]) -> None:
         if bs not in self.dispatch:
             raise KeyError(f"batch size {bs} is not among the captured sizes {self.captured_sizes}")

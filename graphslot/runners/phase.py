@@ -111,7 +111,9 @@ class PhaseRunner:
         return timer.seconds
 
     def graph(self, a: int, b: Optional[int] = None) -> Graph:
-        """The graph of key ``(a, b)``, captured now if not yet (lazy, or released)."""
+        """The graph of key ``(a, b)`` (decode: batch size ``bs`` and context bucket or
+        None), captured now if not yet (lazy, or released); a KeyError for a key the
+        runner does not capture."""
         graph = self.graphs.get(self._key(a, b))
         if graph is None:
             self._check_key(a, b)
