@@ -31,6 +31,7 @@ from graphslot.integrations.transformers.attention import ROUTED_FAMILIES, route
 from graphslot.integrations.transformers.batches import decode_step  # noqa: E402
 from graphslot.integrations.transformers.models import close  # noqa: E402
 from graphslot.integrations.transformers.prefill import HFPrefillAdapter, prefill_step  # noqa: E402
+from graphslot.graphs.backend import graph_pool  # noqa: E402
 from graphslot.runners import DecodeGraphRunner, PrefillGraphRunner  # noqa: E402
 
 MODES = ("full", "breakable", "piecewise")
@@ -123,13 +124,14 @@ def new_cache(model):
     return PagedCache(model.config, max_requests=6, max_context_len=MAX_CONTEXT)
 
 
-def prefill_runner(adapter, capture):
+def prefill_runner(adapter, capture, **kwargs):
     return PrefillGraphRunner(adapter, capture=capture, max_bs=4, token_buckets=TOKEN_BUCKETS, backend="cpu",
-                              progress=False)
+                              progress=False, **kwargs)
 
 
-def decode_runner(adapter, capture):
-    return DecodeGraphRunner(adapter, capture=capture, max_bs=6, capture_bs=CAPTURE_BS, backend="cpu", progress=False)
+def decode_runner(adapter, capture, **kwargs):
+    return DecodeGraphRunner(adapter, capture=capture, max_bs=6, capture_bs=CAPTURE_BS, backend="cpu", progress=False,
+                             **kwargs)
 
 
 def checked(runner, eager, same, graphs_run):
@@ -190,9 +192,11 @@ def test_prefill_graphs_give_the_eager_logits_and_generates_tokens(model, genera
 
 
 def test_prefill_and_decode_graphs_together(model, generated):
-    cache = new_cache(model)
-    prefill = prefill_runner(HFPrefillAdapter(model, cache), "full")
-    decode = decode_runner(HFDecodeAdapter(model, cache), "breakable")
+    """Both phases through graphs, in one graph pool (the engine's)."""
+    cache, pool = new_cache(model), graph_pool("cpu")
+    prefill = prefill_runner(HFPrefillAdapter(model, cache), "full", graph_pool=pool)
+    decode = decode_runner(HFDecodeAdapter(model, cache), "breakable", graph_pool=pool)
+    assert prefill.graph_pool is decode.graph_pool is pool
     assert Server(cache, prefill, decode).run() == generated
 
 
