@@ -42,6 +42,7 @@ from typing import Any, Callable, Dict, List
 
 import graphslot as gs
 from graphslot.spec.hooks import FillContext
+from graphslot.api import build
 
 MAX_BS, MAX_NUM_TOKENS = 64, 256
 STAGED = frozenset({"positions", "out_cache_loc", "req_pool_indices", "seq_lens"})
@@ -54,8 +55,8 @@ def _providers() -> Dict[str, Any]:
 def _decode_from_code() -> gs.SlotRegistry:
     data = gs.load_spec("decode").to_dict()
     data["absent_fields"] = "skip"
-    spec = gs.spec_from_dict(data, source="<code: bench decode>")
-    return gs.build_registry(spec, MAX_BS, MAX_NUM_TOKENS, params=_providers())
+    spec = gs.spec_from_dict(data, label="<code: bench decode>")
+    return gs.build_registry(spec, max_bs=MAX_BS, max_num_tokens=MAX_NUM_TOKENS, params=_providers(), device="cpu")
 
 
 def many_slots(n: int, tag: str = "") -> gs.RegistrySpec:
@@ -73,20 +74,20 @@ def first_build_of_many(n: int) -> Dict[str, float]:
     """Wall-clock and CPU seconds of the first generated build of an ``n``-slot spec."""
     spec = many_slots(n, "_bench")
     wall, cpu = time.perf_counter(), time.process_time()
-    gs.build_registry(spec, MAX_BS, MAX_NUM_TOKENS)
+    gs.build_registry(spec, max_bs=MAX_BS, max_num_tokens=MAX_NUM_TOKENS, device="cpu")
     return {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu}
 
 
 def cases() -> Dict[str, Callable[[], Any]]:
-    owner = gs.build_registry("prefill", MAX_BS, MAX_NUM_TOKENS)
+    owner = gs.build_registry("prefill", max_bs=MAX_BS, max_num_tokens=MAX_NUM_TOKENS, device="cpu")
     given = {slot.name: slot.buffer for slot in owner.active}
     return {
-        "decode": lambda: gs.build_registry("decode", MAX_BS, MAX_NUM_TOKENS),
-        "decode, live providers": lambda: gs.build_registry("decode", MAX_BS, MAX_NUM_TOKENS, params=_providers()),
+        "decode": lambda: gs.build_registry("decode", max_bs=MAX_BS, max_num_tokens=MAX_NUM_TOKENS, device="cpu"),
+        "decode, live providers": lambda: gs.build_registry("decode", max_bs=MAX_BS, max_num_tokens=MAX_NUM_TOKENS, params=_providers(), device="cpu"),
         "decode from code": _decode_from_code,
-        "prefill, buffers=": lambda: gs.build_registry("prefill", MAX_BS, MAX_NUM_TOKENS, buffers=given,
-                                                       context=FillContext),
-        "skip variant": lambda: gs.build_registry("decode", MAX_BS, MAX_NUM_TOKENS).fill_from_skipping(STAGED),
+        "prefill, buffers=": lambda: build("prefill", max_bs=MAX_BS, max_num_tokens=MAX_NUM_TOKENS, buffers=given,
+                                                       context=FillContext, device="cpu"),
+        "skip variant": lambda: gs.build_registry("decode", max_bs=MAX_BS, max_num_tokens=MAX_NUM_TOKENS, device="cpu").fill_from_skipping(STAGED),
     }
 
 
@@ -112,7 +113,7 @@ def main(argv=None) -> int:
                         help="instead: the first build of a generated registry from an N-slot spec")
     args = parser.parse_args(argv)
     if args.slots:
-        gs.build_registry("decode", MAX_BS, MAX_NUM_TOKENS)  # imports and templates, not measured
+        gs.build_registry("decode", max_bs=MAX_BS, max_num_tokens=MAX_NUM_TOKENS, device="cpu")  # imports and templates, not measured
         many = {n: first_build_of_many(n) for n in args.slots}
         if args.json:
             print(json.dumps(many, indent=2))
@@ -120,7 +121,7 @@ def main(argv=None) -> int:
             print(f"{n:>6} slots: {r['wall_s']:.2f} s wall, {r['cpu_s']:.2f} s CPU (first build, generated)")
         return 0
     start = time.perf_counter()
-    gs.build_registry("decode", MAX_BS, MAX_NUM_TOKENS)  # imports, the first parse and compile
+    gs.build_registry("decode", max_bs=MAX_BS, max_num_tokens=MAX_NUM_TOKENS, device="cpu")  # imports, the first parse and compile
     results = {"first build in the process (ms)": (time.perf_counter() - start) * 1e3}
     results.update({name: measure(build, max(args.repeat, 1)) for name, build in cases().items()})
     if args.json:

@@ -386,7 +386,7 @@ def test_bench_measures_the_shipped_decode_spec_and_names_its_file_whatever_the_
     (tmp_path / "specs" / "decode.yaml").write_text(own, encoding="utf-8")
     (tmp_path / "pyproject.toml").write_text('[tool.graphslot]\nspecs = ["specs/decode.yaml"]\n')
     monkeypatch.chdir(tmp_path)
-    assert load_spec("decode").source == "specs/decode.yaml"
+    assert load_spec("decode").path == "specs/decode.yaml"
     monkeypatch.setattr(fill_bench, "time_per_call", fake_timings(10.0, 9.0, 80.0, 30.0))
     shipped = display_path(shipped_spec_path("decode"))
     status, out, err = run(capsys, "bench", "--json", "--iters", "3", "--repeats", "1")

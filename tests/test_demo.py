@@ -132,11 +132,10 @@ def test_cli_demo_cuda_backend_without_a_gpu_is_one_line(monkeypatch, capsys, wo
 @pytest.mark.parametrize("argv, message", [
     (["--workload", "prefill", "--steps", "5"], "argument --steps: only for --workload decode, not --workload prefill"),
     (["--steps", "5", "--workload", "prefill"], "argument --steps: only for --workload decode, not --workload prefill"),
-    (["--steps", "5", "--mode", "prefill"], "argument --steps: only for --workload decode, not --workload prefill"),
     (["--batches", "3"], "argument --batches: only for --workload prefill, not --workload decode"),
     (["--workload", "decode", "--runner", "all"], "argument --runner: only for --workload prefill, not --workload "
                                                   "decode"),
-    (["--mode", "decode", "--runner", "all"], "argument --runner: only for --workload prefill, not --workload decode"),
+    (["--mode", "decode"], "unrecognized arguments: --mode decode"),
     (["--model", "gpt2"], "argument --model: invalid choice: 'gpt2' (choose from reference, hf-<family>)"),
 ])
 def test_cli_demo_rejects_the_other_workloads_flags(monkeypatch, capsys, argv, message):
@@ -171,10 +170,9 @@ def test_auto_backend_runs_the_demo_on_the_gpu_when_there_is_one(monkeypatch, gp
     assert demo_device("cpu").type == "cpu" and demo_device("cuda").type == "cuda"
 
 
-@pytest.mark.parametrize("argv", [["--workload", "prefill"], ["--mode", "prefill"], ["--mode", "decode",
-                                                                                    "--workload", "prefill"]])
-def test_cli_demo_workload_and_its_older_spelling_mode(monkeypatch, capsys, argv):
-    """--workload names what runs; --mode, its older spelling, still works (the last one given wins)."""
+@pytest.mark.parametrize("argv", [["--workload", "prefill"], ["--workload", "decode", "--workload", "prefill"]])
+def test_cli_demo_workload_names_what_runs(monkeypatch, capsys, argv):
+    """--workload names what runs (the last one given wins)."""
     calls = []
 
     def fake_prefill(**kwargs):
@@ -188,11 +186,10 @@ def test_cli_demo_workload_and_its_older_spelling_mode(monkeypatch, capsys, argv
     assert [c["batches"] for c in calls] == [2]
 
 
-def test_cli_demo_help_names_workload_and_hides_mode(capsys):
+def test_cli_demo_help_names_workload_and_no_mode(capsys):
     assert main(["demo", "--help"]) == 0
     out = capsys.readouterr().out
-    assert "--workload {decode,prefill}" in out and "--mode {" not in out
-    assert "(--mode is the older spelling of --workload and still works.)" in out
+    assert "--workload {decode,prefill}" in out and "--mode" not in out
 
 
 MAX_BS_WHY = "graphs are captured at sizes up to it, and their memory grows with it"

@@ -24,6 +24,7 @@ from graphslot.reference import build_reference_model, make_decode_batch
 from graphslot.reference.adapter import ReferenceDecodeAdapter
 from graphslot.reference.dp_launch import RankFailure, RankReport, Watched, launch, verdict
 from graphslot.reference.model import TinyConfig
+from graphslot.api import build
 
 TIMEOUT = 120.0  # seconds for a whole launch; a healthy one takes well under 30
 WORLD = 2
@@ -313,9 +314,9 @@ def test_without_the_guard_a_hook_that_raises_after_the_exchange_fails_as_the_fo
 @pytest.fixture(scope="module", params=["generated", "interpreted", "strict"])
 def decode_registry(request):
     rt = build_reference_model(max_num_reqs=16)
-    registry = build_registry("decode", 8, 8, params=ReferenceDecodeAdapter(rt).spec_params(),
-                              mode="interpreted" if request.param == "interpreted" else "generated",
-                              strict=request.param == "strict")
+    registry = build("decode", max_bs=8, max_num_tokens=8, params=ReferenceDecodeAdapter(rt).spec_params(),
+                              impl="interpreted" if request.param == "interpreted" else "generated",
+                              strict=request.param == "strict", device="cpu")
     return registry, make_decode_batch(rt, rt.req_to_token_pool.alloc(3), [4, 5, 6], [1, 2, 3])
 
 

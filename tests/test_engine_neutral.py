@@ -150,11 +150,11 @@ def test_batch_types_without_forward_mode_decode_like_eager(batch_type):
 
 @pytest.mark.parametrize("mode", ["generated", "interpreted"])
 def test_extract_on_a_batch_that_cannot_take_a_view_field_names_the_spec_and_the_fields(mode):
-    reg = gs.build_registry("decode", max_bs=4, max_num_tokens=4, device="cpu", mode=mode)
+    reg = gs.build_registry("decode", max_bs=4, max_num_tokens=4, device="cpu", impl=mode)
     fb = SlottedNoBatchSize(*[torch.zeros(2, dtype=torch.int64) for _ in range(6)])
-    reg.fill_from(fb, 2, 2, 2, 2)
+    reg.fill_from(fb, raw_bs=2, padded_bs=2, raw_num_tokens=2, padded_num_tokens=2)
     with pytest.raises(gs.SlotError) as info:
-        reg.extract(fb, 2, 2)
+        reg.extract(fb, padded_bs=2, padded_num_tokens=2)
     assert str(info.value).startswith("spec 'decode': extract cannot set 'batch_size' on a copy of "
                                       "SlottedNoBatchSize (")
     assert str(info.value).endswith("; a batch type with __slots__ must declare every field a view sets: "

@@ -40,11 +40,11 @@ def test_a_strided_tensor_is_refused_at_build_naming_the_slot_in_both_modes(how)
     for a, b in itertools.product(DTYPES, DTYPES):
         for mode in MODES:
             with pytest.raises(gs.SlotError) as err:
-                gs.build_registry(spec(a, b), 4, 4, mode=mode, **{how: tensors(a, b, strided=True)})
+                gs.build_registry(spec(a, b), max_bs=4, max_num_tokens=4, impl=mode, **{how: tensors(a, b, strided=True)}, device="cpu")
             where = "spec 'pair', slot 'x'" if how == "buffers" else "slot 'x'"  # adopt names no spec
             assert str(err.value) == (
                 f"{where}: {how}= holds a non-contiguous tensor (shape [4, 2], strides [4, 2]); "
                 "pass a contiguous tensor (.contiguous() gives one)"), (a, b, mode)
-        filled = [fill(gs.build_registry(spec(a, b), 4, 4, mode=mode, **{how: tensors(a, b, strided=False)}), a, b)
+        filled = [fill(gs.build_registry(spec(a, b), max_bs=4, max_num_tokens=4, impl=mode, **{how: tensors(a, b, strided=False)}, device="cpu"), a, b)
                   for mode in MODES]
         assert filled[0] == filled[1], (a, b)

@@ -46,7 +46,7 @@ BATCH = SimpleNamespace(global_num_token_non_padded=torch.tensor(7))
 def fill_sharded(mode, rank):
     """A fill of rank ``rank``'s provider on a sharded step (rank 1 of 2 would write 3)."""
     params = {"attn_tp_sharded": lambda ctx: True, "attn_tp_rank": rank, "attn_tp_size": lambda ctx: 2}
-    reg = gs.build_registry(parse(SHARDED), 4, 8, mode=mode, params=params)
+    reg = gs.build_registry(parse(SHARDED), max_bs=4, max_num_tokens=8, impl=mode, params=params, device="cpu")
     reg.fill_from(BATCH, raw_bs=3, padded_bs=4, raw_num_tokens=7, padded_num_tokens=8)
     return reg.slot("num_token_non_padded").buffer.tolist()
 
@@ -90,7 +90,7 @@ def test_user_hooks_get_the_same_errors_naming_their_slot(mode):
         buffer.fill_(ctx.params.get("scale", 0.0))  # .get must not read a failure as absent
 
     def build(provider):
-        return gs.build_registry(parse(USER), 4, 8, mode=mode, params={"scale": provider}, hooks={"scaled": scaled})
+        return gs.build_registry(parse(USER), max_bs=4, max_num_tokens=8, impl=mode, params={"scale": provider}, hooks={"scaled": scaled}, device="cpu")
 
     reg = build(lambda ctx: 3)  # an int for a float param, as at build
     reg.fill_from(SimpleNamespace(), raw_bs=1, padded_bs=1, raw_num_tokens=1, padded_num_tokens=1)

@@ -48,7 +48,7 @@ def test_prefill_equals_eager_across_buckets_and_padding(shared):
 
 def test_interpreted_registry_and_one_graph_per_bucket():
     rt, _, runner = make_runner(mode="interpreted", token_buckets=[32])
-    assert runner.registry.mode == "interpreted"
+    assert runner.registry.impl == "interpreted"
     graph = runner.graphs[32]
     used = against_eager(rt, runner, mixed_batches(rt, seed=3, max_len=4))
     assert {b for _, b in used} == {32} and runner.graphs[32] is graph

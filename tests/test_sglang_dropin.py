@@ -150,7 +150,7 @@ def project_with_its_own_specs(tmp_path, monkeypatch):
     (tmp_path / "pyproject.toml").write_text('[tool.graphslot]\nspecs = ["specs/decode.yaml", "specs/prefill.yaml"]\n')
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(factories, "_BASE", {})  # no shipped spec read by an earlier test is reused
-    assert [gs.load_spec(kind).source for kind in edits] == ["specs/decode.yaml", "specs/prefill.yaml"]
+    assert [gs.load_spec(kind).path for kind in edits] == ["specs/decode.yaml", "specs/prefill.yaml"]
     return tmp_path
 
 

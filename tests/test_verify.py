@@ -49,7 +49,7 @@ def test_reference_model_passes_verify():
 
 
 def test_a_stale_kv_slot_tail_is_named_with_the_policy_that_fixes_it():
-    spec = gs.parse_spec(keep_pad_out_cache_loc_spec(), source="keep_pad.yaml")
+    spec = gs.parse_spec(keep_pad_out_cache_loc_spec(), path="keep_pad.yaml")
     report = verify_runner(reference_target("cpu", max_bs=4, spec=spec))
     assert not report.safe
     unsafe = [s for s in report.slots if s.verdict == "UNSAFE"]
@@ -102,7 +102,7 @@ slots:
 
 
 def test_poison_patterns_per_dtype():
-    reg = gs.build_registry(parse(POISON_SPEC), max_bs=6, max_num_tokens=6, mode="interpreted")
+    reg = gs.build_registry(parse(POISON_SPEC), max_bs=6, max_num_tokens=6, impl="interpreted", device="cpu")
     assert [s.name for s in reg.active if poisonable(s)] == ["ids", "scale", "mask"]
     ids, scale, mask = (reg.slot(n) for n in ("ids", "scale", "mask"))
     ids.buffer[:2] = torch.tensor([5, 9])
@@ -264,7 +264,7 @@ def test_the_transformers_integration_passes_verify():
 def test_verify_on_cuda_graphs():
     report = verify_runner(reference_target("cuda", max_bs=8))
     assert report.backend == "cuda" and report.safe, format_report(report)
-    spec = gs.parse_spec(keep_pad_out_cache_loc_spec(), source="keep_pad.yaml")
+    spec = gs.parse_spec(keep_pad_out_cache_loc_spec(), path="keep_pad.yaml")
     bad = verify_runner(reference_target("cuda", max_bs=8, spec=spec))
     assert [s.slot for s in bad.slots if s.verdict == "UNSAFE"] == ["out_cache_loc"], format_report(bad)
 

@@ -26,7 +26,6 @@ batch size changes step to step, and compares every step's logits with eager.
 --workload prefill: captures the prefill runner, breakable and piecewise, per token
 bucket, runs seeded prefill batches of 1..max-bs requests with mixed prompt lengths
 (some continuing a cached prefix), and compares every batch's logits with eager.
-(--mode is the older spelling of --workload and still works.)
 
 --model hf-llama (hf-<family> for each tiny-model recipe of
 graphslot.integrations.transformers.models.FAMILIES; needs `pip install
@@ -54,9 +53,7 @@ REFERENCE = "reference"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", choices=WORKLOADS, default="decode",
-                        help="what to run (default decode; --mode: the older spelling)")
-    parser.add_argument("--mode", dest="workload", choices=WORKLOADS, default=argparse.SUPPRESS,
-                        help=argparse.SUPPRESS)
+                        help="what to run (default decode)")
     parser.add_argument("--model", default=REFERENCE, metavar="MODEL",
                         help="the model: graphslot's reference model (default) or hf-<family>, a tiny "
                              "transformers model of a family with a tiny-model recipe (hf-llama, ...; decode only)")

@@ -125,7 +125,7 @@ def _prefill_fill_timings(runner: Any, fb: Any) -> Dict[str, Any]:
     adapter = runner.adapter
     bs, raw, n = adapter.batch_size(fb), adapter.num_tokens(fb), runner.bucket(fb)
     side = adapter.side_inputs()
-    return fill_timings("prefill", runner.registry, lambda reg: reg.fill_from(fb, bs, bs, raw, n, side),
+    return fill_timings("prefill", runner.registry, lambda reg: reg.fill_from(fb, raw_bs=bs, padded_bs=bs, raw_num_tokens=raw, padded_num_tokens=n, side_inputs=side),
                         f"{bs} reqs, {raw} -> {n} tokens")
 
 
@@ -166,7 +166,7 @@ def _run(names: List[str], count: int, backend: str, mode: str, max_bs: int, buc
     device = demo_device(backend)
     started = time.perf_counter()
     max_tokens = max(buckets)
-    options = dict(max_bs=max_bs, token_buckets=buckets, backend=backend, mode=mode,
+    options = dict(max_bs=max_bs, token_buckets=buckets, backend=backend, impl=mode,
                    progress=None if progress else False)
     check = output_check(device)
     rows: List[Dict[str, Any]] = []

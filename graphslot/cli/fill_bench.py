@@ -70,7 +70,7 @@ class HandWrittenDecode:
         self.global_num_tokens_gpu = torch.zeros(1, dtype=torch.int32, device=device)
         self.global_num_tokens_for_logprob_gpu = torch.zeros(1, dtype=torch.int32, device=device)
 
-    def fill_from(self, fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs=None):
+    def fill_from(self, fb, *, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs=None):
         if raw_bs < padded_bs:
             self.req_pool_indices[raw_bs:padded_bs].zero_()
             self.seq_lens[raw_bs:padded_bs].fill_(self.fill_value)
@@ -87,7 +87,7 @@ class HandWrittenDecode:
         if fb.mrope_positions is not None:
             self.mrope_positions[:, :raw_num_tokens].copy_(fb.mrope_positions)
 
-    def extract(self, fb, padded_bs, padded_num_tokens):
+    def extract(self, fb, *, padded_bs, padded_num_tokens):
         view = SimpleNamespace(**vars(fb))
         view.batch_size = padded_bs
         view.input_ids = self.input_ids[:padded_num_tokens]
@@ -131,7 +131,7 @@ class MutatingOpCounter(TorchDispatchMode):
 
 def count_mutating_ops(fill: Callable, fb, raw: int, padded: int) -> List[str]:
     with MutatingOpCounter() as counter:
-        fill(fb, raw, padded, raw, padded)
+        fill(fb, raw_bs=raw, padded_bs=padded, raw_num_tokens=raw, padded_num_tokens=padded)
     return counter.ops
 
 
@@ -145,7 +145,7 @@ def count_device_ops(registry, fb, raw_bs: int, padded_bs: int, raw_num_tokens: 
                      side_inputs=None) -> List[str]:
     """The ops one ``fill_from`` issues that write the registry's device buffers."""
     with MutatingOpCounter(device_storages(registry)) as counter:
-        registry.fill_from(fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs)
+        registry.fill_from(fb, raw_bs=raw_bs, padded_bs=padded_bs, raw_num_tokens=raw_num_tokens, padded_num_tokens=padded_num_tokens, side_inputs=side_inputs)
     return counter.ops
 
 
@@ -156,16 +156,16 @@ def time_per_call(runners: Dict[str, object], fb, raw: int, padded: int, iters: 
     ``tick()`` is called after each repeat."""
     for r in runners.values():
         for _ in range(200):
-            r.fill_from(fb, raw, padded, raw, padded)
-            r.extract(fb, padded, padded)
+            r.fill_from(fb, raw_bs=raw, padded_bs=padded, raw_num_tokens=raw, padded_num_tokens=padded)
+            r.extract(fb, padded_bs=padded, padded_num_tokens=padded)
     samples: Dict[str, List[float]] = {name: [] for name in runners}
     for _ in range(repeats):
         for name, r in runners.items():
             fill, extract = r.fill_from, r.extract
             start = time.perf_counter()
             for _ in range(iters):
-                fill(fb, raw, padded, raw, padded)
-                extract(fb, padded, padded)
+                fill(fb, raw_bs=raw, padded_bs=padded, raw_num_tokens=raw, padded_num_tokens=padded)
+                extract(fb, padded_bs=padded, padded_num_tokens=padded)
             samples[name].append((time.perf_counter() - start) / iters * 1e6)
         tick()
     return {name: statistics.median(values) for name, values in samples.items()}
@@ -190,9 +190,9 @@ def run_bench(iters: int = 2000, repeats: int = 7, device: str = "cpu", progress
     """Every figure of the report; ``progress``: a bar on stderr when it is a terminal,
     else a line per size."""
     runners = {
-        "generated": build_registry(SPEC, MAX_BS, MAX_BS, device=device, mode="generated"),
-        "unchecked": build_registry(SPEC, MAX_BS, MAX_BS, device=device, mode=unchecked_decode_module()),
-        "interpreted": build_registry(SPEC, MAX_BS, MAX_BS, device=device, mode="interpreted"),
+        "generated": build_registry(SPEC, max_bs=MAX_BS, max_num_tokens=MAX_BS, device=device, impl="generated"),
+        "unchecked": build_registry(SPEC, max_bs=MAX_BS, max_num_tokens=MAX_BS, device=device, impl=unchecked_decode_module()),
+        "interpreted": build_registry(SPEC, max_bs=MAX_BS, max_num_tokens=MAX_BS, device=device, impl="interpreted"),
         "hand_written": HandWrittenDecode(MAX_BS, MAX_BS, device=device),
     }
     rows = []

@@ -118,7 +118,7 @@ def plan_outputs(root: Path, table: Mapping[str, Any], text: str = "") -> List[P
         escape = path_escape(root, output.spec, "a file") if path == root / output.spec else None  # not a name
         if escape:
             raise _error(pyproject, f"{entry}: spec {escape}", where.output(i, "spec"))
-        spec = parse_spec(read_spec_text(path, label), source=label)
+        spec = parse_spec(read_spec_text(path, label), path=label)
         try:
             params = resolve_params(spec, output.params, output.preset, torch_dtypes=False)
         except SpecError as exc:  # the entry's preset or params, not the spec, are wrong

@@ -139,7 +139,7 @@ def render_module(
     Raises :class:`GeneratedCodeError` (a :class:`SpecError`) when the source is not the
     expected skeleton; nothing returned has failed that check.
     """
-    emission = Emitter(spec, params, __version__, source_label or spec.source, skip).emit()
+    emission = Emitter(spec, params, __version__, source_label or spec.path, skip).emit()
     _check_emission(spec, emission)
     if regenerate != REGENERATE and not re.fullmatch(r"[ -~]+", regenerate):
         raise refuse(spec, "the regenerate command must be one line of printable ASCII")

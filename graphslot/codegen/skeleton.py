@@ -59,7 +59,7 @@ class GeneratedCodeError(SpecError):
 
 
 def refuse(spec: RegistrySpec, message: str) -> GeneratedCodeError:
-    return GeneratedCodeError([SpecIssue(spec.source, None, f"refusing to generate code for spec "
+    return GeneratedCodeError([SpecIssue(spec.path, None, f"refusing to generate code for spec "
                                          f"{ascii(str(spec.name))}: {message}")])
 
 

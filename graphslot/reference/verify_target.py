@@ -60,7 +60,7 @@ def decode_spec(spec: Any) -> Any:
     missing = [name for name in ReferenceDecodeAdapter.SPEC_PARAMS if name not in spec.params]
     if missing:
         raise NotADecodeSpec(
-            f"spec '{spec.name}' ({spec.source}) is not a decode spec: it declares no param "
+            f"spec '{spec.name}' ({spec.path}) is not a decode spec: it declares no param "
             f"{' or '.join(map(repr, missing))}, which the reference model's decode runner sets; give a decode spec "
             "(the shipped 'decode', or a copy of it)")
     return spec
@@ -76,7 +76,7 @@ def unknown(spec: Any, error: SlotError) -> None:
     if added:
         names = ", ".join(f"'{name}'" for name in added)
         raise TargetError(
-            f"spec '{spec.name}' ({spec.source}) copies {names}, which the reference model's batches do not have "
+            f"spec '{spec.name}' ({spec.path}) copies {names}, which the reference model's batches do not have "
             "and its model does not read; verify the spec on your own runner, whose batches set "
             f"{'them' if len(added) > 1 else 'it'}: `graphslot verify yourpackage.module:make_target` "
             "(docs/engine.md, \"Checking your runner\")") from error

@@ -33,11 +33,6 @@ class Slot:
         self.resolved, self.buffer, self.hooks = resolved, buffer, hooks
 
     @property
-    def spec(self) -> ResolvedSlot:
-        """The older name of :attr:`resolved` (it is the slot resolved, not the spec)."""
-        return self.resolved
-
-    @property
     def name(self) -> str:
         return self.resolved.name
 
@@ -110,7 +105,7 @@ class ViewMaker:
 class SlotRegistry:
     """Buffers for one spec at fixed capacities; ``fill_from``/``extract`` per step."""
 
-    mode = "abstract"
+    impl = "abstract"
 
     def __init__(
         self,
@@ -219,5 +214,5 @@ class SlotRegistry:
         return ("batch_size",) + tuple(s.name for s in self.active if not s.resolved.structured)
 
     def __repr__(self) -> str:
-        return (f"<{type(self).__name__} {self.spec.name} mode={self.mode} max_bs={self.max_bs} "
+        return (f"<{type(self).__name__} {self.spec.name} impl={self.impl} max_bs={self.max_bs} "
                 f"max_num_tokens={self.max_num_tokens} slots={self.slot_names()}>")

@@ -47,16 +47,16 @@ def allocate_buffer(
     pool: Optional[SharePool] = None,
     adopt: Any = None,
 ) -> torch.Tensor:
-    """A full-capacity buffer, adopted from ``adopt`` (``build_registry(adopt=)``) or
+    """A full-capacity buffer, adopted from ``adopt`` (``build_registry(buffers=<object>)``) or
     pooled when asked; filled with ``init_value`` when it is fresh. Its address never
     changes afterwards."""
     if adopt is not None:
         tensor = adoptable(adopt, name)
         if tensor is _MISSING:
-            raise SlotError(f"slot '{name}': adopt= has no tensor '{name}' to adopt; "
-                            "give it one, or build the registry without adopt=")
+            raise SlotError(f"slot '{name}': buffers= has no tensor '{name}' to adopt; "
+                            "give it one, or declare the slot `adopt: never`")
         if not isinstance(tensor, torch.Tensor):
-            raise SlotError(f"slot '{name}': adopt= holds {type(tensor).__name__}, expected a torch.Tensor")
+            raise SlotError(f"slot '{name}': buffers= holds {type(tensor).__name__}, expected a torch.Tensor")
         if tuple(tensor.shape) != tuple(shape) or tensor.dtype != dtype:
             raise SlotError(f"slot '{name}': cannot adopt the tensor: expected shape "
                             f"{list(shape)} dtype {dtype}, got shape {list(tensor.shape)} "

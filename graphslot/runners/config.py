@@ -37,8 +37,8 @@ class GraphRunnerConfig:
     #: A zero-argument factory of context managers entered around every capture: once per
     #: graph under "full", once per segment or piece otherwise (sglang's ``graph_capture()``).
     capture_context: Optional[Callable[[], ContextManager[Any]]] = None
-    #: Registry mode: "generated", "interpreted" or a generated module.
-    mode: Any = "generated"
+    #: The registry's implementation: "generated", "interpreted" or a generated module.
+    impl: Any = "generated"
     #: Spec params, over the adapter's ``spec_params()``.
     params: Mapping[str, Any] = field(default_factory=dict)
     #: Progress bar over capture; None shows it on a TTY only.

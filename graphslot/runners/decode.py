@@ -35,7 +35,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Protocol, Sequence, Tu
 
 import torch
 
-from ..api import build_registry
+from ..api import build
 from ..graphs.backend import Graph, GraphBackend, InspectableGraph, get_graph_backend
 from ..log import PerReason, get_logger
 from ..planning.histogram import BatchSizeHistogram
@@ -131,8 +131,8 @@ class DecodeGraphRunner(PhaseRunner):
             contexts=context_ladder(config.context_buckets, adapter.max_context_len))
         self.bucketed = self.dispatch.contexts is not None
         max_bs = self.dispatch.largest
-        self.registry = build_registry(config.spec, max_bs, max_bs * self.k, self.device,
-                                       params={**adapter.spec_params(), **config.params}, mode=config.mode,
+        self.registry = build(config.spec, max_bs=max_bs, max_num_tokens=max_bs * self.k, device=self.device,
+                                       params={**adapter.spec_params(), **config.params}, impl=config.impl,
                                        max_bytes=config.max_bytes)
         p = self.registry.params
         self.gathered = bool(p.get("require_gathered_buffer"))
@@ -243,11 +243,11 @@ class DecodeGraphRunner(PhaseRunner):
         dummy = adapter.make_dummy_batch(bs, n)
         where = f"capturing batch size {bs}: {describe_dummy(adapter, dummy)}"
         try:
-            reg.fill_from(dummy, 0, bs, 0, n, self._side)
+            reg.fill_from(dummy, raw_bs=0, padded_bs=bs, raw_num_tokens=0, padded_num_tokens=n, side_inputs=self._side)
         except SlotError as exc:
             raise SlotError(f"{where} does not fit the spec: {exc}") from exc
         try:
-            view = reg.extract(dummy, bs, n)
+            view = reg.extract(dummy, padded_bs=bs, padded_num_tokens=n)
         except SlotError as exc:
             raise SlotError(f"{where} cannot carry the view: {exc}") from exc
         self._set_dp(view, n)
@@ -340,11 +340,11 @@ class DecodeGraphRunner(PhaseRunner):
         graph = self.graph(bs, context)  # before the fill: a lazy capture fills the buffers with its dummy batch
         if context is not None:
             adapter.set_context_bucket(context)
-        reg.fill_from(fb, raw_bs, bs, raw_bs * k, bs * k, self._side)
+        reg.fill_from(fb, raw_bs=raw_bs, padded_bs=bs, raw_num_tokens=raw_bs * k, padded_num_tokens=bs * k, side_inputs=self._side)
         if self._observers:
             for observer in self._observers:
                 observer.after_fill(raw_bs, bs)
-        view = reg.extract(fb, bs, bs * k)
+        view = reg.extract(fb, padded_bs=bs, padded_num_tokens=bs * k)
         self._set_dp(view, bs * k)
         with torch.no_grad():
             adapter.init_replay_metadata(bs, view, fb)
@@ -416,4 +416,4 @@ class DecodeGraphRunner(PhaseRunner):
     def __repr__(self) -> str:
         contexts = f" contexts={self.captured_contexts}" if self.bucketed else ""
         return (f"<DecodeGraphRunner capture={self.capture_mode.name} backend={self.backend.name} sizes={self.captured_sizes}{contexts} "
-                f"k={self.k} registry={self.registry.mode}>")
+                f"k={self.k} registry={self.registry.impl}>")

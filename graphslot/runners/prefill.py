@@ -22,7 +22,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..api import build_registry
+from ..api import build
 from ..graphs.backend import Graph, GraphCaptureError
 from ..log import PerReason, get_logger
 from ..spec.errors import SlotError
@@ -96,8 +96,8 @@ class PrefillGraphRunner(PhaseRunner):
         # The stack's hidden input is a reset-only slot, so its address is fixed too.
         params = {**adapter.spec_params(), **config.params, "register_input_embeds": True,
                   "hidden_size": adapter.hidden_size, "embed_dtype": adapter.hidden_dtype}
-        self.registry = build_registry("prefill", self.max_bs, self.buckets[0], self.device,
-                                       params=params, mode=config.mode, max_bytes=config.max_bytes)
+        self.registry = build("prefill", max_bs=self.max_bs, max_num_tokens=self.buckets[0], device=self.device,
+                                       params=params, impl=config.impl, max_bytes=config.max_bytes)
         self._init_graphs(config, adapter.split_ops)
         #: ``capture="full"``: the request-slot counts a graph is keyed by, largest first; None otherwise.
         self.request_buckets: Optional[List[int]] = (

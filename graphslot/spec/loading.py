@@ -92,18 +92,19 @@ def load_spec(name_or_path: Union[str, os.PathLike], *, import_hooks: bool = Fal
     cached = _FILE_SPECS.get(key) if key is not None else None
     if cached is not None:
         return cached
-    spec = parse_spec(read_spec_text(path, source), source=source, import_hooks=import_hooks, max_bytes=max_bytes)
+    spec = parse_spec(read_spec_text(path, source), path=source, import_hooks=import_hooks, max_bytes=max_bytes)
     return spec if key is None else _remember(_FILE_SPECS, key, spec)
 
 
-def spec_from_dict(data: Mapping[str, Any], source: str = "<code>", *, import_hooks: bool = False,
+def spec_from_dict(data: Mapping[str, Any], label: str = "<code>", *, import_hooks: bool = False,
                    max_bytes: Optional[int] = None) -> RegistrySpec:
     """A spec built in code: the same mapping a YAML spec file holds (dicts, lists, str,
     int, float, bool and None), through exactly the validation of :func:`parse_spec`.
-    Errors name ``source`` (a label such as ``"<code: my_engine>"``) and the slot; they
+    Errors name ``label`` (such as ``"<code: my_engine>"``; the spec's ``path``) and the slot; they
     carry no line. Validated specs are kept by their data, so building the same one
     again costs a lookup. ``RegistrySpec.to_dict()`` gives a shipped spec as such data,
     to derive one from it."""
+    source = label
     data = _plain_copy(data, source)
     # the data in its own order (a spec's param order shows in `graphslot show`)
     key = (source, import_hooks, max_bytes, json.dumps(data, allow_nan=True))
@@ -214,12 +215,14 @@ def read_spec_text(path: Path, source: str) -> str:
     return text.removeprefix("\ufeff")
 
 
-def parse_spec(text: str, source: str = "<string>", *, import_hooks: bool = False,
+def parse_spec(text: str, path: str = "<string>", *, import_hooks: bool = False,
                max_bytes: Optional[int] = None) -> RegistrySpec:
-    """Parse and validate spec text; raises SpecError listing every problem.
+    """Parse and validate spec text; raises SpecError listing every problem, each naming
+    ``path`` (the file the text came from, or a label: the spec's ``path``).
 
     See :func:`load_spec` for ``import_hooks`` and ``max_bytes``.
     """
+    source = path
     if not isinstance(text, str):
         raise SpecError([SpecIssue(source, None, f"spec text must be a str, got {type(text).__name__}")])
     if len(text) > MAX_SPEC_BYTES:

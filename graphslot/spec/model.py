@@ -133,7 +133,7 @@ class SlotSpec(_Strict, SlotKind):
     source: Optional[str] = Field(None, description="Hook (fb, ctx) -> tensor or None: the copy source.")
     pre_capture: Optional[str] = Field(None, description="Hook (buffer, ctx) run before graph capture.")
     adopt: Adopt = Field(
-        "allowed", description="never: the registry owns the buffer; build_registry(adopt=...) never adopts it."
+        "allowed", description="never: the registry owns the buffer; build_registry(buffers=<object>) never adopts it."
     )
     description: str = ""
 
@@ -171,7 +171,7 @@ class RegistrySpec(_Strict):
         return self
 
     @property
-    def source(self) -> str:
+    def path(self) -> str:
         """The file (or label) the spec was read from; errors name it."""
         return self._source
 

@@ -129,7 +129,7 @@ def resolve_params(
     ``torch_dtypes=False`` as names (:class:`DTypeName`), which needs no torch: the
     spec toolchain's view.
     """
-    file, issues = spec.source, []
+    file, issues = spec.path, []
     explicit: Dict[str, Any] = {}
     if preset is not None:
         if preset not in spec.presets:
@@ -277,16 +277,16 @@ def _resolve_slots(
         try:
             r = resolve_slot(slot, params, max_bs, max_num_tokens, spec.slot_line(i), spec.absent_fields)
         except ExprError as exc:  # division by zero or overflow with these values
-            issues.append(SpecIssue(spec.source, spec.slot_line(i), str(exc), slot.name))
+            issues.append(SpecIssue(spec.path, spec.slot_line(i), str(exc), slot.name))
             continue
         if r.enabled and r.pad_value is not None and not value_fits_dtype(r.pad_value, r.dtype_name):
-            issues.append(SpecIssue(spec.source, spec.slot_line(i, "pad_value"),
+            issues.append(SpecIssue(spec.path, spec.slot_line(i, "pad_value"),
                                     f"pad_value {r.pad_value!r} does not fit dtype {r.dtype_name}",
                                     slot.name))
         bad = [(d, n) for d, n in enumerate(r.shape) if n < 1]
         if r.enabled and bad:
             d, n = bad[0]
-            issues.append(SpecIssue(spec.source, spec.slot_line(i, "shape"),
+            issues.append(SpecIssue(spec.path, spec.slot_line(i, "shape"),
                                     f"shape[{d}] = {slot.shape[d]!r} evaluates to {n}; extents must be positive",
                                     slot.name))
         resolved.append(r)

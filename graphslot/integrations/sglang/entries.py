@@ -202,4 +202,4 @@ def _hook(entry: Dict[str, Any], kind: str) -> str:
 
 def check_entry(entry: Dict[str, Any]) -> None:
     """Validate one entry as graphslot validates a spec file (cached by its data)."""
-    spec_from_dict({"name": "sglang", "absent_fields": ABSENT_FIELDS, "slots": [entry]}, source=CODE_LABEL)
+    spec_from_dict({"name": "sglang", "absent_fields": ABSENT_FIELDS, "slots": [entry]}, label=CODE_LABEL)

@@ -38,7 +38,7 @@ def base_spec(kind: str) -> RegistrySpec:
     if spec is None:
         data = load_spec(shipped_spec_path(kind)).to_dict()
         data["absent_fields"] = ABSENT_FIELDS
-        spec = _BASE[kind] = spec_from_dict(data, source=f"<graphslot.integrations.sglang: {kind}.yaml>")
+        spec = _BASE[kind] = spec_from_dict(data, label=f"<graphslot.integrations.sglang: {kind}.yaml>")
     return spec
 
 

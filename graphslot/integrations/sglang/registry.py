@@ -5,7 +5,7 @@ does (zeros, then sglang's share pool, then the init fill; ``bind=`` adopts a te
 as it is), because runners and tests touch ``get_slot(name).buffer`` right away. The
 code that fills and views them is graphslot's: the registry's slots form one spec
 (the factory's shipped spec, plus one entry per slot registered from Python,
-:mod:`.entries`), and ``graphslot.build_registry(spec, buffers=...)`` binds its
+:mod:`.entries`), and ``graphslot.api.build(spec, bind=...)`` binds its
 generated ``fill_from`` / ``extract`` to those buffers at the first ``fill_from`` or
 ``extract_buffer`` after a change. A registration only marks the registry for
 rebinding; identical slot sets share one compiled module per process.
@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from ...api import build_registry
+from ...api import build
 from ...registry.base import ViewMaker
 from ...spec.errors import shorten
 from ...spec.loading import spec_from_dict
@@ -153,9 +153,10 @@ class CudaGraphBufferRegistry:
             self._extract = lambda fb, padded_bs, padded_num_tokens: make_view(fb, {"batch_size": padded_bs})
             return
         spec, params, preset = self._base if self._base else (None, {}, None)
-        self._bound = build_registry(
-            composite_spec(spec, self._entries), self.max_bs, self.max_num_tokens, self.device, params=params,
-            preset=preset, hooks=self._hooks, buffers=self._buffers, context=FillContext.make, max_bytes=NO_CAP)
+        self._bound = build(
+            composite_spec(spec, self._entries), device=self.device, max_bs=self.max_bs,
+            max_num_tokens=self.max_num_tokens, params=params, preset=preset, hooks=self._hooks, bind=self._buffers,
+            context=FillContext.make, max_bytes=NO_CAP)
         self._fill, self._extract = self._bound.fill_from, self._bound.extract
 
     def _fill_skipping(self, skip_slots: Any) -> Callable:
@@ -186,7 +187,8 @@ class CudaGraphBufferRegistry:
             fill = self._fill
             if fill is None:
                 fill = self._fill_skipping(skip_slots)
-        fill(forward_batch, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, pp_proxy_tensors)
+        fill(forward_batch, raw_bs=raw_bs, padded_bs=padded_bs, raw_num_tokens=raw_num_tokens,
+             padded_num_tokens=padded_num_tokens, side_inputs=pp_proxy_tensors)
 
     def extract_buffer(self, *, padded_bs: int, padded_num_tokens: int, forward_batch_template: Any) -> Any:
         """A copy of the batch with ``batch_size=padded_bs`` and the slots' ``[:padded]``
@@ -228,7 +230,7 @@ def skip_set(skip_slots: Any) -> frozenset:
 def composite_spec(base: Optional[RegistrySpec], entries: List[Dict[str, Any]]) -> RegistrySpec:
     """The spec of a base (or none) plus code-built entries, validated once per
     process for each distinct combination."""
-    key = (None if base is None else (base.identity, base.source),
+    key = (None if base is None else (base.identity, base.path),
            tuple(json.dumps(e, sort_keys=True) for e in entries))
     spec = _SPECS.get(key)
     if spec is None:
@@ -241,7 +243,7 @@ def composite_spec(base: Optional[RegistrySpec], entries: List[Dict[str, Any]]) 
             # refuses a registered name): as in sglang, which never registered it, the name is the entry's.
             names = {e["name"] for e in entries}
             data["slots"] = [s for s in data["slots"] if s["name"] not in names] + list(entries)
-            spec = spec_from_dict(data, source=base.source if base is not None else CODE_LABEL)
+            spec = spec_from_dict(data, label=base.path if base is not None else CODE_LABEL)
         if len(_SPECS) >= _SPEC_CACHE_LIMIT:
             _SPECS.clear()
         _SPECS[key] = spec
