@@ -159,9 +159,10 @@ class ContinuousBatcher(Driving):
         """Queue a request; it is prefilled at the next step with room for it.
 
         * Sampling: ``do_sample`` (None: sample when ``temperature``, ``top_k``, ``top_p``
-          or ``seed`` is given, else the model's default), ``temperature`` (0: greedy),
-          ``top_k`` (0: off), ``top_p`` (1: off), ``seed`` (default: from the engine's
-          seed and the request id). Unset ones take the engine's defaults.
+          or ``seed`` is given, else the model's default), ``temperature`` (0: greedy;
+          else at least ``sampling.MIN_TEMPERATURE``, about 1.18e-38), ``top_k`` (0:
+          off), ``top_p`` (1: off), ``seed`` (default: from the engine's seed and the
+          request id). Unset ones take the engine's defaults.
         * Stopping: ``max_new_tokens``; ``eos_token_id`` (an id or ids; None: the engine's;
           ``()``: none) and ``stop_token_ids`` end the request, the token kept in its
           output; ``min_new_tokens`` (default: the model's, else 0) masks them until the
