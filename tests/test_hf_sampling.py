@@ -326,6 +326,52 @@ def test_closing_a_stream_early_aborts_its_requests(model):
     assert engine.cache.available_slots == engine.cache.pool.size - 1
 
 
+def round_robin(streams):
+    """Each stream's events, taking one from each in turn (as a server serves two clients)."""
+    got, live = [[] for _ in streams], list(enumerate(streams))
+    while live:
+        for i, stream in list(live):
+            try:
+                got[i].append(next(stream))
+            except StopIteration:
+                live.remove((i, stream))
+    return got
+
+
+def test_interleaved_streams_each_deliver_every_token_of_their_own_requests(model):
+    """Whoever steps the engine, a stream hands out all its requests' tokens (those of a
+    step another stream drove wait in its queue), in order, and nothing else."""
+    want = [[r.output for r in make_engine(model).generate(prompts, 8, **kw)]
+            for prompts, kw in ((PROMPTS[:2], {}), (PROMPTS[2:4], {"temperature": 0.9, "seed": 7}))]
+    engine, stepped = make_engine(model), []
+    streams = [engine.stream(PROMPTS[:2], 8, on_token=stepped.append),
+               engine.stream(PROMPTS[2:4], 8, temperature=0.9, seed=7, top_logprobs=2, on_token=stepped.append)]
+    got = round_robin(streams)
+    assert engine.done and {r.finish_reason for r in engine.requests.values()} == {"length"}
+    for events, outputs in zip(got, want):
+        rids = sorted({e.rid for e in events})
+        assert len(rids) == 2 and len(events) == 16
+        for rid, output in zip(rids, outputs):
+            mine = [e for e in events if e.rid == rid]
+            assert [e.token for e in mine] == output == engine.requests[rid].output
+            assert [e.index for e in mine] == list(range(8)) and mine[-1].finish_reason == "length"
+            assert mine == [e for e in stepped if e.rid == rid]  # the events the steps handed out, logprobs and all
+
+
+def test_a_stream_closed_or_dropped_before_its_first_token_aborts_its_requests(model):
+    engine = make_engine(model)
+    full = (engine.cache.available_slots, engine.cache.available_requests)
+    stream = engine.stream(PROMPTS[:2], 8)
+    stream.close()
+    assert engine.done and [(r.finish_reason, r.output) for r in engine.requests.values()] == [("abort", [])] * 2
+    dropped = engine.stream(PROMPTS[2:4], 8)
+    del dropped
+    assert engine.done and [r.finish_reason for r in engine.requests.values()] == ["abort"] * 4
+    kept = engine.stream(PROMPTS[:1], 3)
+    assert [e.index for e in kept] == [0, 1, 2]  # the aborted ones were never decoded
+    assert engine.step().events == [] and (engine.cache.available_slots, engine.cache.available_requests) == full
+
+
 def test_a_raising_callback_does_not_keep_the_others_from_theirs(model):
     engine = make_engine(model)
     got = []
