@@ -45,9 +45,10 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple, 
 import torch
 
 from ...runners.decode import DecodeGraphRunner, DecodeRunnerConfig
+from ...runners.dispatch import capture_sizes, context_ladder
 from .adapter import HFDecodeAdapter, check_model
 from .batches import Packed, decode_step, packed_fits, packed_logits, prefill_logits, split_prompt_logprobs
-from .budget import pool_size
+from .budget import Allocations, check_graph_memory, pool_size
 from .cache import PagedCache, forward_takes, kv_geometry
 from .checks import count, flag, stop_ids, token_ids
 from .driving import Driving
@@ -65,7 +66,10 @@ class ContinuousBatcher(Driving):
     """Decode a stream of requests with a transformers causal LM through graphs.
 
     * ``max_bs`` caps the running batch and the captured sizes; ``max_requests``
-      (default ``max_bs``) sizes the request pool.
+      (default ``max_bs``) sizes the request pool. The decode graphs they ask for must
+      fit the device's free memory beside the KV budget (:func:`.budget.check_graph_memory`),
+      else a ``BufferBudgetError`` names ``max_bs``, the sizes and the budget before
+      anything is allocated.
     * The KV pool takes ``kv_cache_bytes`` (pool and request table; default: a share of
       the device's free memory, at most ``GRAPHSLOT_MAX_KV_BYTES``; :mod:`.budget`).
       ``max_context_len`` (prompt plus new tokens of one request) defaults to
@@ -120,12 +124,23 @@ class ContinuousBatcher(Driving):
                      else check_seed(seed, where))
         device = torch.device(model.device)
         check_model(model, allow_untested)  # before the probe runs the model
+        runner_options.setdefault("progress", False)
+        runner_options.setdefault("context_buckets", "auto")
+        runner_config = DecodeRunnerConfig(max_bs=max_bs, **runner_options)
         #: What each layer caches per token (one eager forward of one token): the pool's slots and their bytes.
-        self.geometry = kv_geometry(model)
+        with Allocations() as made:
+            self.geometry = kv_geometry(model)
+        per_slot = bytes_per_slot(self.geometry, model.dtype)
         #: The pool's size and the budget it came from.
-        self.kv_budget = pool_size(bytes_per_slot(self.geometry, model.dtype), device, max_requests=max_requests,
-                                   max_context_len=max_context_len, kv_cache_bytes=kv_cache_bytes,
+        self.kv_budget = pool_size(per_slot, device, max_requests=max_requests, max_context_len=max_context_len,
+                                   kv_cache_bytes=kv_cache_bytes,
                                    positions=getattr(text_config(config), "max_position_embeddings", None))
+        context = self.kv_budget.max_context_len
+        check_graph_memory(
+            device, self.kv_budget, max_bs=max_bs, per_row=made.bytes, per_position=per_slot,
+            sizes=capture_sizes(max_bs, runner_config.capture_bs, runner_config.capture_bs_multiple, max_requests),
+            contexts=context_ladder(runner_config.context_buckets, context) or [context],
+            kept=runner_config.backend == "cpu" or (runner_config.backend == "auto" and device.type != "cuda"))
         self.model, self.sample, self.max_bs = model, sample, max_bs
         self.sampler = Sampler()
         self.cache = PagedCache(config, max_requests=max_requests, max_context_len=self.kv_budget.max_context_len,
@@ -139,9 +154,7 @@ class ContinuousBatcher(Driving):
         mix_prefill = flag(mix_prefill, "mix_prefill", where, allow_none=True)
         self.mix_prefill = ((device.type == "cpu" if mix_prefill is None else mix_prefill)
                             and self.last_logits_only and packs(self.cache.config))
-        runner_options.setdefault("progress", False)
-        runner_options.setdefault("context_buckets", "auto")
-        self.runner = DecodeGraphRunner(self.adapter, DecodeRunnerConfig(max_bs=max_bs, **runner_options))
+        self.runner = DecodeGraphRunner(self.adapter, runner_config)
         self.waiting: Deque[Request] = deque()
         self.running: List[Request] = []
         self.requests: Dict[int, Request] = {}
