@@ -191,3 +191,13 @@ def test_graphs_sharing_a_pool_need_at_least_the_largest_one(monkeypatch):
         "context_buckets)")
     with pytest.raises(BufferBudgetError, match="sharing one pool"):
         budget.check_graph_memory(torch.device("cpu"), kv, kept=False, **{**shared, "max_bs": 9, "sizes": [9]})
+
+
+def test_allocations_counts_new_storages_only():
+    x = torch.zeros(10)
+    with budget.Allocations() as made:
+        y = x + 1  # new: 40 bytes
+        y.view(2, 5)  # a view: nothing new
+        y.add_(1)  # in place: nothing new
+        torch.ones(3, dtype=torch.float64)  # new: 24 bytes
+    assert made.bytes == 64

@@ -148,12 +148,25 @@ class Allocations(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        seen = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        seen = {_storage(t)[0] for t in tree_leaves((args, kwargs))}
         for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in seen:
-                seen.add(t.untyped_storage().data_ptr())
-                self.bytes += t.untyped_storage().nbytes()
+            ptr, nbytes = _storage(t)
+            if ptr not in seen:
+                seen.add(ptr)
+                self.bytes += nbytes
         return out
+
+
+def _storage(value: Any) -> Tuple[Optional[int], int]:
+    """``(data_ptr, nbytes)`` of a tensor's storage; ``(None, 0)`` for anything else, and
+    for a tensor subclass without one (a quantized weight's wrapper)."""
+    if not isinstance(value, torch.Tensor):
+        return None, 0
+    try:
+        storage = value.untyped_storage()
+        return storage.data_ptr(), storage.nbytes()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None, 0
 
 
 def check_graph_memory(device: torch.device, kv: PoolSize, *, max_bs: int, sizes: Sequence[int],
