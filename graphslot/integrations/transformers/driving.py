@@ -9,7 +9,8 @@ from .requests import Request, TokenEvent
 
 
 class Driving:
-    """:meth:`stream` and :meth:`generate`, for a class with ``add_request``, ``abort`` and ``step``."""
+    """:meth:`stream` and :meth:`generate`, for a class with ``add_request``, ``abort`` and
+    ``step``, and ``_lock``: the lock its steps commit under."""
 
     def stream(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, **params: Any) -> Iterator[TokenEvent]:
         """Queue ``prompts`` (each with :meth:`add_request`'s keywords ``params``, checked now:
