@@ -21,7 +21,7 @@ so a multi-query, MLA or per-layer-shaped model is sized by what it really cache
   (the request table), not time.
 * :func:`device_memory`: a device's total or free memory; the total is
   :class:`~.cache.PagedCache`'s default cap on a pool of any size.
-* :func:`check_graph_memory`: the decode graphs ``max_bs`` asks for against the free
+* :func:`check_decode_graphs`: the decode graphs ``max_bs`` asks for against the free
   memory the KV budget leaves, before anything is allocated. A graph of ``bs`` rows at a
   context of ``L`` positions keeps about ``bs x (per_row + (L - 1) x per_position)``
   bytes: ``per_row`` what one token's forward makes (:class:`Allocations`, counted in
@@ -39,6 +39,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from ...runners.decode import DecodeRunnerConfig
+from ...runners.dispatch import capture_sizes, context_ladder
 from ...spec.budget import BufferBudgetError, byte_cap, format_bytes
 
 #: Caps a KV pool's bytes (PagedCache) and the default budget (ContinuousBatcher).
@@ -194,3 +196,15 @@ def check_graph_memory(device: torch.device, kv: PoolSize, *, max_bs: int, sizes
         f"row and position (its K and V), {how}; the free memory is {format_bytes(free)} on {device}, "
         f"{format_bytes(max(room, 0))} of it left after the KV budget of {format_bytes(kv.budget)} ({kv.origin}). "
         f"Nothing was allocated. Lower max_bs (or max_requests, or the captured sizes: capture_bs, context_buckets)")
+
+
+def check_decode_graphs(device: torch.device, kv: PoolSize, config: DecodeRunnerConfig, max_requests: int,
+                        per_row: int, per_position: int) -> None:
+    """:func:`check_graph_memory` for the graphs a runner of ``config`` captures over a
+    request pool of ``max_requests`` rows and ``kv.max_context_len`` positions."""
+    context = kv.max_context_len
+    check_graph_memory(
+        device, kv, max_bs=config.max_bs, per_row=per_row, per_position=per_position,
+        sizes=capture_sizes(config.max_bs, config.capture_bs, config.capture_bs_multiple, max_requests),
+        contexts=context_ladder(config.context_buckets, context) or [context],
+        kept=config.backend == "cpu" or (config.backend == "auto" and device.type != "cuda"))

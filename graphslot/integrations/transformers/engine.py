@@ -45,10 +45,9 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple, 
 import torch
 
 from ...runners.decode import DecodeGraphRunner, DecodeRunnerConfig
-from ...runners.dispatch import capture_sizes, context_ladder
 from .adapter import HFDecodeAdapter, check_model
 from .batches import Packed, decode_step, packed_fits, packed_logits, prefill_logits, split_prompt_logprobs
-from .budget import Allocations, check_graph_memory, pool_size
+from .budget import Allocations, check_decode_graphs, pool_size
 from .cache import PagedCache, forward_takes, kv_geometry
 from .checks import count, flag, stop_ids, token_ids
 from .driving import Driving
@@ -66,10 +65,8 @@ class ContinuousBatcher(Driving):
     """Decode a stream of requests with a transformers causal LM through graphs.
 
     * ``max_bs`` caps the running batch and the captured sizes; ``max_requests``
-      (default ``max_bs``) sizes the request pool. The decode graphs they ask for must
-      fit the device's free memory beside the KV budget (:func:`.budget.check_graph_memory`),
-      else a ``BufferBudgetError`` names ``max_bs``, the sizes and the budget before
-      anything is allocated.
+      (default ``max_bs``) sizes the request pool; their graphs must fit the free memory
+      beside the KV budget, checked first (:func:`.budget.check_decode_graphs`).
     * The KV pool takes ``kv_cache_bytes`` (pool and request table; default: a share of
       the device's free memory, at most ``GRAPHSLOT_MAX_KV_BYTES``; :mod:`.budget`).
       ``max_context_len`` (prompt plus new tokens of one request) defaults to
@@ -124,9 +121,8 @@ class ContinuousBatcher(Driving):
                      else check_seed(seed, where))
         device = torch.device(model.device)
         check_model(model, allow_untested)  # before the probe runs the model
-        runner_options.setdefault("progress", False)
-        runner_options.setdefault("context_buckets", "auto")
-        runner_config = DecodeRunnerConfig(max_bs=max_bs, **runner_options)
+        runner_config = DecodeRunnerConfig(max_bs=max_bs, **{"progress": False, "context_buckets": "auto",
+                                                             **runner_options})
         #: What each layer caches per token (one eager forward of one token): the pool's slots and their bytes.
         with Allocations() as made:
             self.geometry = kv_geometry(model)
@@ -135,12 +131,7 @@ class ContinuousBatcher(Driving):
         self.kv_budget = pool_size(per_slot, device, max_requests=max_requests, max_context_len=max_context_len,
                                    kv_cache_bytes=kv_cache_bytes,
                                    positions=getattr(text_config(config), "max_position_embeddings", None))
-        context = self.kv_budget.max_context_len
-        check_graph_memory(
-            device, self.kv_budget, max_bs=max_bs, per_row=made.bytes, per_position=per_slot,
-            sizes=capture_sizes(max_bs, runner_config.capture_bs, runner_config.capture_bs_multiple, max_requests),
-            contexts=context_ladder(runner_config.context_buckets, context) or [context],
-            kept=runner_config.backend == "cpu" or (runner_config.backend == "auto" and device.type != "cuda"))
+        check_decode_graphs(device, self.kv_budget, runner_config, max_requests, made.bytes, per_slot)
         self.model, self.sample, self.max_bs = model, sample, max_bs
         self.sampler = Sampler()
         self.cache = PagedCache(config, max_requests=max_requests, max_context_len=self.kv_budget.max_context_len,
