@@ -256,7 +256,9 @@ def test_prefill_logits_match_transformers_own_forward(model):
 def test_routing_changes_no_eager_output(impl):
     plain, routed = tiny_model("llama", attn_implementation=impl), tiny_model("llama", attn_implementation=impl)
     route_attention(routed)
-    assert routed.config._attn_implementation == f"graphslot_{impl}"
+    assert routed.config._attn_implementation == impl  # the model's own config is left as it was
+    assert {m.config._attn_implementation for m in routed.modules() if hasattr(m, "num_key_value_groups")} == {
+        f"graphslot_{impl}"}
     ids = torch.tensor([[0, 0, 3, 4], [1, 2, 3, 4]])
     mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
     with torch.no_grad():

@@ -13,6 +13,7 @@ import json
 import sys
 from typing import Any, Callable, Dict
 
+from ..spec.budget import BufferBudgetError
 from ..spec.dtypes import import_torch
 from . import limits
 from .common import Command, fail, positive_int
@@ -175,6 +176,8 @@ def run_hf(args: argparse.Namespace) -> int:
 
     try:
         result = run_hf_demo(args.model, steps=args.steps, backend=args.backend, mode=args.registry, max_bs=max_bs)
+    except BufferBudgetError as exc:  # refused before anything was allocated: the size typed is the error
+        return fail("demo", f"argument --max-bs: {max_bs} is more than this machine can hold: {exc}", status=2)
     except (ImportError, RuntimeError, ValueError) as exc:
         return fail("demo", str(exc))
     return show(result, args, format_hf_demo_table, result["mismatching_steps"] != 0)

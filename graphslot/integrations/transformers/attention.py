@@ -31,6 +31,7 @@ module (what the model's implementation reads: ``num_key_value_groups``,
 
 from __future__ import annotations
 
+import copy
 import itertools
 import sys
 from typing import Any, Dict, Optional
@@ -73,7 +74,10 @@ def inner_implementation(config: Any) -> Optional[str]:
 
 def route_attention(model: Any) -> None:
     """Route ``model``'s attention through :func:`graphslot_attention` (idempotent).
-    Its results are the model's own in every eager forward."""
+    Its results are the model's own in every eager forward. Only the attention modules
+    see the routed implementation (each gets a copy of its config naming it):
+    ``model.config`` is left as the engine set it, so the model still serves any other
+    user of it (transformers' own continuous batching checks that name)."""
     inner = inner_implementation(model.config)
     if inner is None:
         raise ValueError(f"{type(model).__name__} uses attn_implementation "
@@ -81,7 +85,9 @@ def route_attention(model: Any) -> None:
     for m in model.modules():
         if hasattr(m, "layer_idx") and hasattr(m, "num_key_value_groups"):
             handle(m)
-    model.config._attn_implementation = ROUTED[inner]
+            if m.config is model.config:
+                m.config = copy.copy(model.config)
+            m.config._attn_implementation = ROUTED[inner]
 
 
 def _model_attention(module: Any):
