@@ -537,7 +537,7 @@ def poison(interp, gen, seed: int) -> None:
 def build_pair(spec, max_bs, max_num_tokens, strict=False, **kwargs):
     interp = build(spec, max_bs=max_bs, max_num_tokens=max_num_tokens, impl="interpreted", strict=strict, **kwargs, device="cpu")
     gen = build(spec, max_bs=max_bs, max_num_tokens=max_num_tokens, impl="generated", strict=strict, **kwargs, device="cpu")
-    assert interp.mode == "interpreted" and gen.mode == "generated"
+    assert interp.impl == "interpreted" and gen.impl == "generated"
     assert interp.strict == gen.strict == strict
     assert [s.name for s in interp.all_slots()] == [s.name for s in gen.all_slots()]
     for a, b in zip(interp.all_slots(), gen.all_slots()):
@@ -574,8 +574,10 @@ def run_steps(interp, gen, steps: List[Step], first_poison: bool = True) -> None
         before = snapshot(fbi)
         sizes = (step.raw_bs, step.padded_bs, step.raw_num_tokens, step.padded_num_tokens)
         side = {"bias": step.bias}
-        _, ei = outcome(interp.fill_from_skipping(step.skip), fbi, *sizes, side_inputs=side)
-        _, eg = outcome(gen.fill_from_skipping(step.skip), fbg, *sizes, side_inputs=side)
+        counts = dict(raw_bs=step.raw_bs, padded_bs=step.padded_bs, raw_num_tokens=step.raw_num_tokens,
+                      padded_num_tokens=step.padded_num_tokens)
+        _, ei = outcome(interp.fill_from_skipping(step.skip), fbi, **counts, side_inputs=side)
+        _, eg = outcome(gen.fill_from_skipping(step.skip), fbg, **counts, side_inputs=side)
         assert_same_error(ei, eg, f"fill {i} {sizes}")
         if ei is not None:
             ERRORS_SEEN.append(f"{type(ei).__name__}: {ei}")
@@ -588,7 +590,7 @@ def run_steps(interp, gen, steps: List[Step], first_poison: bool = True) -> None
         assert_same_snapshot(before, snapshot(fbi), views=views)
         assert_heads_and_tails(interp, fbi, step, views | step.skip)
 
-        (vi, ei), (vg, eg) = (outcome(reg.extract, fb, step.padded_bs, step.padded_num_tokens)
+        (vi, ei), (vg, eg) = (outcome(reg.extract, fb, padded_bs=step.padded_bs, padded_num_tokens=step.padded_num_tokens)
                               for reg, fb in ((interp, fbi), (gen, fbg)))
         assert_same_error(ei, eg, f"extract {i}")
         if ei is not None:

@@ -23,7 +23,6 @@ import torch
 import graphslot as gs
 from graphslot.codegen.generator import render_module
 from graphslot.codegen.inprocess import compile_module
-from graphslot.api import build
 
 SPEC = textwrap.dedent("""\
     name: masks
@@ -61,7 +60,7 @@ def test_the_rendered_module_writes_non_finite_floats_as_python():
     assert 'pad_dev_float32_bs_neginf = torch.full(\n        (max_bs,), float("-inf"), dtype=torch.float32' in text
     assert 'padval_logit = float("nan")' in text  # a 2-D tail is filled, with the one quiet NaN
     assert '"once": new_buffer("once", (max_bs,), torch.float64, device, float("inf"))' in text  # 1e308 * 10
-    assert 'PARAMS = {\n    "big": 1e308,\n    "nanp": float("nan"),\n    "neg": float("-inf"),\n}\n' in text
+    assert 'PARAMS = {\n    "big": 1e+308,\n    "nanp": float("nan"),\n    "neg": float("-inf"),\n}\n' in text
     assert "# params:   big=1e+308\n#           nanp=float('nan')\n#           neg=float('-inf')\n" in text  # banner
     assert 'float("nan")' in text.split("def bind", 1)[1]  # nanp + 1 folded to a NaN
 
@@ -161,7 +160,8 @@ def test_a_nan_pad_value_is_the_same_bits_in_every_mode_and_from_a_modules_embed
     builds = {"yaml": lambda mode: gs.build_registry(spec, max_bs=4, max_num_tokens=4, impl=mode, device="cpu"),
               "module": lambda mode: gs.build_registry(module, max_bs=4, max_num_tokens=4, impl=mode, device="cpu"),
               "code": lambda mode: gs.build_registry(from_code, max_bs=4, max_num_tokens=4, impl=mode, device="cpu"),
-              "preset": lambda mode: build(spec, max_bs=4, max_num_tokens=4, impl=mode, preset="alt", device="cpu"),
+              "preset": lambda mode: gs.build_registry(spec, max_bs=4, max_num_tokens=4, impl=mode,
+                                                       params=spec.presets["alt"], device="cpu"),
               "param": lambda mode: gs.build_registry(spec, max_bs=4, max_num_tokens=4, impl=mode, params={"p": -math.nan}, device="cpu")}
     for source, build in builds.items():
         for mode in ("interpreted", "generated"):

@@ -390,11 +390,16 @@ def test_a_pool_answering_not_fresh_keeps_the_canonical_content(mode):
     assert isinstance(pool, gs.SharePool) and isinstance(gs.BufferPool(), gs.SharePool)
 
 
-def test_share_pool_must_be_a_bool_or_a_pool():
-    with pytest.raises(TypeError) as err:
-        build(SENTINEL, "interpreted", pool="yes")
-    assert str(err.value) == ("build_registry: pool= takes True, False or a pool with a share(name, tensor, "
-                              "init_value) -> (tensor, fresh) method (graphslot.SharePool), got str")
+def test_buffers_is_a_pool_when_it_shares_else_the_object_buffers_are_adopted_from():
+    pool = gs.BufferPool()
+    spec = parse(SENTINEL)
+    a = gs.build_registry(spec, device="cpu", max_bs=4, max_num_tokens=8, buffers=pool)
+    b = gs.build_registry(spec, device="cpu", max_bs=4, max_num_tokens=8, buffers=pool)
+    assert a.slot("lens").buffer.data_ptr() == b.slot("lens").buffer.data_ptr() and len(pool) == 1
+    with pytest.raises(gs.SlotError) as err:
+        gs.build_registry(spec, device="cpu", max_bs=4, max_num_tokens=8, buffers="yes")
+    assert str(err.value) == ("slot 'lens': buffers= has no tensor 'lens' to adopt; give it one, or declare the "
+                              "slot `adopt: never`")
 
 
 # --- fill_from_skipping -------------------------------------------------------------------
@@ -454,7 +459,7 @@ def test_extract_exposes_a_required_slot_whose_field_a_skipping_fill_left_none(m
     view is its buffer, which the engine staged (regression: the interpreter carried it)."""
     reg = build(STAGED, mode)
     fb = SimpleNamespace(positions=None, seq_lens=None, input_ids=t(1, 2))
-    reg.fill_from_skipping({"positions", "seq_lens"})(fb, 1, 2, 2, 4)
+    reg.fill_from_skipping({"positions", "seq_lens"})(fb, raw_bs=1, padded_bs=2, raw_num_tokens=2, padded_num_tokens=4)
     view = reg.extract(fb, padded_bs=2, padded_num_tokens=4)
     assert view.positions is not None and view.positions.shape == torch.Size([4])
     assert view.seq_lens.shape == torch.Size([2])
@@ -501,15 +506,6 @@ def test_buffers_must_fit_each_enabled_slot(buffers, error):
     with pytest.raises(gs.SlotError) as err:
         build(SENTINEL, "generated", bind=buffers)
     assert str(err.value) == error
-
-
-def test_buffers_cannot_be_combined_with_adopt_or_a_pool():
-    given = {"lens": torch.zeros(4, dtype=torch.int64)}
-    for kwargs in ({"adopt": given}, {"share_pool": True}):
-        with pytest.raises(ValueError) as err:
-            build(SENTINEL, "interpreted", bind=given, **kwargs)
-        assert str(err.value) == ("build_registry: buffers= binds existing tensors; it cannot be combined with "
-                                  "pool= or adopt=")
 
 
 @dataclass

@@ -29,7 +29,7 @@ def test_a_shipped_spec_goes_to_data_and_back_with_its_identity():
     for name in gs.shipped_spec_names():
         spec = gs.load_spec(name)
         again = gs.spec_from_dict(spec.to_dict(), label=LABEL)
-        assert again.identity == spec.identity and again.source == LABEL
+        assert again.identity == spec.identity and again.path == LABEL
         assert again.to_dict() == spec.to_dict()
         assert list(again.params) == list(spec.params)  # the order of the data is kept
 
@@ -107,7 +107,7 @@ def test_a_sequence_is_read_by_iterating_never_by_trusting_its_len():
     spec = gs.spec_from_dict({"name": "t", "slots": LyingList([slot()])})
     assert [s.name for s in spec.slots] == ["x"]
     with pytest.raises(gs.SpecError) as err:
-        gs.spec_from_dict({"name": "t", "slots": [slot(shape=LyingList([1, object()]))]}, source=LABEL)
+        gs.spec_from_dict({"name": "t", "slots": [slot(shape=LyingList([1, object()]))]}, label=LABEL)
     assert str(err.value) == (f"{LABEL}: slots[0].shape[1]: object is not plain data: a spec from code holds only "
                               "dicts, lists, str, int, float, bool and None (a dtype by its name: 'int64')")
 

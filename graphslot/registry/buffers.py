@@ -61,7 +61,7 @@ def allocate_buffer(
             raise SlotError(f"slot '{name}': cannot adopt the tensor: expected shape "
                             f"{list(shape)} dtype {dtype}, got shape {list(tensor.shape)} "
                             f"dtype {tensor.dtype}")
-        refuse_strided(f"slot '{name}'", "adopt", tensor)
+        refuse_strided(f"slot '{name}'", "buffers", tensor)
         return tensor  # adopted tensors are already initialised by their owner
     try:
         buffer = torch.zeros(shape, dtype=dtype, device=device)
@@ -103,7 +103,7 @@ def check_given_buffers(spec_name: str, slots, buffers: Any, device: torch.devic
         if tuple(tensor.shape) != slot.shape or tensor.dtype != slot.dtype or not _same_device(tensor.device, where):
             raise SlotError(f"spec '{spec_name}', slot '{slot.name}': buffers= holds shape {list(tensor.shape)} "
                             f"{tensor.dtype} on {tensor.device}, expected {list(slot.shape)} {slot.dtype} on {where}")
-        refuse_strided(f"spec '{spec_name}', slot '{slot.name}'", "buffers", tensor)
+        refuse_strided(f"spec '{spec_name}', slot '{slot.name}'", "bind", tensor)
         given[slot.name] = tensor
     return given
 
