@@ -86,7 +86,7 @@ class Variable:
 STRICT = Variable(
     "GRAPHSLOT_STRICT", "bool", "off",
     "strict mode for every registry built: dtype, device, aliasing and count checks on each "
-    "`fill_from` / `extract` (as `build_registry(strict=True)`)")
+    "`fill_from` / `extract` (read when a registry is built)")
 DEBUG = Variable(
     "GRAPHSLOT_DEBUG", "bool", "off",
     "the replay guard of decode runners whose config leaves `guard=None`: before each replay, every slot "
@@ -97,8 +97,8 @@ EAGER_INPUT_NO_COPY = Variable(
     "them into the slots")
 MAX_BUFFER_BYTES = Variable(
     "GRAPHSLOT_MAX_BUFFER_BYTES", "bytes", "4294967296 (4 GiB)",
-    "the cap on one registry's buffer bytes where `max_bytes=` is not given (`build_registry`, the runner "
-    "configs); checked before anything is allocated")
+    "the cap on one registry's buffer bytes (a runner config's `max_bytes=` overrides it); checked before "
+    "anything is allocated")
 MAX_KV_BYTES = Variable(
     "GRAPHSLOT_MAX_KV_BYTES", "bytes", "the device's total memory",
     "the cap on a `PagedCache`'s KV pool bytes where `max_bytes=` is not given, and on `ContinuousBatcher`'s "

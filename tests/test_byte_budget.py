@@ -78,7 +78,7 @@ def test_the_attackers_registry_is_refused_before_anything_is_allocated(mode, no
         "spec 'decode': its buffers would take 72000000008 bytes (67.1 GiB) at max_bs=1000000000, "
         "max_num_tokens=1000000000, over the cap of 4294967296 bytes (4.0 GiB) (the default); the largest is "
         "slot 'mrope_positions', 24000000000 bytes (22.4 GiB). Nothing was allocated. Lower the capacities, or "
-        "raise the cap: max_bytes=N (build_registry, DecodeRunnerConfig) or the environment variable "
+        "raise the cap: max_bytes=N (the runner configs) or the environment variable "
         "GRAPHSLOT_MAX_BUFFER_BYTES=N")
     assert isinstance(info.value, ValueError)
 

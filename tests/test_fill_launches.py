@@ -159,7 +159,7 @@ def test_a_row_copied_slot_judges_a_source_overlapping_its_own_buffer_row_by_row
     assert reg.slot("pos").resolved.rows
     host = gs.parse_spec("name: rows\nslots:\n- {name: pos, shape: [2, max_bs], dtype: bool, axis: bs, slice_dim: 1, "
                          "padding: keep_pad, device: cpu}\n", "host.yaml")
-    assert not gs.build_registry(host, max_bs=3, max_num_tokens=1, impl=mode, device="cpu").slot("pos").spec.rows  # a host copy is 2-D in both
+    assert not gs.build_registry(host, max_bs=3, max_num_tokens=1, impl=mode, device="cpu").slot("pos").resolved.rows  # a host copy is 2-D in both
     shifted = reg.slot("pos").buffer[:, 1:3]  # the buffer's own columns 1-2 into columns 0-1
     fb = SimpleNamespace(flags=torch.tensor([True, False]), pos=shifted)
     with pytest.raises(RuntimeError, match="refer to a single memory location"):

@@ -99,7 +99,7 @@ def test_padding_invariants(step):
         buffer = reg.slot(name).buffer
         buffer.copy_(random_tensor(tuple(buffer.shape), dtype, gen))
         poisoned[name] = buffer.clone()
-        spec = reg.slot(name).spec
+        spec = reg.slot(name).resolved
         if spec.axis != "none":
             shape = list(buffer.shape)
             shape[spec.slice_dim] = step["raw_bs"] if spec.axis == "bs" else step["raw_tokens"]

@@ -83,6 +83,6 @@ def check_buffer_bytes(spec_name: str, sized: Iterable[Tuple[str, int]], where: 
         raise BufferBudgetError(
             f"spec '{spec_name}': its buffers would take {format_bytes(total)} at {where}, over the cap of "
             f"{format_bytes(cap)} ({origin}); the largest is slot '{largest[1]}', {format_bytes(largest[0])}. "
-            f"Nothing was allocated. Lower the capacities, or raise the cap: max_bytes=N (build_registry, "
-            f"DecodeRunnerConfig) or the environment variable {MAX_BUFFER_BYTES_ENV}=N")
+            f"Nothing was allocated. Lower the capacities, or raise the cap: max_bytes=N (the runner "
+            f"configs) or the environment variable {MAX_BUFFER_BYTES_ENV}=N")
     return total
