@@ -20,6 +20,12 @@ after a first build (CPU, generated mode):
 - ``skip variant``: ``fill_from_skipping`` of a new registry (the variant was compiled
   by the first build).
 
+``--slots N [N ...]``: the first build (generate, check, compile) of a generated registry
+from a spec of N slots made in code (:func:`many_slots`), wall-clock and CPU time; it is
+linear in N (issue 37: 4096 slots took 125 s, quadratic, before). On a 2-core machine
+shared with other jobs: 256 slots 0.29 s CPU, 1024 1.1 s, 2048 2.4 s, 4096 5.1 s
+(tests/test_build_scaling.py checks the ratio).
+
 The figures are wall-clock times on this machine (median and 90th percentile); they
 vary with its load. No assertion is made here: a unit test checks only that nothing is
 compiled again (tests/test_sglang_core.py).
@@ -36,6 +42,7 @@ from typing import Any, Callable, Dict, List
 
 import graphslot as gs
 from graphslot.spec.hooks import FillContext
+from graphslot.api import build
 
 MAX_BS, MAX_NUM_TOKENS = 64, 256
 STAGED = frozenset({"positions", "out_cache_loc", "req_pool_indices", "seq_lens"})
@@ -48,20 +55,39 @@ def _providers() -> Dict[str, Any]:
 def _decode_from_code() -> gs.SlotRegistry:
     data = gs.load_spec("decode").to_dict()
     data["absent_fields"] = "skip"
-    spec = gs.spec_from_dict(data, source="<code: bench decode>")
-    return gs.build_registry(spec, MAX_BS, MAX_NUM_TOKENS, params=_providers())
+    spec = gs.spec_from_dict(data, label="<code: bench decode>")
+    return gs.build_registry(spec, max_bs=MAX_BS, max_num_tokens=MAX_NUM_TOKENS, params=_providers(), device="cpu")
+
+
+def many_slots(n: int, tag: str = "") -> gs.RegistrySpec:
+    """A spec of ``n`` slots of four dtypes, both axes, zero and sentinel pads, some
+    optional; ``tag`` makes a new spec (nothing cached) of the same shape."""
+    dtypes = ("int64", "int32", "float32", "bfloat16")
+    slots = [{"name": f"s{i}", "shape": ["max_bs"] if i % 3 else ["max_num_tokens", 2], "dtype": dtypes[i % 4],
+              "axis": "bs" if i % 3 else "tokens", "padding": "zero" if i % 2 else "fill_sentinel",
+              **({} if i % 2 else {"pad_value": 1}), **({"optional": True} if i % 5 == 0 else {})}
+             for i in range(n)]
+    return gs.spec_from_dict({"name": f"many{n}{tag}", "slots": slots})
+
+
+def first_build_of_many(n: int) -> Dict[str, float]:
+    """Wall-clock and CPU seconds of the first generated build of an ``n``-slot spec."""
+    spec = many_slots(n, "_bench")
+    wall, cpu = time.perf_counter(), time.process_time()
+    gs.build_registry(spec, max_bs=MAX_BS, max_num_tokens=MAX_NUM_TOKENS, device="cpu")
+    return {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu}
 
 
 def cases() -> Dict[str, Callable[[], Any]]:
-    owner = gs.build_registry("prefill", MAX_BS, MAX_NUM_TOKENS)
+    owner = gs.build_registry("prefill", max_bs=MAX_BS, max_num_tokens=MAX_NUM_TOKENS, device="cpu")
     given = {slot.name: slot.buffer for slot in owner.active}
     return {
-        "decode": lambda: gs.build_registry("decode", MAX_BS, MAX_NUM_TOKENS),
-        "decode, live providers": lambda: gs.build_registry("decode", MAX_BS, MAX_NUM_TOKENS, params=_providers()),
+        "decode": lambda: gs.build_registry("decode", max_bs=MAX_BS, max_num_tokens=MAX_NUM_TOKENS, device="cpu"),
+        "decode, live providers": lambda: gs.build_registry("decode", max_bs=MAX_BS, max_num_tokens=MAX_NUM_TOKENS, params=_providers(), device="cpu"),
         "decode from code": _decode_from_code,
-        "prefill, buffers=": lambda: gs.build_registry("prefill", MAX_BS, MAX_NUM_TOKENS, buffers=given,
-                                                       context=FillContext),
-        "skip variant": lambda: gs.build_registry("decode", MAX_BS, MAX_NUM_TOKENS).fill_from_skipping(STAGED),
+        "prefill, buffers=": lambda: build("prefill", max_bs=MAX_BS, max_num_tokens=MAX_NUM_TOKENS, buffers=given,
+                                                       context=FillContext, device="cpu"),
+        "skip variant": lambda: gs.build_registry("decode", max_bs=MAX_BS, max_num_tokens=MAX_NUM_TOKENS, device="cpu").fill_from_skipping(STAGED),
     }
 
 
@@ -83,9 +109,19 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=200, help="builds measured per case after the first")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--slots", type=int, nargs="+", metavar="N",
+                        help="instead: the first build of a generated registry from an N-slot spec")
     args = parser.parse_args(argv)
+    if args.slots:
+        gs.build_registry("decode", max_bs=MAX_BS, max_num_tokens=MAX_NUM_TOKENS, device="cpu")  # imports and templates, not measured
+        many = {n: first_build_of_many(n) for n in args.slots}
+        if args.json:
+            print(json.dumps(many, indent=2))
+        for n, r in ([] if args.json else many.items()):
+            print(f"{n:>6} slots: {r['wall_s']:.2f} s wall, {r['cpu_s']:.2f} s CPU (first build, generated)")
+        return 0
     start = time.perf_counter()
-    gs.build_registry("decode", MAX_BS, MAX_NUM_TOKENS)  # imports, the first parse and compile
+    gs.build_registry("decode", max_bs=MAX_BS, max_num_tokens=MAX_NUM_TOKENS, device="cpu")  # imports, the first parse and compile
     results = {"first build in the process (ms)": (time.perf_counter() - start) * 1e3}
     results.update({name: measure(build, max(args.repeat, 1)) for name, build in cases().items()})
     if args.json:

@@ -127,7 +127,7 @@ def cuda_launches(fn, s) -> Optional[Dict[str, int]]:
 # -- a. fill ----------------------------------------------------------------------------
 def bench_fill(s, rt) -> List[Dict[str, Any]]:
     ladder = sorted(capture_sizes(256 if not s.smoke else s.max_bs))
-    regs = {mode: gs.build_registry("decode", s.max_bs, s.max_bs, s.device, mode=mode,
+    regs = {mode: gs.build_registry("decode", max_bs=s.max_bs, max_num_tokens=s.max_bs, device=s.device, impl=mode,
                                     params={"seq_len_fill_value": 1}) for mode in ("generated", "interpreted")}
     rows = []
     for raw in s.fill_sizes:
@@ -136,13 +136,13 @@ def bench_fill(s, rt) -> List[Dict[str, Any]]:
         row: Dict[str, Any] = {"raw": raw, "padded": padded}
         for mode, reg in regs.items():
             def step(reg=reg, p=padded):
-                reg.fill_from(fb, raw, p, raw, p)
-                reg.extract(fb, p, p)
+                reg.fill_from(fb, raw_bs=raw, padded_bs=p, raw_num_tokens=raw, padded_num_tokens=p)
+                reg.extract(fb, padded_bs=p, padded_num_tokens=p)
             row[f"{mode}_us"] = host_us(step, s.iters * 10, s)
             row[f"{mode}_device_ops_padded"] = len(count_device_ops(reg, fb, raw, padded, raw, padded))
             row[f"{mode}_device_ops_unpadded"] = len(count_device_ops(reg, fb, raw, raw, raw, raw))
-            row[f"{mode}_launches_padded"] = cuda_launches(lambda: reg.fill_from(fb, raw, padded, raw, padded), s)
-            row[f"{mode}_launches_unpadded"] = cuda_launches(lambda: reg.fill_from(fb, raw, raw, raw, raw), s)
+            row[f"{mode}_launches_padded"] = cuda_launches(lambda: reg.fill_from(fb, raw_bs=raw, padded_bs=padded, raw_num_tokens=raw, padded_num_tokens=padded), s)
+            row[f"{mode}_launches_unpadded"] = cuda_launches(lambda: reg.fill_from(fb, raw_bs=raw, padded_bs=raw, raw_num_tokens=raw, padded_num_tokens=raw), s)
         row["speedup"] = row["interpreted_us"] / row["generated_us"]
         rows.append(row)
     return rows

@@ -3,8 +3,7 @@
     python benchmarks/bench_graph_speedup.py [--device cuda|cpu] [--quick] [--json PATH]
 
 Decode: one DecodeGraphRunner (max_bs 32) timed at batch sizes 1, 8 and 32. Prefill:
-the breakable and the piecewise runner, each on its own runtime (they install
-different attention wrappers), timed at 16, 64 and 256 tokens. Each figure is the
+the prefill runner captured breakable and piecewise, each on its own runtime, timed at 16, 64 and 256 tokens. Each figure is the
 median over rounds of the mean per-call time; the graph side is the runner's whole
 step (``runner.replay``: fill + metadata + replay), the eager side ``rt.forward``.
 Every case also checks that the runner's output matches eager (torch.equal on the
@@ -29,11 +28,9 @@ import torch
 from graphslot.reference import TinyConfig, build_reference_model, make_decode_batch, make_extend_batch
 from graphslot.reference.adapter import ReferenceDecodeAdapter
 from graphslot.reference.numerics import output_check
-from graphslot.reference.piecewise_ops import PiecewiseReferencePrefillAdapter
 from graphslot.reference.prefill_adapter import ReferencePrefillAdapter
-from graphslot.runners.breakable import BreakableGraphRunner
 from graphslot.runners.decode import DecodeGraphRunner
-from graphslot.runners.piecewise import PiecewiseGraphRunner
+from graphslot.runners.prefill import PrefillGraphRunner
 
 # Bigger than the tests' default (64 hidden, 2 layers) so the GPU has some work per
 # kernel, yet small enough to stay launch-bound: that is where graphs pay off.
@@ -42,8 +39,8 @@ CONFIG = TinyConfig(vocab_size=512, hidden_size=256, num_layers=4, num_heads=8, 
 MAX_REQS = 32
 DECODE_SIZES = (1, 8, 32)
 PREFILL_CASES = ((1, 16), (4, 64), (8, 256))  # (requests, total tokens); buckets match
-PREFILL_RUNNERS = (("breakable", BreakableGraphRunner, ReferencePrefillAdapter),
-                   ("piecewise", PiecewiseGraphRunner, PiecewiseReferencePrefillAdapter))
+#: The prefill runner's capture modes benchmarked.
+PREFILL_CAPTURES = ("breakable", "piecewise")
 
 
 class Timer:
@@ -127,10 +124,10 @@ def prompt_lens(total: int, n: int) -> List[int]:
     return lens
 
 
-def bench_prefill(timer: Timer, device: torch.device, runner_cls: type, adapter_cls: type) -> Dict[str, Any]:
+def bench_prefill(timer: Timer, device: torch.device, capture: str) -> Dict[str, Any]:
     rt = build_reference_model(CONFIG, device=device, max_num_reqs=MAX_REQS)
     buckets = [tokens for _, tokens in PREFILL_CASES]
-    runner = runner_cls(adapter_cls(rt), token_buckets=buckets, max_num_tokens=max(buckets),
+    runner = PrefillGraphRunner(ReferencePrefillAdapter(rt), capture=capture, token_buckets=buckets, max_num_tokens=max(buckets),
                         max_bs=max(bs for bs, _ in PREFILL_CASES), progress=False)
     rows = []
     for bs, tokens in PREFILL_CASES:
@@ -187,8 +184,8 @@ def main(argv: List[str] | None = None) -> int:
     }
     print(f"device {result['device']} ({result['graph_backend']}), torch {result['torch']}", flush=True)
     result["decode"] = bench_decode(timer, device)
-    for name, runner_cls, adapter_cls in PREFILL_RUNNERS:
-        result[name] = bench_prefill(timer, device, runner_cls, adapter_cls)
+    for name in PREFILL_CAPTURES:
+        result[name] = bench_prefill(timer, device, name)
     result["seconds"] = time.perf_counter() - started
 
     print(table(result))

@@ -1,4 +1,5 @@
-"""``build_registry``: from a spec and a param set to a live registry."""
+"""``build_registry``: from a spec and a param set to a live registry (and ``build``, the
+same with the knobs graphslot's runners and integrations need)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ import torch
 from .spec.budget import check_buffer_bytes
 from .spec.errors import SpecError, SpecIssue
 from .spec.hooks import BUILTIN_HOOKS, HOOK_SIGNATURES, HookError, bind_hook
+from .spec.live import Live, naming_slot
 from .spec.loading import load_spec
 from .spec.model import RegistrySpec
 from .registry.buffers import check_given_buffers
-from .registry.pool import GLOBAL_POOL, SharePool
+from .registry.pool import SharePool
 from .registry.base import SlotRegistry
 from .registry.interpreter import InterpretedRegistry
 from .spec.resolve import resolve_params, resolve_slots
@@ -29,8 +31,10 @@ def strict_from_env() -> bool:
 def bind_slot_hooks(
     spec: RegistrySpec, slots: list, params: Mapping[str, Any], user_hooks: Mapping[str, Callable]
 ) -> Dict[str, Dict[str, Callable]]:
-    """Each enabled slot's hooks as callables; a hook with nothing to do is left out."""
+    """Each enabled slot's hooks as callables; a hook with nothing to do is left out.
+    With live params, a hook not built in names its slot when a provider it reads fails."""
     bound: Dict[str, Dict[str, Callable]] = {}
+    live = any(isinstance(value, Live) for value in params.values())
     issues = [SpecIssue("<hooks=>", None, f"hook name '{name}' passed in build_registry(hooks=...) is the name "
                         f"of a built-in hook; rename yours (e.g. 'my_{name}') and use that name in the spec")
               for name in sorted(set(user_hooks) & set(BUILTIN_HOOKS))]
@@ -44,10 +48,11 @@ def bind_slot_hooks(
             try:
                 fn = bind_hook(ref, kind, slot.name, params, user_hooks)
             except HookError as exc:
-                issues.append(SpecIssue(spec.source, spec.slot_line(index, kind), str(exc), slot.name))
+                issues.append(SpecIssue(spec.path, spec.slot_line(index, kind), str(exc), slot.name))
                 continue
             if fn is not None:
-                bound.setdefault(slot.name, {})[kind] = fn
+                named = live and ref not in BUILTIN_HOOKS  # a built-in reading live params names its slot
+                bound.setdefault(slot.name, {})[kind] = naming_slot(fn, slot.name) if named else fn
     if issues:
         raise SpecError(issues)
     return bound
@@ -55,56 +60,73 @@ def bind_slot_hooks(
 
 def build_registry(
     spec: Union[RegistrySpec, str, os.PathLike, types.ModuleType],
+    *,
+    device: Union[str, torch.device],
     max_bs: int,
     max_num_tokens: int,
-    device: Union[str, torch.device] = "cpu",
     params: Optional[Mapping[str, Any]] = None,
-    mode: Any = "generated",
-    share_pool: Union[bool, SharePool] = False,
-    source: Any = None,
+    buffers: Any = None,
     hooks: Optional[Mapping[str, Callable]] = None,
-    strict: bool = False,
-    preset: Optional[str] = None,
-    max_bytes: Optional[int] = None,
+    impl: Any = "generated",
+) -> SlotRegistry:
+    """Allocate (or take) a registry's static buffers and bind its ``fill_from`` /
+    ``extract``.
+
+    ``spec``: a RegistrySpec, a spec name (the project's spec of that name, then the
+    shipped one), a YAML path, or a generated module (which carries its spec and,
+    unless ``params`` say otherwise, the params it was generated for). ``params``: spec
+    params (a preset is a mapping too: ``{**spec.presets["eager"], ...}``).
+
+    ``buffers`` says where the static tensors come from: ``None`` allocates each enabled
+    slot's buffer once, at full capacity; a pool (an object with ``share(name, tensor,
+    init_value) -> (tensor, fresh)``, :class:`~graphslot.BufferPool`) shares them across
+    registries; anything else is adopted: a mapping or object whose tensors, found by
+    slot name (key, attribute or dotted path), become the slots' buffers, each checked
+    for shape, dtype, device and contiguity (a slot not found there, or an ``adopt:
+    never`` one, is allocated).
+
+    ``impl``: ``"generated"`` (compiled in process, once per spec and params),
+    ``"interpreted"`` (the reference semantics), or a checked-in generated module.
+    Strict checks and the byte cap are per process: ``GRAPHSLOT_STRICT``,
+    ``GRAPHSLOT_MAX_BUFFER_BYTES`` (:mod:`graphslot.env`).
+    """
+    pool = buffers if callable(getattr(buffers, "share", None)) else None
+    return build(spec, device=device, max_bs=max_bs, max_num_tokens=max_num_tokens, params=params, hooks=hooks,
+                 impl=impl, pool=pool, adopt=None if pool is not None else buffers)
+
+
+def build(
+    spec: Union[RegistrySpec, str, os.PathLike, types.ModuleType],
     *,
+    device: Union[str, torch.device],
+    max_bs: int,
+    max_num_tokens: int,
+    params: Optional[Mapping[str, Any]] = None,
+    hooks: Optional[Mapping[str, Callable]] = None,
+    impl: Any = "generated",
+    pool: Optional[SharePool] = None,
     adopt: Any = None,
-    buffers: Optional[Mapping[str, Any]] = None,
+    bind: Optional[Mapping[str, Any]] = None,
+    preset: Optional[str] = None,
+    strict: bool = False,
+    max_bytes: Optional[int] = None,
     context: Optional[Callable[..., Any]] = None,
 ) -> SlotRegistry:
-    """Allocate a registry's buffers and bind its ``fill_from`` / ``extract``.
-
-    ``spec`` is a RegistrySpec, a spec name (the project's own spec of that name first,
-    then a shipped one) or a YAML path, or a generated module: that module then runs
-    with the spec embedded in it (no YAML is read) and, unless ``params`` or ``preset``
-    say otherwise, the params it was generated for.
-
-    ``mode`` is the registry's implementation: ``"generated"`` (specialised code
-    compiled in process, the default), ``"interpreted"`` (the reference semantics), or
-    a checked-in generated module. ``adopt`` is an object (attributes, mapping keys or
-    dotted paths by slot name) whose tensors become the slots' buffers instead of new
-    ones, each checked for shape and dtype (``adopt: never`` slots are left out);
-    ``source=`` is its older spelling, kept working (give one of them). ``max_bytes``
-    caps the bytes of the enabled slots' buffers, checked before any is allocated
-    (default: ``GRAPHSLOT_MAX_BUFFER_BYTES``, else 4 GiB; :mod:`graphslot.spec.budget`).
-    ``share_pool``: ``True`` (graphslot's process-wide :class:`BufferPool`) or any
-    object with its ``share`` method (:class:`SharePool`). ``buffers``: bind to these
-    tensors (one per enabled slot, shape, dtype and device checked) instead of
-    allocating. ``context``: makes each fill's hook context, called as
-    ``context(raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, params,
-    side_inputs)`` (default :class:`FillContext`).
-    """
-    if source is not None:
-        if adopt is not None:
-            raise TypeError("build_registry: give adopt= or source= (its older spelling), not both")
-        adopt = source
+    """:func:`build_registry` with the knobs graphslot's own runners and integrations
+    need (not public API): ``bind`` binds exactly these tensors (one per enabled slot,
+    checked; nothing allocated), ``preset`` a spec preset by name, ``strict`` on
+    whatever ``GRAPHSLOT_STRICT`` says, ``max_bytes`` the byte cap (default:
+    ``GRAPHSLOT_MAX_BUFFER_BYTES``, else 4 GiB), ``context`` makes each fill's hook
+    context, called as ``context(raw_bs, padded_bs, raw_num_tokens, padded_num_tokens,
+    params, side_inputs)`` (default :class:`FillContext`)."""
     if isinstance(spec, types.ModuleType):
         from .codegen.embedded import module_params, module_spec
 
         module, spec = spec, module_spec(spec)
         if preset is None:
             params = {**module_params(module), **(params or {})}
-        if isinstance(mode, str) and mode == "generated":
-            mode = module
+        if isinstance(impl, str) and impl == "generated":
+            impl = module
     elif not isinstance(spec, (RegistrySpec, str, os.PathLike)):
         raise TypeError(f"build_registry: spec must be a RegistrySpec, a spec name or path, or a generated module, "
                         f"got {type(spec).__name__}")
@@ -115,20 +137,13 @@ def build_registry(
     check_buffer_bytes(spec.name, ((s.name, s.nbytes) for s in slots if s.enabled),
                        f"max_bs={max_bs}, max_num_tokens={max_num_tokens}", max_bytes)
     bound = bind_slot_hooks(spec, slots, resolved_params, hooks or {})
-    pool = GLOBAL_POOL if share_pool is True else (share_pool or None)
-    if pool is not None and not callable(getattr(pool, "share", None)):
-        raise TypeError(f"build_registry: share_pool= takes True, False or a pool with a share(name, tensor, "
-                        f"init_value) -> (tensor, fresh) method (graphslot.SharePool), got {type(pool).__name__}")
-    if buffers is not None:
-        if pool is not None or adopt is not None:
-            raise ValueError("build_registry: buffers= binds existing tensors; it cannot be combined with "
-                             "share_pool= or adopt=")
-        buffers = check_given_buffers(spec.name, slots, buffers, torch.device(device))
+    if bind is not None:
+        bind = check_given_buffers(spec.name, slots, bind, torch.device(device))
     kwargs = dict(max_bs=max_bs, max_num_tokens=max_num_tokens, device=torch.device(device), pool=pool,
-                  strict=strict or strict_from_env(), buffers=buffers, context=context)
-    if mode == "interpreted":
+                  strict=strict or strict_from_env(), buffers=bind, context=context)
+    if impl == "interpreted":
         return InterpretedRegistry(spec, slots, bound, resolved_params, adopt=adopt, **kwargs)
     from .codegen.inprocess import build_generated_registry
 
     # codegen passes it on to a generated module's allocate(), whose argument is `source`.
-    return build_generated_registry(spec, slots, bound, resolved_params, mode=mode, source=adopt, **kwargs)
+    return build_generated_registry(spec, slots, bound, resolved_params, mode=impl, source=adopt, **kwargs)

@@ -32,30 +32,37 @@ def host_slots(slots: Slots) -> List[int]:
 class FreeList:
     """Deterministic allocator of the integers 1..size-1 (0 is the dummy): first in, first
     out. Taking ``n`` costs O(n) whatever the size (a pool sized by memory can hold
-    millions of slots, and the engine takes one per request every decode step)."""
+    millions of slots, and the engine takes one per request every decode step).
+
+    The indices never handed out are a range (``_fresh`` up to ``size``), handed out
+    before any that came back (``_returned``, in the order they came back): the queue
+    of every index, without a Python object per slot no one has used yet."""
 
     def __init__(self, size: int, what: str):
         if size < 2:
             raise ValueError(f"{what} needs size >= 2 (index 0 is reserved), got {size}")
         self.size = size
         self.what = what
-        self._free: Deque[int] = deque(range(1, size))
+        self._fresh = 1
+        self._returned: Deque[int] = deque()
 
     @property
     def available(self) -> int:
-        return len(self._free)
+        return self.size - self._fresh + len(self._returned)
 
     def take(self, n: int) -> List[int]:
-        if n > len(self._free):
-            raise RuntimeError(f"{self.what} exhausted: asked for {n}, {len(self._free)} free")
-        pop = self._free.popleft
-        return [pop() for _ in range(n)]
+        if n > self.available:
+            raise RuntimeError(f"{self.what} exhausted: asked for {n}, {self.available} free")
+        fresh = range(self._fresh, min(self.size, self._fresh + n))
+        self._fresh += len(fresh)
+        pop = self._returned.popleft
+        return [*fresh, *(pop() for _ in range(n - len(fresh)))]
 
     def give_back(self, items: Iterable[int]) -> None:
         for i in items:
             if not 0 < i < self.size:
                 raise ValueError(f"{self.what}: cannot free index {i}")
-            self._free.append(i)
+            self._returned.append(i)
 
 
 class ReqToTokenPool:

@@ -43,7 +43,7 @@ SPEC_FILE = "spec.yaml"  # the source label error lines name
 
 def parse(text: str, source: str = SPEC_FILE) -> gs.RegistrySpec:
     """Parse (dedented) spec text."""
-    return gs.parse_spec(textwrap.dedent(text), source=source)
+    return gs.parse_spec(textwrap.dedent(text), path=source)
 
 
 def spec_error(text: str, source: str = SPEC_FILE) -> List[str]:
@@ -58,7 +58,7 @@ def build_error(spec: Any, **kwargs: Any) -> List[str]:
     kwargs.setdefault("max_bs", 4)
     kwargs.setdefault("max_num_tokens", 8)
     with pytest.raises(gs.SpecError) as info:
-        gs.build_registry(spec, mode="interpreted", **kwargs)
+        gs.build_registry(spec, impl="interpreted", **kwargs, device="cpu")
     return str(info.value).splitlines()
 
 
@@ -111,9 +111,13 @@ class Batch:
 
 
 def build(text_or_spec: Any, max_bs: int = 4, max_num_tokens: int = 8, **kwargs: Any) -> gs.SlotRegistry:
-    """An interpreted registry from spec text (dedented) or a RegistrySpec."""
+    """An interpreted registry from spec text (dedented) or a RegistrySpec; ``kwargs``
+    go to :func:`graphslot.api.build` (``pool=``, ``adopt=``, ``bind=``, ``strict=``...)."""
+    from graphslot.api import build as build_full
+
     spec = parse(text_or_spec) if isinstance(text_or_spec, str) else text_or_spec
-    return gs.build_registry(spec, max_bs=max_bs, max_num_tokens=max_num_tokens, mode="interpreted", **kwargs)
+    return build_full(spec, device="cpu", max_bs=max_bs, max_num_tokens=max_num_tokens,
+                      **{"impl": "interpreted", **kwargs})
 
 
 # A slot an engine adds to a spec it started from the shipped decode spec (YAML lines to

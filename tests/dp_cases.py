@@ -133,6 +133,7 @@ MISMATCHES = {
     "disable_padding": ({}, {"disable_padding": True}),
     "spec param cache_loc_dtype": ({}, {"params": {"cache_loc_dtype": "int32"}}),
     "the context buckets": ({"context_buckets": [8, 16]}, {"context_buckets": [16]}),
+    "the replay guard": ({"guard": False}, {"guard": True}),  # a second collective a step on one rank only
     # Not a disagreement: rank 1 cannot build its runner at all (its dummy batch lacks encoder_lens).
     "a rank that cannot build": ({}, {"params": {"is_encoder_decoder": True}}),
 }
@@ -206,6 +207,135 @@ def run_with_a_bad_batch(rank: int, world_size: int, on_error: str) -> Dict[str,
     return {"errors": errors, "logits": logits}
 
 
+#: The torch.distributed calls a rank's host makes (the model's gather is a functional op, not one of these).
+COLLECTIVES = ("all_gather", "all_gather_into_tensor", "all_gather_single", "all_gather_object", "all_reduce",
+               "broadcast", "broadcast_object_list", "barrier", "gather", "gather_object", "scatter", "reduce",
+               "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "send", "recv",
+               "isend", "irecv", "batch_isend_irecv", "monitored_barrier")
+
+
+class CollectiveCounter:
+    """Counts the calls of every torch.distributed collective (COLLECTIVES) while installed."""
+
+    def __init__(self):
+        import torch.distributed as dist
+
+        self.calls: List[str] = []
+        self.originals = {name: getattr(dist, name) for name in COLLECTIVES if hasattr(dist, name)}
+        for name, fn in self.originals.items():
+            setattr(dist, name, self._counting(name, fn))
+
+    def _counting(self, name: str, fn: Any) -> Any:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append(name)
+            return fn(*args, **kwargs)
+
+        return counted
+
+    def take(self) -> List[str]:
+        """The calls since the last take."""
+        calls, self.calls = self.calls, []
+        return calls
+
+
+WRONG_SHAPE_STEP = 2  # (3, 1): a graph step, where rank 1's positions have a trailing dim
+MISCOUNTED_STEP = 3  # (0, 3): a graph step, rank 0 idle; rank 1's batch_size says one request more than its tokens
+HOOK_STEP = 2  # with the replay guard on: rank 1's replay metadata hook raises
+
+
+def wrong_shape(fb: Any) -> Any:
+    bad = copy.copy(fb)
+    bad.positions = fb.positions.unsqueeze(1)
+    return bad
+
+
+def miscounted(fb: Any) -> Any:
+    bad = copy.copy(fb)
+    bad.batch_size = fb.batch_size + 1
+    return bad
+
+
+class MetadataFails:
+    """Makes an adapter's ``init_replay_metadata`` raise once."""
+
+    def __init__(self, adapter: Any):
+        self.adapter = adapter
+
+    def __call__(self, *args: Any) -> None:
+        del self.adapter.init_replay_metadata  # back to the class's
+        raise RuntimeError("init_replay_metadata failed on purpose")
+
+
+def count_collectives(rank: int, world_size: int) -> Dict[str, Any]:
+    """The scripted session with every torch.distributed call counted step by step. Rank
+    1's batch is invalid at WRONG_SHAPE_STEP and MISCOUNTED_STEP (the checks before the
+    exchange refuse it); every rank catches the DPStepError and runs the step again with
+    its good batch. Then, with the replay guard on, two graph steps and one where rank 1's
+    replay metadata hook raises after the exchange, caught the same way."""
+    from graphslot.reference.dp_model import DPAttention, ReferenceDPDecodeAdapter
+    from graphslot.runners.dp import DPDecodeRunner, DPExchange, DPStepError
+
+    torch.set_num_threads(1)
+    rt = build_reference_model(max_num_reqs=16)
+    dp = DPDecodeRunner(ReferenceDPDecodeAdapter(rt, DPAttention()), DPExchange(), max_bs=MAX_BS, progress=False,
+                        guard=False)
+    requests = RankRequests(rt, rank)
+    counter = CollectiveCounter()
+    steps: List[Dict[str, Any]] = []
+    trials = {WRONG_SHAPE_STEP: wrong_shape, MISCOUNTED_STEP: miscounted}
+
+    def call(runner: Any, batch: Any) -> Dict[str, Any]:
+        try:
+            runner(batch)
+            error = None
+        except DPStepError as exc:
+            error = {"message": str(exc), "failed_ranks": exc.failed_ranks}
+        return {"error": error, "collectives": counter.take()}
+
+    for step, actions in enumerate(STEPS):
+        fb = requests.batch(actions[rank], step)
+        record = {}
+        if step in trials:  # every rank calls the runner; rank 1 with an invalid batch, then all again
+            record["invalid"] = call(dp, trials[step](fb) if rank == 1 else fb)
+        record.update(call(dp, fb))
+        record["mode"] = "idle" if dp.last.idle else "eager" if dp.last.padded_bs is None else "graph"
+        steps.append(record)
+
+    rt = build_reference_model(max_num_reqs=16)
+    adapter = ReferenceDPDecodeAdapter(rt, DPAttention())
+    guarded = DPDecodeRunner(adapter, DPExchange(), max_bs=MAX_BS, progress=False, guard=True)
+    requests = RankRequests(rt, rank)
+    counter.take()
+    guard_steps: List[Dict[str, Any]] = []
+    for step, actions in enumerate(STEPS[:HOOK_STEP + 1]):
+        fb = requests.batch(actions[rank], step)
+        record = {}
+        if step == HOOK_STEP:
+            if rank == 1:
+                adapter.init_replay_metadata = MetadataFails(adapter)
+            record["invalid"] = call(guarded, fb)
+        record.update(call(guarded, fb))
+        guard_steps.append(record)
+    return {"steps": steps, "guard_steps": guard_steps, "confirm": [dp.confirm, guarded.confirm]}
+
+
+def hook_fails_after_the_exchange(rank: int, world_size: int) -> None:
+    """Rank 1's replay metadata hook raises at a graph step, after the exchange (the
+    replay guard off): rank 1 raises its own error, rank 0 is in the forward by then."""
+    from graphslot.reference.dp_model import DPAttention, ReferenceDPDecodeAdapter
+    from graphslot.runners.dp import DPDecodeRunner, DPExchange
+
+    torch.set_num_threads(1)
+    rt = build_reference_model(max_num_reqs=16)
+    adapter = ReferenceDPDecodeAdapter(rt, DPAttention())
+    dp = DPDecodeRunner(adapter, DPExchange(), max_bs=MAX_BS, progress=False, guard=False)
+    requests = RankRequests(rt, rank)
+    for step, actions in enumerate(STEPS[:HOOK_STEP + 1]):
+        if step == HOOK_STEP and rank == 1:
+            adapter.init_replay_metadata = MetadataFails(adapter)
+        dp(requests.batch(actions[rank], step))
+
+
 def barrier_without_rank_one(rank: int, world_size: int) -> None:
     """Rank 1 never joins; rank 0 waits for it in a collective that times out after 2 s."""
     import datetime
@@ -253,3 +383,12 @@ def sleep_forever(rank: int, world_size: int) -> None:
     import time
 
     time.sleep(600)
+
+
+def rank_one_returns_early(rank: int, world_size: int) -> int:
+    """Rank 1's function returns without the collective rank 0 waits for it in."""
+    import torch.distributed as dist
+
+    if rank == 0:
+        dist.barrier()
+    return rank

@@ -1,4 +1,4 @@
-"""Prefill runner test cases shared by the breakable, piecewise and CUDA tests."""
+"""Prefill runner test cases shared by the capture-mode and CUDA tests."""
 
 from __future__ import annotations
 
@@ -8,17 +8,20 @@ import torch
 
 from graphslot.reference import build_reference_model, make_decode_batch, make_extend_batch
 from graphslot.reference.numerics import output_check
+from graphslot.reference.prefill_adapter import ReferencePrefillAdapter
+from graphslot.runners.prefill import PrefillGraphRunner
 
 BUCKETS = [16, 32, 64]
 
 
-def make_prefill_runner(config=None, *, runner_cls, adapter_cls, device="cpu", **kwargs):
+def make_prefill_runner(config=None, *, capture, adapter_cls=ReferencePrefillAdapter, runner_cls=PrefillGraphRunner,
+                        device="cpu", **kwargs):
     """``(runtime, adapter, runner)`` for a fresh reference model; buckets :data:`BUCKETS`."""
     rt = build_reference_model(config, device=device, max_num_reqs=64)
     adapter = adapter_cls(rt)
     kwargs.setdefault("progress", False)
     kwargs.setdefault("token_buckets", BUCKETS)
-    return rt, adapter, runner_cls(adapter, **kwargs)
+    return rt, adapter, runner_cls(adapter, capture=capture, **kwargs)
 
 
 def mixed_batches(rt, seed=0, sizes=(1, 2, 3, 4, 5, 6, 7, 8), max_len=8):

@@ -13,8 +13,8 @@ import pytest
 import torch
 from torch import nn
 
-from graphslot.runners import (AdapterContractError, BreakableGraphRunner, DecodeAdapter, DecodeGraphRunner,
-                               EagerRunner, PrefillAdapter, ReplayGuardError)
+from graphslot.runners import (AdapterContractError, DecodeAdapter, DecodeGraphRunner, EagerRunner, PrefillAdapter,
+                               PrefillGraphRunner, ReplayGuardError)
 from graphslot.runners.contract import check_adapter, named_statics
 from graphslot.tools import VerifyTarget, audit_external_inputs, verify_runner
 
@@ -56,7 +56,7 @@ def test_every_missing_prefill_hook_is_named_at_once():
             return fb.input_ids
 
     with pytest.raises(AdapterContractError) as info:
-        BreakableGraphRunner(Stackless(), max_num_tokens=8, progress=False)
+        PrefillGraphRunner(Stackless(), max_num_tokens=8, progress=False)
     assert str(info.value) == (
         "Stackless (a PrefillAdapter) does not implement 8 required hooks: model, layer_stack, hidden_dtype, "
         "logits, forward_eager, make_dummy_batch, init_capture_metadata, init_replay_metadata; see "

@@ -72,10 +72,9 @@ def test_the_spec_readme_says_what_a_bare_validate_checks():
                    "them under [tool.graphslot] specs in pyproject.toml, or pass --shipped for the specs shipped "
                    "with graphslot\n"),
     (["generate"], "graphslot generate: error: nothing to generate: pyproject.toml (none found) declares no "
-                   "[[tool.graphslot.outputs]]; see README 'Generating code ahead of time'\n"),
+                   "[[tool.graphslot.outputs]]; see docs/generate.md\n"),
     (["generate", "--check"], "graphslot generate: error: nothing to generate: pyproject.toml (none found) "
-                              "declares no [[tool.graphslot.outputs]]; see README 'Generating code ahead of "
-                              "time'\n"),
+                              "declares no [[tool.graphslot.outputs]]; see docs/generate.md\n"),
 ])
 def test_outside_a_project_there_is_nothing_to_do_exit_2(argv, message, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)

@@ -114,7 +114,7 @@ def test_the_scratch_engine_flow(engine, graphslot, tmp_path):
         fb = SimpleNamespace(batch_size=3, input_ids=ar + 10, positions=ar + 3, out_cache_loc=ar + 7,
                              req_pool_indices=ar + 1, seq_lens=ar + 4, seq_lens_cpu=ar + 4, mrope_positions=None)
         reg.fill_from(fb, raw_bs=3, padded_bs=4, raw_num_tokens=3, padded_num_tokens=4)
-        print(json.dumps({"slots": [s.name for s in reg.active], "source": reg.spec.source,
+        print(json.dumps({"slots": [s.name for s in reg.active], "source": reg.spec.path,
                           "lora_ids": reg.slot("lora_ids").buffer.tolist(), "cwd_has_yaml": False}))
         """)
     proc = subprocess.run([sys.executable, "-c", program], cwd=elsewhere, env=clean_env(tmp_path, engine),

@@ -1,4 +1,4 @@
-"""The breakable prefill runner: graph segments between eager attention steps, exact."""
+"""The prefill runner under capture="breakable": graph segments between eager attention steps, exact."""
 
 from __future__ import annotations
 
@@ -19,25 +19,16 @@ from prefill_cases import (
 )
 
 from graphslot.reference import TinyConfig, build_reference_model, make_extend_batch
-from graphslot.reference.prefill_adapter import (
-    ReferencePrefillAdapter,
-    install_attention_breaks,
-    reference_attention,
-)
-from graphslot.runners.breakable import (
-    BreakableGraphRunner,
-    capture_breakable,
-    eager_on_graph,
-    is_eager_on_graph,
-)
+from graphslot.reference.graph_attention import install_graph_attention, reference_attention
+from graphslot.reference.prefill_adapter import ReferencePrefillAdapter
+from graphslot.runners.breakable import capture_breakable, eager_on_graph, is_eager_on_graph
 from graphslot.graphs.backend import GraphCaptureError
-from graphslot.runners.prefill import default_token_buckets, token_buckets
+from graphslot.runners.prefill import PrefillGraphRunner, default_token_buckets, token_buckets
 from graphslot.graphs.segments import EagerStep
 from graphslot.runners.prefill_adapter import LayerStackError
 from graphslot.graphs.tape import TapeBackend
 
-make_runner = functools.partial(make_prefill_runner, runner_cls=BreakableGraphRunner,
-                                adapter_cls=ReferencePrefillAdapter)
+make_runner = functools.partial(make_prefill_runner, capture="breakable")
 
 
 # ------------------------------------------------------------------- graph == eager
@@ -46,7 +37,7 @@ make_runner = functools.partial(make_prefill_runner, runner_cls=BreakableGraphRu
 @pytest.mark.parametrize("mode", ["generated", "interpreted"])
 def test_prefill_equals_eager_across_buckets_and_padding(mode):
     rt, _, runner = make_runner(mode=mode)
-    assert runner.buckets == [64, 32, 16] and runner.registry.mode == mode
+    assert runner.buckets == [64, 32, 16] and runner.registry.impl == mode
     used = against_eager(rt, runner, mixed_batches(rt, max_len=10))
     assert {b for _, b in used} == set(BUCKETS)
     assert any(n < b for n, b in used), "no batch needed token padding"
@@ -104,15 +95,15 @@ def test_without_breaks_the_extend_attention_is_not_graph_safe():
     # The same stack captured whole bakes in the capture's metadata (no eager step):
     # exactly what the breaks are for.
     rt = build_reference_model(max_num_reqs=16)
-    adapter = ReferencePrefillAdapter(rt, install_breaks=False)
-    runner = BreakableGraphRunner(adapter, token_buckets=[16], progress=False)
+    adapter = ReferencePrefillAdapter(rt, install_attention=False)
+    runner = PrefillGraphRunner(adapter, capture="breakable", token_buckets=[16], progress=False)
     assert runner.graphs[16].num_segments == 1 and runner.graphs[16].num_eager_steps == 0
 
 
 # ------------------------------------------------------------- the metadata hook
 
 
-class CaptureOnlyHookRunner(BreakableGraphRunner):
+class CaptureOnlyHookRunner(PrefillGraphRunner):
     """A buggy runner: attention metadata written at capture, never on replay."""
 
     def prepare_replay(self, n, view, fb):
@@ -125,12 +116,12 @@ def test_metadata_hook_runs_on_every_replay():
     assert calls == expected
 
 
-@pytest.mark.parametrize("runner_cls", [BreakableGraphRunner, CaptureOnlyHookRunner])
+@pytest.mark.parametrize("runner_cls", [PrefillGraphRunner, CaptureOnlyHookRunner])
 def test_a_capture_only_metadata_hook_gives_wrong_output(runner_cls):
     # One bucket, so the capture's metadata has the right shape: the output is silently wrong.
     rt, _, runner = make_runner(runner_cls=runner_cls, token_buckets=[32])
     same = agreement_with_a_twin(rt, runner)
-    if runner_cls is BreakableGraphRunner:
+    if runner_cls is PrefillGraphRunner:
         assert all(same)
     else:
         assert not any(same), "skipping the replay metadata hook went unnoticed"
@@ -216,8 +207,8 @@ def test_eager_on_graph_is_a_plain_call_outside_a_capture():
     rpi = rt.req_to_token_pool.alloc(2)
     fb = make_extend_batch(rt, rpi, [0, 0], [[1, 2, 3], [4, 5]])
     before = rt.forward(fb)
-    assert install_attention_breaks(rt.model) == rt.config.num_layers
-    assert install_attention_breaks(rt.model) == rt.config.num_layers  # idempotent
+    assert install_graph_attention(rt.model) == rt.config.num_layers
+    assert install_graph_attention(rt.model) == rt.config.num_layers  # idempotent
     assert torch.equal(rt.forward(fb), before)
 
 

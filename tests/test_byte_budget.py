@@ -24,6 +24,7 @@ from graphslot.spec.budget import (
 from graphslot.runners.adapter import DecodeAdapter
 from graphslot.runners.decode import DecodeGraphRunner
 from graphslot.runners.dispatch import capture_sizes
+from graphslot.api import build
 
 MODES = ["generated", "interpreted"]
 
@@ -38,7 +39,7 @@ SPEC = textwrap.dedent("""
 
 
 def spec():
-    return gs.parse_spec(SPEC, source="budget.yaml")
+    return gs.parse_spec(SPEC, path="budget.yaml")
 
 
 @pytest.fixture(autouse=True)
@@ -72,7 +73,7 @@ def no_allocation(monkeypatch):
 @pytest.mark.parametrize("mode", MODES)
 def test_the_attackers_registry_is_refused_before_anything_is_allocated(mode, no_allocation):
     with pytest.raises(BufferBudgetError) as info:
-        gs.build_registry("decode", max_bs=10**9, max_num_tokens=10**9, mode=mode)
+        gs.build_registry("decode", max_bs=10**9, max_num_tokens=10**9, impl=mode, device="cpu")
     assert str(info.value) == (
         "spec 'decode': its buffers would take 72000000008 bytes (67.1 GiB) at max_bs=1000000000, "
         "max_num_tokens=1000000000, over the cap of 4294967296 bytes (4.0 GiB) (the default); the largest is "
@@ -85,10 +86,10 @@ def test_the_attackers_registry_is_refused_before_anything_is_allocated(mode, no
 @pytest.mark.parametrize("mode", MODES)
 def test_the_cap_is_inclusive(mode):
     # ids: 8 x 8 bytes; table: 4 x 2 x 4 bytes; 96 in all.
-    reg = gs.build_registry(spec(), 4, 8, mode=mode, max_bytes=96)
+    reg = build(spec(), max_bs=4, max_num_tokens=8, impl=mode, max_bytes=96, device="cpu")
     assert reg.nbytes == 96
     with pytest.raises(BufferBudgetError) as info:
-        gs.build_registry(spec(), 4, 8, mode=mode, max_bytes=95)
+        build(spec(), max_bs=4, max_num_tokens=8, impl=mode, max_bytes=95, device="cpu")
     assert str(info.value).startswith(
         "spec 'budget': its buffers would take 96 bytes at max_bs=4, max_num_tokens=8, over the cap of 95 bytes "
         "(max_bytes); the largest is slot 'ids', 64 bytes. Nothing was allocated.")
@@ -97,7 +98,7 @@ def test_the_cap_is_inclusive(mode):
 @pytest.mark.parametrize("mode", MODES)
 def test_disabled_slots_take_no_bytes(mode):
     text = SPEC + "  - {name: unused, shape: [max_bs, 1000], dtype: int64, axis: bs, padding: zero, enabled_if: false}\n"
-    reg = gs.build_registry(gs.parse_spec(text, source="budget.yaml"), 4, 8, mode=mode, max_bytes=96)
+    reg = build(gs.parse_spec(text, path="budget.yaml"), max_bs=4, max_num_tokens=8, impl=mode, max_bytes=96, device="cpu")
     assert not reg.has_slot("unused")
 
 
@@ -105,17 +106,17 @@ def test_disabled_slots_take_no_bytes(mode):
 def test_the_environment_variable_sets_the_cap_and_max_bytes_overrides_it(mode, monkeypatch):
     monkeypatch.setenv("GRAPHSLOT_MAX_BUFFER_BYTES", " 95 ")
     with pytest.raises(BufferBudgetError, match=r"over the cap of 95 bytes \(GRAPHSLOT_MAX_BUFFER_BYTES\); "):
-        gs.build_registry(spec(), 4, 8, mode=mode)
-    assert gs.build_registry(spec(), 4, 8, mode=mode, max_bytes=96).nbytes == 96
+        gs.build_registry(spec(), max_bs=4, max_num_tokens=8, impl=mode, device="cpu")
+    assert build(spec(), max_bs=4, max_num_tokens=8, impl=mode, max_bytes=96, device="cpu").nbytes == 96
     monkeypatch.setenv("GRAPHSLOT_MAX_BUFFER_BYTES", "")  # empty: unset
-    assert gs.build_registry(spec(), 4, 8, mode=mode).nbytes == 96
+    assert gs.build_registry(spec(), max_bs=4, max_num_tokens=8, impl=mode, device="cpu").nbytes == 96
 
 
 @pytest.mark.parametrize("value", ["4GiB", "-1", "0", "1e9", "0x10", "１２"])
 def test_an_invalid_environment_value_is_an_error_naming_the_variable(value, monkeypatch):
     monkeypatch.setenv("GRAPHSLOT_MAX_BUFFER_BYTES", value)
     with pytest.raises(ValueError) as info:
-        gs.build_registry(spec(), 4, 8)
+        gs.build_registry(spec(), max_bs=4, max_num_tokens=8, device="cpu")
     assert str(info.value) == (f"GRAPHSLOT_MAX_BUFFER_BYTES={value!r} is not a byte count: set it to a positive "
                                "integer number of bytes (e.g. 8589934592 for 8 GiB), or unset it")
 
@@ -123,7 +124,7 @@ def test_an_invalid_environment_value_is_an_error_naming_the_variable(value, mon
 @pytest.mark.parametrize("value", [0, -5, True, 1.5, "4096"])
 def test_max_bytes_must_be_a_positive_int(value):
     with pytest.raises(ValueError, match=r"^max_bytes must be a positive int \(a number of bytes\), got "):
-        gs.build_registry(spec(), 4, 8, max_bytes=value)
+        build(spec(), max_bs=4, max_num_tokens=8, max_bytes=value, device="cpu")
 
 
 def test_the_default_cap_is_4_gib_and_refuses_one_byte_more(no_allocation):
@@ -134,13 +135,13 @@ def test_the_default_cap_is_4_gib_and_refuses_one_byte_more(no_allocation):
           - {name: raw, shape: [max_bs], dtype: uint8, axis: bs, padding: zero}
     """)
     with pytest.raises(BufferBudgetError, match=r"over the cap of 4294967296 bytes \(4\.0 GiB\) \(the default\)"):
-        gs.build_registry(gs.parse_spec(one_byte, source="bytes.yaml"), (4 << 30) + 1, 1)
+        gs.build_registry(gs.parse_spec(one_byte, path="bytes.yaml"), max_bs=(4 << 30) + 1, max_num_tokens=1, device="cpu")
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_a_buffer_torch_cannot_size_is_refused_naming_its_slot_whatever_the_cap(mode, no_allocation):
     with pytest.raises(BufferBudgetError) as info:
-        gs.build_registry(spec(), 2**40, 8, mode=mode, params={"wide": 2**40}, max_bytes=2**100)
+        build(spec(), max_bs=2**40, max_num_tokens=8, impl=mode, params={"wide": 2**40}, max_bytes=2**100, device="cpu")
     assert str(info.value) == (
         f"spec 'budget', slot 'table': its buffer would take {2**80 * 4} bytes at max_bs={2**40}, max_num_tokens=8, "
         "beyond what torch can allocate (under 2**63 bytes); lower the capacities or the params its shape is made of")
@@ -149,9 +150,9 @@ def test_a_buffer_torch_cannot_size_is_refused_naming_its_slot_whatever_the_cap(
 @pytest.mark.parametrize("value", [2.5, True, "8", None])
 def test_capacities_must_be_ints(value):
     with pytest.raises(ValueError, match=r"^max_bs must be an int, got "):
-        gs.build_registry(spec(), value, 8)
+        gs.build_registry(spec(), max_bs=value, max_num_tokens=8, device="cpu")
     with pytest.raises(ValueError, match=r"^max_num_tokens must be an int, got "):
-        gs.build_registry(spec(), 4, value)
+        gs.build_registry(spec(), max_bs=4, max_num_tokens=value, device="cpu")
 
 
 def test_an_allocation_that_fails_names_the_slot_in_a_note(monkeypatch):
@@ -160,7 +161,7 @@ def test_an_allocation_that_fails_names_the_slot_in_a_note(monkeypatch):
 
     monkeypatch.setattr(torch, "zeros", out_of_memory)
     with pytest.raises(RuntimeError, match="can't allocate memory") as info:
-        gs.build_registry(spec(), 4, 8, mode="interpreted")
+        gs.build_registry(spec(), max_bs=4, max_num_tokens=8, impl="interpreted", device="cpu")
     assert info.value.__notes__ == [("graphslot: while allocating the buffer of slot 'ids' (shape [8], "
                                      "torch.int64, on cpu)")]
 

@@ -307,8 +307,8 @@ def test_show_json_keeps_notes_off_stdout(capsys, tmp_path, monkeypatch):
 
 # --- bench ---------------------------------------------------------------------------
 
-BENCH_HEADER = ("graphslot bench: fill_from + extract of the shipped decode spec, generated vs interpreted vs "
-                "hand-written, 1 repeats x 3 iters per batch size")
+BENCH_HEADER = ("graphslot bench: fill_from + extract of the shipped decode spec (graphslot/slot_specs/decode.yaml), "
+                "generated vs interpreted vs hand-written, 1 repeats x 3 iters per batch size")
 
 
 def test_bench_json_is_pure_and_progress_goes_to_stderr(capsys):
@@ -371,8 +371,35 @@ def test_bench_names_a_missed_op_count_target_and_exits_1(capsys, monkeypatch):
                                     "target <= 2, 1 over" for size in ("3/4", "30/32", "200/256")]
 
 
+def test_bench_measures_the_shipped_decode_spec_and_names_its_file_whatever_the_project(capsys, monkeypatch, tmp_path):
+    """A project's own decode spec (here one with a slot the bench's batches do not
+    carry) is what `graphslot.load_spec("decode")` gives there; the bench, whose
+    hand-written baseline and op targets are the shipped spec's, measures the shipped one
+    and says which file that is."""
+    from graphslot.cli import fill_bench
+    from graphslot.spec.files import display_path
+    from graphslot.spec.loading import load_spec, shipped_spec_path
+
+    (tmp_path / "specs").mkdir()
+    text = shipped_spec_path("decode").read_text(encoding="utf-8")
+    own = text + "  - name: adapter_ids\n    shape: [max_bs]\n    dtype: int64\n    axis: bs\n    padding: zero\n"
+    (tmp_path / "specs" / "decode.yaml").write_text(own, encoding="utf-8")
+    (tmp_path / "pyproject.toml").write_text('[tool.graphslot]\nspecs = ["specs/decode.yaml"]\n')
+    monkeypatch.chdir(tmp_path)
+    assert load_spec("decode").path == "specs/decode.yaml"
+    monkeypatch.setattr(fill_bench, "time_per_call", fake_timings(10.0, 9.0, 80.0, 30.0))
+    shipped = display_path(shipped_spec_path("decode"))
+    status, out, err = run(capsys, "bench", "--json", "--iters", "3", "--repeats", "1")
+    result = json.loads(out)
+    assert (status, result["spec"], result["gating_missed"]) == (0, shipped, False)
+    assert {r["generated_ops"] for r in result["rows"]} == {2}
+    assert err.splitlines()[0] == BENCH_HEADER.replace("graphslot/slot_specs/decode.yaml", shipped)
+    status, out, _ = run(capsys, "bench", "--iters", "3", "--repeats", "1")
+    assert out.startswith(f"fill_from + extract, shipped decode spec ({shipped}), max_bs 256, device cpu")
+
 def test_bench_shows_a_bar_on_a_terminal(capsys, monkeypatch):
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
     _, out, err = run(capsys, "bench", "--iters", "3", "--repeats", "1")
-    assert out.startswith("fill_from + extract, shipped decode spec, max_bs 256, device cpu")
+    assert out.startswith("fill_from + extract, shipped decode spec (graphslot/slot_specs/decode.yaml), max_bs 256, "
+                          "device cpu")
     assert err.startswith(BENCH_HEADER + "\n") and "Timing:" in err and "timed (" not in err

@@ -40,6 +40,7 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 import graphslot as gs
+from graphslot.api import build
 
 # --- what a random spec is made of -------------------------------------------------------
 
@@ -352,7 +353,7 @@ def make_batch(reg: gs.SlotRegistry, step: Step) -> Any:
     fb.feeds = {}
     fb.unrelated = "kept as is"
     for slot in reg.all_slots():
-        spec = slot.spec
+        spec = slot.resolved
         presence = step.presence.get(spec.name, "tensor")
         full = list(spec.shape)
         device = slot.buffer.device if slot.buffer is not None else "cpu"
@@ -390,7 +391,7 @@ def make_batch(reg: gs.SlotRegistry, step: Step) -> Any:
                 value = slot.buffer
             presence = presence if presence in ("none", "other", "absent") else "tensor"
         capacity = full[spec.slice_dim] if count is None and full else None if count is None else (
-            slot.spec.shape[spec.slice_dim])
+            slot.resolved.shape[spec.slice_dim])
         if presence == "none":
             value = None
         elif presence == "other":
@@ -499,7 +500,7 @@ def assert_same_views(interp, gen, fbs, vi, vg, padded_bs, padded_num_tokens) ->
 def assert_design_contract(interp, fb, view, step: Step) -> None:
     """What the contract says a view exposes, checked on the interpreter's view."""
     for slot in interp.active:
-        spec = slot.spec
+        spec = slot.resolved
         if spec.structured:
             continue
         if spec.optional and spec.plain_copy and getattr(fb, spec.name, None) is None:
@@ -512,7 +513,7 @@ def assert_design_contract(interp, fb, view, step: Step) -> None:
 def assert_heads_and_tails(interp, fb, step: Step, views=()) -> None:
     """Spot-check the interpreter itself: plain copies land in the head, resets in the tail."""
     for slot in interp.active:
-        spec = slot.spec
+        spec = slot.resolved
         if not spec.plain_copy or spec.name in views:  # a view of the buffer changes with it
             continue
         count = slot.count(step.raw_bs, step.raw_num_tokens)
@@ -534,9 +535,9 @@ def poison(interp, gen, seed: int) -> None:
 
 
 def build_pair(spec, max_bs, max_num_tokens, strict=False, **kwargs):
-    interp = gs.build_registry(spec, max_bs, max_num_tokens, mode="interpreted", strict=strict, **kwargs)
-    gen = gs.build_registry(spec, max_bs, max_num_tokens, mode="generated", strict=strict, **kwargs)
-    assert interp.mode == "interpreted" and gen.mode == "generated"
+    interp = build(spec, max_bs=max_bs, max_num_tokens=max_num_tokens, impl="interpreted", strict=strict, **kwargs, device="cpu")
+    gen = build(spec, max_bs=max_bs, max_num_tokens=max_num_tokens, impl="generated", strict=strict, **kwargs, device="cpu")
+    assert interp.impl == "interpreted" and gen.impl == "generated"
     assert interp.strict == gen.strict == strict
     assert [s.name for s in interp.all_slots()] == [s.name for s in gen.all_slots()]
     for a, b in zip(interp.all_slots(), gen.all_slots()):
@@ -573,8 +574,10 @@ def run_steps(interp, gen, steps: List[Step], first_poison: bool = True) -> None
         before = snapshot(fbi)
         sizes = (step.raw_bs, step.padded_bs, step.raw_num_tokens, step.padded_num_tokens)
         side = {"bias": step.bias}
-        _, ei = outcome(interp.fill_from_skipping(step.skip), fbi, *sizes, side_inputs=side)
-        _, eg = outcome(gen.fill_from_skipping(step.skip), fbg, *sizes, side_inputs=side)
+        counts = dict(raw_bs=step.raw_bs, padded_bs=step.padded_bs, raw_num_tokens=step.raw_num_tokens,
+                      padded_num_tokens=step.padded_num_tokens)
+        _, ei = outcome(interp.fill_from_skipping(step.skip), fbi, **counts, side_inputs=side)
+        _, eg = outcome(gen.fill_from_skipping(step.skip), fbg, **counts, side_inputs=side)
         assert_same_error(ei, eg, f"fill {i} {sizes}")
         if ei is not None:
             ERRORS_SEEN.append(f"{type(ei).__name__}: {ei}")
@@ -587,7 +590,7 @@ def run_steps(interp, gen, steps: List[Step], first_poison: bool = True) -> None
         assert_same_snapshot(before, snapshot(fbi), views=views)
         assert_heads_and_tails(interp, fbi, step, views | step.skip)
 
-        (vi, ei), (vg, eg) = (outcome(reg.extract, fb, step.padded_bs, step.padded_num_tokens)
+        (vi, ei), (vg, eg) = (outcome(reg.extract, fb, padded_bs=step.padded_bs, padded_num_tokens=step.padded_num_tokens)
                               for reg, fb in ((interp, fbi), (gen, fbg)))
         assert_same_error(ei, eg, f"extract {i}")
         if ei is not None:
@@ -606,7 +609,7 @@ def run_steps(interp, gen, steps: List[Step], first_poison: bool = True) -> None
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(cases())
 def test_generated_code_equals_the_interpreter_on_random_specs(case: Case):
-    spec = gs.parse_spec(case.text, source="random.yaml")
+    spec = gs.parse_spec(case.text, path="random.yaml")
     hooks = user_hooks(s.name for s in case.slots)
     context = {"context": OwnContext.make} if case.own_context else {}
     interp, gen = build_pair(spec, case.max_bs, case.max_num_tokens, strict=case.strict, params=case.params,
@@ -621,12 +624,12 @@ def test_generated_code_equals_the_interpreter_on_random_specs(case: Case):
 @given(cases())
 def test_generated_code_equals_the_interpreter_on_cuda(case: Case):
     """On a GPU, host (``device: cpu``) slots and device slots really differ."""
-    spec = gs.parse_spec(case.text, source="random.yaml")
+    spec = gs.parse_spec(case.text, path="random.yaml")
     hooks = user_hooks(s.name for s in case.slots)
     interp, gen = build_pair(spec, case.max_bs, case.max_num_tokens, device="cuda", params=case.params,
                              hooks=hooks)
     for slot in interp.active:
-        assert slot.buffer.device.type == ("cpu" if slot.spec.host else "cuda")
+        assert slot.buffer.device.type == ("cpu" if slot.resolved.host else "cuda")
     run_steps(interp, gen, case.steps)
 
 
@@ -640,7 +643,7 @@ def test_the_strategy_makes_valid_specs_that_cover_every_feature():
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(cases())
     def collect(case: Case):
-        spec = gs.parse_spec(case.text, source="random.yaml")
+        spec = gs.parse_spec(case.text, path="random.yaml")
         for slot in spec.slots:
             seen.add(("padding", slot.padding or "keep_pad"))
             seen.add(("axis", slot.axis))
@@ -790,7 +793,7 @@ REGRESSIONS = {
 @pytest.mark.parametrize("name", sorted(REGRESSIONS))
 def test_regressions(name):
     text, params = REGRESSIONS[name]
-    spec = gs.parse_spec(textwrap.dedent(text), source=f"{name}.yaml")
+    spec = gs.parse_spec(textwrap.dedent(text), path=f"{name}.yaml")
     names = [s.name for s in spec.slots]
     interp, gen = build_pair(spec, 4, 6, params=params, hooks=user_hooks(names))
     steps = [
@@ -810,7 +813,7 @@ def test_a_user_hook_may_not_shadow_a_builtin_hook():
 
     for mode in ("interpreted", "generated"):
         with pytest.raises(gs.SpecError) as info:
-            gs.build_registry("decode", 4, 4, mode=mode, hooks={"global_num_tokens": mine})
+            gs.build_registry("decode", max_bs=4, max_num_tokens=4, impl=mode, hooks={"global_num_tokens": mine}, device="cpu")
         assert str(info.value) == (
             "<hooks=>: hook name 'global_num_tokens' passed in build_registry(hooks=...) is the name of a "
             "built-in hook; rename yours (e.g. 'my_global_num_tokens') and use that name in the spec")
@@ -845,7 +848,7 @@ SIZES = [  # (raw_bs, padded_bs, raw_num_tokens, padded_num_tokens) on max_bs=8,
 def test_shipped_specs(case):
     name, params, preset = SHIPPED[case]
     interp, gen = build_pair(name, 8, 16, params=params, preset=preset)
-    optional = [s.name for s in interp.active if s.spec.optional]
+    optional = [s.name for s in interp.active if s.resolved.optional]
     steps = []
     for i, (rb, pb, rt, pt) in enumerate(SIZES):
         # optional fields alternate between present, None and absent
@@ -858,7 +861,7 @@ def test_shipped_specs(case):
 def test_shipped_decode_fills_what_the_design_says():
     """An absolute check on top of the differential ones: a decode step, by hand."""
     for mode in ("interpreted", "generated"):
-        reg = gs.build_registry("decode", 4, 4, mode=mode, params={"seq_len_fill_value": 9})
+        reg = gs.build_registry("decode", max_bs=4, max_num_tokens=4, impl=mode, params={"seq_len_fill_value": 9}, device="cpu")
         for slot in reg.active:
             slot.buffer.fill_(-7)
         fb = Batch()
@@ -870,7 +873,7 @@ def test_shipped_decode_fills_what_the_design_says():
         fb.seq_lens = torch.tensor([6, 7])
         fb.seq_lens_cpu = torch.tensor([6, 7])
         fb.mrope_positions = None
-        reg.fill_from(fb, 2, 3, 2, 3)
+        reg.fill_from(fb, raw_bs=2, padded_bs=3, raw_num_tokens=2, padded_num_tokens=3)
         buf = {n: reg.slot(n).buffer.tolist() for n in reg.slot_names()}
         assert buf["input_ids"] == [11, 12, -7, -7], mode  # foreach_copy: tail untouched
         assert buf["positions"] == [5, 6, 0, -7], mode  # zero: [raw:padded] only
@@ -878,7 +881,7 @@ def test_shipped_decode_fills_what_the_design_says():
         assert buf["seq_lens_cpu"] == [6, 7, 9, -7], mode
         assert buf["mrope_positions"] == [[-7, -7, 0, -7]] * 3, mode  # None: no copy, tail reset
         assert buf["global_num_tokens_gpu"] == [-7], mode  # no hook without gathered buffers
-        view = reg.extract(fb, 3, 3)
+        view = reg.extract(fb, padded_bs=3, padded_num_tokens=3)
         assert view.batch_size == 3 and view.mrope_positions is None
         assert view.seq_lens.tolist() == [6, 7, 9]
         assert fb.batch_size == 2 and fb.seq_lens.tolist() == [6, 7]

@@ -26,7 +26,7 @@ def make_mlp(batch: int):
 @torch.inference_mode()
 def test_capture_and_replay_match_eager():
     backend = get_graph_backend("auto", "cuda")
-    assert isinstance(backend, CudaGraphBackend) and backend.pool is None
+    assert isinstance(backend, CudaGraphBackend) and not backend.fresh_cublas_workspace
     model, x = make_mlp(4)
     calls = []
 
@@ -35,7 +35,7 @@ def test_capture_and_replay_match_eager():
         return torch.softmax(model(x), dim=-1)
 
     graph = backend.capture(fn, warmup=2)
-    assert isinstance(graph, CudaGraphWrapper)
+    assert isinstance(graph, CudaGraphWrapper) and graph.pool is backend.pool
     assert len(calls) == 3
     out, ptr = graph.output, graph.output.data_ptr()
     for _ in range(3):
@@ -79,7 +79,7 @@ def test_graphs_of_one_backend_share_one_pool():
     big = backend.capture(lambda: model(x))  # largest batch first
     small = backend.capture(lambda: model(x[:2]))
     assert backend.pool is not None and big.pool is backend.pool and small.pool is backend.pool
-    assert get_graph_backend("cuda", "cuda").pool is None  # a new backend, a new pool later
+    assert get_graph_backend("cuda", "cuda").pool is not backend.pool  # a new backend, a new pool
 
     x.copy_(torch.randn_like(x))
     big.replay()
@@ -95,8 +95,9 @@ def test_graphs_of_one_backend_share_one_pool():
 def test_graphs_survive_a_cublas_workspace_clear():
     """torch.compile(mode="reduce-overhead") clears cuBLAS's workspaces before each
     recording; a graph that baked in the warm-up's workspace would then write into freed
-    memory (seen on an H100: an illegal address at the next replay, with an HF model)."""
-    backend = get_graph_backend("cuda", "cuda")
+    memory (seen on an H100: an illegal address at the next replay, with an HF model).
+    An engine sharing its process with CUDAGraph Trees asks for a fresh workspace."""
+    backend = CudaGraphBackend("cuda", fresh_cublas_workspace=True)
     x = torch.randn(64, 512, device="cuda")
     w = torch.randn(512, 512, device="cuda")
     graph = backend.capture(lambda: x @ w, warmup=1)
@@ -116,7 +117,7 @@ def test_one_backend_captures_one_workspace_so_a_replay_leaves_other_graphs_outp
     """The workspace is made fresh at a backend's first capture only: made fresh at every
     capture, each graph's workspace would return to the pool, where a later capture can
     put its output -- which the earlier graph's replay then overwrites."""
-    backend = get_graph_backend("cuda", "cuda")
+    backend = CudaGraphBackend("cuda", fresh_cublas_workspace=True)
     x = torch.randn(256, 1024, device="cuda")
     w = torch.randn(1024, 1024, device="cuda")
     graphs = [backend.capture(lambda n=n: x[:n] @ w, warmup=1) for n in (256, 128, 64, 32)]

@@ -13,7 +13,7 @@ from graphslot.cli.demo_common import demo_device
 from graphslot.cli.demo_decode import format_demo_table, run_demo
 from graphslot.cli.demo_prefill import format_prefill_table, run_prefill_demo
 from graphslot.reference.numerics import output_check
-from graphslot.runners.breakable import BreakableGraphRunner
+from graphslot.runners.prefill import PrefillGraphRunner
 
 
 def test_short_demo_matches_eager_and_prints_a_table():
@@ -81,7 +81,7 @@ def test_prefill_demo_rejects_an_unknown_runner():
 def test_prefill_demo_catches_a_broken_runner(monkeypatch):
     # Attention metadata written at capture and never on replay: silently wrong logits
     # (one bucket, so the stale metadata has the right shape and nothing raises).
-    monkeypatch.setattr(BreakableGraphRunner, "prepare_replay", lambda self, n, view, fb: None)
+    monkeypatch.setattr(PrefillGraphRunner, "prepare_replay", lambda self, n, view, fb: None)
     result = run_prefill_demo(batches=6, backend="cpu", runners=["breakable"], token_buckets=[64],
                               progress=False)
     assert result["mismatching_batches"] > 0
@@ -132,11 +132,10 @@ def test_cli_demo_cuda_backend_without_a_gpu_is_one_line(monkeypatch, capsys, wo
 @pytest.mark.parametrize("argv, message", [
     (["--workload", "prefill", "--steps", "5"], "argument --steps: only for --workload decode, not --workload prefill"),
     (["--steps", "5", "--workload", "prefill"], "argument --steps: only for --workload decode, not --workload prefill"),
-    (["--steps", "5", "--mode", "prefill"], "argument --steps: only for --workload decode, not --workload prefill"),
     (["--batches", "3"], "argument --batches: only for --workload prefill, not --workload decode"),
     (["--workload", "decode", "--runner", "all"], "argument --runner: only for --workload prefill, not --workload "
                                                   "decode"),
-    (["--mode", "decode", "--runner", "all"], "argument --runner: only for --workload prefill, not --workload decode"),
+    (["--mode", "decode"], "unrecognized arguments: --mode decode"),
     (["--model", "gpt2"], "argument --model: invalid choice: 'gpt2' (choose from reference, hf-<family>)"),
 ])
 def test_cli_demo_rejects_the_other_workloads_flags(monkeypatch, capsys, argv, message):
@@ -149,7 +148,7 @@ def test_cli_demo_rejects_the_other_workloads_flags(monkeypatch, capsys, argv, m
 
 
 def test_cli_prefill_demo_exits_1_on_a_mismatch(monkeypatch, capsys):
-    monkeypatch.setattr(BreakableGraphRunner, "prepare_replay", lambda self, n, view, fb: None)
+    monkeypatch.setattr(PrefillGraphRunner, "prepare_replay", lambda self, n, view, fb: None)
     monkeypatch.setattr(demo_prefill, "DEFAULT_BUCKETS", (64,))
     assert main([*PREFILL_CLI, "--batches", "6", "--runner", "breakable"]) == 1
     assert json.loads(capsys.readouterr().out)["mismatching_batches"] > 0
@@ -160,8 +159,8 @@ def test_cli_demo_registry_option(capsys):
                  "--runner", "breakable"]) == 0
     assert json.loads(capsys.readouterr().out)["registry_mode"] == "interpreted"
     assert main(["demo", "--mode", "generated"]) == 2  # the registry choice is --registry now
-    assert main(["demo", "--workload", "prefill", "--max-bs", "99"]) == 1
-    assert "max_bs must be" in capsys.readouterr().err
+    assert main(["demo", "--workload", "prefill", "--max-bs", "99"]) == 2
+    assert "argument --max-bs: 99 is over the limit of 48 for --workload prefill" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("gpu", [False, True])
@@ -171,10 +170,9 @@ def test_auto_backend_runs_the_demo_on_the_gpu_when_there_is_one(monkeypatch, gp
     assert demo_device("cpu").type == "cpu" and demo_device("cuda").type == "cuda"
 
 
-@pytest.mark.parametrize("argv", [["--workload", "prefill"], ["--mode", "prefill"], ["--mode", "decode",
-                                                                                    "--workload", "prefill"]])
-def test_cli_demo_workload_and_its_older_spelling_mode(monkeypatch, capsys, argv):
-    """--workload names what runs; --mode, its older spelling, still works (the last one given wins)."""
+@pytest.mark.parametrize("argv", [["--workload", "prefill"], ["--workload", "decode", "--workload", "prefill"]])
+def test_cli_demo_workload_names_what_runs(monkeypatch, capsys, argv):
+    """--workload names what runs (the last one given wins)."""
     calls = []
 
     def fake_prefill(**kwargs):
@@ -188,8 +186,61 @@ def test_cli_demo_workload_and_its_older_spelling_mode(monkeypatch, capsys, argv
     assert [c["batches"] for c in calls] == [2]
 
 
-def test_cli_demo_help_names_workload_and_hides_mode(capsys):
+def test_cli_demo_help_names_workload_and_no_mode(capsys):
     assert main(["demo", "--help"]) == 0
     out = capsys.readouterr().out
-    assert "--workload {decode,prefill}" in out and "--mode {" not in out
-    assert "(--mode is the older spelling of --workload and still works.)" in out
+    assert "--workload {decode,prefill}" in out and "--mode" not in out
+
+
+MAX_BS_WHY = "graphs are captured at sizes up to it, and their memory grows with it"
+STEPS_WHY = "the demo keeps every step's batch for its report"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--max-bs", "1000000"], f"argument --max-bs: 1000000 is over the limit of 256 ({MAX_BS_WHY})"),
+    (["--max-bs", "257", "--dp", "2"], f"argument --max-bs: 257 is over the limit of 256 ({MAX_BS_WHY})"),
+    (["--model", "hf-llama", "--max-bs", "1000000"],
+     f"argument --max-bs: 1000000 is over the limit of 256 ({MAX_BS_WHY})"),
+    (["--workload", "prefill", "--max-bs", "49"],
+     "argument --max-bs: 49 is over the limit of 48 for --workload prefill (a batch and the 16 requests the demo "
+     "keeps cached share its 64 request slots)"),
+    (["--steps", "100001"], f"argument --steps: 100001 is over the limit of 100000 ({STEPS_WHY})"),
+    (["--model", "hf-llama", "--steps", "9223372036854775807"],
+     f"argument --steps: 9223372036854775807 is over the limit of 100000 ({STEPS_WHY})"),
+    (["--workload", "prefill", "--batches", "100001"],
+     "argument --batches: 100001 is over the limit of 100000 (the demo keeps every batch for its report)"),
+    (["--dp", "9"], "argument --dp: 9 is over the limit of 8 (each rank is a process with a model and graphs of "
+                    "its own)"),
+    (["--dp", "8", "--steps", "2501"], "argument --steps: --dp 8 × --steps 2501 = 20008 rank-steps is over the "
+                                       "limit of 20000 (every rank's logits of every step are kept to check)"),
+])
+def test_cli_demo_refuses_a_count_over_its_limit_before_building_anything(monkeypatch, capsys, argv, message):
+    """`--max-bs 1000000` zero-filled a 32 GiB KV pool and captured graphs at 766 sizes,
+    until the kernel killed it: every count is a usage error over its limit instead."""
+    pytest.importorskip("transformers")  # the hf-llama cases: the model name is checked first
+    from graphslot.cli import demo_dp, demo_hf
+
+    for module, name in ((demo_decode, "run_demo"), (demo_prefill, "run_prefill_demo"), (demo_dp, "run_dp_demo"),
+                         (demo_hf, "run_hf_demo")):
+        monkeypatch.setattr(module, name, _must_not_run)
+    assert main(["demo", "--backend", "cpu", *argv]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "Traceback" not in err
+    assert err.splitlines()[-1] == f"graphslot demo: error: {message}"
+
+
+@pytest.mark.parametrize("argv", [["--max-bs", "256", "--steps", "100000"], ["--workload", "prefill", "--max-bs",
+                                  "48", "--batches", "100000"], ["--dp", "8", "--steps", "2500", "--max-bs", "256"]])
+def test_cli_demo_takes_every_count_up_to_its_limit(monkeypatch, capsys, argv):
+    from graphslot.cli import demo_dp
+
+    calls = []
+
+    def fake(**kwargs):
+        calls.append(kwargs)
+        return {"mismatching_steps": 0, "mismatching_batches": 0, "mismatching_forwards": 0, "disagreeing_steps": []}
+
+    for module, name in ((demo_decode, "run_demo"), (demo_prefill, "run_prefill_demo"), (demo_dp, "run_dp_demo")):
+        monkeypatch.setattr(module, name, fake)
+    assert main(["demo", "--backend", "cpu", "--json", *argv]) == 0
+    assert len(calls) == 1 and "error" not in capsys.readouterr().err

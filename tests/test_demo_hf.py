@@ -83,3 +83,33 @@ def test_cli_hf_demo_exits_1_on_a_mismatch(monkeypatch, capsys):
     monkeypatch.setattr(models, "close", lambda got, want: False)
     assert main(["demo", "--model", "hf-mistral", "--backend", "cpu", "--steps", "3", "--max-bs", "2"]) == 1
     assert re.search(r"^mismatching steps +[1-3] ", capsys.readouterr().out, re.M)
+
+
+CLI_IN_4_GIB = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))  # the demo reached 3 GiB before it was checked
+from graphslot.cli import main
+from graphslot.integrations.transformers import budget
+budget.free_memory = lambda device: 2 << 30  # the same on any machine
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_cli_hf_demo_refuses_a_max_bs_over_the_budget_naming_the_flag():
+    """--max-bs 100000 with the KV budget capped at 64 MiB: exit 2, one line naming
+    --max-bs and the budget, no traceback, in a process that may not take 4 GiB."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "GRAPHSLOT_MAX_KV_BYTES": str(64 << 20)}
+    done = subprocess.run([sys.executable, "-c", CLI_IN_4_GIB, "demo", "--model", "hf-llama", "--backend", "cpu",
+                           "--max-bs", "100000"], env=env, capture_output=True, text=True, timeout=300)
+    lines = done.stderr.splitlines()
+    assert done.returncode == 2 and "Traceback" not in done.stderr and len(lines) == 2, done.stderr[-3000:]
+    assert re.fullmatch(r"graphslot demo: error: argument --max-bs: 100000 is more than this machine can hold: "
+                        r"ContinuousBatcher: max_bs=100000 needs about \d+ bytes \(\d+\.\d [GT]iB\) for the decode "
+                        r"graphs: .* the free memory is 2147483648 bytes \(2\.0 GiB\) on cpu, .* after the KV budget "
+                        r"of 67108864 bytes \(64\.0 MiB\) \(GRAPHSLOT_MAX_KV_BYTES\)\. Nothing was allocated\. .*",
+                        lines[1]), lines[1]
+    assert done.stdout == ""

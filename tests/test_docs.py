@@ -61,3 +61,16 @@ def test_every_python_block_runs_in_order(monkeypatch):
         except Exception as exc:  # noqa: BLE001 - re-raised with where it happened
             pytest.fail(f"docs/engine.md: the python block at line {line} failed: "
                         f"{type(exc).__name__}: {exc}")
+
+
+def test_the_readme_tour_spec_is_a_valid_spec_whose_slots_match_the_shipped_decode():
+    """The README's YAML is a spec as written, and says of each slot what the shipped one says."""
+    import graphslot as gs
+
+    readme = (PAGE.parent.parent / "README.md").read_text(encoding="utf-8")
+    (text,) = re.findall(r"^```yaml\n(.*?)^```$", readme, re.S | re.M)
+    tour, shipped = gs.parse_spec(text, "README.md"), gs.load_spec("decode")
+    assert len(tour.slots) == 2
+    for slot in tour.slots:
+        ours = next(s for s in shipped.slots if s.name == slot.name)
+        assert slot.model_dump(exclude={"description"}) == ours.model_dump(exclude={"description"}), slot.name

@@ -7,6 +7,7 @@ slow. Every launch has a hard timeout, so a hang in a collective fails the test.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import time
@@ -16,10 +17,14 @@ import pytest
 import torch
 
 import dp_cases
-from dp_cases import EXTEND, STEPS
+from dp_cases import EXTEND, HOOK_STEP, MISCOUNTED_STEP, STEPS, WRONG_SHAPE_STEP
+from graphslot import SlotError, build_registry
 from graphslot.cli import demo_dp, main
+from graphslot.reference import build_reference_model, make_decode_batch
+from graphslot.reference.adapter import ReferenceDecodeAdapter
 from graphslot.reference.dp_launch import RankFailure, RankReport, Watched, launch, verdict
 from graphslot.reference.model import TinyConfig
+from graphslot.api import build
 
 TIMEOUT = 120.0  # seconds for a whole launch; a healthy one takes well under 30
 WORLD = 2
@@ -186,6 +191,7 @@ def mismatches():
     ("disable_padding", "rank 0: False, rank 1: True"),
     ("spec param cache_loc_dtype", "rank 0: int64, rank 1: int32"),
     ("the context buckets", "rank 0: [16, 8], rank 1: [16]"),
+    ("the replay guard", "rank 0: False, rank 1: True"),
 ])
 def test_ranks_that_differ_in_a_setting_are_refused_on_every_rank_before_capture(mismatches, setting, values):
     for rank in range(WORLD):
@@ -214,10 +220,10 @@ def test_a_rank_with_a_malformed_batch_fails_every_rank_and_all_can_go_on():
     ranks = launch(dp_cases.run_with_a_bad_batch, WORLD, "retry", timeout=TIMEOUT)
     for run in ranks:
         bad_fill, not_a_batch = run["errors"]
-        # Rank 1's fill raised after the exchange: rank 0, whose batch was fine, raised too, before its replay.
+        # Rank 1's batch would fail the fill: refused before the exchange; rank 0, whose batch was fine, raised too.
         assert bad_fill == {
             "step": dp_cases.BAD_STEP, "type": "DPStepError", "failed_ranks": [1], "graph_steps": 2, "eager_steps": 0,
-            "message": f"DP rank 1 failed at DP step 3, preparing its batch: {BAD_FILL}; every rank raised this "
+            "message": f"DP rank 1 failed at DP step 3, before the exchange: {BAD_FILL}; every rank raised this "
                        f"error{AFTER_A_STEP_ERROR}"}
         # Rank 0 could not even count its tokens: both raised at the exchange (the retry was DP step 4).
         assert not_a_batch == {
@@ -249,6 +255,110 @@ def test_a_failing_rank_that_carries_on_alone_is_still_the_one_named():
     with pytest.raises(RankFailure) as info:  # rank 0 stops on the error; rank 1 catches it and goes on alone
         launch(dp_cases.run_with_a_bad_batch, WORLD, "failing rank retries", timeout=TIMEOUT)
     assert info.value.summary == f"DP rank 1 of 2 failed: {BAD_FILL}; rank 0 stopped because rank 1 failed"
+
+
+# ------------------------------------------------------------ one collective a step
+
+
+@pytest.fixture(scope="module")
+def counted():
+    return launch(dp_cases.count_collectives, WORLD, timeout=TIMEOUT)
+
+
+def test_a_steady_step_runs_one_collective_graph_eager_or_skipped(counted):
+    for run in counted:
+        steps = run["steps"]
+        assert [rec["mode"] for rec in steps] == ["graph"] * 4 + ["eager"] * 3 + ["idle", "graph"]
+        assert [rec["error"] for rec in steps] == [None] * len(STEPS)
+        # every step, the retries after a refused batch included: the exchange alone
+        assert [len(rec["collectives"]) for rec in steps] == [1] * len(STEPS), [rec["collectives"] for rec in steps]
+
+
+@pytest.mark.parametrize("step, dp_step, error", [
+    (WRONG_SHAPE_STEP, 3, "SlotError: spec 'decode', slot 'positions': expected shape [1], got [1, 1] (copy_ would "
+                          "broadcast or fail)"),
+    (MISCOUNTED_STEP, 5, "SlotError: ReferenceDPDecodeAdapter.batch_size says the ForwardBatch holds 4 request(s) of "
+                         "1 token(s) each, but num_tokens says 3 token(s); the ranks pick the graph from the tokens "
+                         "and the fill copies the requests: make the two agree (batch_size, num_tokens, or the batch)"),
+])
+def test_an_invalid_batch_fails_every_rank_at_the_exchange_naming_its_rank(counted, step, dp_step, error):
+    for run in counted:  # rank 0's batch was fine (at MISCOUNTED_STEP rank 0 is idle): it raised the same error
+        refused = run["steps"][step]["invalid"]
+        assert refused["error"] == {"failed_ranks": [1], "message": (
+            f"DP rank 1 failed at DP step {dp_step}, before the exchange: {error}; every rank raised this error"
+            f"{AFTER_A_STEP_ERROR}")}
+        assert len(refused["collectives"]) == 2 and refused["collectives"][1] == "all_gather_object"  # the messages
+
+
+def test_with_the_replay_guard_on_a_step_pays_a_second_collective_and_a_hook_error_fails_every_rank(counted):
+    for run in counted:
+        assert run["confirm"] == [False, True]
+        steps = run["guard_steps"]
+        assert [len(rec["collectives"]) for rec in steps] == [2] * len(steps)
+        assert [rec["error"] for rec in steps] == [None] * len(steps)
+        refused = steps[HOOK_STEP]["invalid"]
+        assert refused["error"] == {"failed_ranks": [1], "message": (
+            f"DP rank 1 failed at DP step {HOOK_STEP + 1}, preparing its batch: RuntimeError: init_replay_metadata "
+            f"failed on purpose; every rank raised this error{AFTER_A_STEP_ERROR}")}
+        assert len(refused["collectives"]) == 3
+
+
+def test_without_the_guard_a_hook_that_raises_after_the_exchange_fails_as_the_forward_would():
+    with pytest.raises(RankFailure) as info:  # rank 0 is in the forward's gather by then: no DPStepError
+        launch(dp_cases.hook_fails_after_the_exchange, WORLD, timeout=TIMEOUT)
+    assert info.value.summary == ("DP rank 1 of 2 failed: RuntimeError: init_replay_metadata failed on purpose; rank 0 "
+                                  "stopped because rank 1 failed")
+    assert info.value.culprits == [1] and "DPStepError" not in info.value.details
+
+
+@pytest.fixture(scope="module", params=["generated", "interpreted", "strict"])
+def decode_registry(request):
+    rt = build_reference_model(max_num_reqs=16)
+    registry = build("decode", max_bs=8, max_num_tokens=8, params=ReferenceDecodeAdapter(rt).spec_params(),
+                              impl="interpreted" if request.param == "interpreted" else "generated",
+                              strict=request.param == "strict", device="cpu")
+    return registry, make_decode_batch(rt, rt.req_to_token_pool.alloc(3), [4, 5, 6], [1, 2, 3])
+
+
+def edited(fb, **fields):
+    bad = copy.copy(fb)
+    for name, value in fields.items():
+        if value is delattr:
+            delattr(bad, name)
+        else:
+            setattr(bad, name, value)
+    return bad
+
+
+def test_check_step_raises_what_the_fill_would_at_any_padded_size_and_writes_nothing(decode_registry):
+    registry, fb = decode_registry
+    before = {s.name: s.buffer.clone() for s in registry.active}
+    registry.check_step(fb, raw_bs=3, raw_num_tokens=3)
+    assert all(torch.equal(s.buffer, before[s.name]) for s in registry.active)
+    for bad in (edited(fb, positions=fb.positions.unsqueeze(1)), edited(fb, seq_lens=fb.seq_lens[:2]),
+                edited(fb, input_ids=None), edited(fb, out_cache_loc=delattr), edited(fb, req_pool_indices=[0, 1, 2]),
+                edited(fb, seq_lens_cpu=fb.seq_lens_cpu.int()) if registry.strict else edited(fb, input_ids=7)):
+        with pytest.raises(SlotError) as checked:
+            registry.check_step(bad, raw_bs=3, raw_num_tokens=3)
+        assert all(torch.equal(s.buffer, before[s.name]) for s in registry.active)
+        for padded in (3, 4, 8):
+            with pytest.raises(SlotError) as filled:
+                registry.fill_from(bad, raw_bs=3, padded_bs=padded, raw_num_tokens=3, padded_num_tokens=padded)
+            assert str(checked.value) == str(filled.value)
+    for padded in (3, 4, 8):
+        registry.fill_from(fb, raw_bs=3, padded_bs=padded, raw_num_tokens=3, padded_num_tokens=padded)
+
+
+@pytest.mark.parametrize("raw_bs, message", [
+    (9, "spec 'decode': bs counts must satisfy 0 <= raw <= capacity, got raw=9, capacity=8"),
+    (-1, "spec 'decode': bs counts must satisfy 0 <= raw <= capacity, got raw=-1, capacity=8"),
+    (2.5, "spec 'decode': raw bs count must be an int, got float 2.5"),
+])
+def test_check_step_refuses_raw_counts_no_fill_can_take(decode_registry, raw_bs, message):
+    registry, fb = decode_registry
+    with pytest.raises(SlotError) as info:
+        registry.check_step(fb, raw_bs=raw_bs, raw_num_tokens=3)
+    assert str(info.value) == message
 
 
 # ------------------------------------------------------------------------------ launch
@@ -288,6 +398,15 @@ def test_a_rank_that_dies_without_a_word_is_named_not_the_survivor():
                                   "because rank 1 failed")
 
 
+def test_a_rank_that_returns_early_is_named_not_the_survivor_whose_collective_lost_it():
+    with pytest.raises(RankFailure) as info:
+        launch(dp_cases.rank_one_returns_early, WORLD, timeout=TIMEOUT)
+    assert info.value.culprits == [1]
+    assert info.value.summary == ("DP rank 1 of 2 returned while rank 0 still waited for it in a collective; rank 0 "
+                                  "stopped because rank 1 returned early")
+    assert "by peer" in info.value.details  # what rank 0 saw: gloo's connection closed, or reset, by peer
+
+
 def test_a_rank_is_done_once_its_result_is_written_whatever_the_interpreter_teardown_does():
     assert launch(dp_cases.done_then_aborts_at_exit, WORLD, timeout=TIMEOUT) == [0, 1]
 
@@ -302,6 +421,15 @@ def test_the_verdict_blames_the_first_own_error_even_when_a_consequence_was_repo
                               {0: (11.0, 1), 1: (11.0, 1)}, [], 12.0), WORLD)
     assert (failure.summary, failure.details, failure.culprits) == (
         "DP rank 1 of 2 failed: KeyError: 'x'; rank 0 stopped because rank 1 failed", "Traceback of rank 1", [1])
+
+
+def test_the_verdict_blames_the_ranks_that_returned_when_the_others_only_lost_their_peers():
+    lost = ("RuntimeError", "[pair.cc:537] Read error [127.0.0.1]:1234: Connection reset by peer")
+    failure = verdict(Watched({2: report(2, 5.0, lost, consequence=True)}, {0: (4.0, 0), 1: (4.5, 0), 2: (6.0, 1)},
+                              [], 6.0), 3)
+    assert (failure.summary, failure.details, failure.culprits) == (
+        "DP ranks 0, 1 of 3 returned while rank 2 still waited for them in a collective; rank 2 stopped because "
+        "ranks 0, 1 returned early", "Traceback of rank 2", [0, 1])
 
 
 def test_the_verdict_names_every_rank_that_raised_the_same_error_and_no_one_when_all_finished():

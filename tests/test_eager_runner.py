@@ -33,7 +33,7 @@ def test_eager_through_the_registry_equals_plain_eager(mode):
 
     Scheduler(rt, seed=3, num_requests=10, max_running=8).run(both, both, max_steps=40)
     assert len(kinds) == 2  # extend and decode
-    assert runner.registry.mode == mode and runner.rebuilds > 0
+    assert runner.registry.impl == mode and runner.rebuilds > 0
 
 
 def test_capacity_grows_to_the_next_power_of_two():

@@ -20,7 +20,7 @@ import graphslot as gs
 from graphslot.reference import ForwardBatch, ForwardMode, Scheduler, build_reference_model, make_decode_batch
 from graphslot.reference.adapter import ReferenceDecodeAdapter
 from graphslot.reference.prefill_adapter import ReferencePrefillAdapter
-from graphslot.runners.breakable import BreakableGraphRunner
+from graphslot.runners.prefill import PrefillGraphRunner
 from graphslot.runners.adapter import DecodeAdapter
 from graphslot.runners.decode import DecodeGraphRunner
 from graphslot.runners.outputs import slice_rows
@@ -150,11 +150,11 @@ def test_batch_types_without_forward_mode_decode_like_eager(batch_type):
 
 @pytest.mark.parametrize("mode", ["generated", "interpreted"])
 def test_extract_on_a_batch_that_cannot_take_a_view_field_names_the_spec_and_the_fields(mode):
-    reg = gs.build_registry("decode", max_bs=4, max_num_tokens=4, device="cpu", mode=mode)
+    reg = gs.build_registry("decode", max_bs=4, max_num_tokens=4, device="cpu", impl=mode)
     fb = SlottedNoBatchSize(*[torch.zeros(2, dtype=torch.int64) for _ in range(6)])
-    reg.fill_from(fb, 2, 2, 2, 2)
+    reg.fill_from(fb, raw_bs=2, padded_bs=2, raw_num_tokens=2, padded_num_tokens=2)
     with pytest.raises(gs.SlotError) as info:
-        reg.extract(fb, 2, 2)
+        reg.extract(fb, padded_bs=2, padded_num_tokens=2)
     assert str(info.value).startswith("spec 'decode': extract cannot set 'batch_size' on a copy of "
                                       "SlottedNoBatchSize (")
     assert str(info.value).endswith("; a batch type with __slots__ must declare every field a view sets: "
@@ -437,7 +437,7 @@ class PlainPrefillAdapter(ReferencePrefillAdapter):
 def test_a_prefill_batch_without_forward_mode_runs_the_prefill_graph():
     rt = build_reference_model(max_num_reqs=64)
     adapter = PlainPrefillAdapter(rt)
-    runner = BreakableGraphRunner(adapter, token_buckets=[16, 32], progress=False)
+    runner = PrefillGraphRunner(adapter, capture="breakable", token_buckets=[16, 32], progress=False)
     seen = 0
     for fb in mixed_batches(rt, seed=5, sizes=(1, 3, 4), max_len=6):
         batch = as_plain_extend(fb)
@@ -456,7 +456,7 @@ def test_a_prefill_dummy_missing_a_field_fails_at_construction():
 
     with pytest.raises(gs.SlotError, match=r"^spec 'prefill': the PlainExtend from Forgetful\.make_dummy_batch has "
                                            r"no 'positions'"):
-        BreakableGraphRunner(Forgetful(build_reference_model(max_num_reqs=4)), token_buckets=[16], progress=False)
+        PrefillGraphRunner(Forgetful(build_reference_model(max_num_reqs=4)), token_buckets=[16], progress=False)
 
 
 def test_an_old_slice_output_override_fails_at_construction():

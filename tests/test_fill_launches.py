@@ -19,6 +19,7 @@ import graphslot as gs
 from graphslot.cli.fill_bench import count_device_ops
 
 from test_codegen_differential import SHIPPED
+from graphslot.api import build
 
 SIZES = [(3, 4, 3, 4), (5, 8, 11, 16), (0, 2, 0, 2), (2, 8, 7, 12)]  # padded: raw < padded
 
@@ -28,12 +29,12 @@ def batch_for(reg, raw_bs, raw_num_tokens, seed, mrope=True, **overrides):
     gen = torch.Generator().manual_seed(seed)
     fb = SimpleNamespace()
     for slot in reg.checker.plain:
-        if slot.spec.optional and slot.name == "mrope_positions" and not mrope:
+        if slot.resolved.optional and slot.name == "mrope_positions" and not mrope:
             continue
         shape = list(slot.buffer.shape)
         count = slot.count(raw_bs, raw_num_tokens)
         if count is not None:
-            shape[slot.spec.slice_dim] = count
+            shape[slot.resolved.slice_dim] = count
         setattr(fb, slot.name, torch.randint(1, 100, shape, generator=gen).to(slot.buffer.dtype))
     for name, value in overrides.items():
         setattr(fb, name, value)
@@ -41,7 +42,7 @@ def batch_for(reg, raw_bs, raw_num_tokens, seed, mrope=True, **overrides):
 
 
 def pair(name, params, preset):
-    return [gs.build_registry(name, 8, 16, mode=mode, params=params, preset=preset)
+    return [build(name, max_bs=8, max_num_tokens=16, impl=mode, params=params, preset=preset, device="cpu")
             for mode in ("interpreted", "generated")]
 
 
@@ -54,8 +55,8 @@ def expected_device_ops(reg):
     """One grouped copy, plus a fill for each reset-only tail wider than one element per
     row (prefill's input_embeds: a constant pad as large as the buffer would double its
     memory, so it keeps its own fill)."""
-    wide = [s for s in reg.active if not s.spec.host and s.spec.resets_tail and len(s.buffer.shape) > 1
-            and s.spec.slice_dim == 0]
+    wide = [s for s in reg.active if not s.resolved.host and s.resolved.resets_tail and len(s.buffer.shape) > 1
+            and s.resolved.slice_dim == 0]
     return 1 + len(wide)
 
 
@@ -69,7 +70,7 @@ def test_one_device_op_per_padded_fill_and_the_interpreters_bytes(case, mrope):
         ops = count_device_ops(gen, fb, rb, pb, rt, pt)
         assert len(ops) == expected_device_ops(gen), (case, (rb, pb, rt, pt), ops)
         assert ops[0] == "_foreach_copy_"
-        interp.fill_from(fb, rb, pb, rt, pt)
+        interp.fill_from(fb, raw_bs=rb, padded_bs=pb, raw_num_tokens=rt, padded_num_tokens=pt)
         assert_same_bytes(interp, gen)
 
 
@@ -101,8 +102,8 @@ def test_a_source_of_another_dtype_or_layout_is_cast_not_reinterpreted(wrong):
     else:
         bad = {"input_ids": torch.arange(6, dtype=torch.int64)[::2]}
     fb = batch_for(gen, 3, 3, seed=1, **bad)
-    gen.fill_from(fb, 3, 4, 3, 4)
-    interp.fill_from(fb, 3, 4, 3, 4)
+    gen.fill_from(fb, raw_bs=3, padded_bs=4, raw_num_tokens=3, padded_num_tokens=4)
+    interp.fill_from(fb, raw_bs=3, padded_bs=4, raw_num_tokens=3, padded_num_tokens=4)
     assert_same_bytes(interp, gen)
     name, value = next(iter(bad.items()))
     assert gen.slot(name).buffer[:3].tolist() == value.to(gen.slot(name).buffer.dtype).tolist()
@@ -113,7 +114,7 @@ def test_the_step_count_of_gathered_buffers_rides_in_the_grouped_copy():
     fb = batch_for(gen, 3, 3, seed=2)
     assert count_device_ops(gen, fb, 3, 4, 3, 4) == ["_foreach_copy_"]
     assert gen.slot("global_num_tokens_gpu").buffer.tolist() == [4]
-    gen.fill_from(batch_for(gen, 5, 5, seed=3), 5, 8, 5, 8)
+    gen.fill_from(batch_for(gen, 5, 5, seed=3), raw_bs=5, padded_bs=8, raw_num_tokens=5, padded_num_tokens=8)
     assert gen.slot("global_num_tokens_for_logprob_gpu").buffer.tolist() == [8]
 
 
@@ -134,12 +135,12 @@ def test_a_contiguous_source_without_a_unit_last_stride_is_not_reinterpreted():
         "name: unit\nslots:\n"
         "- {name: flags, shape: [max_bs], dtype: bool, axis: bs, padding: zero}\n"
         "- {name: scale, shape: [max_bs, 1], dtype: float32, axis: bs, padding: keep_pad}\n", "unit.yaml")
-    interp, gen = (gs.build_registry(spec, 4, 4, mode=mode) for mode in ("interpreted", "generated"))
+    interp, gen = (gs.build_registry(spec, max_bs=4, max_num_tokens=4, impl=mode, device="cpu") for mode in ("interpreted", "generated"))
     scale = torch.as_strided(torch.tensor([1.5, 2.5, 3.5]), (3, 1), (1, 0))
     assert scale.is_contiguous() and scale.stride(-1) == 0
     fb = SimpleNamespace(flags=torch.tensor([True, False, True]), scale=scale)
     for reg in (interp, gen):
-        reg.fill_from(fb, 3, 4, 3, 4)
+        reg.fill_from(fb, raw_bs=3, padded_bs=4, raw_num_tokens=3, padded_num_tokens=4)
     assert_same_bytes(interp, gen)
     assert gen.slot("scale").buffer[:3, 0].tolist() == [1.5, 2.5, 3.5]
 
@@ -154,15 +155,15 @@ def test_a_row_copied_slot_judges_a_source_overlapping_its_own_buffer_row_by_row
         "- {name: flags, shape: [max_bs], dtype: bool, axis: bs, padding: zero, device: cpu}\n"
         "- {name: pos, shape: [2, max_bs], dtype: bool, axis: bs, slice_dim: 1, padding: keep_pad}\n",
         "rows.yaml")
-    reg = gs.build_registry(spec, 3, 1, mode=mode)
-    assert reg.slot("pos").spec.rows
+    reg = gs.build_registry(spec, max_bs=3, max_num_tokens=1, impl=mode, device="cpu")
+    assert reg.slot("pos").resolved.rows
     host = gs.parse_spec("name: rows\nslots:\n- {name: pos, shape: [2, max_bs], dtype: bool, axis: bs, slice_dim: 1, "
                          "padding: keep_pad, device: cpu}\n", "host.yaml")
-    assert not gs.build_registry(host, 3, 1, mode=mode).slot("pos").spec.rows  # a host copy is 2-D in both
+    assert not gs.build_registry(host, max_bs=3, max_num_tokens=1, impl=mode, device="cpu").slot("pos").spec.rows  # a host copy is 2-D in both
     shifted = reg.slot("pos").buffer[:, 1:3]  # the buffer's own columns 1-2 into columns 0-1
     fb = SimpleNamespace(flags=torch.tensor([True, False]), pos=shifted)
     with pytest.raises(RuntimeError, match="refer to a single memory location"):
-        reg.fill_from(fb, 2, 2, 0, 0)
+        reg.fill_from(fb, raw_bs=2, padded_bs=2, raw_num_tokens=0, padded_num_tokens=0)
     distinct = SimpleNamespace(flags=torch.tensor([True, False]), pos=torch.tensor([[True, False], [False, True]]))
-    reg.fill_from(distinct, 2, 3, 0, 0)
+    reg.fill_from(distinct, raw_bs=2, padded_bs=3, raw_num_tokens=0, padded_num_tokens=0)
     assert reg.slot("pos").buffer[:, :2].tolist() == [[True, False], [False, True]]

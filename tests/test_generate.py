@@ -20,6 +20,7 @@ from graphslot.codegen.aot import ConfigError, generate, plan_outputs
 from graphslot.codegen.generator import render_module
 from graphslot.codegen.inprocess import compile_module
 from graphslot.spec.project import load_project_config
+from graphslot.api import build
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -69,7 +70,7 @@ def test_fill_from_and_extract_are_straight_line():
     assert strings == ["mrope_positions"], strings
     keys = {n.value for n in ast.walk(_function(text, "extract")) if isinstance(n, ast.Constant)
             and isinstance(n.value, str)}
-    assert keys == {"batch_size"} | set(gs.build_registry(spec, 4, 4).slot_names())  # the view's fields
+    assert keys == {"batch_size"} | set(gs.build_registry(spec, max_bs=4, max_num_tokens=4, device="cpu").slot_names())  # the view's fields
     code = text.split("def allocate", 1)[1]
     assert "padding" not in code
     # disabled slots leave no trace in the code
@@ -98,14 +99,14 @@ def test_slot_names_cannot_collide_with_generated_locals():
     """)
     spec = gs.parse_spec(text, "clash.yaml")
     hook = lambda buffer, fb, ctx: buffer.fill_(ctx.raw_bs)  # noqa: E731
-    reg = gs.build_registry(spec, 4, 4, hooks={"my_hook": hook})
+    reg = gs.build_registry(spec, max_bs=4, max_num_tokens=4, hooks={"my_hook": hook}, device="cpu")
 
     class Batch:
         pass
 
     fb = Batch()
     fb.fb, fb.plan, fb.ctx = torch.tensor([5]), torch.tensor([6]), torch.tensor([0], dtype=torch.int32)
-    reg.fill_from(fb, 1, 3, 1, 3)
+    reg.fill_from(fb, raw_bs=1, padded_bs=3, raw_num_tokens=1, padded_num_tokens=3)
     assert reg.slot("fb").buffer.tolist() == [5, 0, 0, 0]
     assert reg.slot("plan").buffer.tolist() == [6, 3, 3, 3]
     assert reg.slot("ctx").buffer.tolist() == [1]
@@ -117,13 +118,13 @@ def test_tracebacks_show_generated_lines():
         slots:
           - {name: x, shape: [max_bs], dtype: int64, axis: bs, padding: zero}
     """), "tb.yaml")
-    reg = gs.build_registry(spec, 4, 4)
+    reg = gs.build_registry(spec, max_bs=4, max_num_tokens=4, device="cpu")
 
     class Batch:
         x = "not a tensor"
 
     with pytest.raises(gs.SlotError, match="^spec 'tb', slot 'x': expected a torch.Tensor, got str") as info:
-        reg.fill_from(Batch(), 2, 4, 2, 4)
+        reg.fill_from(Batch(), raw_bs=2, padded_bs=4, raw_num_tokens=2, padded_num_tokens=4)
     cause = info.value.__cause__  # what the generated line raised, diagnosed
     assert isinstance(cause, AttributeError)
     frames = traceback.extract_tb(cause.__traceback__)
@@ -145,7 +146,7 @@ def test_checked_in_module_refuses_another_spec_version():
     edited = gs.load_spec("decode").text.replace("default: 1\n", "default: 2\n", 1)
     spec = gs.parse_spec(edited, "graphslot/slot_specs/decode.yaml")
     with pytest.raises(gs.SpecError) as info:
-        gs.build_registry(spec, 8, 8, mode=module)
+        gs.build_registry(spec, max_bs=8, max_num_tokens=8, impl=module, device="cpu")
     assert "was generated from another version of graphslot/slot_specs/decode.yaml" in str(info.value)
     assert "run `graphslot generate`" in str(info.value)
 
@@ -154,8 +155,8 @@ def test_checked_in_module_refuses_other_params_naming_the_difference():
     import graphslot.generated.decode_eager as module
 
     with pytest.raises(gs.SpecError, match=r"register_global_num_tokens \(module: False, registry: True\)"):
-        gs.build_registry("decode", 8, 8, mode=module)
-    reg = gs.build_registry("decode", 8, 8, mode=module, preset="eager")
+        gs.build_registry("decode", max_bs=8, max_num_tokens=8, impl=module, device="cpu")
+    reg = build("decode", max_bs=8, max_num_tokens=8, impl=module, preset="eager", device="cpu")
     assert reg.module is module and not reg.has_slot("global_num_tokens_gpu")
 
 
@@ -166,8 +167,8 @@ def test_loader_function_mode():
         calls.append(spec.name)
         return compile_module(spec, params)
 
-    reg = gs.build_registry("prefill", 4, 16, mode=loader)
-    assert calls == ["prefill"] and reg.mode == "generated"
+    reg = gs.build_registry("prefill", max_bs=4, max_num_tokens=16, impl=loader, device="cpu")
+    assert calls == ["prefill"] and reg.impl == "generated"
 
 
 # --- a temporary project --------------------------------------------------------------
@@ -247,7 +248,7 @@ def test_generated_module_is_importable_and_usable(project, monkeypatch):
 
     module = importlib.import_module("pkg.gen.tiny_default")
     spec = gs.parse_spec(SPEC, "specs/tiny.yaml")
-    reg = gs.build_registry(spec, 4, 4, params={"fill": 7}, mode=module)
+    reg = gs.build_registry(spec, max_bs=4, max_num_tokens=4, params={"fill": 7}, impl=module, device="cpu")
     assert reg.slot("seq_lens").buffer.tolist() == [7, 7, 7, 7]
 
 
@@ -334,7 +335,7 @@ def test_cli_generate_without_outputs_says_what_to_add(tmp_path, monkeypatch, ca
     monkeypatch.chdir(tmp_path)
     assert main(["generate"]) == 2
     assert capsys.readouterr().err == ("graphslot generate: error: nothing to generate: pyproject.toml declares no "
-                                       "[[tool.graphslot.outputs]]; see README 'Generating code ahead of time'\n")
+                                       "[[tool.graphslot.outputs]]; see docs/generate.md\n")
 
 
 def test_cli_generate_reports_spec_errors_with_location(project, monkeypatch, capsys):

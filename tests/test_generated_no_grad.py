@@ -51,8 +51,8 @@ def _batch(step: int, requires_grad: bool) -> Batch:
 
 def _registry(text: str = SPEC) -> gs.SlotRegistry:
     spec = gs.parse_spec(text, "grads.yaml")
-    reg = gs.build_registry(spec, 4, 4, mode="generated", hooks={"embeds_source": lambda fb, ctx: fb.embeds})
-    assert reg.mode == "generated"
+    reg = gs.build_registry(spec, max_bs=4, max_num_tokens=4, impl="generated", hooks={"embeds_source": lambda fb, ctx: fb.embeds}, device="cpu")
+    assert reg.impl == "generated"
     return reg
 
 
@@ -69,7 +69,7 @@ def test_requires_grad_sources_are_copied_by_value_fill_after_fill(first_require
         requires_grad = step % 2 == (0 if first_requires_grad else 1)
         fb = _batch(step, requires_grad)
         assert torch.is_grad_enabled()
-        reg.fill_from(fb, 2, 3, 3, 4)
+        reg.fill_from(fb, raw_bs=2, padded_bs=3, raw_num_tokens=3, padded_num_tokens=4)
         assert torch.is_grad_enabled()  # the caller's mode, restored
         _assert_no_history(reg)
         value = float(step + 1)
@@ -78,7 +78,7 @@ def test_requires_grad_sources_are_copied_by_value_fill_after_fill(first_require
         assert reg.slot("ids").buffer[:3].tolist() == [step, step + 1, 0]
         assert reg.slot("host").buffer[:3].tolist() == [value, value, 2.0]
         assert reg.slot("embeds").buffer[:3].tolist() == [[value] * 3] * 3
-        view = reg.extract(fb, 3, 4)
+        view = reg.extract(fb, padded_bs=3, padded_num_tokens=4)
         assert not any(getattr(view, name).requires_grad for name in reg.slot_names())
         assert fb.mask.requires_grad == requires_grad and fb.mask.grad is None  # the source is untouched
 
@@ -87,12 +87,12 @@ def test_a_backward_through_the_buffers_never_reaches_the_source():
     reg = _registry(ALONE)
     fb = Batch()
     fb.mask = torch.ones(2, requires_grad=True)
-    reg.fill_from(fb, 2, 4, 2, 4)
+    reg.fill_from(fb, raw_bs=2, padded_bs=4, raw_num_tokens=2, padded_num_tokens=4)
     weight = torch.ones(4, requires_grad=True)
     (reg.slot("mask").buffer[:2] * weight[:2]).sum().backward()
     assert fb.mask.grad is None and weight.grad.tolist() == [1.0, 1.0, 0.0, 0.0]
     fb.mask = torch.full((1,), 5.0)
-    reg.fill_from(fb, 1, 2, 1, 2)  # and the next fill still works
+    reg.fill_from(fb, raw_bs=1, padded_bs=2, raw_num_tokens=1, padded_num_tokens=2)  # and the next fill still works
     assert reg.slot("mask").buffer.tolist() == [5.0, float("-inf"), float("-inf"), float("-inf")]
     _assert_no_history(reg)
 
@@ -102,13 +102,13 @@ def test_the_callers_grad_mode_is_restored_after_a_fill_and_after_an_error():
     fb = Batch()
     fb.mask = torch.ones(2, requires_grad=True)
     with torch.no_grad():
-        reg.fill_from(fb, 2, 2, 2, 2)
+        reg.fill_from(fb, raw_bs=2, padded_bs=2, raw_num_tokens=2, padded_num_tokens=2)
         assert not torch.is_grad_enabled()
     fb.mask = torch.ones(3, requires_grad=True)  # a row count that is not the step's
     with pytest.raises(gs.SlotError, match="spec 'alone', slot 'mask': expected shape \\[2\\], got \\[3\\]"):
-        reg.fill_from(fb, 2, 2, 2, 2)
+        reg.fill_from(fb, raw_bs=2, padded_bs=2, raw_num_tokens=2, padded_num_tokens=2)
     assert torch.is_grad_enabled()
     with pytest.raises(gs.SlotError):
-        reg.fill_from(fb, 5, 2, 2, 2)  # an impossible step size, found when the plan is made
+        reg.fill_from(fb, raw_bs=5, padded_bs=2, raw_num_tokens=2, padded_num_tokens=2)  # an impossible step size, found when the plan is made
     assert torch.is_grad_enabled()
     _assert_no_history(reg)

@@ -5,6 +5,8 @@ with a small pool serves its requests one after another instead of failing mid-w
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 transformers = pytest.importorskip("transformers")
@@ -137,3 +139,65 @@ def test_a_context_the_budget_cannot_hold_is_refused_before_allocating(model):
         "Raise the budget (kv_cache_bytes=N, or GRAPHSLOT_MAX_KV_BYTES=N) or lower max_context_len or max_bs")
     with pytest.raises(ValueError, match=r"^ContinuousBatcher: kv_cache_bytes must be an int >= 1, got 0$"):
         ContinuousBatcher(model, max_bs=2, kv_cache_bytes=0)
+
+
+GRAPHS_PROBE = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))  # the batcher reached 5 GB before it was checked
+from graphslot.integrations.transformers import ContinuousBatcher, budget, tiny_model
+budget.free_memory = lambda device: 2 << 30  # the same on any machine
+try:
+    ContinuousBatcher(tiny_model("llama"), max_bs=10**6, backend="cpu")
+except budget.BufferBudgetError as exc:
+    print(exc)
+"""
+
+
+def test_a_max_bs_whose_graphs_cannot_fit_is_refused_naming_it_before_allocating(tmp_path):
+    """max_bs=10**6 with a 64 MiB KV budget fits the pool (a context of 8), but the decode
+    graphs of up to a million rows cannot fit the free memory: refused, naming max_bs, the
+    graphs, the sizes and the budget, in a process that may not take 4 GiB."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, budget.MAX_KV_BYTES_ENV: str(64 << 20)}
+    done = subprocess.run([sys.executable, "-c", GRAPHS_PROBE], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    message = done.stdout.strip()
+    assert re.fullmatch(
+        r"ContinuousBatcher: max_bs=1000000 needs about \d+ bytes \(\d+\.\d [GT]iB\) for the decode graphs: \d+ graphs "
+        r"of up to 1000000 rows and contexts up to 8 positions, at \d+ bytes per row \(the tensors one token's "
+        r"forward makes\) and 512 bytes per row and position \(its K and V\), each graph keeping its own \(the cpu "
+        r"tape\); the free memory is 2147483648 bytes \(2\.0 GiB\) on cpu, 2080374784 bytes \(1\.9 GiB\) of it "
+        r"left after the KV budget of 67108864 bytes \(64\.0 MiB\) \(GRAPHSLOT_MAX_KV_BYTES\)\. Nothing was "
+        r"allocated\. Lower max_bs \(or max_requests, or the captured sizes: capture_bs, context_buckets\)",
+        message), message
+
+
+def test_graphs_sharing_a_pool_need_at_least_the_largest_one(monkeypatch):
+    monkeypatch.setattr(budget, "free_memory", lambda device: 10_000)
+    kv = budget.PoolSize(9, 8, 2_000, "kv_cache_bytes")
+    shared = {"max_bs": 8, "sizes": [8, 4], "contexts": [8], "per_row": 1_000, "per_position": 100}
+    budget.check_graph_memory(torch.device("cpu"), kv, kept=False, **shared)  # 8 rows x 1000 bytes: fits 8000
+    with pytest.raises(BufferBudgetError) as info:
+        budget.check_graph_memory(torch.device("cpu"), kv, kept=True, **shared)  # 12 rows x (1000 + 7 x 100)
+    assert str(info.value) == (
+        "ContinuousBatcher: max_bs=8 needs about 20400 bytes (19.9 KiB) for the decode graphs: 2 graphs of up to 8 "
+        "rows and contexts up to 8 positions, at 1000 bytes per row (the tensors one token's forward makes) and 100 "
+        "bytes per row and position (its K and V), each graph keeping its own (the cpu tape); the free memory is "
+        "10000 bytes (9.8 KiB) on cpu, 8000 bytes (7.8 KiB) of it left after the KV budget of 2000 bytes (2.0 KiB) "
+        "(kv_cache_bytes). Nothing was allocated. Lower max_bs (or max_requests, or the captured sizes: capture_bs, "
+        "context_buckets)")
+    with pytest.raises(BufferBudgetError, match="sharing one pool"):
+        budget.check_graph_memory(torch.device("cpu"), kv, kept=False, **{**shared, "max_bs": 9, "sizes": [9]})
+
+
+def test_allocations_counts_new_storages_only():
+    x = torch.zeros(10)
+    with budget.Allocations() as made:
+        y = x + 1  # new: 40 bytes
+        y.view(2, 5)  # a view: nothing new
+        y.add_(1)  # in place: nothing new
+        torch.ones(3, dtype=torch.float64)  # new: 24 bytes
+    assert made.bytes == 64

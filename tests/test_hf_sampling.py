@@ -31,6 +31,7 @@ from transformers.generation.logits_process import (  # noqa: E402
 from graphslot.integrations.transformers import ContinuousBatcher, tiny_model  # noqa: E402
 from graphslot.integrations.transformers.sampling import (  # noqa: E402
     GENERATE_DEFAULTS,
+    MIN_TEMPERATURE,
     Row,
     Sampler,
     SamplingParams,
@@ -91,6 +92,26 @@ def test_top_k_1_and_a_vanishing_temperature_are_greedy():
                    {"top_p": 1e-6}):
         rows = [Row(sampled(seed=s, **params), i) for i, s in enumerate(range(64))]
         assert torch.equal(sampler(logits, rows).tokens, logits.argmax(-1)), params
+
+
+def test_the_smallest_temperature_draws_the_argmax_whatever_the_logits_size_and_dtype():
+    """At ``MIN_TEMPERATURE`` the scaled scores of all but the top token overflow to -inf,
+    never the top's to +inf (which made every large logit a tie: the lowest ids won).
+    bf16 logits, and the same values as float32 and float64, draw the same tokens."""
+    sampler = Sampler()
+    gen = torch.Generator().manual_seed(5)
+    base = torch.stack([(torch.randperm(100, generator=gen) - 50) / 10 for _ in range(16)])
+    for scale in (1.0, 1e4, 1e30):
+        logits = (base * scale).bfloat16()
+        top2 = logits.float().topk(2).values
+        assert (top2[:, 0] > top2[:, 1]).all()  # no ties
+        want = logits.float().argmax(-1)
+        for temperature in (MIN_TEMPERATURE, 1e-37, 1e-30, 0.7):
+            rows = [Row(sampled(seed=s, temperature=temperature, top_p=0.9 if s % 2 else 1.0), 3) for s in range(16)]
+            got = [sampler(logits.to(dtype), rows).tokens for dtype in (torch.bfloat16, torch.float32, torch.float64)]
+            assert torch.equal(got[0], got[1]) and torch.equal(got[0], got[2]), (scale, temperature)
+            if temperature < 1e-4:
+                assert torch.equal(got[0], want), (scale, temperature)
 
 
 def hf_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
@@ -305,6 +326,52 @@ def test_closing_a_stream_early_aborts_its_requests(model):
     assert engine.cache.available_slots == engine.cache.pool.size - 1
 
 
+def round_robin(streams):
+    """Each stream's events, taking one from each in turn (as a server serves two clients)."""
+    got, live = [[] for _ in streams], list(enumerate(streams))
+    while live:
+        for i, stream in list(live):
+            try:
+                got[i].append(next(stream))
+            except StopIteration:
+                live.remove((i, stream))
+    return got
+
+
+def test_interleaved_streams_each_deliver_every_token_of_their_own_requests(model):
+    """Whoever steps the engine, a stream hands out all its requests' tokens (those of a
+    step another stream drove wait in its queue), in order, and nothing else."""
+    want = [[r.output for r in make_engine(model).generate(prompts, 8, **kw)]
+            for prompts, kw in ((PROMPTS[:2], {}), (PROMPTS[2:4], {"temperature": 0.9, "seed": 7}))]
+    engine, stepped = make_engine(model), []
+    streams = [engine.stream(PROMPTS[:2], 8, on_token=stepped.append),
+               engine.stream(PROMPTS[2:4], 8, temperature=0.9, seed=7, top_logprobs=2, on_token=stepped.append)]
+    got = round_robin(streams)
+    assert engine.done and {r.finish_reason for r in engine.requests.values()} == {"length"}
+    for events, outputs in zip(got, want):
+        rids = sorted({e.rid for e in events})
+        assert len(rids) == 2 and len(events) == 16
+        for rid, output in zip(rids, outputs):
+            mine = [e for e in events if e.rid == rid]
+            assert [e.token for e in mine] == output == engine.requests[rid].output
+            assert [e.index for e in mine] == list(range(8)) and mine[-1].finish_reason == "length"
+            assert mine == [e for e in stepped if e.rid == rid]  # the events the steps handed out, logprobs and all
+
+
+def test_a_stream_closed_or_dropped_before_its_first_token_aborts_its_requests(model):
+    engine = make_engine(model)
+    full = (engine.cache.available_slots, engine.cache.available_requests)
+    stream = engine.stream(PROMPTS[:2], 8)
+    stream.close()
+    assert engine.done and [(r.finish_reason, r.output) for r in engine.requests.values()] == [("abort", [])] * 2
+    dropped = engine.stream(PROMPTS[2:4], 8)
+    del dropped
+    assert engine.done and [r.finish_reason for r in engine.requests.values()] == ["abort"] * 4
+    kept = engine.stream(PROMPTS[:1], 3)
+    assert [e.index for e in kept] == [0, 1, 2]  # the aborted ones were never decoded
+    assert engine.step().events == [] and (engine.cache.available_slots, engine.cache.available_requests) == full
+
+
 def test_a_raising_callback_does_not_keep_the_others_from_theirs(model):
     engine = make_engine(model)
     got = []
@@ -381,6 +448,35 @@ def test_sampling_arguments_are_refused_naming_them(model, kwargs, error, messag
         engine.add_request([1, 2], 4, **kwargs)
     assert str(info.value) == message
     assert not engine.waiting and not engine.requests
+
+
+TOO_COLD = "temperature must be 0 (greedy) or at least 1.1754943508222875e-38 (MIN_TEMPERATURE: float32's " \
+           "smallest normal number; below it the logits divided by it overflow), got "
+
+
+@pytest.mark.parametrize("temperature", [1e-40, 1e-45, 1e-46, 5e-324, MIN_TEMPERATURE / 2, 1e-300,
+                                         torch.tensor(1e-40, dtype=torch.float64)], ids=str)
+def test_a_temperature_below_the_float32_minimum_is_refused_naming_it(model, temperature):
+    engine = make_engine(model)
+    with pytest.raises(ValueError) as info:
+        engine.add_request([1, 2], 4, temperature=temperature)
+    assert str(info.value) == f"add_request: {TOO_COLD}{temperature!r}"
+    assert not engine.requests
+    cold = tiny_model("llama")
+    cold.generation_config.temperature = temperature
+    with pytest.raises(ValueError) as info:
+        make_engine(cold)
+    assert str(info.value) == f"model.generation_config: {TOO_COLD}{temperature!r}"
+
+
+def test_the_smallest_temperature_is_greedy_through_the_engine(model):
+    engine = make_engine(model)
+    cold = [engine.add_request(PROMPTS[0], 8, temperature=t, seed=s) for s, t in enumerate((MIN_TEMPERATURE, 1e-30))]
+    greedy = engine.add_request(PROMPTS[0], 8)
+    while not engine.done:
+        engine.step()
+    assert cold[0].output == cold[1].output == greedy.output
+    assert engine.add_request(PROMPTS[0], 2, temperature=0).sampling.greedy
 
 
 def test_a_refused_prompt_in_a_stream_queues_none(model):

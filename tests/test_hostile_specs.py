@@ -138,13 +138,13 @@ def assert_linear(run, make, n: int, loops: int = 1) -> None:
 def errors(text: str, **kwargs) -> list:
     def run():
         with pytest.raises(gs.SpecError) as info:
-            gs.parse_spec(text, source="spec.yaml", **kwargs)
+            gs.parse_spec(text, path="spec.yaml", **kwargs)
         return str(info.value).splitlines()
     return measured(run)
 
 
 def parses(text: str, **kwargs) -> gs.RegistrySpec:
-    return measured(lambda: gs.parse_spec(text, source="spec.yaml", **kwargs))
+    return measured(lambda: gs.parse_spec(text, path="spec.yaml", **kwargs))
 
 
 def with_slot(**changes) -> str:
@@ -246,7 +246,8 @@ def test_nul_byte_and_control_characters():
 def test_too_many_values():
     many = "name: t\n" + SLOT + "".join(f"  - {{name: s{i}, shape: [max_bs], dtype: int64, axis: bs, "
                                         f"padding: zero}}\n" for i in range(30000))
-    assert errors(many) == ["spec.yaml:17863: more than 250000 YAML values: a spec holds a few hundred"]
+    # the line of the 250001st value (each key, scalar, list and mapping counts one)
+    assert errors(many) == ["spec.yaml:20839: more than 250000 YAML values: a spec holds a few hundred"]
 
 
 def test_too_many_slots_params_presets():
@@ -269,8 +270,8 @@ def test_a_10_mb_spec_validates_in_linear_time():
             f"    description: {'d' * 2400}\n" for i in range(slots))
 
     assert len(spec(4096)) > 10_000_000
-    assert len(gs.parse_spec(spec(4096), source="spec.yaml").slots) == 4096
-    assert_linear(lambda text: gs.parse_spec(text, source="spec.yaml"), spec, 1024)
+    assert len(gs.parse_spec(spec(4096), path="spec.yaml").slots) == 4096
+    assert_linear(lambda text: gs.parse_spec(text, path="spec.yaml"), spec, 1024)
 
 
 # --- expressions -----------------------------------------------------------------------
@@ -330,7 +331,7 @@ def test_total_bytes_are_capped_at_the_validation_capacities():
         "spec.yaml:2: the enabled slots take 2048000000000000 bytes at max_bs=256, max_num_tokens=256, more "
         "than the limit of 4294967296 bytes (largest: slot 'x', 2048000000000000 bytes); raise it with "
         "`graphslot validate --max-bytes N` or load_spec(..., max_bytes=N)"]
-    assert parses(huge, max_bytes=2048000000000000).slots[0].shape == ["max_bs", 1000000000000]
+    assert parses(huge, max_bytes=2048000000000000).slots[0].shape == ("max_bs", 1000000000000)
     assert checks.DEFAULT_MAX_BYTES == 4 << 30
     assert errors(SPEC, max_bytes=2047) == [
         "spec.yaml:2: the enabled slots take 2048 bytes at max_bs=256, max_num_tokens=256, more than the limit "
@@ -390,7 +391,7 @@ def test_runtime_pad_value_that_does_not_fit_is_refused_by_build_and_show(capsys
             + with_slot(dtype="int32", padding="fill_sentinel\n    pad_value: fill").split("\n", 1)[1])
     spec = parses(text)
     with pytest.raises(gs.SpecError) as info:
-        gs.build_registry(spec, 4, 4, mode="interpreted", params={"fill": 2**40})
+        gs.build_registry(spec, max_bs=4, max_num_tokens=4, impl="interpreted", params={"fill": 2**40}, device="cpu")
     assert str(info.value) == "spec.yaml:10: slot 'x': pad_value 1099511627776 does not fit dtype int32"
     (tmp_path / "p.yaml").write_text(text)
     status, out, err = cli(capsys, "show", str(tmp_path / "p.yaml"), "--param", "fill=-3000000000")
@@ -518,7 +519,7 @@ def test_a_hook_module_that_fails_to_import(capsys, hook_module):
 def test_build_registry_still_resolves_import_hooks(hook_module):
     spec = gs.load_spec("s.yaml")
     assert not hook_module.exists()
-    gs.build_registry(spec, 4, 4, mode="interpreted")
+    gs.build_registry(spec, max_bs=4, max_num_tokens=4, impl="interpreted", device="cpu")
     assert hook_module.exists()
 
 

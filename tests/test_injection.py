@@ -96,10 +96,10 @@ def test_spec_text_never_runs_in_process(field, kind):
     payload = PAYLOADS[kind]
     try:
         spec = gs.parse_spec(_spec_text(field, payload), "victim.yaml")
-        reg = gs.build_registry(spec, 4, 4)  # generated mode: render, check, compile, exec
+        reg = gs.build_registry(spec, max_bs=4, max_num_tokens=4, device="cpu")  # generated mode: render, check, compile, exec
     except gs.SpecError:
         return  # refused (by validation or by the structure check): fine, as long as nothing ran
-    assert reg.mode == "generated"
+    assert reg.impl == "generated"
     _assert_inert(render_module(spec, gs.resolve_params(spec)), payload)
 
 
@@ -135,7 +135,7 @@ def test_generator_escapes_hostile_param_values(kind):
 def test_generator_escapes_hostile_file_names(kind):
     payload = PAYLOADS[kind]
     spec = gs.parse_spec(_spec_text("name", "victim"), payload + ".yaml")
-    text = render_module(spec, gs.resolve_params(spec))  # the label defaults to spec.source
+    text = render_module(spec, gs.resolve_params(spec))  # the label defaults to spec.path
     _assert_inert(text, payload)
     assert f"from {ascii(payload + '.yaml')}. DO NOT EDIT." in text
     _assert_inert(render_module(spec, gs.resolve_params(spec), source_label=payload), payload)
@@ -149,7 +149,7 @@ def test_hostile_slot_and_runtime_param_names_reaching_the_emitter_are_refused(k
     payload = PAYLOADS[kind]
     spec = gs.parse_spec(_spec_text("name", "victim"), "victim.yaml")
     slot = spec.slots[0].model_copy(update={"name": payload})
-    hostile = spec.model_copy(update={"slots": [slot]})
+    hostile = spec.model_copy(update={"slots": (slot,)})
     try:
         text = render_module(hostile, gs.resolve_params(spec))
     except GeneratedCodeError as exc:
@@ -232,7 +232,7 @@ def test_structure_check_holds_the_handshake_to_this_version():
     from graphslot.codegen import generator
 
     spec, text = _good()
-    emission = generator.Emitter(spec, gs.resolve_params(spec), gs.__version__, spec.source).emit()
+    emission = generator.Emitter(spec, gs.resolve_params(spec), gs.__version__, spec.path).emit()
     expected = generator._expected_constants(spec, emission)
     check_module_structure(text, spec, expected)
     other = text.replace(HANDSHAKE, HANDSHAKE.replace(py_str(gs.__version__), '"0.0.1"'))
@@ -258,7 +258,7 @@ def test_refused_module_is_an_error_build_registry_reports(monkeypatch):
     monkeypatch.setattr(generator, "comment_text", str)
     spec = gs.parse_spec(_spec_text("name", "victim"), PAYLOADS["newline"] + ".yaml")
     with pytest.raises(gs.SpecError, match="not the expected skeleton|does not parse"):
-        gs.build_registry(spec, 4, 4)
+        gs.build_registry(spec, max_bs=4, max_num_tokens=4, device="cpu")
 
 
 # --- ahead of time: pyproject.toml and the written modules ------------------------------------

@@ -4,6 +4,8 @@ transformers integration and the reference model share, outside the demo package
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 
 from graphslot.kvpool import FreeList, PagedKVCache, ReqToTokenPool, host_slots
@@ -86,3 +88,42 @@ def test_taking_a_slot_costs_the_same_from_a_pool_64_times_larger():
 
     small, large = seconds(1 << 14), seconds(1 << 20)
     assert large < 8 * small, (small, large)
+
+
+def test_a_free_list_holds_no_python_object_per_never_used_slot():
+    """A pool sized by memory (or a CLI's --max-bs) has millions of slots: the free list
+    of slots never handed out is a range, not a deque of them (64 M ints took 2.3 GB)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        free = FreeList(1 << 20, "pool")
+        took = free.take(3)
+        used = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert took == [1, 2, 3] and free.available == (1 << 20) - 4
+    assert used < 64 << 10, used  # a deque of 2**20 ints: about 37 MB
+    assert FreeList(1 << 62, "pool").available == (1 << 62) - 1
+
+
+@settings(max_examples=200)
+@given(size=st.integers(2, 12), ops=st.lists(st.tuples(st.booleans(), st.integers(0, 5)), max_size=40))
+def test_a_free_list_hands_out_what_a_first_in_first_out_queue_of_every_index_would(size, ops):
+    """Differential: the fresh range, then what came back, in the order it came back."""
+    from collections import deque
+
+    free, model, held = FreeList(size, "pool"), deque(range(1, size)), []
+    for take, n in ops:
+        if take and n <= len(model):
+            got = free.take(n)
+            assert got == [model.popleft() for _ in range(n)]
+            held += got
+        elif take:
+            with pytest.raises(RuntimeError, match=f"^pool exhausted: asked for {n}, {len(model)} free$"):
+                free.take(n)
+        else:
+            back, held = held[:n], held[n:]
+            free.give_back(back)
+            model.extend(back)
+        assert free.available == len(model)

@@ -120,12 +120,12 @@ def test_a_module_of_an_older_release_of_the_series_runs(import_text, monkeypatc
     monkeypatch.setattr(handshake, "__version__", _release(3))  # this module, run by a later graphslot
     module = import_text("decode_older", DECODE)
     assert module.GRAPHSLOT_VERSION == gs.__version__
-    assert gs.build_registry(module, 4, 4).module is module
+    assert gs.build_registry(module, max_bs=4, max_num_tokens=4, device="cpu").module is module
 
 
 def test_the_committed_module_of_this_version_imports(import_text):
     module = import_text("decode_now", DECODE)
-    reg = gs.build_registry("decode", 4, 4, mode=module)
+    reg = gs.build_registry("decode", max_bs=4, max_num_tokens=4, impl=module, device="cpu")
     assert reg.module is module
 
 
@@ -170,7 +170,7 @@ def _tampered(old: str, new: str, text: str = DECODE) -> types.ModuleType:
 def test_a_bind_that_does_not_return_two_callables_is_refused_when_the_registry_is_built(returned, described):
     module = _tampered("    return fill_from, extract\n", f"    return {returned}\n")
     with pytest.raises(gs.SpecError) as info:
-        gs.build_registry("decode", 4, 4, mode=module)
+        gs.build_registry("decode", max_bs=4, max_num_tokens=4, impl=module, device="cpu")
     assert str(info.value) == (
         f"graphslot/slot_specs/decode.yaml: generated module 'tampered_decode': bind() returned {described}, "
         "expected (fill_from, extract), two callables; the module was edited or damaged: regenerate it "
@@ -181,7 +181,7 @@ def test_a_bind_that_does_not_return_two_callables_is_refused_when_the_registry_
 def test_an_allocate_that_does_not_return_the_buffers_is_refused(returned, described):
     module = _tampered("    return {\n", f"    return {returned}\n    return {{\n")
     with pytest.raises(gs.SpecError) as info:
-        gs.build_registry("decode", 4, 4, mode=module)
+        gs.build_registry("decode", max_bs=4, max_num_tokens=4, impl=module, device="cpu")
     if described:
         assert str(info.value) == (
             f"graphslot/slot_specs/decode.yaml: generated module 'tampered_decode': allocate() returned "
@@ -196,4 +196,23 @@ def test_a_module_without_a_spec_identity_is_an_older_format():
     module = _tampered("SPEC_IDENTITY = ", "SPEC_SHA256 = ")
     with pytest.raises(gs.SpecError, match="generated module 'tampered_decode' records no SPEC_IDENTITY "
                                            r"\(an older graphslot's module format\); run `graphslot generate`"):
-        gs.build_registry("decode", 4, 4, mode=module)
+        gs.build_registry("decode", max_bs=4, max_num_tokens=4, impl=module, device="cpu")
+
+
+@pytest.mark.parametrize("module", [ast, types.ModuleType("my_engine_buffers")])
+def test_a_module_that_graphslot_did_not_generate_is_named_as_such(module):
+    """Not "edited or damaged" (issue 37): a module with none of a generated module's
+    records was never one; the error says what to pass instead."""
+    name = module.__name__
+    with pytest.raises(gs.SpecError) as err:
+        gs.build_registry(module, max_bs=4, max_num_tokens=4, device="cpu")
+    assert str(err.value) == (
+        f"<module {name}>: module '{name}' is not a graphslot-generated module (it has no GRAPHSLOT_VERSION, "
+        "SPEC_IDENTITY or SPEC_JSON): pass build_registry a spec (a RegistrySpec, a spec name or a YAML path) or "
+        "a module `graphslot generate` wrote")
+    with pytest.raises(gs.SpecError) as err:
+        gs.build_registry("decode", max_bs=4, max_num_tokens=4, impl=module, device="cpu")
+    assert str(err.value) == (
+        f"graphslot/slot_specs/decode.yaml: module '{name}' is not a graphslot-generated module (it has no "
+        "GRAPHSLOT_VERSION, SPEC_IDENTITY or SPEC_JSON): pass mode='generated', mode='interpreted' or a module "
+        "`graphslot generate` wrote")

@@ -26,6 +26,7 @@ from graphslot.cli.app import COMMANDS, main
 from graphslot.cli.new_spec import renamed
 from graphslot.spec.pyproject_edit import add_spec_entry, pyproject_with_entry
 from graphslot.spec.loading import SHIPPED_DIR, parse_spec
+from graphslot.spec.project import output_dir_problem
 
 ERROR = "graphslot new-spec: error: "
 PROVENANCE = f"# Started from the shipped 'decode' spec of graphslot {__version__} (graphslot new-spec).\n"
@@ -436,7 +437,7 @@ def test_a_symlinked_pyproject_is_not_written_through(project, capsys, tmp_path_
 
 
 PATHS = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=8).filter(
-    lambda t: t.isprintable() and t.strip())
+    lambda t: t.isprintable() and t.strip() and output_dir_problem(t) is None)  # an absolute path is refused
 BLANK = st.lists(st.sampled_from([" ", "\t", "\n", "\n    ", "  # a comment\n", "\r\n"]), max_size=3).map("".join)
 
 

@@ -52,7 +52,7 @@ def policy_spec(dtype_name: str) -> gs.RegistrySpec:
                 lines.append("    pad_value: pad")
     lines += ["  - name: fixed", "    shape: [5]", f"    dtype: {dtype_name}", "    axis: none",
               "    padding: keep_pad", "    copy_from_fb: false"]
-    return gs.parse_spec("\n".join(lines) + "\n", source="props.yaml")
+    return gs.parse_spec("\n".join(lines) + "\n", path="props.yaml")
 
 
 def random_tensor(shape, dtype, gen) -> torch.Tensor:
@@ -92,7 +92,7 @@ def test_padding_invariants(step):
     gen = torch.Generator().manual_seed(step["seed"])
     pad = random_tensor((), dtype, gen).item()
     reg = gs.build_registry(policy_spec(step["dtype"]), max_bs=step["max_bs"], max_num_tokens=step["max_tokens"],
-                            params={"pad": pad}, mode="interpreted")
+                            params={"pad": pad}, impl="interpreted", device="cpu")
 
     poisoned, batch = {}, SimpleNamespace()
     for name in reg.slot_names():
@@ -106,16 +106,16 @@ def test_padding_invariants(step):
             setattr(batch, name, random_tensor(tuple(shape), dtype, gen))
     batch.fixed = random_tensor((5,), dtype, gen)  # present on the batch, yet not copied
 
-    reg.fill_from(batch, step["raw_bs"], step["padded_bs"], step["raw_tokens"], step["padded_tokens"])
+    reg.fill_from(batch, raw_bs=step["raw_bs"], padded_bs=step["padded_bs"], raw_num_tokens=step["raw_tokens"], padded_num_tokens=step["padded_tokens"])
 
     assert torch.equal(reg.slot("fixed").buffer, poisoned["fixed"])
-    view = reg.extract(batch, step["padded_bs"], step["padded_tokens"])
+    view = reg.extract(batch, padded_bs=step["padded_bs"], padded_num_tokens=step["padded_tokens"])
     for policy in POLICIES:
         for suffix in LAYOUTS:
             name = f"{policy}_{suffix}"
             slot = reg.slot(name)
-            buffer, before, dim = slot.buffer, poisoned[name], slot.spec.slice_dim
-            raw, padded = ((step["raw_bs"], step["padded_bs"]) if slot.spec.axis == "bs"
+            buffer, before, dim = slot.buffer, poisoned[name], slot.resolved.slice_dim
+            raw, padded = ((step["raw_bs"], step["padded_bs"]) if slot.resolved.axis == "bs"
                            else (step["raw_tokens"], step["padded_tokens"]))
             capacity = buffer.shape[dim]
 
@@ -136,7 +136,7 @@ def test_padding_invariants(step):
 @settings(max_examples=30, deadline=None)
 @given(dtype_name=st.sampled_from(sorted(DTYPES)), max_bs=st.integers(1, 16), max_tokens=st.integers(1, 32))
 def test_fill_once_buffers_start_filled_with_the_pad_value(dtype_name, max_bs, max_tokens):
-    reg = gs.build_registry(policy_spec(dtype_name), max_bs=max_bs, max_num_tokens=max_tokens, mode="interpreted")
+    reg = gs.build_registry(policy_spec(dtype_name), max_bs=max_bs, max_num_tokens=max_tokens, impl="interpreted", device="cpu")
     pad = reg.params["pad"]
     for suffix in LAYOUTS:
         assert reg.slot(f"fill_once_{suffix}").buffer.eq(pad).all()

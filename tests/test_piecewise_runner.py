@@ -1,4 +1,4 @@
-"""The piecewise prefill runner: torch.compile split at custom ops, pieces captured, exact."""
+"""The prefill runner under capture="piecewise": torch.compile split at custom ops, pieces captured, exact."""
 
 from __future__ import annotations
 
@@ -19,24 +19,14 @@ from prefill_cases import (
 )
 
 from graphslot.reference import TinyConfig, build_reference_model, make_extend_batch
-from graphslot.reference.piecewise_ops import (
-    ATTENTION_OP,
-    CustomOpAttentionBackend,
-    PiecewiseReferencePrefillAdapter,
-    install_attention_ops,
-)
-from graphslot.reference.prefill_adapter import install_attention_breaks
+from graphslot.reference.graph_attention import ATTENTION_OP, GraphAttentionBackend, install_graph_attention
+from graphslot.reference.prefill_adapter import ReferencePrefillAdapter
 from graphslot.graphs.backend import GraphCaptureError
 from graphslot.graphs.segments import EagerStep
-from graphslot.runners.piecewise import (
-    PiecewiseGraphRunner,
-    PiecewiseRunnerConfig,
-    make_graphslot_backend,
-    split_graph,
-)
+from graphslot.runners.piecewise import make_graphslot_backend, split_graph
+from graphslot.runners.prefill import PrefillGraphRunner, PrefillRunnerConfig
 
-make_runner = functools.partial(make_prefill_runner, runner_cls=PiecewiseGraphRunner,
-                                adapter_cls=PiecewiseReferencePrefillAdapter)
+make_runner = functools.partial(make_prefill_runner, capture="piecewise")
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +40,7 @@ def shared():
 
 def test_prefill_equals_eager_across_buckets_and_padding(shared):
     rt, _, runner = shared
-    assert runner.buckets == [64, 32, 16] and runner.split_ops == (ATTENTION_OP,)
+    assert runner.buckets == [64, 32, 16] and runner.capture_mode.split_ops == (ATTENTION_OP,)
     used = against_eager(rt, runner, mixed_batches(rt, max_len=10))
     assert {b for _, b in used} == set(BUCKETS)
     assert any(n < b for n, b in used), "no batch needed token padding"
@@ -58,7 +48,7 @@ def test_prefill_equals_eager_across_buckets_and_padding(shared):
 
 def test_interpreted_registry_and_one_graph_per_bucket():
     rt, _, runner = make_runner(mode="interpreted", token_buckets=[32])
-    assert runner.registry.mode == "interpreted"
+    assert runner.registry.impl == "interpreted"
     graph = runner.graphs[32]
     used = against_eager(rt, runner, mixed_batches(rt, seed=3, max_len=4))
     assert {b for _, b in used} == {32} and runner.graphs[32] is graph
@@ -84,7 +74,7 @@ def test_split_ops_split_the_stack(num_layers):
     assert all(s.name == ATTENTION_OP for s in graph.eager_steps)
     assert all(len(p.ops) > 0 for p in graph.segments)
     # One Dynamo graph for the bucket, split the same way.
-    (module,) = runner.compiled_modules
+    (module,) = runner.captured_fn.compiled_modules
     assert (module.num_split_ops, module.num_pieces) == (num_layers, num_layers + 1)
     against_eager(rt, runner, mixed_batches(rt, sizes=(2, 5), max_len=3))
 
@@ -92,7 +82,7 @@ def test_split_ops_split_the_stack(num_layers):
 def test_split_counts_per_bucket(shared):
     rt, _, runner = shared
     layers = rt.config.num_layers
-    assert len(runner.compiled_modules) == len(BUCKETS)  # dynamic=False: one compile per bucket
+    assert len(runner.captured_fn.compiled_modules) == len(BUCKETS)  # dynamic=False: one compile per bucket
     for n in BUCKETS:
         assert (runner.graphs[n].num_eager_steps, runner.graphs[n].num_segments) == (layers, layers + 1)
 
@@ -143,7 +133,7 @@ def test_split_graph_on_a_plain_fx_graph():
 # ------------------------------------------------------------- the metadata hook
 
 
-class CaptureOnlyHookRunner(PiecewiseGraphRunner):
+class CaptureOnlyHookRunner(PrefillGraphRunner):
     """A buggy runner: attention metadata written at capture, never on replay."""
 
     def prepare_replay(self, n, view, fb):
@@ -173,18 +163,19 @@ def test_batch_beyond_the_largest_bucket_falls_back_to_eager(shared):
 
 
 def test_no_split_ops_is_a_clear_error():
-    rt = build_reference_model(max_num_reqs=8)
-    from graphslot.reference.prefill_adapter import ReferencePrefillAdapter
+    class Unsplit(ReferencePrefillAdapter):
+        split_ops = None
 
-    with pytest.raises(ValueError, match="no split ops"):
-        PiecewiseGraphRunner(ReferencePrefillAdapter(rt), token_buckets=[16], progress=False)
+    with pytest.raises(ValueError, match=r"^capture='piecewise' needs split ops: pass split_ops="):
+        PrefillGraphRunner(Unsplit(build_reference_model(max_num_reqs=8)), capture="piecewise", token_buckets=[16],
+                           progress=False)
 
 
 def test_a_mistyped_split_op_is_a_clear_error():
     with pytest.raises(GraphCaptureError) as info:
         make_runner(token_buckets=[16], split_ops=("graphslot_ref::atention",))
     assert str(info.value) == (
-        "token bucket 16: none of the split ops ['graphslot_ref::atention'] occurs in the compiled layer stack, "
+        "token bucket 16: none of the split ops ['graphslot_ref::atention'] occurs in the compiled function, "
         "so nothing would run eagerly between pieces; custom ops it calls: graphslot_ref::attention. Name the "
         'op as torch.library registered it ("namespace::name")')
 
@@ -200,7 +191,7 @@ def test_a_graph_break_is_a_clear_error():
             torch._dynamo.graph_break()
             return self.inner.layers[1](positions, hidden, fb)
 
-    class Adapter(PiecewiseReferencePrefillAdapter):
+    class Adapter(ReferencePrefillAdapter):
         def layer_stack(self, model):
             return Breaking(super().layer_stack(model))
 
@@ -218,7 +209,7 @@ def test_an_op_that_cannot_be_captured_names_the_bucket_piece_and_op():
             hidden = self.inner(positions, hidden, fb)
             return hidden * (hidden.abs().max().item() > 0)  # a host read after the last layer
 
-    class Adapter(PiecewiseReferencePrefillAdapter):
+    class Adapter(ReferencePrefillAdapter):
         def layer_stack(self, model):
             return Syncing(super().layer_stack(model))
 
@@ -238,17 +229,16 @@ def test_attention_op_is_a_plain_call_outside_compile():
     rpi = rt.req_to_token_pool.alloc(2)
     fb = make_extend_batch(rt, rpi, [0, 0], [[1, 2, 3], [4, 5]])
     before = rt.forward(fb)
-    install_attention_breaks(rt.model)
-    assert install_attention_ops(rt.model) == rt.config.num_layers
-    assert install_attention_ops(rt.model) == rt.config.num_layers  # idempotent, unwraps breaks
-    assert all(isinstance(layer.self_attn.backend, CustomOpAttentionBackend) for layer in rt.model.layers)
+    assert install_graph_attention(rt.model) == rt.config.num_layers
+    assert install_graph_attention(rt.model) == rt.config.num_layers  # idempotent
+    assert all(isinstance(layer.self_attn.backend, GraphAttentionBackend) for layer in rt.model.layers)
     assert torch.equal(rt.forward(fb), before)
 
 
 def test_config_dataclass():
-    cfg = PiecewiseRunnerConfig(max_bs=4, token_buckets=[8], split_ops=(ATTENTION_OP,))
+    cfg = PrefillRunnerConfig(capture="piecewise", max_bs=4, token_buckets=[8], split_ops=(ATTENTION_OP,))
     rt = build_reference_model(max_num_reqs=16)
-    runner = PiecewiseGraphRunner(PiecewiseReferencePrefillAdapter(rt), cfg, progress=False)
+    runner = PrefillGraphRunner(ReferencePrefillAdapter(rt), cfg, progress=False)
     assert runner.buckets == [8] and runner.max_bs == 4
     against_eager(rt, runner, [make_extend_batch(rt, rt.req_to_token_pool.alloc(2), [0, 0], [[1, 2], [3]])])
 

@@ -248,3 +248,38 @@ def test_header_and_key_lines_are_found_in_any_layout(tmp_path, monkeypatch):
     assert _errors(tmp_path, text) == [
         "pyproject.toml:5: [tool.graphslot] specs must be a list of paths (strings), got 5",
         "pyproject.toml:7: [[tool.graphslot.outputs]] entry 1: module must be a string, got an integer"]
+
+
+SECRET = "name: TOPSECRET\nslots: [TOPSECRET\n"  # invalid: an error would quote it
+
+
+def test_listed_specs_must_stay_inside_the_project_and_are_never_read_outside(tmp_path, monkeypatch, capsys):
+    """Issue 37: ``specs`` entries outside the project were read and their text echoed
+    into error lines; they are refused as ``output_dir`` is, naming the line."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (tmp_path / "secret.yaml").write_text(SECRET)
+    (project / "link").symlink_to(tmp_path)
+    monkeypatch.chdir(project)
+    inside = "it must name a file inside the directory of pyproject.toml"
+    cases = {
+        "../secret.yaml": f"resolves to {tmp_path}/secret.yaml, outside the project ({project}); {inside}",
+        "link/secret.yaml": f"resolves to {tmp_path}/secret.yaml, outside the project ({project}); {inside}",
+        "/etc/secret.yaml": "is absolute; it must be relative to the directory of pyproject.toml",
+    }
+    for listed, problem in cases.items():
+        text = f'[tool.graphslot]\noutput_dir = "gen"\nspecs = ["specs/tiny.yaml", "{listed}"]\n' + OUTPUT
+        assert _errors(project, text) == [f"pyproject.toml:3: [tool.graphslot] specs: '{listed}' {problem}"]
+        for argv in (["generate"], ["validate", "secret"], ["show", "secret"]):
+            assert main(argv) == 1, argv
+            out, err = capsys.readouterr()
+            assert f"pyproject.toml:3: [tool.graphslot] specs: '{listed}' {problem}" in out + err, argv
+            assert "TOPSECRET" not in out + err and "Traceback" not in out + err
+    text = '[tool.graphslot]\noutput_dir = "gen"\n' + OUTPUT.replace("specs/tiny.yaml", "../secret.yaml")
+    _write(project, text)
+    assert main(["generate"]) == 1
+    out, err = capsys.readouterr()
+    assert err.startswith("pyproject.toml:6: [[tool.graphslot.outputs]] entry 1 (module 'tiny_default'): spec "
+                          f"'../secret.yaml' resolves to {tmp_path}/secret.yaml, outside the project ({project}); "
+                          f"{inside}"), err
+    assert "TOPSECRET" not in out + err and not (project / "gen").exists()

@@ -17,6 +17,9 @@ from conftest import Batch, build, make_slot_yaml, parse
 
 POISON = 99
 
+#: fill_from's counts, in order (they are keyword-only).
+COUNTS = ("raw_bs", "padded_bs", "raw_num_tokens", "padded_num_tokens")
+
 
 def poison(reg, value=POISON):
     for name in reg.slot_names():
@@ -139,7 +142,7 @@ def test_axis_none_is_never_reset(policies):
 
 def test_axis_none_plain_slot_copies_the_whole_buffer():
     reg = build(make_slot_yaml(shape=[2, 2], axis="none", padding=None))
-    reg.fill_from(SimpleNamespace(x=t(1, 2, 3, 4).view(2, 2)), 1, 4, 1, 4)
+    reg.fill_from(SimpleNamespace(x=t(1, 2, 3, 4).view(2, 2)), raw_bs=1, padded_bs=4, raw_num_tokens=1, padded_num_tokens=4)
     assert reg.slot("x").buffer.tolist() == [[1, 2], [3, 4]]
     assert reg.slot("x").slice_for(1, 1).shape == (2, 2)
 
@@ -161,7 +164,7 @@ def test_slice_dim_1_mrope_positions():
 
 def test_host_slot_lives_on_the_cpu_and_is_filled_like_the_others():
     reg = build(make_slot_yaml(device="cpu", padding="fill_sentinel", pad_value=1))
-    reg.fill_from(SimpleNamespace(x=t(5, 6)), 2, 4, 2, 4)
+    reg.fill_from(SimpleNamespace(x=t(5, 6)), raw_bs=2, padded_bs=4, raw_num_tokens=2, padded_num_tokens=4)
     assert reg.slot("x").buffer.device == torch.device("cpu")
     assert reg.slot("x").buffer.tolist() == [5, 6, 1, 1]
 
@@ -178,7 +181,7 @@ def test_source_hook_result_is_copied_into_its_own_length():
 
     reg = build(make_slot_yaml(padding="keep_pad", source="two_rows"), hooks={"two_rows": two_rows})
     poison(reg)
-    reg.fill_from(SimpleNamespace(ids=t(1, 2, 3)), 3, 4, 3, 4, side_inputs="side")
+    reg.fill_from(SimpleNamespace(ids=t(1, 2, 3)), raw_bs=3, padded_bs=4, raw_num_tokens=3, padded_num_tokens=4, side_inputs="side")
     assert reg.slot("x").buffer.tolist() == [1, 2, POISON, POISON]
     assert calls == [(3, 4, "side")]
 
@@ -187,9 +190,9 @@ def test_dotted_slot_reads_its_field_through_the_builtin_source():
     reg = build(make_slot_yaml(name="extra.ids", source="dotted_field"))
     poison(reg)
     fb = Batch(extra=SimpleNamespace(ids=t(4, 5)))
-    reg.fill_from(fb, 2, 3, 2, 3)
+    reg.fill_from(fb, raw_bs=2, padded_bs=3, raw_num_tokens=2, padded_num_tokens=3)
     assert reg.slot("extra.ids").buffer.tolist() == [4, 5, 0, POISON]
-    reg.fill_from(Batch(extra=None), 1, 3, 1, 3)  # a missing part reads as None: no copy
+    reg.fill_from(Batch(extra=None), raw_bs=1, padded_bs=3, raw_num_tokens=1, padded_num_tokens=3)  # a missing part reads as None: no copy
     assert reg.slot("extra.ids").buffer.tolist() == [4, 0, 0, POISON]
 
 
@@ -205,7 +208,7 @@ def test_a_required_field_that_is_not_a_tensor_is_an_error_and_nothing_is_writte
     reg = build(make_slot_yaml())
     poison(reg)
     with pytest.raises(gs.SlotError) as err:
-        reg.fill_from(SimpleNamespace(x=value), 2, 3, 2, 3)
+        reg.fill_from(SimpleNamespace(x=value), raw_bs=2, padded_bs=3, raw_num_tokens=2, padded_num_tokens=3)
     assert str(err.value) == f"spec 't', slot 'x': {got}"
     assert reg.slot("x").buffer.tolist() == [POISON] * 4
 
@@ -213,14 +216,14 @@ def test_a_required_field_that_is_not_a_tensor_is_an_error_and_nothing_is_writte
 def test_an_absent_required_field_is_an_error():
     reg = build(make_slot_yaml())
     with pytest.raises(gs.SlotError, match=f"slot 'x': the batch has no field 'x', {NOT_OPTIONAL}"):
-        reg.fill_from(SimpleNamespace(), 2, 2, 2, 2)
+        reg.fill_from(SimpleNamespace(), raw_bs=2, padded_bs=2, raw_num_tokens=2, padded_num_tokens=2)
 
 
 @pytest.mark.parametrize("value", [None, "absent"])
 def test_an_optional_field_that_is_none_or_absent_is_skipped_but_the_tail_still_reset(value):
     reg = build(make_slot_yaml(optional=True))
     poison(reg)
-    reg.fill_from(SimpleNamespace() if value == "absent" else SimpleNamespace(x=None), 2, 3, 2, 3)
+    reg.fill_from(SimpleNamespace() if value == "absent" else SimpleNamespace(x=None), raw_bs=2, padded_bs=3, raw_num_tokens=2, padded_num_tokens=3)
     assert reg.slot("x").buffer.tolist() == [POISON, POISON, 0, POISON]
 
 
@@ -230,7 +233,7 @@ def test_a_field_with_other_rows_than_the_step_is_an_error_never_a_broadcast(val
     reg = build(make_slot_yaml())
     poison(reg)
     with pytest.raises(gs.SlotError) as err:
-        reg.fill_from(SimpleNamespace(x=value), 2, 3, 2, 3)
+        reg.fill_from(SimpleNamespace(x=value), raw_bs=2, padded_bs=3, raw_num_tokens=2, padded_num_tokens=3)
     assert str(err.value) == (f"spec 't', slot 'x': expected shape [2], got {shape} (copy_ would broadcast or "
                               "fail)")
     assert reg.slot("x").buffer.tolist() == [POISON] * 4
@@ -239,21 +242,21 @@ def test_a_field_with_other_rows_than_the_step_is_an_error_never_a_broadcast(val
 def test_source_hook_returning_none_skips_the_copy():
     reg = build(make_slot_yaml(source="nothing"), hooks={"nothing": lambda fb, ctx: None})
     poison(reg)
-    reg.fill_from(SimpleNamespace(x=t(1, 2)), 2, 3, 2, 3)
+    reg.fill_from(SimpleNamespace(x=t(1, 2)), raw_bs=2, padded_bs=3, raw_num_tokens=2, padded_num_tokens=3)
     assert reg.slot("x").buffer.tolist() == [POISON, POISON, 0, POISON]
 
 
 def test_copy_from_fb_false_is_never_copied_but_its_tail_is_reset():
     reg = build(make_slot_yaml(copy_from_fb=False))
     poison(reg)
-    reg.fill_from(SimpleNamespace(x=t(1, 2)), 2, 3, 2, 3)
+    reg.fill_from(SimpleNamespace(x=t(1, 2)), raw_bs=2, padded_bs=3, raw_num_tokens=2, padded_num_tokens=3)
     assert reg.slot("x").buffer.tolist() == [POISON, POISON, 0, POISON]
 
 
 def test_copies_cast_to_the_buffer_dtype_when_not_strict():
     """Not strict: ``copy_``'s dtype conversion (strict mode rejects another dtype)."""
     reg = build(make_slot_yaml(dtype="int32"))
-    reg.fill_from(SimpleNamespace(x=t(1, 2)), 2, 2, 2, 2)
+    reg.fill_from(SimpleNamespace(x=t(1, 2)), raw_bs=2, padded_bs=2, raw_num_tokens=2, padded_num_tokens=2)
     assert reg.slot("x").buffer[:2].tolist() == [1, 2]
 
 
@@ -289,7 +292,7 @@ def test_post_fill_runs_after_every_copy_and_sees_the_context():
     reg = build(POST_FILL, max_bs=4, max_num_tokens=8, hooks={"sum_of_x": sum_of_x})
     poison(reg)
     side = {"pool": object()}
-    reg.fill_from(SimpleNamespace(x=t(1, 2)), 2, 3, 5, 7, side_inputs=side)
+    reg.fill_from(SimpleNamespace(x=t(1, 2)), raw_bs=2, padded_bs=3, raw_num_tokens=5, padded_num_tokens=7, side_inputs=side)
     assert reg.slot("total").buffer.tolist() == [30]
     (ctx,) = seen
     assert isinstance(ctx, gs.FillContext)
@@ -301,7 +304,7 @@ def test_post_fill_runs_after_every_copy_and_sees_the_context():
 def test_post_fill_gets_the_full_buffer():
     buffers = []
     reg = build(make_slot_yaml(post_fill="grab"), hooks={"grab": lambda buffer, fb, ctx: buffers.append(buffer)})
-    reg.fill_from(SimpleNamespace(x=t(1)), 1, 2, 1, 2)
+    reg.fill_from(SimpleNamespace(x=t(1)), raw_bs=1, padded_bs=2, raw_num_tokens=1, padded_num_tokens=2)
     assert buffers[0] is reg.slot("x").buffer
 
 
@@ -310,7 +313,7 @@ def test_post_fill_of_a_copied_slot_sees_the_copy():
         buffer.mul_(2)
 
     reg = build(make_slot_yaml(post_fill="double"), hooks={"double": double})
-    reg.fill_from(SimpleNamespace(x=t(1, 2)), 2, 3, 2, 3)
+    reg.fill_from(SimpleNamespace(x=t(1, 2)), raw_bs=2, padded_bs=3, raw_num_tokens=2, padded_num_tokens=3)
     assert reg.slot("x").buffer[:3].tolist() == [2, 4, 0]
 
 
@@ -319,7 +322,7 @@ def test_import_reference_hooks_run():
 
     hooks_for_tests.CALLS.clear()
     reg = build(make_slot_yaml(post_fill="hooks_for_tests:post_fill_fits"))
-    reg.fill_from(SimpleNamespace(x=t(1)), 1, 2, 1, 2)
+    reg.fill_from(SimpleNamespace(x=t(1)), raw_bs=1, padded_bs=2, raw_num_tokens=1, padded_num_tokens=2)
     assert hooks_for_tests.CALLS == [("post_fill_fits", 1, 2)]
 
 
@@ -377,7 +380,7 @@ def ex_batch():
 
 def test_extract_sets_padded_batch_size_and_padded_views(ex):
     fb = ex_batch()
-    ex.fill_from(fb, 2, 4, 3, 6)
+    ex.fill_from(fb, raw_bs=2, padded_bs=4, raw_num_tokens=3, padded_num_tokens=6)
     view = ex.extract(fb, padded_bs=4, padded_num_tokens=6)
     assert view.batch_size == 4
     assert isinstance(view, Batch)
@@ -391,20 +394,20 @@ def test_extract_sets_padded_batch_size_and_padded_views(ex):
 
 def test_extract_carries_none_for_a_plain_slot_absent_this_step(ex):
     fb = ex_batch()
-    ex.fill_from(fb, 2, 4, 3, 6)
-    assert ex.extract(fb, 4, 6).mrope_positions is None
+    ex.fill_from(fb, raw_bs=2, padded_bs=4, raw_num_tokens=3, padded_num_tokens=6)
+    assert ex.extract(fb, padded_bs=4, padded_num_tokens=6).mrope_positions is None
     fb.mrope_positions = torch.zeros(3, 3, dtype=torch.int64)
-    ex.fill_from(fb, 2, 4, 3, 6)
-    assert ex.extract(fb, 4, 6).mrope_positions.shape == (3, 6)
+    ex.fill_from(fb, raw_bs=2, padded_bs=4, raw_num_tokens=3, padded_num_tokens=6)
+    assert ex.extract(fb, padded_bs=4, padded_num_tokens=6).mrope_positions.shape == (3, 6)
     fb.mrope_positions = None  # gone again: never the stale buffer
-    assert ex.extract(fb, 4, 6).mrope_positions is None
+    assert ex.extract(fb, padded_bs=4, padded_num_tokens=6).mrope_positions is None
 
 
 def test_extract_always_exposes_computed_slots(ex):
     fb = ex_batch()
     assert fb.num_token_non_padded is None and fb.global_num_tokens_gpu is None
-    ex.fill_from(fb, 2, 4, 3, 6)
-    view = ex.extract(fb, 4, 6)
+    ex.fill_from(fb, raw_bs=2, padded_bs=4, raw_num_tokens=3, padded_num_tokens=6)
+    view = ex.extract(fb, padded_bs=4, padded_num_tokens=6)
     assert view.num_token_non_padded.tolist() == [3]
     assert view.num_token_non_padded.data_ptr() == ex.slot("num_token_non_padded").buffer.data_ptr()
     assert view.global_num_tokens_gpu.data_ptr() == ex.slot("global_num_tokens_gpu").buffer.data_ptr()
@@ -413,8 +416,8 @@ def test_extract_always_exposes_computed_slots(ex):
 def test_extract_never_sets_dotted_names(ex):
     fb = ex_batch()
     extra = fb.extra
-    ex.fill_from(fb, 2, 4, 3, 6)
-    view = ex.extract(fb, 4, 6)
+    ex.fill_from(fb, raw_bs=2, padded_bs=4, raw_num_tokens=3, padded_num_tokens=6)
+    view = ex.extract(fb, padded_bs=4, padded_num_tokens=6)
     assert view.extra is extra
     assert view.extra.ids.tolist() == [7, 8]  # the batch's own tensor, not the buffer
     assert "extra.ids" not in vars(view)
@@ -424,8 +427,8 @@ def test_extract_never_sets_dotted_names(ex):
 def test_extract_does_not_modify_the_template_batch(ex):
     fb = ex_batch()
     before = dict(vars(fb))
-    ex.fill_from(fb, 2, 4, 3, 6)
-    view = ex.extract(fb, 4, 6)
+    ex.fill_from(fb, raw_bs=2, padded_bs=4, raw_num_tokens=3, padded_num_tokens=6)
+    view = ex.extract(fb, padded_bs=4, padded_num_tokens=6)
     assert view is not fb
     assert vars(fb) == before  # same objects: nothing replaced, batch_size unchanged
     assert fb.batch_size == 2 and fb.input_ids.tolist() == [1, 2, 3]
@@ -434,7 +437,7 @@ def test_extract_does_not_modify_the_template_batch(ex):
 def test_extract_keeps_fields_that_are_not_slots():
     reg = build(make_slot_yaml())
     fb = SimpleNamespace(x=t(1), spec_info=object(), forward_mode="decode")
-    view = reg.extract(fb, 2, 2)
+    view = reg.extract(fb, padded_bs=2, padded_num_tokens=2)
     assert view.spec_info is fb.spec_info and view.forward_mode == "decode"
 
 
@@ -463,7 +466,7 @@ def test_disabled_slot_is_introspectable_but_unallocated():
     reg = build(TOGGLE)
     slot = reg.slot("mask")
     assert slot.enabled is False and slot.buffer is None
-    assert slot.spec.dtype == torch.bool and slot.spec.shape == (4,)
+    assert slot.resolved.dtype == torch.bool and slot.resolved.shape == (4,)
     assert reg.has_slot("x") and not reg.has_slot("mask")
     assert reg.slot_names() == ["x"]
     assert [s.name for s in reg.all_slots()] == ["x", "mask"]
@@ -475,8 +478,8 @@ def test_disabled_slot_is_neither_filled_nor_extracted():
     reg = build(TOGGLE)
     mask = torch.ones(2, dtype=torch.bool)
     fb = SimpleNamespace(x=t(1, 2), mask=mask)
-    reg.fill_from(fb, 2, 4, 2, 4)
-    assert reg.extract(fb, 4, 4).mask is mask
+    reg.fill_from(fb, raw_bs=2, padded_bs=4, raw_num_tokens=2, padded_num_tokens=4)
+    assert reg.extract(fb, padded_bs=4, padded_num_tokens=4).mask is mask
 
 
 def test_enabled_by_param():
@@ -501,10 +504,10 @@ def once_spec(pad_value, name="shared", shape=("max_bs",)):
 
 def test_pool_shares_one_tensor_per_key():
     pool = gs.BufferPool()
-    a = build(once_spec(1), share_pool=pool)
-    b = build(once_spec(1), share_pool=pool)
+    a = build(once_spec(1), pool=pool)
+    b = build(once_spec(1), pool=pool)
     assert a.slot("shared").buffer.data_ptr() == b.slot("shared").buffer.data_ptr()
-    a.fill_from(SimpleNamespace(shared=t(9)), 1, 1, 1, 1)
+    a.fill_from(SimpleNamespace(shared=t(9)), raw_bs=1, padded_bs=1, raw_num_tokens=1, padded_num_tokens=1)
     assert b.slot("shared").buffer[0] == 9
     assert len(pool) == 1
 
@@ -512,9 +515,9 @@ def test_pool_shares_one_tensor_per_key():
 @pytest.mark.parametrize("first, second", [(1, 2), (2, 1)])
 def test_pool_sharers_must_agree_on_the_initial_value(first, second):
     pool = gs.BufferPool()
-    a = build(once_spec(first), share_pool=pool)
+    a = build(once_spec(first), pool=pool)
     with pytest.raises(gs.SlotError) as err:
-        build(once_spec(second), share_pool=pool)
+        build(once_spec(second), pool=pool)
     assert str(err.value) == (f"slot 'shared': shared buffer (4 x torch.int64 on cpu) was first registered with "
                               f"initial value {first}, this registry needs {second}; give both the same pad value, "
                               "or build one without share_pool")
@@ -528,7 +531,7 @@ def test_pool_registration_is_thread_safe():
 
     def register():
         barrier.wait()
-        built.append(build(once_spec(1), share_pool=pool))
+        built.append(build(once_spec(1), pool=pool))
 
     threads = [threading.Thread(target=register) for _ in range(8)]
     for thread in threads:
@@ -540,8 +543,8 @@ def test_pool_registration_is_thread_safe():
 
 def test_pool_key_is_numel_not_shape():
     pool = gs.BufferPool()
-    a = build(once_spec(1, shape=["max_bs", 2]), max_bs=4, share_pool=pool)
-    b = build(once_spec(1), max_bs=8, share_pool=pool)
+    a = build(once_spec(1, shape=["max_bs", 2]), max_bs=4, pool=pool)
+    b = build(once_spec(1), max_bs=8, pool=pool)
     assert b.slot("shared").buffer.shape == (8,)
     assert a.slot("shared").buffer.data_ptr() == b.slot("shared").buffer.data_ptr()
 
@@ -553,18 +556,21 @@ def test_pool_key_is_numel_not_shape():
 )
 def test_pool_never_shares_across_keys(other):
     pool = gs.BufferPool()
-    a = build(make_slot_yaml(), share_pool=pool)
+    a = build(make_slot_yaml(), pool=pool)
     b = build(make_slot_yaml(**{k: v for k, v in other.items() if k != "max_bs"}),
-              max_bs=other.get("max_bs", 4), share_pool=pool)
+              max_bs=other.get("max_bs", 4), pool=pool)
     name_b = other.get("name", "x")
     assert a.slot("x").buffer.data_ptr() != b.slot(name_b).buffer.data_ptr()
     assert len(pool) == 2
 
 
-def test_share_pool_true_uses_the_global_pool_and_false_shares_nothing():
+SHARED = gs.BufferPool()
+
+
+def test_one_pool_shares_and_no_pool_shares_nothing():
     spec = once_spec(3, name="pool_probe_global_7f3a")
-    a = build(spec, share_pool=True)
-    b = build(spec, share_pool=True)
+    a = build(spec, pool=SHARED)
+    b = build(spec, pool=SHARED)
     c = build(spec)
     ptr = a.slot("pool_probe_global_7f3a").buffer.data_ptr()
     assert b.slot("pool_probe_global_7f3a").buffer.data_ptr() == ptr
@@ -579,22 +585,16 @@ def test_registries_without_a_pool_never_share():
 # --- adopting existing tensors ------------------------------------------------------------------
 
 
-#: ``adopt=`` is the name; ``source=`` its older spelling, which keeps working.
-ADOPT_KEYWORDS = ["adopt", "source"]
-
-
-@pytest.mark.parametrize("keyword", ADOPT_KEYWORDS)
 @pytest.mark.parametrize("mode", ["interpreted", "generated"])
 @pytest.mark.parametrize("container", [SimpleNamespace, dict])
-def test_adopt_takes_existing_tensors_as_they_are(container, mode, keyword):
+def test_buffers_adopts_existing_tensors_as_they_are(container, mode):
     owned = torch.full((4,), 3, dtype=torch.int64)
-    reg = gs.build_registry(parse(make_slot_yaml(padding="fill_once", pad_value=7)), 4, 8, mode=mode,
-                            **{keyword: container(x=owned)})
+    reg = gs.build_registry(parse(make_slot_yaml(padding="fill_once", pad_value=7)), device="cpu", max_bs=4,
+                            max_num_tokens=8, impl=mode, buffers=container(x=owned))
     assert reg.slot("x").buffer is owned
     assert owned.tolist() == [3, 3, 3, 3]  # the owner initialised it: no fill_once
 
 
-@pytest.mark.parametrize("keyword", ADOPT_KEYWORDS)
 @pytest.mark.parametrize(
     "tensor, expected",
     [
@@ -602,28 +602,23 @@ def test_adopt_takes_existing_tensors_as_they_are(container, mode, keyword):
          "slot 'x': cannot adopt the tensor: expected shape [4] dtype torch.int64, got shape [5] dtype torch.int64"),
         (torch.zeros(4, dtype=torch.int32),
          "slot 'x': cannot adopt the tensor: expected shape [4] dtype torch.int64, got shape [4] dtype torch.int32"),
-        ([0, 0, 0, 0], "slot 'x': adopt= holds list, expected a torch.Tensor"),
+        ([0, 0, 0, 0], "slot 'x': buffers= holds list, expected a torch.Tensor"),
     ],
     ids=["shape", "dtype", "not-a-tensor"],
 )
-def test_an_adopted_tensor_must_match(tensor, expected, keyword):
+def test_an_adopted_tensor_must_match(tensor, expected):
     with pytest.raises(gs.SlotError) as info:
-        build(make_slot_yaml(), **{keyword: SimpleNamespace(x=tensor)})
+        gs.build_registry(parse(make_slot_yaml()), device="cpu", max_bs=4, max_num_tokens=8,
+                          buffers=SimpleNamespace(x=tensor))
     assert str(info.value) == expected
 
 
-@pytest.mark.parametrize("keyword", ADOPT_KEYWORDS)
-def test_adopt_without_the_tensor(keyword):
+def test_adopt_without_the_tensor():
     with pytest.raises(gs.SlotError) as info:
-        build(make_slot_yaml(), **{keyword: SimpleNamespace(y=torch.zeros(4))})
-    assert str(info.value) == ("slot 'x': adopt= has no tensor 'x' to adopt; give it one, or build the registry "
-                               "without adopt=")
-
-
-def test_adopt_and_its_older_spelling_together_are_refused():
-    owned = SimpleNamespace(x=torch.zeros(4, dtype=torch.int64))
-    with pytest.raises(TypeError, match=r"^build_registry: give adopt= or source= \(its older spelling\), not both$"):
-        build(make_slot_yaml(), adopt=owned, source=owned)
+        gs.build_registry(parse(make_slot_yaml()), device="cpu", max_bs=4, max_num_tokens=8,
+                          buffers=SimpleNamespace(y=torch.zeros(4)))
+    assert str(info.value) == ("slot 'x': buffers= has no tensor 'x' to adopt; give it one, or declare the slot "
+                               "`adopt: never`")
 
 
 # --- address stability --------------------------------------------------------------------------
@@ -636,8 +631,8 @@ def test_buffer_addresses_never_change_across_fills(policies):
         padded_bs, padded_tokens = rng.randint(1, 8), rng.randint(1, 8)
         raw_bs, raw_tokens = rng.randint(0, padded_bs), rng.randint(0, padded_tokens)
         fb = policies_batch(raw_bs, raw_tokens)
-        policies.fill_from(fb, raw_bs, padded_bs, raw_tokens, padded_tokens)
-        view = policies.extract(fb, padded_bs, padded_tokens)
+        policies.fill_from(fb, raw_bs=raw_bs, padded_bs=padded_bs, raw_num_tokens=raw_tokens, padded_num_tokens=padded_tokens)
+        view = policies.extract(fb, padded_bs=padded_bs, padded_num_tokens=padded_tokens)
         for name, ptr in ptrs.items():
             assert policies.slot(name).buffer.data_ptr() == ptr
             assert getattr(view, name).data_ptr() == ptr
@@ -694,7 +689,7 @@ def test_run_pre_capture_runs_enabled_hooks_in_spec_order():
 def test_pre_capture_hooks_do_not_run_on_fill():
     calls = []
     reg = build(PRE_CAPTURE, hooks={"record": lambda buffer, ctx: calls.append(1)})
-    reg.fill_from(SimpleNamespace(a=t(1), b=t(2)), 1, 1, 1, 1)
+    reg.fill_from(SimpleNamespace(a=t(1), b=t(2)), raw_bs=1, padded_bs=1, raw_num_tokens=1, padded_num_tokens=1)
     assert calls == []
 
 
@@ -737,7 +732,7 @@ def good_strict_batch():
 
 def test_strict_accepts_a_good_batch(strict_reg):
     assert strict_reg.strict
-    strict_reg.fill_from(good_strict_batch(), 2, 4, 3, 8)
+    strict_reg.fill_from(good_strict_batch(), raw_bs=2, padded_bs=4, raw_num_tokens=3, padded_num_tokens=8)
     assert strict_reg.slot("x").buffer.tolist() == [1, 2, 0, 0]
 
 
@@ -764,7 +759,7 @@ def test_strict_rejects_a_mismatched_field_before_touching_any_buffer(strict_reg
     fb = good_strict_batch()
     vars(fb).update(change)
     with pytest.raises(gs.SlotError) as info:
-        strict_reg.fill_from(fb, 2, 4, 3, 8)
+        strict_reg.fill_from(fb, raw_bs=2, padded_bs=4, raw_num_tokens=3, padded_num_tokens=8)
     assert str(info.value) == expected
     for name in strict_reg.slot_names():
         assert strict_reg.slot(name).buffer.eq(POISON).all(), name
@@ -782,18 +777,18 @@ def test_strict_rejects_a_mismatched_field_before_touching_any_buffer(strict_reg
 )
 def test_strict_rejects_bad_counts(strict_reg, counts, expected):
     with pytest.raises(gs.SlotError) as info:
-        strict_reg.fill_from(good_strict_batch(), *counts)
+        strict_reg.fill_from(good_strict_batch(), **dict(zip(COUNTS, counts)))
     assert str(info.value) == "spec 's': " + expected
 
 
 def test_strict_checks_source_hook_results():
     reg = build(make_slot_yaml(source="rows"), strict=True, hooks={"rows": lambda fb, ctx: fb.rows})
-    reg.fill_from(SimpleNamespace(rows=t(1, 2, 3)), 3, 4, 3, 4)  # any length up to the capacity
-    reg.fill_from(SimpleNamespace(rows=None), 3, 4, 3, 4)  # None: nothing to copy
+    reg.fill_from(SimpleNamespace(rows=t(1, 2, 3)), raw_bs=3, padded_bs=4, raw_num_tokens=3, padded_num_tokens=4)  # any length up to the capacity
+    reg.fill_from(SimpleNamespace(rows=None), raw_bs=3, padded_bs=4, raw_num_tokens=3, padded_num_tokens=4)  # None: nothing to copy
     with pytest.raises(gs.SlotError, match=r"^spec 't', slot 'x': source returned 5 rows, more than the capacity 4$"):
-        reg.fill_from(SimpleNamespace(rows=t(1, 2, 3, 4, 5)), 3, 4, 3, 4)
+        reg.fill_from(SimpleNamespace(rows=t(1, 2, 3, 4, 5)), raw_bs=3, padded_bs=4, raw_num_tokens=3, padded_num_tokens=4)
     with pytest.raises(gs.SlotError, match=r"^spec 't', slot 'x': expected dtype torch.int64, got torch.float32"):
-        reg.fill_from(SimpleNamespace(rows=torch.zeros(2)), 3, 4, 3, 4)
+        reg.fill_from(SimpleNamespace(rows=torch.zeros(2)), raw_bs=3, padded_bs=4, raw_num_tokens=3, padded_num_tokens=4)
 
 
 @pytest.mark.parametrize("value", ["", "0", "false", "No", "OFF"])
@@ -801,7 +796,7 @@ def test_strict_is_off_by_default_and_with_a_false_graphslot_strict(monkeypatch,
     monkeypatch.setenv("GRAPHSLOT_STRICT", value)
     reg = build(STRICT)
     assert not reg.strict
-    reg.fill_from(SimpleNamespace(x=t(1, 2), pair=torch.ones(3, 2, dtype=torch.int32)), 2, 4, 3, 8)  # casts
+    reg.fill_from(SimpleNamespace(x=t(1, 2), pair=torch.ones(3, 2, dtype=torch.int32)), raw_bs=2, padded_bs=4, raw_num_tokens=3, padded_num_tokens=8)  # casts
 
 
 @pytest.mark.parametrize("value", ["1", "true", "Yes", "on"])
@@ -843,8 +838,8 @@ def decode_batch(raw_bs=2, raw_tokens=None):
 
 def fill_decode(reg, fb, raw_bs=2, padded_bs=4):
     poison(reg)
-    reg.fill_from(fb, raw_bs, padded_bs, raw_bs, padded_bs)
-    return reg.extract(fb, padded_bs, padded_bs)
+    reg.fill_from(fb, raw_bs=raw_bs, padded_bs=padded_bs, raw_num_tokens=raw_bs, padded_num_tokens=padded_bs)
+    return reg.extract(fb, padded_bs=padded_bs, padded_num_tokens=padded_bs)
 
 
 def test_decode_default_params(decode_spec):
@@ -906,7 +901,7 @@ def test_decode_local_num_token_non_padded_per_attention_tp_rank(decode_spec, ra
     poison(reg)
     buffer = reg.slot("num_token_non_padded").buffer
     reg.fill_from(fb, raw_bs=2, padded_bs=8, raw_num_tokens=5, padded_num_tokens=8)  # 4 tokens per rank
-    assert reg.extract(fb, 8, 8).num_token_non_padded.tolist() == expected
+    assert reg.extract(fb, padded_bs=8, padded_num_tokens=8).num_token_non_padded.tolist() == expected
     assert buffer.shape == (1,) and reg.slot("num_token_non_padded").buffer is buffer  # never resized
 
 
@@ -934,8 +929,8 @@ def test_decode_num_token_non_padded_falls_back_to_the_local_count(decode_spec):
     fb.num_token_non_padded = t(2, dtype=torch.int32)
     assert fill_decode(reg, fb).num_token_non_padded.tolist() == [2]
     fb.num_token_non_padded = None  # neither count: the buffer is left as it is
-    reg.fill_from(fb, 2, 4, 2, 4)
-    assert reg.extract(fb, 4, 4).num_token_non_padded.tolist() == [2]
+    reg.fill_from(fb, raw_bs=2, padded_bs=4, raw_num_tokens=2, padded_num_tokens=4)
+    assert reg.extract(fb, padded_bs=4, padded_num_tokens=4).num_token_non_padded.tolist() == [2]
 
 
 def test_decode_cache_loc_dtype_param(decode_spec):
@@ -967,18 +962,18 @@ def prefill_batch(raw_bs=2, raw_tokens=5, **fields):
 def test_prefill_input_ids_tail_is_zeroed():
     reg = build(gs.load_spec("prefill"), max_bs=4, max_num_tokens=8)
     poison(reg)
-    reg.fill_from(prefill_batch(), 2, 2, 5, 8)
-    assert reg.extract(prefill_batch(), 2, 8).input_ids.tolist() == [10, 11, 12, 13, 14, 0, 0, 0]
+    reg.fill_from(prefill_batch(), raw_bs=2, padded_bs=2, raw_num_tokens=5, padded_num_tokens=8)
+    assert reg.extract(prefill_batch(), padded_bs=2, padded_num_tokens=8).input_ids.tolist() == [10, 11, 12, 13, 14, 0, 0, 0]
 
 
 def test_prefill_mamba_track_slots():
     reg = build(gs.load_spec("prefill"), max_bs=4, max_num_tokens=8, params={"enable_mamba_track": True})
     assert reg.slot("mamba_track_seqlens").buffer.dtype == torch.int32
-    assert reg.slot("mamba_track_indices").spec.index and reg.slot("mamba_track_mask").spec.index
+    assert reg.slot("mamba_track_indices").resolved.index and reg.slot("mamba_track_mask").resolved.index
     poison(reg)
     fb = prefill_batch(mamba_track_indices=t(3, 4), mamba_track_mask=torch.tensor([True, False]),
                        mamba_track_seqlens=t(7, 8))
-    reg.fill_from(fb, 2, 2, 5, 8)
+    reg.fill_from(fb, raw_bs=2, padded_bs=2, raw_num_tokens=5, padded_num_tokens=8)
     assert reg.slot("mamba_track_seqlens").buffer[:2].tolist() == [7, 8]
     assert reg.slot("mamba_track_seqlens").buffer[2:].tolist() == [POISON, POISON]  # bs is never padded here
 
@@ -997,8 +992,8 @@ def test_prefill_num_token_non_padded(params, global_cpu, expected):
     reg = build(gs.load_spec("prefill"), max_bs=4, max_num_tokens=8, params={"enable_num_token_non_padded": True, **params})
     poison(reg)
     fb = prefill_batch(global_num_token_non_padded_cpu=global_cpu)
-    reg.fill_from(fb, 2, 2, 5, 8)
-    assert reg.extract(fb, 2, 8).num_token_non_padded.tolist() == [expected]
+    reg.fill_from(fb, raw_bs=2, padded_bs=2, raw_num_tokens=5, padded_num_tokens=8)
+    assert reg.extract(fb, padded_bs=2, padded_num_tokens=8).num_token_non_padded.tolist() == [expected]
 
 
 # --- sources are copied as data: requires_grad ------------------------------------------------
@@ -1015,8 +1010,8 @@ GRAD = """\
 
 
 def grad_registry(mode):
-    return gs.build_registry(parse(GRAD), 4, 8, mode=mode,
-                             hooks={"double_kept": lambda fb, ctx: fb.kept[:, 0] * 2})  # a non-leaf result
+    return gs.build_registry(parse(GRAD), max_bs=4, max_num_tokens=8, impl=mode,
+                             hooks={"double_kept": lambda fb, ctx: fb.kept[:, 0] * 2}, device="cpu")  # a non-leaf result
 
 
 def grad_batch(step):
@@ -1037,14 +1032,14 @@ def test_a_source_that_requires_grad_is_copied_by_value_on_every_fill(mode):
     reg = grad_registry(mode)
     for step in range(3):
         fb = grad_batch(step)
-        reg.fill_from(fb, 2, 3, 3, 5)
+        reg.fill_from(fb, raw_bs=2, padded_bs=3, raw_num_tokens=3, padded_num_tokens=5)
         assert reg.slot("kept").buffer[:2].tolist() == [[1.0 * (step + 1), 2.0 * (step + 1)],
                                                         [3.0 * (step + 1), 4.0 * (step + 1)]]
         assert reg.slot("zeroed").buffer[:3].tolist() == [5.0, 6.0, 0.0]
         assert reg.slot("sentinel").buffer[:5].tolist() == [7.0, 8.0, 9.0, -1.0, -1.0]
         assert reg.slot("doubled").buffer[:2].tolist() == [2.0 * (step + 1), 6.0 * (step + 1)]
         assert_plain_data(reg)
-        view = reg.extract(fb, 3, 5)
+        view = reg.extract(fb, padded_bs=3, padded_num_tokens=5)
         assert not any(getattr(view, name).requires_grad for name in ("kept", "zeroed", "sentinel"))
     fb.kept.sum().backward()  # the sources' own graph is untouched by the copy
     assert fb.leaf.grad.tolist() == [[3.0, 3.0], [3.0, 3.0]]
@@ -1054,7 +1049,34 @@ def test_a_source_that_requires_grad_is_copied_by_value_on_every_fill(mode):
 def test_keep_pad_slots_accumulate_no_autograd_history_over_many_fills(mode):
     reg = grad_registry(mode)
     for step in range(200):
-        reg.fill_from(grad_batch(step % 5), 2, 2 + step % 2, 3, 3 + step % 2)
+        reg.fill_from(grad_batch(step % 5), raw_bs=2, padded_bs=2 + step % 2, raw_num_tokens=3, padded_num_tokens=3 + step % 2)
     for name in ("kept", "doubled"):  # keep_pad: never reset, so history would chain step after step
         assert reg.slot(name).buffer.grad_fn is None
     assert_plain_data(reg)
+
+
+COUNT_HOOKS = """\
+    name: counts
+    absent_fields: skip
+    slots:
+      - {name: local, shape: [1], dtype: int32, axis: none, copy_from_fb: false,
+         post_fill: local_num_token_non_padded}
+      - {name: host, shape: [1], dtype: int64, axis: none, device: cpu, copy_from_fb: false,
+         post_fill: local_num_token_non_padded_cpu}
+"""
+
+
+@pytest.mark.parametrize("mode", ["interpreted", "generated"])
+@pytest.mark.parametrize("field, value, slot", [
+    ("num_token_non_padded", [3], "local"), ("global_num_token_non_padded", [3], "local"),
+    ("global_num_token_non_padded_cpu", [3], "host"), ("num_token_non_padded", "3", "local"),
+    ("global_num_token_non_padded_cpu", 3.0, "host")])
+def test_a_count_field_that_is_not_an_int_or_a_tensor_is_a_slot_error_naming_slot_and_field(mode, field, value, slot):
+    """Issue 37: a list-valued count was a TypeError naming nothing, and "3" was int()-ed."""
+    reg = gs.build_registry(parse(COUNT_HOOKS), max_bs=4, max_num_tokens=8, impl=mode, device="cpu")
+    with pytest.raises(gs.SlotError) as err:
+        reg.fill_from(SimpleNamespace(**{field: value}), raw_bs=3, padded_bs=4, raw_num_tokens=3, padded_num_tokens=8)
+    assert str(err.value) == (f"slot '{slot}': fb.{field} is {type(value).__name__} {value!r}; a count is an int "
+                              "or a tensor")
+    reg.fill_from(SimpleNamespace(**{field: 3}), raw_bs=3, padded_bs=4, raw_num_tokens=3, padded_num_tokens=8)
+    assert reg.slot(slot).buffer.tolist() == [3]

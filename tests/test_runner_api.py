@@ -12,10 +12,10 @@ from graphslot.reference import build_reference_model, make_decode_batch
 from graphslot.reference.adapter import ReferenceDecodeAdapter
 from graphslot.reference.prefill_adapter import ReferencePrefillAdapter
 from graphslot.runners import (
-    BreakableGraphRunner,
     DecodeGraphRunner,
     DecodeRunnerConfig,
     GraphRunnerConfig,
+    PrefillGraphRunner,
     PrefillRunnerConfig,
     SizeDispatcher,
 )
@@ -153,7 +153,8 @@ def test_the_public_capture_view_recaptures_a_size_on_any_backend():
 
 
 def test_decode_and_prefill_configs_share_one_base():
-    shared = {"max_bs", "backend", "mode", "params", "progress", "warmup", "max_bytes"}
+    shared = {"max_bs", "capture", "split_ops", "backend", "graph_pool", "capture_context", "mode", "params",
+              "progress", "warmup", "warmup_sizes", "lazy", "max_bytes"}
     base = set(GraphRunnerConfig.__dataclass_fields__)
     assert base == shared
     assert issubclass(DecodeRunnerConfig, GraphRunnerConfig) and issubclass(PrefillRunnerConfig, GraphRunnerConfig)
@@ -169,13 +170,13 @@ def test_an_unknown_override_names_itself():
 def test_a_prefill_runner_takes_the_byte_cap_from_its_config():
     rt = build_reference_model(max_num_reqs=4)
     with pytest.raises(BufferBudgetError, match="max_bytes"):
-        BreakableGraphRunner(ReferencePrefillAdapter(rt), PrefillRunnerConfig(max_bytes=64, progress=False))
+        PrefillGraphRunner(ReferencePrefillAdapter(rt), PrefillRunnerConfig(max_bytes=64, progress=False))
 
 
 def test_the_runners_package_exports_its_public_api():
     for name in runners.__all__:
         assert getattr(runners, name) is not None, name
     assert runners.DecodeGraphRunner.__module__ == "graphslot.runners.decode"
-    assert {"DecodeGraphRunner", "DecodeRunnerConfig", "DecodeAdapter", "PrefillAdapter", "BreakableGraphRunner",
-            "PiecewiseGraphRunner", "eager_on_graph", "EagerRunner", "DPDecodeRunner", "DPExchange",
+    assert {"DecodeGraphRunner", "DecodeRunnerConfig", "DecodeAdapter", "PrefillAdapter", "PrefillGraphRunner",
+            "PrefillRunnerConfig", "eager_on_graph", "EagerRunner", "DPDecodeRunner", "DPExchange",
             "SizeDispatcher", "StepObserver"} <= set(runners.__all__)

@@ -176,13 +176,10 @@ def test_a_closed_stderr_is_no_terminal(monkeypatch):
 
 def test_a_prefill_runners_eager_fallbacks_are_logged_with_their_reason(records):
     from graphslot.reference import make_decode_batch
-    from graphslot.reference.prefill_adapter import ReferencePrefillAdapter
-    from graphslot.runners import BreakableGraphRunner
 
     from prefill_cases import assert_falls_back_to_eager, make_prefill_runner
 
-    rt, _, runner = make_prefill_runner(runner_cls=BreakableGraphRunner, adapter_cls=ReferencePrefillAdapter,
-                                        max_bs=4)
+    rt, _, runner = make_prefill_runner(capture="breakable", max_bs=4)
     [summary] = messages(records)
     assert re.fullmatch(r"captured 3 breakable prefill graphs \(token buckets 64, 32, 16\), backend cpu, in "
                         r"\d+\.\d\d s; static buffers \d+\.\d KiB", summary)

@@ -28,6 +28,7 @@ import torch
 import graphslot as gs
 
 import sglang_loader
+from graphslot.api import build
 
 try:
     SGL = sglang_loader.load()
@@ -117,8 +118,8 @@ def build_sglang(case: Case):
 def build_ours(case: Case, mode: str):
     spec = "prefill" if case.kind == "prefill" else "decode"
     preset = "eager" if case.kind == "eager" else None
-    return gs.build_registry(spec, case.max_bs, max_tokens(case), CPU, params=to_params(case),
-                             mode=mode, preset=preset)
+    return build(spec, max_bs=case.max_bs, max_num_tokens=max_tokens(case), device=CPU, params=to_params(case),
+                             impl=mode, preset=preset)
 
 
 # --- random batches ---------------------------------------------------------------------
@@ -273,8 +274,8 @@ def run_case(case: Case, seed: int = 0) -> Dict[str, int]:
                                               forward_batch_template=fb)
             for mode, reg in ours.items():
                 where = f"{case.id}/{mode}/step {step} (bs {raw_bs}/{padded_bs}, tokens {raw_n}/{padded_n})"
-                reg.fill_from(fb, raw_bs, padded_bs, raw_n, padded_n)
-                view = reg.extract(fb, padded_bs, padded_n)
+                reg.fill_from(fb, raw_bs=raw_bs, padded_bs=padded_bs, raw_num_tokens=raw_n, padded_num_tokens=padded_n)
+                view = reg.extract(fb, padded_bs=padded_bs, padded_num_tokens=padded_n)
                 mismatches += compare(case, sgl_reg, reg, where)
                 mismatches += compare_views(sgl_view, view, fb, sgl_reg, reg, where)
                 checks += 2 * len(common) + 1
@@ -387,7 +388,7 @@ def test_every_sglang_argument_has_a_param_with_its_default(kind):
     builder, mapping = BUILDER_ARGS[kind]
     signature = inspect.signature(getattr(REG, builder))
     assert set(signature.parameters) == set(mapping) | NOT_PARAMS
-    resolved = gs.build_registry(kind, 4, 8, mode="interpreted").params
+    resolved = gs.build_registry(kind, max_bs=4, max_num_tokens=8, impl="interpreted", device="cpu").params
     for arg, param in mapping.items():
         theirs, ours = signature.parameters[arg].default, resolved[param]
         if (kind, arg) in DEFAULT_DEVIATIONS:
@@ -419,11 +420,11 @@ def test_zero_policy_slots_are_sglangs_index_semantic_buffers():
           "prefill": {"enable_mamba_track": True, "is_multimodal": True, "is_hybrid_swa": True,
                       "enable_num_token_non_padded": True}}
     for kind, params in on.items():
-        reg = gs.build_registry(kind, 4, 8, mode="interpreted", params=params)
-        index = {s.name for s in reg.all_slots() if s.spec.index}
+        reg = gs.build_registry(kind, max_bs=4, max_num_tokens=8, impl="interpreted", params=params, device="cpu")
+        index = {s.name for s in reg.all_slots() if s.resolved.index}
         assert index - EXTENSIONS == index_semantic & set(reg.slot_names()), kind
-    decode = gs.build_registry("decode", 4, 8, mode="interpreted", params=on["decode"])
-    zero = {s.name for s in decode.all_slots() if s.spec.padding == "zero"}
+    decode = gs.build_registry("decode", max_bs=4, max_num_tokens=8, impl="interpreted", params=on["decode"], device="cpu")
+    zero = {s.name for s in decode.all_slots() if s.resolved.padding == "zero"}
     assert zero - EXTENSIONS == index_semantic
 
 
@@ -453,7 +454,7 @@ def test_deviation_required_field_none_or_non_tensor_raises(mode, field, value):
     sgl_reg.fill_from(fb, raw_bs=3, padded_bs=4, raw_num_tokens=3, padded_num_tokens=4)
     assert torch.equal(sgl_reg.get_slot(field).buffer[:3], stale[:3])  # silently stale
     with pytest.raises(gs.SlotError, match=field):
-        ours.fill_from(fb, 3, 4, 3, 4)
+        ours.fill_from(fb, raw_bs=3, padded_bs=4, raw_num_tokens=3, padded_num_tokens=4)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -464,10 +465,10 @@ def test_deviation_optional_field_none_is_skipped_like_sglang(mode):
     sgl_reg, ours = build_sglang(case), build_ours(case, mode)
     fb = decode_batch()
     sgl_reg.fill_from(fb, raw_bs=3, padded_bs=4, raw_num_tokens=3, padded_num_tokens=4)
-    ours.fill_from(fb, 3, 4, 3, 4)
+    ours.fill_from(fb, raw_bs=3, padded_bs=4, raw_num_tokens=3, padded_num_tokens=4)
     assert sgl_reg.extract_buffer(padded_bs=4, padded_num_tokens=4,
                                   forward_batch_template=fb).mrope_positions is None
-    assert ours.extract(fb, 4, 4).mrope_positions is None
+    assert ours.extract(fb, padded_bs=4, padded_num_tokens=4).mrope_positions is None
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -480,7 +481,7 @@ def test_deviation_wrong_length_source_raises(mode):
     sgl_reg.fill_from(fb, raw_bs=3, padded_bs=4, raw_num_tokens=3, padded_num_tokens=4)
     assert sgl_reg.get_slot("req_pool_indices").buffer[:4].tolist() == [5, 5, 5, 0]
     with pytest.raises(gs.SlotError, match="req_pool_indices"):
-        ours.fill_from(fb, 3, 4, 3, 4)
+        ours.fill_from(fb, raw_bs=3, padded_bs=4, raw_num_tokens=3, padded_num_tokens=4)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -490,13 +491,13 @@ def test_deviation_swa_out_cache_loc_is_a_graphslot_extension(mode, kind):
     still bit-identical with it on."""
     case = Case(f"swa-{kind}", kind, {})
     sgl_reg = build_sglang(case)
-    ours = gs.build_registry(kind, case.max_bs, max_tokens(case), CPU, mode=mode, params={"is_hybrid_swa": True})
+    ours = gs.build_registry(kind, max_bs=case.max_bs, max_num_tokens=max_tokens(case), device=CPU, impl=mode, params={"is_hybrid_swa": True})
     assert set(ours.slot_names()) - set(sgl_reg.slot_names()) == {"out_cache_loc_swa"}
     assert "out_cache_loc_swa" not in {f.name for f in dataclasses.fields(ForwardBatch)}
     fb = decode_batch(4) if kind == "decode" else decode_batch(4, forward_mode=ForwardMode.EXTEND)
     fb.out_cache_loc_swa = torch.arange(4, dtype=torch.int32) + 1
     sgl_reg.fill_from(fb, raw_bs=4, padded_bs=4 if kind == "prefill" else 6, raw_num_tokens=4, padded_num_tokens=6)
-    ours.fill_from(fb, 4, 4 if kind == "prefill" else 6, 4, 6)
+    ours.fill_from(fb, raw_bs=4, padded_bs=4 if kind == "prefill" else 6, raw_num_tokens=4, padded_num_tokens=6)
     assert compare(case, sgl_reg, ours, "swa") == []
     assert ours.slot("out_cache_loc_swa").buffer[:6].tolist() == [1, 2, 3, 4, 0, 0]
 
@@ -517,7 +518,7 @@ def test_deviation_prefill_mamba_track_index_tails_are_zeroed(mode):
         reg("mamba_track_mask").buffer.fill_(True)
         reg("mamba_track_indices").buffer.fill_(77)
     sgl_reg.fill_from(fb, raw_bs=2, padded_bs=4, raw_num_tokens=2, padded_num_tokens=4)
-    ours.fill_from(fb, 2, 4, 2, 4)
+    ours.fill_from(fb, raw_bs=2, padded_bs=4, raw_num_tokens=2, padded_num_tokens=4)
     differing = [n for n in names if not same_bits(sgl_reg.get_slot(n).buffer, ours.slot(n).buffer)]
     assert differing == ["mamba_track_indices", "mamba_track_mask"]
     for name in differing:
@@ -538,7 +539,7 @@ def test_num_token_non_padded_buffer_keeps_its_shape_and_address(mode, shape):
     buf = ours.slot("num_token_non_padded").buffer
     ptr = buf.data_ptr()
     fb = decode_batch(3, global_num_token_non_padded=torch.full(shape, 3, dtype=torch.int32))
-    ours.fill_from(fb, 3, 4, 3, 4)  # 2 tokens per rank: rank 1 owns token 3
+    ours.fill_from(fb, raw_bs=3, padded_bs=4, raw_num_tokens=3, padded_num_tokens=4)  # 2 tokens per rank: rank 1 owns token 3
     assert buf.shape == (1,) and buf.data_ptr() == ptr and buf.tolist() == [1]
     assert ours.slot("num_token_non_padded").buffer is buf
 
@@ -551,6 +552,6 @@ def test_num_token_non_padded_untouched_without_any_count(mode):
         (reg.get_slot if reg is sgl_reg else reg.slot)("num_token_non_padded").buffer.fill_(-5)
     fb = decode_batch()
     sgl_reg.fill_from(fb, raw_bs=3, padded_bs=4, raw_num_tokens=3, padded_num_tokens=4)
-    ours.fill_from(fb, 3, 4, 3, 4)
+    ours.fill_from(fb, raw_bs=3, padded_bs=4, raw_num_tokens=3, padded_num_tokens=4)
     assert sgl_reg.get_slot("num_token_non_padded").buffer.tolist() == [-5]
     assert ours.slot("num_token_non_padded").buffer.tolist() == [-5]

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import graphslot as gs
+from graphslot.api import build as build_full
 from conftest import make_slot_yaml, parse, spec_error
 from test_registry_semantics import poison, t
 
@@ -38,7 +39,7 @@ LIVE_SPEC_TEXT = """\
 
 def build(text_or_spec: Any, mode: str, max_bs: int = 4, max_num_tokens: int = 8, **kwargs) -> gs.SlotRegistry:
     spec = parse(text_or_spec) if isinstance(text_or_spec, str) else text_or_spec
-    return gs.build_registry(spec, max_bs, max_num_tokens, mode=mode, **kwargs)
+    return build_full(spec, device="cpu", max_bs=max_bs, max_num_tokens=max_num_tokens, impl=mode, **kwargs)
 
 
 # --- 0-d slots ----------------------------------------------------------------------------
@@ -64,14 +65,14 @@ def test_a_0d_slot_copies_a_0d_value_and_extract_exposes_the_buffer_itself(mode)
     buffer = reg.slot("count").buffer
     assert buffer.shape == torch.Size([]) and reg.slot("fed").buffer.shape == torch.Size([])
     fb = SimpleNamespace(count=torch.tensor(100, dtype=torch.int32), feed=torch.tensor(-5))
-    reg.fill_from(fb, 2, 4, 3, 8)
+    reg.fill_from(fb, raw_bs=2, padded_bs=4, raw_num_tokens=3, padded_num_tokens=8)
     assert buffer.item() == 100 and reg.slot("fed").buffer.item() == -5
-    view = reg.extract(fb, 4, 8)
+    view = reg.extract(fb, padded_bs=4, padded_num_tokens=8)
     assert view.count is buffer and view.count.shape == torch.Size([])
     assert reg.slot("count").slice_for(4, 8) is buffer
     fb.feed = None  # a source hook's None: no copy
     fb.count = torch.tensor(7, dtype=torch.int32)
-    reg.fill_from(fb, 1, 1, 1, 1)
+    reg.fill_from(fb, raw_bs=1, padded_bs=1, raw_num_tokens=1, padded_num_tokens=1)
     assert buffer.item() == 7 and reg.slot("fed").buffer.item() == -5
 
 
@@ -79,11 +80,11 @@ def test_a_0d_slot_copies_a_0d_value_and_extract_exposes_the_buffer_itself(mode)
 def test_a_0d_slot_refuses_a_one_element_tensor(mode):
     reg = build(ZERO_D, mode, hooks={"feed": lambda fb, ctx: fb.feed})
     with pytest.raises(gs.SlotError) as err:
-        reg.fill_from(SimpleNamespace(count=t(3, dtype=torch.int32), feed=None), 1, 1, 1, 1)
+        reg.fill_from(SimpleNamespace(count=t(3, dtype=torch.int32), feed=None), raw_bs=1, padded_bs=1, raw_num_tokens=1, padded_num_tokens=1)
     assert str(err.value) == ("spec 'scalar', slot 'count': expected shape [], got [1] (copy_ would broadcast "
                               "or fail)")
     with pytest.raises(gs.SlotError) as err:
-        reg.fill_from(SimpleNamespace(count=torch.tensor(1, dtype=torch.int32), feed=t(3)), 1, 1, 1, 1)
+        reg.fill_from(SimpleNamespace(count=torch.tensor(1, dtype=torch.int32), feed=t(3)), raw_bs=1, padded_bs=1, raw_num_tokens=1, padded_num_tokens=1)
     assert str(err.value) == ("spec 'scalar', slot 'fed': expected shape [], got [1] (copy_ would broadcast or "
                               "fail)")
 
@@ -133,11 +134,11 @@ def test_absent_fields_skip_leaves_the_head_and_resets_the_tail(mode, absent):
     fb = SimpleNamespace(lens=t(5, 6), computed=None)
     if absent != "missing":
         fb.ids = absent
-    reg.fill_from(fb, 2, 3, 2, 3)
+    reg.fill_from(fb, raw_bs=2, padded_bs=3, raw_num_tokens=2, padded_num_tokens=3)
     assert reg.slot("ids").buffer.tolist() == [9, 9, 0, 9]  # no copy; the tail [2:3] reset
     assert reg.slot("lens").buffer.tolist() == [5, 6, 1, 9]
     assert reg.slot("computed").buffer.tolist() == [2]  # copied slots with a hook are skipped too, the hook runs
-    view = reg.extract(fb, 3, 3)
+    view = reg.extract(fb, padded_bs=3, padded_num_tokens=3)
     if absent is None or absent == "missing":
         assert getattr(view, "ids", "missing") == (None if absent is None else "missing")  # carried
     else:  # a non-tensor: the view is the slot's (unwritten) head, as sglang's registry exposes it
@@ -150,7 +151,7 @@ def test_absent_fields_error_is_the_default_and_names_the_slot(mode):
     reg = build(SKIPPING.replace("    absent_fields: skip\n", ""), mode)
     assert reg.spec.absent_fields == "error"
     with pytest.raises(gs.SlotError) as err:
-        reg.fill_from(SimpleNamespace(ids="a string", lens=t(1), computed=t(0, dtype=torch.int32)), 1, 1, 1, 1)
+        reg.fill_from(SimpleNamespace(ids="a string", lens=t(1), computed=t(0, dtype=torch.int32)), raw_bs=1, padded_bs=1, raw_num_tokens=1, padded_num_tokens=1)
     assert str(err.value) == "spec 'lenient', slot 'ids': expected a torch.Tensor, got str 'a string'"
 
 
@@ -188,22 +189,22 @@ def test_live_params_are_read_at_fill_once_each_and_only_on_the_branch_that_need
     reg = build(LIVE_SPEC_TEXT, mode, params=calls.providers())
     assert calls.seen == []  # nothing read at build
     buffer = reg.slot("num_token_non_padded").buffer
-    reg.fill_from(SimpleNamespace(global_num_token_non_padded=None, num_token_non_padded=t(3)), 3, 4, 3, 8)
+    reg.fill_from(SimpleNamespace(global_num_token_non_padded=None, num_token_non_padded=t(3)), raw_bs=3, padded_bs=4, raw_num_tokens=3, padded_num_tokens=8)
     assert calls.seen == [] and buffer.tolist() == [3]  # no global count: nothing sharded to decide
-    reg.fill_from(SimpleNamespace(global_num_token_non_padded=torch.tensor(7)), 3, 4, 7, 8)
+    reg.fill_from(SimpleNamespace(global_num_token_non_padded=torch.tensor(7)), raw_bs=3, padded_bs=4, raw_num_tokens=7, padded_num_tokens=8)
     # rank 1 of 2 on 8 padded tokens: rows [4, 8), 7 real -> 3
     assert buffer.tolist() == [3]
     assert calls.seen == [("attn_tp_sharded", 8), ("attn_tp_rank", 8), ("attn_tp_size", 8)]
     calls.seen.clear()
     calls.values["attn_tp_sharded"] = False  # a per-bucket predicate: decided again at every fill
-    reg.fill_from(SimpleNamespace(global_num_token_non_padded=torch.tensor(7)), 3, 4, 7, 8)
+    reg.fill_from(SimpleNamespace(global_num_token_non_padded=torch.tensor(7)), raw_bs=3, padded_bs=4, raw_num_tokens=7, padded_num_tokens=8)
     assert buffer.tolist() == [7] and calls.seen == [("attn_tp_sharded", 8)]  # rank and size not read
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_live_params_with_plain_values_are_decided_at_build(mode):
     reg = build(LIVE_SPEC_TEXT, mode, params={"attn_tp_sharded": True, "attn_tp_rank": 0, "attn_tp_size": 2})
-    reg.fill_from(SimpleNamespace(global_num_token_non_padded=torch.tensor(7)), 3, 4, 7, 8)
+    reg.fill_from(SimpleNamespace(global_num_token_non_padded=torch.tensor(7)), raw_bs=3, padded_bs=4, raw_num_tokens=7, padded_num_tokens=8)
     assert reg.slot("num_token_non_padded").buffer.tolist() == [4]
     with pytest.raises(gs.SpecError) as err:
         build(LIVE_SPEC_TEXT, mode, params={"attn_tp_sharded": True, "attn_tp_rank": 2, "attn_tp_size": 2})
@@ -215,7 +216,7 @@ def test_live_params_with_plain_values_are_decided_at_build(mode):
 def test_a_live_rank_out_of_range_is_a_slot_error_at_the_fill(mode):
     reg = build(LIVE_SPEC_TEXT, mode, params=Calls(rank=5).providers())
     with pytest.raises(gs.SlotError) as err:
-        reg.fill_from(SimpleNamespace(global_num_token_non_padded=torch.tensor(7)), 3, 4, 7, 8)
+        reg.fill_from(SimpleNamespace(global_num_token_non_padded=torch.tensor(7)), raw_bs=3, padded_bs=4, raw_num_tokens=7, padded_num_tokens=8)
     assert str(err.value) == ("slot 'num_token_non_padded': attn_tp_rank=5 must lie in [0, attn_tp_size=2) "
                               "when the non-padded count is sharded (attn_tp_sharded)")
 
@@ -224,7 +225,7 @@ def test_a_live_rank_out_of_range_is_a_slot_error_at_the_fill(mode):
 def test_enable_prefill_cp_never_reads_the_live_predicate(mode):
     calls = Calls()
     reg = build(LIVE_SPEC_TEXT, mode, params=dict(calls.providers(), enable_prefill_cp=True))
-    reg.fill_from(SimpleNamespace(global_num_token_non_padded=torch.tensor(7)), 3, 4, 7, 8)
+    reg.fill_from(SimpleNamespace(global_num_token_non_padded=torch.tensor(7)), raw_bs=3, padded_bs=4, raw_num_tokens=7, padded_num_tokens=8)
     assert calls.seen == [] and reg.slot("num_token_non_padded").buffer.tolist() == [7]
 
 
@@ -259,12 +260,12 @@ def test_user_hooks_read_live_params_through_ctx_params(mode):
 
     hooks = {"scaled": scaled, "at_capture": at_capture}
     reg = build(USER_LIVE, mode, params={"scale": provider}, hooks=hooks)
-    reg.fill_from(SimpleNamespace(), 3, 4, 3, 4)
+    reg.fill_from(SimpleNamespace(), raw_bs=3, padded_bs=4, raw_num_tokens=3, padded_num_tokens=4)
     assert reg.slot("out").buffer.tolist() == [60] and seen == ["FillContext"]
     reg.run_pre_capture(4, 4)
     assert seen == ["FillContext", "CaptureContext", ("capture", 4)]
     plain = build(USER_LIVE, mode, params={"scale": 5}, hooks=hooks)
-    plain.fill_from(SimpleNamespace(), 1, 1, 1, 1)
+    plain.fill_from(SimpleNamespace(), raw_bs=1, padded_bs=1, raw_num_tokens=1, padded_num_tokens=1)
     assert plain.slot("out").buffer.tolist() == [10]
 
 
@@ -332,7 +333,7 @@ def test_an_adopt_never_slot_is_allocated_whatever_adopt_holds(mode):
     reg = build(OWNED, mode, adopt={"ids": ids})  # nothing to adopt for it: no error either
     assert reg.slot("ids").buffer is ids
     pool = gs.BufferPool()
-    a, b = build(OWNED, mode, share_pool=pool), build(OWNED, mode, share_pool=pool, adopt={"ids": ids})
+    a, b = build(OWNED, mode, pool=pool), build(OWNED, mode, pool=pool, adopt={"ids": ids})
     assert a.slot("total").buffer.data_ptr() == b.slot("total").buffer.data_ptr()  # pooled as usual
 
 
@@ -368,8 +369,8 @@ class LastWins:
 @pytest.mark.parametrize("mode", MODES)
 def test_a_pool_answering_fresh_gets_the_init_fill_after_sharing(mode):
     pool = LastWins()
-    a = build(SENTINEL, mode, share_pool=pool)
-    b = build(SENTINEL, mode, share_pool=pool, params={"fill": 5})
+    a = build(SENTINEL, mode, pool=pool)
+    b = build(SENTINEL, mode, pool=pool, params={"fill": 5})
     assert pool.calls == [("lens", (4,), 1, [0, 0, 0, 0]), ("lens", (4,), 5, [0, 0, 0, 0])]  # zeros in
     assert a.slot("lens").buffer.data_ptr() == b.slot("lens").buffer.data_ptr()
     assert a.slot("lens").buffer.tolist() == [5, 5, 5, 5]  # the last registrant's value
@@ -383,17 +384,22 @@ def test_a_pool_answering_not_fresh_keeps_the_canonical_content(mode):
             return super().share(name, tensor, init_value)[0], first
 
     pool = KeepFirst()
-    a = build(SENTINEL, mode, share_pool=pool)
-    build(SENTINEL, mode, share_pool=pool, params={"fill": 5})
+    a = build(SENTINEL, mode, pool=pool)
+    build(SENTINEL, mode, pool=pool, params={"fill": 5})
     assert a.slot("lens").buffer.tolist() == [1, 1, 1, 1]
     assert isinstance(pool, gs.SharePool) and isinstance(gs.BufferPool(), gs.SharePool)
 
 
-def test_share_pool_must_be_a_bool_or_a_pool():
-    with pytest.raises(TypeError) as err:
-        build(SENTINEL, "interpreted", share_pool="yes")
-    assert str(err.value) == ("build_registry: share_pool= takes True, False or a pool with a share(name, tensor, "
-                              "init_value) -> (tensor, fresh) method (graphslot.SharePool), got str")
+def test_buffers_is_a_pool_when_it_shares_else_the_object_buffers_are_adopted_from():
+    pool = gs.BufferPool()
+    spec = parse(SENTINEL)
+    a = gs.build_registry(spec, device="cpu", max_bs=4, max_num_tokens=8, buffers=pool)
+    b = gs.build_registry(spec, device="cpu", max_bs=4, max_num_tokens=8, buffers=pool)
+    assert a.slot("lens").buffer.data_ptr() == b.slot("lens").buffer.data_ptr() and len(pool) == 1
+    with pytest.raises(gs.SlotError) as err:
+        gs.build_registry(spec, device="cpu", max_bs=4, max_num_tokens=8, buffers="yes")
+    assert str(err.value) == ("slot 'lens': buffers= has no tensor 'lens' to adopt; give it one, or declare the "
+                              "slot `adopt: never`")
 
 
 # --- fill_from_skipping -------------------------------------------------------------------
@@ -434,13 +440,13 @@ def test_skipped_slots_are_not_read_reset_or_hooked(mode, strict):
     fill = reg.fill_from_skipping({"positions", "seq_lens", "counted", "not_a_slot"})
     assert reg.fill_from_skipping({"seq_lens", "positions", "counted"}) is fill  # bound once per set
     fb = SimpleNamespace(positions=None, seq_lens="staged elsewhere", input_ids=t(1, 2))
-    fill(fb, 1, 2, 2, 4)
+    fill(fb, raw_bs=1, padded_bs=2, raw_num_tokens=2, padded_num_tokens=4)
     assert reg.slot("positions").buffer.tolist() == [9] * 8
     assert reg.slot("seq_lens").buffer.tolist() == [9] * 4
     assert reg.slot("counted").buffer.tolist() == [9]
     assert reg.slot("input_ids").buffer.tolist() == [1, 2] + [9] * 6
     with pytest.raises(gs.SlotError) as err:  # fill_from itself is untouched
-        reg.fill_from(fb, 1, 2, 2, 4)
+        reg.fill_from(fb, raw_bs=1, padded_bs=2, raw_num_tokens=2, padded_num_tokens=4)
     assert str(err.value) == ("spec 'staged', slot 'positions': the batch field is None, but the slot is not "
                               "optional; set it on the batch, or declare `optional: true` in the spec")
     assert reg.fill_from_skipping(frozenset()) == reg.fill_from  # (a bound method in interpreted mode)
@@ -453,21 +459,21 @@ def test_extract_exposes_a_required_slot_whose_field_a_skipping_fill_left_none(m
     view is its buffer, which the engine staged (regression: the interpreter carried it)."""
     reg = build(STAGED, mode)
     fb = SimpleNamespace(positions=None, seq_lens=None, input_ids=t(1, 2))
-    reg.fill_from_skipping({"positions", "seq_lens"})(fb, 1, 2, 2, 4)
-    view = reg.extract(fb, 2, 4)
+    reg.fill_from_skipping({"positions", "seq_lens"})(fb, raw_bs=1, padded_bs=2, raw_num_tokens=2, padded_num_tokens=4)
+    view = reg.extract(fb, padded_bs=2, padded_num_tokens=4)
     assert view.positions is not None and view.positions.shape == torch.Size([4])
     assert view.seq_lens.shape == torch.Size([2])
 
 
 def test_a_skip_variant_is_compiled_once_per_process(monkeypatch):
-    from graphslot.codegen import inprocess
+    from graphslot.codegen import generator
 
     spec = parse(STAGED.replace("name: staged", "name: staged_once"))
-    gs.build_registry(spec, 4, 8).fill_from_skipping({"seq_lens"})
+    gs.build_registry(spec, max_bs=4, max_num_tokens=8, device="cpu").fill_from_skipping({"seq_lens"})
     rendered = []
-    real = inprocess.render_module
-    monkeypatch.setattr(inprocess, "render_module", lambda *a, **k: rendered.append(k) or real(*a, **k))
-    again = gs.build_registry(spec, 4, 8)
+    real = generator.render_module
+    monkeypatch.setattr(generator, "render_module", lambda *a, **k: rendered.append(k) or real(*a, **k))
+    again = gs.build_registry(spec, max_bs=4, max_num_tokens=8, device="cpu")
     again.fill_from_skipping({"seq_lens"})
     assert rendered == []
     again.fill_from_skipping({"positions"})
@@ -480,9 +486,9 @@ def test_a_skip_variant_is_compiled_once_per_process(monkeypatch):
 @pytest.mark.parametrize("mode", MODES)
 def test_buffers_binds_the_given_tensors_as_they_are(mode):
     given = {"lens": torch.full((4,), 42, dtype=torch.int64)}
-    reg = build(SENTINEL, mode, buffers=given)
+    reg = build(SENTINEL, mode, bind=given)
     assert reg.slot("lens").buffer is given["lens"] and given["lens"].tolist() == [42] * 4  # no init fill
-    reg.fill_from(SimpleNamespace(lens=t(3)), 1, 2, 1, 2)
+    reg.fill_from(SimpleNamespace(lens=t(3)), raw_bs=1, padded_bs=2, raw_num_tokens=1, padded_num_tokens=2)
     assert given["lens"].tolist() == [3, 1, 42, 42]
 
 
@@ -498,17 +504,8 @@ def test_buffers_binds_the_given_tensors_as_they_are(mode):
 ])
 def test_buffers_must_fit_each_enabled_slot(buffers, error):
     with pytest.raises(gs.SlotError) as err:
-        build(SENTINEL, "generated", buffers=buffers)
+        build(SENTINEL, "generated", bind=buffers)
     assert str(err.value) == error
-
-
-def test_buffers_cannot_be_combined_with_adopt_or_a_pool():
-    given = {"lens": torch.zeros(4, dtype=torch.int64)}
-    for kwargs in ({"adopt": given}, {"share_pool": True}):
-        with pytest.raises(ValueError) as err:
-            build(SENTINEL, "interpreted", buffers=given, **kwargs)
-        assert str(err.value) == ("build_registry: buffers= binds existing tensors; it cannot be combined with "
-                                  "share_pool= or adopt=")
 
 
 @dataclass
@@ -564,7 +561,7 @@ def test_context_makes_the_one_context_every_hook_of_a_fill_gets(mode, k):
     params = {"k": (lambda ctx: ctx.raw_num_tokens) if k == "provider" else k}
     reg = build(HOOKED, mode, hooks={"mark": mark, "read_mark": read_mark}, context=EngineContext.make,
                 params=params)
-    reg.fill_from(SimpleNamespace(), 1, 2, 3, 4, side_inputs="pp")
+    reg.fill_from(SimpleNamespace(), raw_bs=1, padded_bs=2, raw_num_tokens=3, padded_num_tokens=4, side_inputs="pp")
     assert seen == [(EngineContext, 1, 4, "pp")]
     assert reg.slot("first").buffer.tolist() == [3 if k == "provider" else 4]
     assert reg.slot("second").buffer.tolist() == [200]

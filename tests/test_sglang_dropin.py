@@ -27,7 +27,10 @@ import torch
 
 import test_sglang_compat as compat  # skips this module when sglang cannot be loaded
 
+import graphslot as gs
 import graphslot.integrations.sglang as dropin
+from graphslot.integrations.sglang import factories
+from graphslot.spec.loading import shipped_spec_path
 
 SGL = compat.SGL
 REG = SGL.registry
@@ -103,6 +106,10 @@ def step_both(sgl_reg, ours, fb, counts, rng: random.Random, pp=None, stage=Fals
 
 @pytest.mark.parametrize("case", compat.CASES, ids=[c.id for c in compat.CASES])
 def test_factories_bit_identical_to_sglang(case):
+    assert_factories_bit_identical(case)
+
+
+def assert_factories_bit_identical(case: compat.Case) -> None:
     rng, g = random.Random(f"dropin-{case.id}"), torch.Generator().manual_seed(7)
     sgl_reg, ours = compat.build_sglang(case), build_dropin(case)
     assert type(ours) is dropin.CudaGraphBufferRegistry
@@ -126,6 +133,43 @@ def test_factories_bit_identical_to_sglang(case):
             steps += 1
     assert mismatches == [], "\n".join(mismatches[:10])
     assert steps == 2 * compat.STEPS
+
+
+@pytest.fixture
+def project_with_its_own_specs(tmp_path, monkeypatch):
+    """The working directory is a project with its own ``decode`` and ``prefill`` specs
+    (the ``graphslot new-spec`` workflow), which ``graphslot.load_spec`` prefers to the
+    shipped ones: decode keeps ``seq_lens``' padded tail (fill_once, not fill_sentinel),
+    prefill keeps ``input_ids``' (keep_pad, not zero)."""
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    edits = {"decode": ("padding: fill_sentinel", "padding: fill_once"), "prefill": ("padding: zero", "padding: keep_pad")}
+    for kind, (old, new) in edits.items():
+        text = shipped_spec_path(kind).read_text(encoding="utf-8")
+        (specs / f"{kind}.yaml").write_text(text.replace(old, new, 1), encoding="utf-8")
+    (tmp_path / "pyproject.toml").write_text('[tool.graphslot]\nspecs = ["specs/decode.yaml", "specs/prefill.yaml"]\n')
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(factories, "_BASE", {})  # no shipped spec read by an earlier test is reused
+    assert [gs.load_spec(kind).path for kind in edits] == ["specs/decode.yaml", "specs/prefill.yaml"]
+    return tmp_path
+
+
+def test_factories_use_the_shipped_specs_whatever_project_is_the_working_directory(project_with_its_own_specs):
+    kw = dict(device=CPU, max_bs=4, max_num_token=4, cache_loc_dtype=torch.int64, share_pool=False)
+    fb = SimpleNamespace(batch_size=2, input_ids=torch.tensor([7, 8]), seq_lens=torch.tensor([5, 6]))
+    tails = {}
+    for module in (REG, dropin):
+        decode = module.build_decode_registry(**kw, seq_len_fill_value=1)
+        prefill = module.build_prefill_registry(**kw)
+        decode.get_slot("seq_lens").buffer.copy_(torch.tensor([50, 51, 52, 53]))
+        prefill.get_slot("input_ids").buffer.copy_(torch.tensor([60, 61, 62, 63]))
+        for reg in (decode, prefill):
+            reg.fill_from(fb, raw_bs=2, padded_bs=4 if reg is decode else 2, raw_num_tokens=2, padded_num_tokens=4)
+        tails[module] = decode.get_slot("seq_lens").buffer.tolist(), prefill.get_slot("input_ids").buffer.tolist()
+    assert tails[dropin] == tails[REG] == ([5, 6, 1, 1], [7, 8, 0, 0])
+    for case in (compat.CASES[0], next(c for c in compat.CASES if c.kind == "prefill"),
+                 next(c for c in compat.CASES if c.kind == "eager")):
+        assert_factories_bit_identical(case)
 
 
 def test_every_case_exercises_padding_and_every_slot():
@@ -343,6 +387,8 @@ def slot_kwargs(rng: random.Random) -> List[Dict[str, Any]]:
         dict(name="nested.values", shape_fn=lambda bs, mt: (bs,), dtype=torch.int32, axis="none",
              padding_policy="KEEP_PAD", source_fn=nested_source),
         dict(name="off", shape_fn=lambda bs, mt: (bs,), dtype=torch.int32, axis="bs", enabled=False),
+        policy(name="nested.scratch", shape_fn=lambda bs, mt: (mt,), dtype=torch.int64, axis="tokens",
+               post_fill=scale_head),  # dotted, no source_fn: sglang never copies it
     ]
     chosen = rng.sample(pool, rng.randint(3, len(pool)))
     return chosen
@@ -445,5 +491,40 @@ def test_random_slot_sets_cover_every_kind_of_slot():
         if seed % 2:
             late |= set(chosen[len(chosen) // 2:])
     assert drawn == {"tok", "req", "grid", "rows", "host", "mask", "count", "computed", "hooked", "once",
-                     "reset_only", "nested.values", "off"}
+                     "reset_only", "nested.values", "off", "nested.scratch"}
     assert len(late) >= 6
+
+
+def test_a_slot_named_like_a_disabled_factory_slot_is_the_users_like_sglang():
+    """sglang's factories register the mamba slots only with enable_mamba_track: without
+    it, a runner's own ``mamba_track_indices`` is just another slot."""
+    kw = dict(device=CPU, max_bs=4, max_num_token=4, seq_len_fill_value=1, cache_loc_dtype=torch.int64,
+              share_pool=False)
+    fb = SimpleNamespace(batch_size=2, input_ids=torch.tensor([7, 8]), mamba_track_indices=torch.tensor([3, 4]))
+    buffers = []
+    for module in (REG, dropin):
+        reg = module.build_decode_registry(**kw)
+        assert not reg.has_slot("mamba_track_indices")
+        reg.register_slot(module.GraphSlot("mamba_track_indices", lambda bs, mt: (bs,), torch.int64, axis="bs",
+                                           padding_policy=module.PaddingPolicy.FILL_SENTINEL, pad_value=-1))
+        reg.fill_from(fb, raw_bs=2, padded_bs=4, raw_num_tokens=2, padded_num_tokens=4)
+        buffers.append((reg.slot_names()[-1], reg.get_slot("mamba_track_indices").buffer.tolist(),
+                        reg.get_slot("input_ids").buffer.tolist()))
+    assert buffers[1] == buffers[0] == ("mamba_track_indices", [3, 4, -1, -1], [7, 8, 0, 0])
+
+
+def test_a_dotted_slot_without_source_fn_is_reset_and_hooked_never_copied_like_sglang():
+    """sglang reads ``getattr(fb, 'a.b')`` for it, never there: no copy; the tail
+    resets and ``post_fill`` run, and ``extract_buffer`` leaves it off the view."""
+    fb = MiniBatch(batch_size=2, tok=torch.tensor([1, 2]), nested=SimpleNamespace(values=torch.tensor([9, 9])))
+    seen = []
+    for module in (REG, dropin):
+        reg = module.CudaGraphBufferRegistry(device=CPU, max_bs=4, max_num_tokens=4)
+        for name, copy in (("nested.values", True), ("nested.computed", False)):
+            reg.register_slot(module.GraphSlot(name, lambda bs, mt: (mt,), torch.int64, post_fill=scale_head,
+                                               padding_policy=module.PaddingPolicy.ZERO, copy_from_fb=copy))
+            reg.get_slot(name).buffer.fill_(5)
+        reg.fill_from(fb, raw_bs=2, padded_bs=2, raw_num_tokens=2, padded_num_tokens=3)
+        view = reg.extract_buffer(padded_bs=2, padded_num_tokens=3, forward_batch_template=fb)
+        seen.append(([reg.get_slot(n).buffer.tolist() for n in reg.slot_names()], view.nested is fb.nested))
+    assert seen[1] == seen[0] == ([[15, 15, 0, 5], [15, 15, 0, 5]], True)

@@ -148,6 +148,100 @@ def test_copy_slots_like_sglangs():
             reg.copy_slots({"off": torch.zeros(1, dtype=torch.int64)})
 
 
+# --- what register_slot and fill_from take, and the errors for what they do not ------
+
+def test_a_bare_int_from_shape_fn_is_a_1d_shape_like_sglang():
+    theirs, ours = registries()
+    for reg, slot in zip((theirs, ours), slot_pair(name="input_ids", shape_fn=lambda bs, mt: mt, dtype=torch.int64,
+                                                     padding_policy="ZERO")):
+        reg.register_slot(slot)
+        fill(reg, Batch(input_ids=torch.arange(1, 4)), 3, 3, 3, 5)
+    assert ours.get_slot("input_ids").buffer.tolist() == theirs.get_slot("input_ids").buffer.tolist() == [
+        1, 2, 3, 0, 0, 0, 0, 0]
+    theirs, ours = registries()
+    bind = torch.zeros(8, dtype=torch.int64)
+    with pytest.raises(TypeError, match="'int' object is not iterable"):  # sglang 0.5.23: tuple(shape) with bind=
+        theirs.register_slot(slot_pair(name="input_ids", shape_fn=lambda bs, mt: mt, dtype=torch.int64)[0], bind=bind)
+    assert ours.register_slot(slot_pair(name="input_ids", shape_fn=lambda bs, mt: mt, dtype=torch.int64)[1],
+                              bind=bind).buffer is bind
+
+
+def test_integer_likes_from_shape_fn_are_extents_like_sglang():
+    import numpy as np
+
+    for reg, slot in zip(registries(), slot_pair(name="rows", shape_fn=lambda bs, mt: [np.int64(mt), torch.tensor(2)],
+                                                   dtype=torch.int64)):
+        assert tuple(reg.register_slot(slot).buffer.shape) == (8, 2)
+
+
+@pytest.mark.parametrize("extents, error, message", [
+    ((4.9,), TypeError, "GraphSlot 'x': shape_fn returned (4.9,): extents must be ints, got 4.9 (float)"),
+    ((8, "4"), TypeError, "GraphSlot 'x': shape_fn returned (8, '4'): extents must be ints, got '4' (str)"),
+    ((True, 8), TypeError, "GraphSlot 'x': shape_fn returned (True, 8): extents must be ints, got True (bool)"),
+    (None, TypeError, "GraphSlot 'x': shape_fn returned None: a shape is a tuple of ints (or one int)"),
+    ((8, -1), ValueError, "GraphSlot 'x': shape_fn returned (8, -1): extents must be positive"),
+    ((1 << 63,), ValueError, f"GraphSlot 'x': shape_fn returned ({1 << 63},): extents must be below 2**63"),
+    ((1 << 62,), RuntimeError, f"GraphSlot 'x': cannot allocate its ({1 << 62},) int64 buffer on cpu: "),
+    ((1 << 50,), RuntimeError, f"GraphSlot 'x': cannot allocate its ({1 << 50},) int64 buffer on cpu: "),
+])
+def test_a_shape_fn_result_that_is_no_shape_is_an_error_naming_the_slot(extents, error, message):
+    """sglang hands shape_fn's result to torch.zeros, whose errors name no slot; the
+    drop-in raises the same kind of error, naming the slot and the result."""
+    theirs, ours = registries()
+    their_slot, our_slot = slot_pair(name="x", shape_fn=lambda bs, mt: extents, dtype=torch.int64, axis="none")
+    with pytest.raises((TypeError, RuntimeError)) as sglangs:  # torch.zeros's
+        theirs.register_slot(their_slot)
+    assert "'x'" not in str(sglangs.value)
+    with pytest.raises(error) as drop_ins:
+        ours.register_slot(our_slot)
+    assert str(drop_ins.value).startswith(message)
+    assert ours.slot_names() == [] and our_slot.buffer is None
+
+
+def test_difference_a_bool_extent_is_refused_wherever_it_stands():
+    """torch.zeros refuses a bool as the first extent only: sglang allocates (8, True) as (8, 1)."""
+    theirs, ours = registries()
+    their_slot, our_slot = slot_pair(name="x", shape_fn=lambda bs, mt: (mt, True), dtype=torch.int64)
+    assert tuple(theirs.register_slot(their_slot).buffer.shape) == (8, 1)
+    with pytest.raises(TypeError, match=r"^GraphSlot 'x': shape_fn returned \(8, True\): extents must be ints, got "
+                                        r"True \(bool\)$"):
+        ours.register_slot(our_slot)
+
+@pytest.mark.parametrize("skip", [frozenset({"input_ids"}), {"input_ids"}, ["input_ids"], ("input_ids",),
+                                  {"input_ids": None}])
+def test_skip_slots_is_any_collection_of_names(skip):
+    theirs, ours = registries()
+    for reg, slot in zip((theirs, ours), slot_pair(name="input_ids", shape_fn=lambda bs, mt: (mt,),
+                                                     dtype=torch.int64)):
+        reg.register_slot(slot)
+        slot.buffer.fill_(9)
+        fill(reg, Batch(input_ids=torch.arange(2)), 2, 2, 2, 2, skip_slots=skip)
+    assert ours.get_slot("input_ids").buffer.tolist() == theirs.get_slot("input_ids").buffer.tolist() == [9] * 8
+
+
+@pytest.mark.parametrize("skip", ["input_ids", "input_ids,positions", b"input_ids"])
+def test_skip_slots_as_a_bare_string_is_a_type_error_naming_the_argument(skip):
+    """sglang tests ``name in skip_slots``: a str skips every slot whose name is part of
+    it (a substring test); the drop-in refuses it rather than guess."""
+    theirs, ours = registries()
+    for reg, slot in zip((theirs, ours), slot_pair(name="input_ids", shape_fn=lambda bs, mt: (mt,),
+                                                     dtype=torch.int64)):
+        reg.register_slot(slot)
+        slot.buffer.fill_(9)
+    if isinstance(skip, str):
+        fill(theirs, Batch(input_ids=torch.arange(2)), 2, 2, 2, 2, skip_slots=skip)
+        assert theirs.get_slot("input_ids").buffer.tolist() == [9] * 8  # skipped: "input_ids" in skip
+    for _ in range(2):  # refused every time, never cached
+        with pytest.raises(TypeError) as exc:
+            fill(ours, Batch(input_ids=torch.arange(2)), 2, 2, 2, 2, skip_slots=skip)
+        hint = f": pass {{{skip!r}}}" if isinstance(skip, str) else ""
+        assert str(exc.value) == (f"skip_slots must be a collection of slot names (a set, frozenset, list or "
+                                  f"tuple), got the {type(skip).__name__} {skip!r}{hint}")
+    assert ours.get_slot("input_ids").buffer.tolist() == [9] * 8
+    with pytest.raises(TypeError, match=r"^skip_slots must be a collection of slot names .*, got the int 5$"):
+        fill(ours, Batch(input_ids=torch.arange(2)), 2, 2, 2, 2, skip_slots=5)
+
+
 # --- binding stays off the per-step path ---------------------------------------------
 
 @pytest.fixture
@@ -193,7 +287,7 @@ def test_a_skip_set_is_bound_once_then_looked_up(binds):
 
 
 def test_identical_slot_sets_share_one_compiled_module():
-    import graphslot.codegen.inprocess as inprocess
+    import graphslot.codegen.generator as generator
 
     def make(scale):
         reg = dropin.CudaGraphBufferRegistry(device=CPU, max_bs=4, max_num_tokens=8)
@@ -203,7 +297,7 @@ def test_identical_slot_sets_share_one_compiled_module():
 
     first = make(2)
     first.graphslot
-    with mock.patch.object(inprocess, "render_module", wraps=inprocess.render_module) as render:
+    with mock.patch.object(generator, "render_module", wraps=generator.render_module) as render:
         second = make(3)
         fb = Batch()
         fb.h = torch.tensor([1, 2])

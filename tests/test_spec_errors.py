@@ -15,6 +15,7 @@ import torch
 
 import graphslot as gs
 from conftest import build_error, make_slot_yaml, parse, spec_error
+from graphslot.api import build
 
 EXPRESSIONS_MAY_USE = (
     "expressions may use names, int/float/bool literals, + - * // %, comparisons, and/or/not, "
@@ -524,7 +525,7 @@ def test_slot_name_must_be_an_identifier():
 )
 def test_import_hook_that_cannot_be_used(keys, expected):
     with pytest.raises(gs.SpecError) as info:
-        gs.parse_spec(make_slot_yaml(**keys), source="spec.yaml", import_hooks=True)
+        gs.parse_spec(make_slot_yaml(**keys), path="spec.yaml", import_hooks=True)
     assert str(info.value).splitlines() == [f"spec.yaml:8: slot 'x': {expected}"]
 
 
@@ -536,7 +537,7 @@ def test_import_hooks_are_not_imported_unless_asked():
 def test_import_hooks_that_fit_are_valid():
     spec = gs.parse_spec(make_slot_yaml(post_fill="hooks_for_tests:post_fill_fits",
                                         pre_capture="hooks_for_tests:pre_capture_fits"),
-                         source="spec.yaml", import_hooks=True)
+                         path="spec.yaml", import_hooks=True)
     assert spec.slots[0].post_fill == "hooks_for_tests:post_fill_fits"
 
 
@@ -671,7 +672,7 @@ def test_every_shipped_spec_loads_clean_under_defaults_and_presets(name):
     spec = gs.load_spec(name)
     assert spec.name == name
     for preset in [None, *spec.presets]:
-        reg = gs.build_registry(spec, max_bs=4, max_num_tokens=8, preset=preset, mode="interpreted")
+        reg = build(spec, max_bs=4, max_num_tokens=8, preset=preset, impl="interpreted", device="cpu")
         assert reg.slot_names()
 
 
@@ -737,7 +738,7 @@ def test_build_with_a_param_of_the_wrong_type(build_spec, params, expected):
 
 @pytest.mark.parametrize("value", [torch.int32, "int32", "torch.int32"])
 def test_dtype_param_accepts_a_torch_dtype_or_its_name(build_spec, value):
-    reg = gs.build_registry(build_spec, 4, 8, params={"idx_dtype": value}, mode="interpreted")
+    reg = gs.build_registry(build_spec, max_bs=4, max_num_tokens=8, params={"idx_dtype": value}, impl="interpreted", device="cpu")
     assert reg.slot("x").buffer.dtype == torch.int32
     assert reg.params["idx_dtype"] is torch.int32
 
@@ -747,8 +748,8 @@ def test_build_with_an_unknown_preset(build_spec):
 
 
 def test_preset_then_explicit_params_win_over_defaults(build_spec):
-    assert gs.build_registry(build_spec, 4, 8, preset="wide", mode="interpreted").slot("x").buffer.shape == (4, 4)
-    reg = gs.build_registry(build_spec, 4, 8, preset="wide", params={"width": 5}, mode="interpreted")
+    assert build(build_spec, max_bs=4, max_num_tokens=8, preset="wide", impl="interpreted", device="cpu").slot("x").buffer.shape == (4, 4)
+    reg = build(build_spec, max_bs=4, max_num_tokens=8, preset="wide", params={"width": 5}, impl="interpreted", device="cpu")
     assert reg.slot("x").buffer.shape == (4, 5)
 
 
@@ -761,7 +762,7 @@ def test_build_with_a_param_making_an_extent_non_positive(build_spec, width):
 
 def test_build_with_non_positive_capacities_is_a_value_error(build_spec):
     with pytest.raises(ValueError, match=r"^max_bs and max_num_tokens must be >= 1, got 0 and 8$"):
-        gs.build_registry(build_spec, 0, 8, mode="interpreted")
+        gs.build_registry(build_spec, max_bs=0, max_num_tokens=8, impl="interpreted", device="cpu")
 
 
 HOOK_SPEC = make_slot_yaml(post_fill="my_post_fill")
@@ -784,5 +785,5 @@ def test_build_with_a_user_hook_of_the_wrong_signature():
 
 def test_hook_of_a_disabled_slot_need_not_exist():
     text = make_slot_yaml(params={"use": {"type": "bool", "default": False}}, enabled_if="use", post_fill="missing")
-    reg = gs.build_registry(parse(text), 4, 8, mode="interpreted")
+    reg = gs.build_registry(parse(text), max_bs=4, max_num_tokens=8, impl="interpreted", device="cpu")
     assert not reg.has_slot("x")

@@ -77,7 +77,7 @@ def mutate(text: str, edits, value=YAML_VALUE) -> str:
 def parse_or_issues(text: str, source: str):
     """The spec, or the issues of the ``SpecError``; any other exception fails the test."""
     try:
-        return gs.parse_spec(text, source=source), []
+        return gs.parse_spec(text, path=source), []
     except gs.SpecError as exc:
         return None, exc.issues
 
@@ -110,7 +110,7 @@ def test_a_mutated_spec_is_a_spec_or_a_located_error(name, edits):
     module = render_module(spec, params)  # a validated spec always renders: no GeneratedCodeError
     compile(module, source, "exec")
     try:
-        built = {mode: gs.build_registry(spec, max_bs=4, max_num_tokens=8, device="cpu", mode=mode)
+        built = {mode: gs.build_registry(spec, max_bs=4, max_num_tokens=8, device="cpu", impl=mode)
                  for mode in ("interpreted", "generated")}
     except gs.SpecError as exc:  # a cut hook name: validation cannot know the engine's hooks
         assert all(i.file == source and i.line and "hook" in i.message for i in exc.issues), str(exc)

@@ -27,6 +27,7 @@ from graphslot.spec.loading import SHIPPED_DIR
 from graphslot.spec.project import load_project_config
 from graphslot.spec.yaml_loader import load_yaml
 from graphslot.generated import decode_default, decode_eager, prefill_default
+from graphslot.api import build
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = {name: (SHIPPED_DIR / f"{name}.yaml").read_text(encoding="utf-8") for name in ("decode", "prefill")}
@@ -104,16 +105,16 @@ def test_the_committed_modules_still_run_under_every_such_edit(kind):
     for name, module, preset in MODULES:
         spec = gs.parse_spec(SAME_MEANING[kind](SHIPPED[name]), LABEL.format(name))
         assert module.SPEC_IDENTITY == spec.identity
-        reg = gs.build_registry(spec, 4, 8, mode=module, preset=preset)
+        reg = build(spec, max_bs=4, max_num_tokens=8, impl=module, preset=preset, device="cpu")
         fb = type("Batch", (), {})()
         for slot in reg.active:
-            if slot.spec.plain_copy:
-                shape = list(slot.spec.shape)
-                if slot.spec.axis != "none":
-                    shape[slot.spec.slice_dim] = 2
-                setattr(fb, slot.name, torch.ones(shape, dtype=slot.spec.dtype))
-        reg.fill_from(fb, 2, 4, 2, 4)
-        assert reg.extract(fb, 4, 4).batch_size == 4
+            if slot.resolved.plain_copy:
+                shape = list(slot.resolved.shape)
+                if slot.resolved.axis != "none":
+                    shape[slot.resolved.slice_dim] = 2
+                setattr(fb, slot.name, torch.ones(shape, dtype=slot.resolved.dtype))
+        reg.fill_from(fb, raw_bs=2, padded_bs=4, raw_num_tokens=2, padded_num_tokens=4)
+        assert reg.extract(fb, padded_bs=4, padded_num_tokens=4).batch_size == 4
 
 
 def _copy_repo_project(root: Path, spec_edit: Callable[[str], str] = lambda t: t,
@@ -179,7 +180,7 @@ def test_a_crlf_module_imports_and_runs(tmp_path, monkeypatch):
     module = importlib.import_module("crlf_pkg.decode_crlf")
     try:
         spec = gs.parse_spec(_crlf(SHIPPED["decode"]), LABEL.format("decode"))
-        reg = gs.build_registry(spec, 4, 4, mode=module, params={"seq_len_fill_value": 3})
+        reg = gs.build_registry(spec, max_bs=4, max_num_tokens=4, impl=module, params={"seq_len_fill_value": 3}, device="cpu")
         assert reg.slot("seq_lens").buffer.tolist() == [3, 3, 3, 3]
     finally:
         sys.modules.pop("crlf_pkg.decode_crlf", None)
@@ -261,8 +262,8 @@ def test_every_change_of_meaning_changes_the_identity_and_the_module_refuses(cha
     spec = _edited("decode", MEANING[change])
     assert spec.identity != shipped.identity
     with pytest.raises(gs.SpecError) as info:
-        gs.build_registry(spec, 8, 8, mode=decode_default, hooks={"my_hook": lambda *a: None,
-                                                                   "my_source": lambda *a: None})
+        gs.build_registry(spec, max_bs=8, max_num_tokens=8, impl=decode_default, hooks={"my_hook": lambda *a: None,
+                                                                   "my_source": lambda *a: None}, device="cpu")
     message = str(info.value)
     assert (f"generated module 'graphslot.generated.decode_default' was generated from another version of "
             f"graphslot/slot_specs/decode.yaml (identity {shipped.identity[:12]}…, the spec is now "

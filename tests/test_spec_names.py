@@ -39,18 +39,18 @@ def _slots(spec: gs.RegistrySpec) -> list:
 
 def test_load_spec_and_build_registry_use_the_projects_spec(project):
     spec = gs.load_spec("decode")
-    assert spec.source == "specs/decode.yaml" and _slots(spec)[-1] == "lora_ids"
-    reg = gs.build_registry("decode", 8, 8, mode="interpreted")
-    assert reg.spec.source == "specs/decode.yaml" and "lora_ids" in reg.slot_names()
-    assert "lora_ids" in gs.build_registry("decode", 8, 8).slot_names()  # generated in process, the same spec
+    assert spec.path == "specs/decode.yaml" and _slots(spec)[-1] == "lora_ids"
+    reg = gs.build_registry("decode", max_bs=8, max_num_tokens=8, impl="interpreted", device="cpu")
+    assert reg.spec.path == "specs/decode.yaml" and "lora_ids" in reg.slot_names()
+    assert "lora_ids" in gs.build_registry("decode", max_bs=8, max_num_tokens=8, device="cpu").slot_names()  # generated in process, the same spec
 
 
 def test_from_a_subdirectory_too_and_outside_the_project_the_shipped_one(project, monkeypatch, tmp_path):
     (project / "src").mkdir()
     monkeypatch.chdir(project / "src")
-    assert gs.load_spec("decode").source == str(project / "specs" / "decode.yaml")
+    assert gs.load_spec("decode").path == str(project / "specs" / "decode.yaml")
     monkeypatch.chdir(tmp_path)
-    assert gs.load_spec("decode").source == str(SHIPPED_DIR / "decode.yaml")
+    assert gs.load_spec("decode").path == str(SHIPPED_DIR / "decode.yaml")
     assert "lora_ids" not in _slots(gs.load_spec("decode"))
 
 
@@ -73,15 +73,15 @@ def test_a_name_may_be_the_specs_name_field(project):
     """new-spec writes any file name; ``name: decode`` inside makes it what decode means."""
     (project / "specs" / "decode.yaml").rename(project / "specs" / "engine_decode.yaml")
     (project / "pyproject.toml").write_text('[tool.graphslot]\nspecs = ["specs/engine_decode.yaml"]\n')
-    assert gs.load_spec("decode").source == "specs/engine_decode.yaml"
-    assert gs.load_spec("engine_decode").source == "specs/engine_decode.yaml"
+    assert gs.load_spec("decode").path == "specs/engine_decode.yaml"
+    assert gs.load_spec("engine_decode").path == "specs/engine_decode.yaml"
     assert _slots(gs.load_spec("prefill")) == _slots(gs.load_spec(SHIPPED_DIR / "prefill.yaml"))  # still shipped
 
 
 def test_a_file_name_wins_over_a_name_field(project):
     (project / "specs" / "other.yaml").write_text(SHIPPED_DECODE)  # name: decode too
     (project / "pyproject.toml").write_text('[tool.graphslot]\nspecs = ["specs/other.yaml", "specs/decode.yaml"]\n')
-    assert gs.load_spec("decode").source == "specs/decode.yaml"
+    assert gs.load_spec("decode").path == "specs/decode.yaml"
 
 
 def test_two_project_specs_of_one_name_are_ambiguous(project):
@@ -93,7 +93,7 @@ def test_two_project_specs_of_one_name_are_ambiguous(project):
         gs.load_spec("dec")
     assert str(info.value) == ("dec: the spec name 'dec' matches several of the project's specs (specs/a/dec.yaml, "
                                "specs/b/dec.yaml); pass the path of the one you mean")
-    assert gs.load_spec("specs/a/dec.yaml").source == "specs/a/dec.yaml"
+    assert gs.load_spec("specs/a/dec.yaml").path == "specs/a/dec.yaml"
 
 
 def test_an_unknown_name_lists_the_projects_specs_and_the_shipped_ones(project):

@@ -23,6 +23,7 @@ import torch
 
 import graphslot as gs
 from graphslot.registry.stepcheck import StepChecker, byte_extent
+from graphslot.api import build as build_full
 
 MAX_BS, MAX_NUM_TOKENS = 4, 8
 
@@ -63,8 +64,9 @@ def no_strict_env(monkeypatch):
 
 
 def build(mode, device="cpu", **kwargs):
-    spec = gs.parse_spec(SPEC, source="strict.yaml")
-    return gs.build_registry(spec, MAX_BS, MAX_NUM_TOKENS, device=device, mode=mode, hooks=HOOKS, **kwargs)
+    spec = gs.parse_spec(SPEC, path="strict.yaml")
+    return build_full(spec, device=device, max_bs=MAX_BS, max_num_tokens=MAX_NUM_TOKENS, impl=mode, hooks=HOOKS,
+                      **kwargs)
 
 
 class Batch:
@@ -108,7 +110,7 @@ def how(request, monkeypatch):
 @pytest.fixture(params=MODES)
 def strict_reg(request, how):
     reg = build(request.param, **how)
-    assert reg.strict and reg.mode == request.param
+    assert reg.strict and reg.impl == request.param
     return reg
 
 
@@ -117,11 +119,11 @@ def strict_reg(request, how):
 
 def test_a_good_batch_fills_exactly_as_without_strict_mode(strict_reg, monkeypatch):
     monkeypatch.delenv("GRAPHSLOT_STRICT", raising=False)
-    plain = build(strict_reg.mode)
+    plain = build(strict_reg.impl)
     assert not plain.strict
     for raw_bs, padded_bs, raw_nt, padded_nt in [(2, 3, 3, 5), (4, 4, 8, 8), (0, 0, 0, 0), (1, 4, 0, 8)]:
         for reg in (strict_reg, plain):
-            reg.fill_from(good_batch(raw_bs, raw_nt), raw_bs, padded_bs, raw_nt, padded_nt)
+            reg.fill_from(good_batch(raw_bs, raw_nt), raw_bs=raw_bs, padded_bs=padded_bs, raw_num_tokens=raw_nt, padded_num_tokens=padded_nt)
         for name in plain.slot_names():
             assert torch.equal(strict_reg.slot(name).buffer, plain.slot(name).buffer), name
     assert strict_reg.slot("count").buffer.tolist() == [0]
@@ -132,9 +134,9 @@ def test_absent_or_none_fields_that_may_be_absent_are_accepted(strict_reg):
     fb.rope = None  # optional
     fb.extra_rows = None  # a source returning None: no copy
     fb.meta = types.SimpleNamespace()  # dotted_field finds nothing: None
-    strict_reg.fill_from(fb, 2, 3, 3, 5)
+    strict_reg.fill_from(fb, raw_bs=2, padded_bs=3, raw_num_tokens=3, padded_num_tokens=5)
     del fb.rope
-    strict_reg.fill_from(fb, 2, 3, 3, 5)
+    strict_reg.fill_from(fb, raw_bs=2, padded_bs=3, raw_num_tokens=3, padded_num_tokens=5)
     assert strict_reg.slot("ids").buffer[:3].tolist() == [10, 11, 12]
 
 
@@ -142,7 +144,7 @@ def test_absent_or_none_fields_that_may_be_absent_are_accepted(strict_reg):
 def test_a_source_may_return_any_row_count_up_to_the_capacity(strict_reg, rows):
     fb = good_batch(raw_bs=2)
     fb.extra_rows = torch.arange(1, rows + 1)
-    strict_reg.fill_from(fb, 2, 3, 3, 5)
+    strict_reg.fill_from(fb, raw_bs=2, padded_bs=3, raw_num_tokens=3, padded_num_tokens=5)
     assert strict_reg.slot("extra").buffer[:rows].tolist() == list(range(1, rows + 1))
 
 
@@ -150,7 +152,7 @@ def test_disabled_and_computed_slots_are_not_checked(strict_reg):
     fb = good_batch()
     fb.gated = [1, 2, 3]  # the slot is disabled with gate=false
     fb.count = torch.zeros(9, dtype=torch.float64)  # copy_from_fb: false — never read
-    strict_reg.fill_from(fb, 2, 3, 3, 5)
+    strict_reg.fill_from(fb, raw_bs=2, padded_bs=3, raw_num_tokens=3, padded_num_tokens=5)
     assert not strict_reg.has_slot("gated")
 
 
@@ -221,12 +223,12 @@ MISMATCHES = {
 @pytest.mark.parametrize("case", list(MISMATCHES))
 def test_each_mismatch_is_a_slot_error_naming_slot_expected_and_got(strict_reg, case):
     mutate, message = MISMATCHES[case]
-    strict_reg.fill_from(good_batch(), 2, 3, 3, 5)  # a first, good step
+    strict_reg.fill_from(good_batch(), raw_bs=2, padded_bs=3, raw_num_tokens=3, padded_num_tokens=5)  # a first, good step
     before = buffers(strict_reg)
     fb = good_batch()
     mutate(fb)
     with pytest.raises(gs.SlotError) as info:
-        strict_reg.fill_from(fb, 2, 3, 3, 5)
+        strict_reg.fill_from(fb, raw_bs=2, padded_bs=3, raw_num_tokens=3, padded_num_tokens=5)
     assert str(info.value) == message
     assert_untouched(strict_reg, before)  # checked before anything is copied
 
@@ -252,7 +254,7 @@ def test_impossible_step_sizes_are_slot_errors(strict_reg, case):
     fb = good_batch(max(raw_bs, 0), raw_nt)
     before = buffers(strict_reg)
     with pytest.raises(gs.SlotError) as info:
-        strict_reg.fill_from(fb, *sizes)
+        strict_reg.fill_from(fb, **dict(zip(("raw_bs", "padded_bs", "raw_num_tokens", "padded_num_tokens"), sizes)))
     assert str(info.value) == "spec 'strict': " + message
     assert_untouched(strict_reg, before)
 
@@ -262,16 +264,16 @@ def test_impossible_step_sizes_are_slot_errors(strict_reg, case):
 @pytest.mark.parametrize("mode", MODES)
 def test_a_source_on_the_wrong_device_is_a_slot_error(mode):
     reg = build(mode, device="cuda", strict=True)
-    reg.fill_from(good_batch(device="cuda"), 2, 3, 3, 5)
+    reg.fill_from(good_batch(device="cuda"), raw_bs=2, padded_bs=3, raw_num_tokens=3, padded_num_tokens=5)
     fb = good_batch(device="cuda")
     fb.ids = fb.ids.cpu()
     with pytest.raises(gs.SlotError) as info:
-        reg.fill_from(fb, 2, 3, 3, 5)
+        reg.fill_from(fb, raw_bs=2, padded_bs=3, raw_num_tokens=3, padded_num_tokens=5)
     assert str(info.value) == f"spec 'strict', slot 'ids': expected device {reg.slot('ids').buffer.device}, got cpu"
     fb = good_batch(device="cuda")
     fb.lens_cpu = fb.lens_cpu.cuda()  # a host slot wants a host tensor
     with pytest.raises(gs.SlotError) as info:
-        reg.fill_from(fb, 2, 3, 3, 5)
+        reg.fill_from(fb, raw_bs=2, padded_bs=3, raw_num_tokens=3, padded_num_tokens=5)
     assert str(info.value) == f"spec 'strict', slot 'lens_cpu': expected device cpu, got {fb.lens_cpu.device}"
 
 
@@ -292,7 +294,7 @@ def test_strict_mode_is_chosen_at_build_time(monkeypatch, mode):
     monkeypatch.setenv("GRAPHSLOT_STRICT", "1")  # too late for this registry
     fb = good_batch()
     fb.lens = torch.tensor([5, 6])
-    reg.fill_from(fb, 2, 3, 3, 5)
+    reg.fill_from(fb, raw_bs=2, padded_bs=3, raw_num_tokens=3, padded_num_tokens=5)
     assert not reg.strict and build(mode).strict
 
 
@@ -303,15 +305,15 @@ def test_without_strict_a_generated_registry_checks_a_step_size_once(monkeypatch
         monkeypatch.setattr(StepChecker, method,
                             lambda self, *a, _m=method, _f=original: (calls.append(_m), _f(self, *a))[1])
     reg, fb = build("generated"), good_batch()
-    reg.fill_from(fb, 2, 3, 3, 5)
-    reg.extract(fb, 3, 5)
+    reg.fill_from(fb, raw_bs=2, padded_bs=3, raw_num_tokens=3, padded_num_tokens=5)
+    reg.extract(fb, padded_bs=3, padded_num_tokens=5)
     first_seen = ["counts", "view_counts", "counts"]  # view_counts checks through counts
     assert calls == first_seen
-    reg.fill_from(fb, 2, 3, 3, 5)
-    reg.extract(fb, 3, 5)
+    reg.fill_from(fb, raw_bs=2, padded_bs=3, raw_num_tokens=3, padded_num_tokens=5)
+    reg.extract(fb, padded_bs=3, padded_num_tokens=5)
     assert calls == first_seen  # nothing more on later steps of that size
     strict = build("generated", strict=True)
-    strict.fill_from(fb, 2, 3, 3, 5)
+    strict.fill_from(fb, raw_bs=2, padded_bs=3, raw_num_tokens=3, padded_num_tokens=5)
     assert calls.count("strict_fill") == 1
 
 
@@ -322,12 +324,12 @@ def test_without_strict_a_wrong_dtype_is_cast_silently(mode):
     fb = good_batch()
     fb.lens = torch.tensor([5, 6])  # int64 into an int32 slot
     fb.table = torch.full((2, 4), 2.5, dtype=torch.float64)
-    reg.fill_from(fb, 2, 3, 3, 5)
+    reg.fill_from(fb, raw_bs=2, padded_bs=3, raw_num_tokens=3, padded_num_tokens=5)
     assert reg.slot("lens").buffer.dtype == torch.int32
     assert reg.slot("lens").buffer.tolist() == [5, 6, 1, 1]
     assert reg.slot("table").buffer[:2].tolist() == [[2.5] * 4] * 2
     with pytest.raises(gs.SlotError, match=r"^spec 'strict', slot 'lens': expected dtype torch.int32, got torch.int64"):
-        build(mode, strict=True).fill_from(fb, 2, 3, 3, 5)
+        build(mode, strict=True).fill_from(fb, raw_bs=2, padded_bs=3, raw_num_tokens=3, padded_num_tokens=5)
 
 
 def test_a_generated_registry_without_strict_calls_the_generated_fill_from_directly():
@@ -347,7 +349,7 @@ def test_a_strict_generated_registry_checks_then_calls_the_generated_fill_from()
     assert reg.fill_from.__code__.co_filename != reg.module.__file__  # the checking wrappers
     assert reg.extract.__code__.co_filename != reg.module.__file__
     fb = good_batch()
-    reg.fill_from(fb, 2, 3, 3, 5)
+    reg.fill_from(fb, raw_bs=2, padded_bs=3, raw_num_tokens=3, padded_num_tokens=5)
     assert reg.slot("ids").buffer[:5].tolist() == [10, 11, 12, 0, 0]
 
 
@@ -363,8 +365,8 @@ ALIAS = textwrap.dedent("""
 
 
 def alias_registry(mode, strict):
-    reg = gs.build_registry(gs.parse_spec(ALIAS, source="alias.yaml"), 8, 8, mode=mode, strict=strict,
-                            hooks={"rows": lambda fb, ctx: fb.z_rows})
+    reg = build_full(gs.parse_spec(ALIAS, path="alias.yaml"), max_bs=8, max_num_tokens=8, impl=mode, strict=strict,
+                            hooks={"rows": lambda fb, ctx: fb.z_rows}, device="cpu")
     for name in ("x", "y", "z"):
         reg.slot(name).buffer.copy_(torch.arange(8) + 10 * (1 + "xyz".index(name)))
     return reg
@@ -381,14 +383,14 @@ def alias_batch(reg, x=None, y=None):
 @pytest.mark.parametrize("mode", MODES)
 def test_a_slots_own_head_view_passed_back_copies_onto_itself(mode, strict):
     reg = alias_registry(mode, strict)
-    reg.fill_from(alias_batch(reg, x=(0, 2)), 2, 4, 2, 4)
+    reg.fill_from(alias_batch(reg, x=(0, 2)), raw_bs=2, padded_bs=4, raw_num_tokens=2, padded_num_tokens=4)
     assert reg.slot("x").buffer[:5].tolist() == [10, 11, 0, 0, 14]
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_without_strict_a_source_viewing_its_own_tail_is_read_before_the_reset(mode):
     reg = alias_registry(mode, strict=False)
-    reg.fill_from(alias_batch(reg, y=(2, 4)), 2, 4, 2, 4)  # y's head <- y[2:4], then its tail reset
+    reg.fill_from(alias_batch(reg, y=(2, 4)), raw_bs=2, padded_bs=4, raw_num_tokens=2, padded_num_tokens=4)  # y's head <- y[2:4], then its tail reset
     assert reg.slot("y").buffer[:5].tolist() == [22, 23, -1, -1, 24]
 
 
@@ -396,7 +398,7 @@ def test_without_strict_a_source_viewing_its_own_tail_is_read_before_the_reset(m
 def test_without_strict_a_source_overlapping_its_head_is_refused_by_copy(mode):
     reg = alias_registry(mode, strict=False)
     with pytest.raises(RuntimeError, match="refer to a single memory location"):
-        reg.fill_from(alias_batch(reg, x=(1, 3)), 2, 4, 2, 4)
+        reg.fill_from(alias_batch(reg, x=(1, 3)), raw_bs=2, padded_bs=4, raw_num_tokens=2, padded_num_tokens=4)
 
 
 @pytest.mark.parametrize("batch, message", [
@@ -410,10 +412,10 @@ def test_strict_rejects_a_source_aliasing_a_buffer(mode, batch, message):
     before = buffers(reg)
     fb = alias_batch(reg, **batch)
     if message is None:
-        reg.fill_from(fb, 2, 4, 2, 4)
+        reg.fill_from(fb, raw_bs=2, padded_bs=4, raw_num_tokens=2, padded_num_tokens=4)
         return
     with pytest.raises(gs.SlotError) as info:
-        reg.fill_from(fb, 2, 4, 2, 4)
+        reg.fill_from(fb, raw_bs=2, padded_bs=4, raw_num_tokens=2, padded_num_tokens=4)
     assert str(info.value) == (f"spec 'alias', {message} (a view of a static buffer other than this slot's own "
                                "head); copy it first, or pass the batch's own tensor")
     assert_untouched(reg, before)
@@ -425,7 +427,7 @@ def test_strict_rejects_a_source_aliasing_another_slots_buffer(mode):
     fb = alias_batch(reg)
     fb.x = reg.slot("y").buffer[:2]
     with pytest.raises(gs.SlotError, match=r"^spec 'alias', slot 'x': the source aliases the buffer of slot 'y'"):
-        reg.fill_from(fb, 2, 4, 2, 4)
+        reg.fill_from(fb, raw_bs=2, padded_bs=4, raw_num_tokens=2, padded_num_tokens=4)
 
 
 ALIASES = "(a view of a static buffer other than this slot's own head); copy it first, or pass the batch's own tensor"
@@ -457,7 +459,7 @@ def test_strict_rejects_a_dlpack_or_numpy_view_of_a_buffer_at_an_offset(mode, ma
     # Another storage object than the buffer's: only its bytes tell that it aliases.
     assert view.untyped_storage().data_ptr() != reg.slot(owner).buffer.untyped_storage().data_ptr()
     with pytest.raises(gs.SlotError) as info:
-        reg.fill_from(with_fields(alias_batch(reg), **{field: view}), 2, 4, 2, 4)
+        reg.fill_from(with_fields(alias_batch(reg), **{field: view}), raw_bs=2, padded_bs=4, raw_num_tokens=2, padded_num_tokens=4)
     assert str(info.value) == f"spec 'alias', slot '{field}': the source aliases the buffer of slot '{owner}' {ALIASES}"
     assert_untouched(reg, before)
 
@@ -466,16 +468,16 @@ def test_strict_rejects_a_dlpack_or_numpy_view_of_a_buffer_at_an_offset(mode, ma
 @pytest.mark.parametrize("mode", MODES)
 def test_strict_accepts_a_dlpack_or_numpy_view_of_exactly_its_own_head(mode, make):
     reg = alias_registry(mode, strict=True)
-    reg.fill_from(with_fields(alias_batch(reg), x=make(reg.slot("x").buffer, 0, 2)), 2, 4, 2, 4)
+    reg.fill_from(with_fields(alias_batch(reg), x=make(reg.slot("x").buffer, 0, 2)), raw_bs=2, padded_bs=4, raw_num_tokens=2, padded_num_tokens=4)
     assert reg.slot("x").buffer[:5].tolist() == [10, 11, 0, 0, 14]  # copied onto itself, tail reset
 
 
 def adopted_alias_registry(mode):
     """x, y and z adopted from one tensor, back to back: ``arena[0:8]``, ``[8:16]``, ``[16:24]``."""
     arena = torch.arange(26)
-    reg = gs.build_registry(gs.parse_spec(ALIAS, source="alias.yaml"), 8, 8, mode=mode, strict=True,
+    reg = build_full(gs.parse_spec(ALIAS, path="alias.yaml"), max_bs=8, max_num_tokens=8, impl=mode, strict=True,
                             hooks={"rows": lambda fb, ctx: fb.z_rows},
-                            source={"x": arena[0:8], "y": arena[8:16], "z": arena[16:24]})
+                            bind={"x": arena[0:8], "y": arena[8:16], "z": arena[16:24]}, device="cpu")
     return reg, arena
 
 
@@ -484,7 +486,7 @@ def adopted_alias_registry(mode):
 @pytest.mark.parametrize("mode", MODES)
 def test_strict_accepts_a_source_next_to_a_buffer_in_the_same_storage(mode, view):
     reg, arena = adopted_alias_registry(mode)
-    reg.fill_from(with_fields(alias_batch(reg), x=view(arena)), 2, 4, 2, 4)  # right after z's bytes: no overlap
+    reg.fill_from(with_fields(alias_batch(reg), x=view(arena)), raw_bs=2, padded_bs=4, raw_num_tokens=2, padded_num_tokens=4)  # right after z's bytes: no overlap
     assert reg.slot("x").buffer[:4].tolist() == [24, 25, 0, 0]
 
 
@@ -496,7 +498,7 @@ def test_strict_rejects_a_source_overlapping_a_buffer_by_one_row(mode, rows, own
     before = buffers(reg)
     fb = with_fields(alias_batch(reg), y=torch.from_numpy(arena.numpy()[rows[0]:rows[1]]))
     with pytest.raises(gs.SlotError) as info:
-        reg.fill_from(fb, 2, 4, 2, 4)
+        reg.fill_from(fb, raw_bs=2, padded_bs=4, raw_num_tokens=2, padded_num_tokens=4)
     assert str(info.value) in [f"spec 'alias', slot 'y': the source aliases the buffer of slot '{owner}' {ALIASES}"
                                for owner in owners]
     assert_untouched(reg, before)
@@ -515,10 +517,10 @@ def test_byte_extent_spans_a_strided_view_from_its_first_to_its_last_element():
 @pytest.mark.parametrize("mode", MODES)
 def test_a_source_hook_runs_once_per_fill(mode, strict):
     calls = []
-    spec = gs.parse_spec(ALIAS, source="alias.yaml")
-    reg = gs.build_registry(spec, 8, 8, mode=mode, strict=strict,
-                            hooks={"rows": lambda fb, ctx: calls.append(1) or fb.z_rows})
-    reg.fill_from(alias_batch(reg), 2, 4, 2, 4)
+    spec = gs.parse_spec(ALIAS, path="alias.yaml")
+    reg = build_full(spec, max_bs=8, max_num_tokens=8, impl=mode, strict=strict,
+                            hooks={"rows": lambda fb, ctx: calls.append(1) or fb.z_rows}, device="cpu")
+    reg.fill_from(alias_batch(reg), raw_bs=2, padded_bs=4, raw_num_tokens=2, padded_num_tokens=4)
     assert calls == [1]
     assert reg.slot("z").buffer[:4].tolist() == [5, 0, 0, 0]  # [:len(src)] after the tail reset
 
@@ -539,7 +541,7 @@ def test_extract_checks_its_counts(mode, case, strict):
     counts, message = EXTRACT_COUNTS[case]
     reg = build(mode, strict=strict)
     with pytest.raises(gs.SlotError) as info:
-        reg.extract(good_batch(), *counts)
+        reg.extract(good_batch(), **dict(zip(("padded_bs", "padded_num_tokens"), counts)))
     assert str(info.value) == message
 
 
@@ -547,13 +549,13 @@ def test_extract_checks_its_counts(mode, case, strict):
 def test_counts_are_checked_on_the_first_step_of_a_size_without_strict_mode(mode):
     reg = build(mode)
     with pytest.raises(gs.SlotError, match=r"^spec 'strict': raw bs count must be an int, got float 2.0$"):
-        reg.fill_from(good_batch(), 2.0, 3, 3, 5)
+        reg.fill_from(good_batch(), raw_bs=2.0, padded_bs=3, raw_num_tokens=3, padded_num_tokens=5)
     with pytest.raises(gs.SlotError, match="got raw=3, padded=2, capacity=4$"):
-        reg.fill_from(good_batch(3), 3, 2, 3, 5)
-    reg.fill_from(good_batch(), 2, 3, 3, 5)
-    reg.fill_from(good_batch(), 2.0, 3, 3, 5)  # equal to a size already checked: not checked again
+        reg.fill_from(good_batch(3), raw_bs=3, padded_bs=2, raw_num_tokens=3, padded_num_tokens=5)
+    reg.fill_from(good_batch(), raw_bs=2, padded_bs=3, raw_num_tokens=3, padded_num_tokens=5)
+    reg.fill_from(good_batch(), raw_bs=2.0, padded_bs=3, raw_num_tokens=3, padded_num_tokens=5)  # equal to a size already checked: not checked again
     with pytest.raises(gs.SlotError, match="must be an int, got float 2.0$"):
-        build(mode, strict=True).fill_from(good_batch(), 2.0, 3, 3, 5)  # strict: every call
+        build(mode, strict=True).fill_from(good_batch(), raw_bs=2.0, padded_bs=3, raw_num_tokens=3, padded_num_tokens=5)  # strict: every call
 
 
 BATCH_FIELDS = [("ids", torch.Tensor), ("lens", torch.Tensor), ("lens_cpu", torch.Tensor), ("table", torch.Tensor),
@@ -573,8 +575,8 @@ def test_extract_works_on_frozen_and_slotted_dataclass_batches(mode, batch_type)
     good = good_batch()
     fb = batch_type(**{f.name: getattr(good, f.name) for f in dataclasses.fields(batch_type)
                        if f.name not in ("rope", "extra", "count", "batch_size")}, batch_size=2)
-    reg.fill_from(fb, 2, 3, 3, 5)
-    view = reg.extract(fb, 3, 5)
+    reg.fill_from(fb, raw_bs=2, padded_bs=3, raw_num_tokens=3, padded_num_tokens=5)
+    view = reg.extract(fb, padded_bs=3, padded_num_tokens=5)
     assert type(view) is batch_type and view is not fb
     assert view.batch_size == 3 and fb.batch_size == 2
     assert view.ids.data_ptr() == reg.slot("ids").buffer.data_ptr() and view.ids.shape == (5,)
@@ -589,9 +591,9 @@ def test_every_shape_expression_the_interpreter_accepts_builds_in_both_modes(mod
         slots:
           - {name: x, shape: ["max_bs // 100"], dtype: int64, axis: none, padding: keep_pad}
           - {name: y, shape: ["max_bs - 60", max_bs], dtype: int64, axis: bs, slice_dim: 1, padding: zero}
-    """), source="capacity.yaml")
-    reg = gs.build_registry(spec, 300, 4, mode=mode)
+    """), path="capacity.yaml")
+    reg = gs.build_registry(spec, max_bs=300, max_num_tokens=4, impl=mode, device="cpu")
     assert reg.slot("x").buffer.shape == (3,) and reg.slot("y").buffer.shape == (240, 300)
     fb = types.SimpleNamespace(x=torch.tensor([1, 2, 3]), y=torch.ones(240, 2, dtype=torch.int64))
-    reg.fill_from(fb, 2, 4, 1, 1)
+    reg.fill_from(fb, raw_bs=2, padded_bs=4, raw_num_tokens=1, padded_num_tokens=1)
     assert reg.slot("y").buffer[:, :5].sum(1).tolist() == [2] * 240

@@ -200,7 +200,7 @@ def test_import_graphslot_and_build_registry_in_a_fresh_interpreter():
         RESULT = {"torch_after_import": "torch" in sys.modules}
         reg = graphslot.build_registry("decode", 4, 4)
         import torch
-        RESULT["registry"] = isinstance(reg, graphslot.SlotRegistry) and reg.mode == "generated"
+        RESULT["registry"] = isinstance(reg, graphslot.SlotRegistry) and reg.impl == "generated"
         RESULT["buffer"] = str(reg.slot("out_cache_loc").buffer.dtype)
         RESULT["param"] = reg.params["cache_loc_dtype"] is torch.int64
         ATTEMPTS = []
@@ -213,10 +213,10 @@ def test_import_graphslot_and_build_registry_in_a_fresh_interpreter():
 @pytest.mark.parametrize("value", [torch.int32, "int32", "torch.int32", "int"])
 def test_dtype_params_accept_torch_dtypes_and_names(value):
     for mode in ("generated", "interpreted"):
-        reg = gs.build_registry("decode", 4, 4, params={"cache_loc_dtype": value}, mode=mode)
+        reg = gs.build_registry("decode", max_bs=4, max_num_tokens=4, params={"cache_loc_dtype": value}, impl=mode, device="cpu")
         assert reg.params["cache_loc_dtype"] is torch.int32
         assert reg.slot("out_cache_loc").buffer.dtype is torch.int32
-        assert reg.slot("out_cache_loc").spec.dtype is torch.int32
+        assert reg.slot("out_cache_loc").resolved.dtype is torch.int32
     resolved = gs.resolve_params(gs.load_spec("decode"), {"cache_loc_dtype": value})
     assert resolved["cache_loc_dtype"] is torch.int32
     names = gs.resolve_params(gs.load_spec("decode"), {"cache_loc_dtype": value}, torch_dtypes=False)
@@ -330,3 +330,26 @@ def test_numpy_warning_is_silenced_where_graphslot_imports_torch(tmp_path):
     # Imported by the engine itself, the warning is torch's own business (here: an error).
     loud = run_python(strict + "import torch\n", env)
     assert loud.returncode != 0 and "Failed to initialize NumPy" in loud.stderr
+
+
+def test_import_graphslot_loads_neither_pydantic_nor_yaml_and_a_checked_in_module_no_generator():
+    """``import graphslot`` is the version and the error types (the spec model loads when
+    a spec is first read); building from a checked-in generated module renders nothing,
+    so neither jinja2 nor graphslot's generator is imported (torch itself imports tqdm)."""
+    code = textwrap.dedent("""
+        import sys
+        import graphslot
+        RESULT = {"heavy_after_import": sorted({"pydantic", "yaml", "torch", "jinja2"} & set(sys.modules))}
+        import torch
+        before = set(sys.modules)
+        import graphslot.generated.decode_default as module
+        reg = graphslot.build_registry(module, 4, 4)
+        new = set(sys.modules) - before
+        RESULT["new"] = sorted(n for n in new if n.split(".")[0] in ("jinja2", "tqdm")
+                               or n in ("graphslot.codegen.generator", "graphslot.log"))
+        RESULT["filled"] = reg.impl
+        ATTEMPTS = []
+    """) + REPORT
+    report = report_of(run_python(code))
+    assert report["heavy_after_import"] == []
+    assert report["new"] == [] and report["filled"] == "generated"

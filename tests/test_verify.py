@@ -49,7 +49,7 @@ def test_reference_model_passes_verify():
 
 
 def test_a_stale_kv_slot_tail_is_named_with_the_policy_that_fixes_it():
-    spec = gs.parse_spec(keep_pad_out_cache_loc_spec(), source="keep_pad.yaml")
+    spec = gs.parse_spec(keep_pad_out_cache_loc_spec(), path="keep_pad.yaml")
     report = verify_runner(reference_target("cpu", max_bs=4, spec=spec))
     assert not report.safe
     unsafe = [s for s in report.slots if s.verdict == "UNSAFE"]
@@ -102,7 +102,7 @@ slots:
 
 
 def test_poison_patterns_per_dtype():
-    reg = gs.build_registry(parse(POISON_SPEC), max_bs=6, max_num_tokens=6, mode="interpreted")
+    reg = gs.build_registry(parse(POISON_SPEC), max_bs=6, max_num_tokens=6, impl="interpreted", device="cpu")
     assert [s.name for s in reg.active if poisonable(s)] == ["ids", "scale", "mask"]
     ids, scale, mask = (reg.slot(n) for n in ("ids", "scale", "mask"))
     ids.buffer[:2] = torch.tensor([5, 9])
@@ -264,6 +264,34 @@ def test_the_transformers_integration_passes_verify():
 def test_verify_on_cuda_graphs():
     report = verify_runner(reference_target("cuda", max_bs=8))
     assert report.backend == "cuda" and report.safe, format_report(report)
-    spec = gs.parse_spec(keep_pad_out_cache_loc_spec(), source="keep_pad.yaml")
+    spec = gs.parse_spec(keep_pad_out_cache_loc_spec(), path="keep_pad.yaml")
     bad = verify_runner(reference_target("cuda", max_bs=8, spec=spec))
     assert [s.slot for s in bad.slots if s.verdict == "UNSAFE"] == ["out_cache_loc"], format_report(bad)
+
+
+def _must_not_build(*args, **kwargs):
+    raise AssertionError("the reference model was built")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--max-bs", "1000000"], "argument --max-bs: 1000000 is over the limit of 256 (graphs are captured at sizes up "
+                              "to it, and their memory grows with it)"),
+    (["--seed", str(10**23)], "argument --seed: expected an integer from 0 to 2**64-1 (what torch.manual_seed "
+                              "takes), got '100000000000000000000000'"),
+    (["--seed", "-1"], "argument --seed: expected an integer from 0 to 2**64-1 (what torch.manual_seed takes), "
+                       "got '-1'"),
+    (["--spec", "prefill"], "argument --spec: spec 'prefill' (graphslot/slot_specs/prefill.yaml) is not a decode "
+                            "spec: it declares no param 'seq_len_fill_value', which the reference model's decode runner "
+                            "sets; give a decode spec (the shipped 'decode', or a copy of it)"),
+])
+def test_cli_verify_refuses_a_reference_option_it_cannot_use_before_building_anything(monkeypatch, capsys, argv,
+                                                                                        message):
+    """`--max-bs 1000000` grew until the kernel killed it, `--seed 10**23` ended in torch's
+    "Overflow when unpacking long long", `--spec prefill` blamed the shipped prefill.yaml."""
+    monkeypatch.setattr("graphslot.reference.verify_target.build_reference_model", _must_not_build)
+    assert verify_error(capsys, "--backend", "cpu", *argv) == (2, f"graphslot verify: error: {message}")
+
+
+def test_cli_verify_takes_the_largest_seed_torch_takes(capsys):
+    assert main(["verify", "--backend", "cpu", "--max-bs", "2", "--no-audit", "--seed", str(2**64 - 1)]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("verdict: safe")

@@ -19,7 +19,7 @@ slots:
   - {name: input_ids, shape: [max_num_tokens], dtype: int64, axis: tokens, padding: foreach_copy}
   - {name: positions, shape: [max_num_tokens], dtype: int64, axis: tokens, padding: zero, index: true}
   - {name: seq_lens, shape: [max_bs], dtype: int64, axis: bs, padding: fill_sentinel, pad_value: 1}
-""", source="tests/tiny_engine.py")
+""", path="tests/tiny_engine.py")
 
 
 @dataclass

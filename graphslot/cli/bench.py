@@ -10,11 +10,14 @@ import json
 import sys
 
 from ..spec.dtypes import import_torch
+from ..spec.files import display_path
+from ..spec.loading import shipped_spec_path
 from .common import Command, positive_int
 
 HELP = """Time fill_from + extract: generated vs interpreted vs hand-written.
 
-Shipped decode spec, max_bs 256, raw/padded 3/4, 30/32, 200/256, all measured in one
+The shipped decode spec (graphslot's own file, whatever the working directory's project
+calls decode: the hand-written baseline and the op targets are its), max_bs 256, raw/padded 3/4, 30/32, 200/256, all measured in one
 run; also counts the mutating ATen ops of one padded fill (on a GPU, kernel
 launches). Progress goes to stderr (a bar on a terminal, else a line per size);
 --json keeps stdout pure JSON. Exit 1 when an op-count target is missed (they are
@@ -30,7 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    print(f"graphslot bench: fill_from + extract of the shipped decode spec, generated vs interpreted vs "
+    spec = display_path(shipped_spec_path("decode"))
+    print(f"graphslot bench: fill_from + extract of the shipped decode spec ({spec}), generated vs interpreted vs "
           f"hand-written, {args.repeats} repeats x {args.iters} iters per batch size", file=sys.stderr)
     import_torch()
     from .fill_bench import describe_miss, format_report, run_bench

@@ -24,8 +24,8 @@ from ..spec.names import is_identifier
 from ..spec.project import ProjectConfigError, find_pyproject, load_project_config
 
 __all__ = ["Command", "add_spec_reading_options", "fail", "format_table", "format_value", "human_bytes",
-           "hook_import_path", "import_hooks_wanted", "json_value", "metric_table", "non_negative_int", "param_arg", "positive_int",
-           "unchecked_hook_imports"]
+           "hook_import_path", "import_hooks_wanted", "json_value", "metric_table", "non_negative_int", "param_arg",
+           "positive_int", "seed_int", "unchecked_hook_imports"]
 
 Run = Callable[[argparse.Namespace, argparse.ArgumentParser], int]
 
@@ -70,6 +70,18 @@ def positive_int(text: str) -> int:
 def non_negative_int(text: str) -> int:
     if not (text.isascii() and text.isdigit()) or len(text) > 19 or int(text) >= 2**63:
         raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {shorten(text)}")
+    return int(text)
+
+
+#: The largest seed ``torch.manual_seed`` takes (an unsigned 64-bit integer).
+MAX_SEED = 2**64 - 1
+
+
+def seed_int(text: str) -> int:
+    """A seed torch and ``random`` both take: 0 to 2**64-1."""
+    if not (text.isascii() and text.isdigit()) or len(text) > 20 or int(text) > MAX_SEED:
+        raise argparse.ArgumentTypeError(f"expected an integer from 0 to 2**64-1 (what torch.manual_seed takes), "
+                                         f"got {shorten(text)}")
     return int(text)
 
 

@@ -13,7 +13,9 @@ import json
 import sys
 from typing import Any, Callable, Dict
 
+from ..spec.budget import BufferBudgetError
 from ..spec.dtypes import import_torch
+from . import limits
 from .common import Command, fail, positive_int
 
 HELP = """Run the reference model through the graph runners and check it against eager.
@@ -22,10 +24,9 @@ HELP = """Run the reference model through the graph runners and check it against
 registry code, captures the decode sizes, runs a continuous-batching decode whose
 batch size changes step to step, and compares every step's logits with eager.
 
---workload prefill: captures the breakable and the piecewise prefill runners per token
+--workload prefill: captures the prefill runner, breakable and piecewise, per token
 bucket, runs seeded prefill batches of 1..max-bs requests with mixed prompt lengths
 (some continuing a cached prefix), and compares every batch's logits with eager.
-(--mode is the older spelling of --workload and still works.)
 
 --model hf-llama (hf-<family> for each tiny-model recipe of
 graphslot.integrations.transformers.models.FAMILIES; needs `pip install
@@ -53,9 +54,7 @@ REFERENCE = "reference"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", choices=WORKLOADS, default="decode",
-                        help="what to run (default decode; --mode: the older spelling)")
-    parser.add_argument("--mode", dest="workload", choices=WORKLOADS, default=argparse.SUPPRESS,
-                        help=argparse.SUPPRESS)
+                        help="what to run (default decode)")
     parser.add_argument("--model", default=REFERENCE, metavar="MODEL",
                         help="the model: graphslot's reference model (default) or hf-<family>, a tiny "
                              "transformers model of a family with a tiny-model recipe (hf-llama, ...; decode only)")
@@ -63,15 +62,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="registry code (default generated)")
     parser.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto",
                         help="graph backend (auto: cuda on a GPU machine, else the cpu tape)")
-    parser.add_argument("--steps", type=positive_int, help="decode only: scheduler steps (default 300)")
-    parser.add_argument("--dp", type=positive_int, help="decode only: data-parallel ranks to spawn (default 1: "
-                                                         "one process)")
-    parser.add_argument("--batches", type=positive_int, help="prefill only: batches (default 50)")
+    parser.add_argument("--steps", type=positive_int, help=f"decode only: scheduler steps (default 300, at most {limits.MAX_STEPS.most}; "
+                             f"with --dp, --dp × --steps at most {limits.MAX_RANK_STEPS.most})")
+    parser.add_argument("--dp", type=positive_int, help=f"decode only: data-parallel ranks to spawn (default 1: "
+                                                         f"one process; at most {limits.MAX_DP.most})")
+    parser.add_argument("--batches", type=positive_int, help=f"prefill only: batches (default 50, at most {limits.MAX_BATCHES.most})")
     parser.add_argument("--runner", choices=("all", "breakable", "piecewise"),
                         help="prefill only: runner(s) to run (default all: both)")
     parser.add_argument("--max-bs", type=positive_int, default=None,
-                        help="largest batch size: captured (decode, default 16; hf models 8) or per prefill "
-                             "batch (prefill, default 8)")
+                        help=f"largest batch size: captured (decode, default 16; hf models 8; at most {limits.MAX_BS.most}) "
+                             f"or per prefill batch (prefill, default 8, at most {limits.PREFILL_MAX_BS.most})")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
 
 
@@ -104,6 +104,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             setattr(args, name, default)
         elif workload != args.workload:
             parser.error(f"argument --{name}: only for --workload {workload}, not --workload {args.workload}")
+    check_counts(args, parser)
     if args.dp > 1:
         if args.model != REFERENCE:
             parser.error(f"argument --dp: runs the reference model only, not --model {args.model}")
@@ -114,6 +115,19 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.model != REFERENCE:
         return run_hf(args)
     return run_prefill(args) if args.workload == "prefill" else run_decode(args)
+
+
+def check_counts(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """A usage error (exit 2) for a count over its limit (:mod:`.limits`), before anything is built."""
+    prefill = args.workload == "prefill"
+    (limits.PREFILL_MAX_BS if prefill else limits.MAX_BS).check(
+        parser, "--max-bs", args.max_bs, " for --workload prefill" if prefill else "")
+    limits.MAX_STEPS.check(parser, "--steps", args.steps)
+    limits.MAX_BATCHES.check(parser, "--batches", args.batches)
+    limits.MAX_DP.check(parser, "--dp", args.dp)
+    if args.dp > 1:
+        limits.MAX_RANK_STEPS.check(parser, "--steps", args.dp * args.steps,
+                                    got=f"--dp {args.dp} × --steps {args.steps} = {args.dp * args.steps} rank-steps")
 
 
 def header(what: str, args: argparse.Namespace, check: str) -> None:
@@ -162,6 +176,8 @@ def run_hf(args: argparse.Namespace) -> int:
 
     try:
         result = run_hf_demo(args.model, steps=args.steps, backend=args.backend, mode=args.registry, max_bs=max_bs)
+    except BufferBudgetError as exc:  # refused before anything was allocated: the size typed is the error
+        return fail("demo", f"argument --max-bs: {max_bs} is more than this machine can hold: {exc}", status=2)
     except (ImportError, RuntimeError, ValueError) as exc:
         return fail("demo", str(exc))
     return show(result, args, format_hf_demo_table, result["mismatching_steps"] != 0)

@@ -63,8 +63,8 @@ def fill_timings(spec: str, registry: Any, fill: Callable[[Any], Any], label: st
     shaped like ``registry`` (the runner's own buffers stay as they are)."""
     out: Dict[str, Any] = {"fill_batch": label}
     for mode in ("generated", "interpreted"):
-        fresh = build_registry(spec, registry.max_bs, registry.max_num_tokens, registry.device,
-                               params=registry.params, mode=mode)
+        fresh = build_registry(spec, max_bs=registry.max_bs, max_num_tokens=registry.max_num_tokens, device=registry.device,
+                               params=registry.params, impl=mode)
         out[f"fill_us_{mode}"] = _median_us(lambda: fill(fresh))
     return out
 
@@ -80,5 +80,5 @@ def representative(batches: List[Any], graphs: Dict[int, Any], size: Callable[[A
 def run_figures(runner: Any, device: torch.device, check: str, max_bs: int) -> Dict[str, Any]:
     """What every demo's JSON says of how it ran: graph backend, device, registry, check,
     torch and the largest batch."""
-    return {"backend": runner.backend.name, "device": str(device), "registry_mode": runner.registry.mode,
+    return {"backend": runner.backend.name, "device": str(device), "registry_mode": runner.registry.impl,
             "check": check, "torch": torch.__version__, "max_bs": max_bs}

@@ -43,7 +43,7 @@ def _run(steps: int, backend: str, mode: str, max_bs: int, seed: int, progress: 
     runtime = build_reference_model(config, device=device, dtype=torch.float32, seed=seed,
                                      max_num_reqs=max(max_bs, 8))
     runner = DecodeGraphRunner(ReferenceDecodeAdapter(runtime), DecodeRunnerConfig(
-        max_bs=max_bs, backend=backend, mode=mode, progress=None if progress else False))
+        max_bs=max_bs, backend=backend, impl=mode, progress=None if progress else False))
     check = output_check(device)
 
     # Long generations and frequent arrivals keep the running set between 1 and max_bs.
@@ -91,7 +91,7 @@ def _run(steps: int, backend: str, mode: str, max_bs: int, seed: int, progress: 
     if batches:
         fb = representative(batches, runner.graphs, lambda b: b.batch_size)
         raw, padded = fb.batch_size, runner.padded_bs(fb)
-        result.update(fill_timings("decode", runner.registry, lambda reg: reg.fill_from(fb, raw, padded, raw, padded),
+        result.update(fill_timings("decode", runner.registry, lambda reg: reg.fill_from(fb, raw_bs=raw, padded_bs=padded, raw_num_tokens=raw, padded_num_tokens=padded),
                                    f"{raw} -> {padded}"))
     result["seconds"] = time.perf_counter() - started
     return result

@@ -56,7 +56,7 @@ def _rank_main(rank: int, dp: int, steps: int, backend: str, mode: str, max_bs: 
     device = torch.device(f"cuda:{rank}") if backend == "cuda" else torch.device("cpu")
     runtime = build_reference_model(TinyConfig(), device=device, seed=seed, max_num_reqs=max_bs + OVERFLOW)
     adapter = ReferenceDPDecodeAdapter(runtime, DPAttention())
-    dp_runner = DPDecodeRunner(adapter, DPExchange(device=device), max_bs=max_bs, backend=backend, mode=mode,
+    dp_runner = DPDecodeRunner(adapter, DPExchange(device=device), max_bs=max_bs, backend=backend, impl=mode,
                                progress=progress and rank == 0)
     runner = dp_runner.runner
     sched = _scheduler(runtime, rank, dp, steps, max_bs, seed)
@@ -86,7 +86,7 @@ def _rank_main(rank: int, dp: int, steps: int, backend: str, mode: str, max_bs: 
             idle.append({"step": step, "padded_bs": dp_runner.last.padded_bs})
     bar.close()
     return {"decodes": decodes, "extends": extends, "idle": idle, "captured_sizes": runner.captured_sizes,
-            "capture_seconds": runner.capture_seconds, "registry_mode": runner.registry.mode,
+            "capture_seconds": runner.capture_seconds, "registry_mode": runner.registry.impl,
             "backend": runner.backend.name, "graph_steps": dp_runner.graph_steps,
             "eager_steps": dp_runner.eager_steps, "skipped_steps": dp_runner.skipped_steps}
 
@@ -181,7 +181,7 @@ def format_dp_table(result: Dict[str, Any]) -> str:
         ("disagreeing steps", str(len(result["disagreeing_steps"]))),
         ("mismatching forwards", f"{result['mismatching_forwards']} of {result['checked_forwards']} "
                                  f"({result['check']} vs one process, no DP)"),
-        ("graph step", f"{result['graph_step_ms']:.3f} ms (exchange + fill + ok flags + replay)"),
-        ("eager step", f"{result['eager_step_ms']:.3f} ms (exchange + ok flags + eager)"),
+        ("graph step", f"{result['graph_step_ms']:.3f} ms (check + exchange + fill + replay)"),
+        ("eager step", f"{result['eager_step_ms']:.3f} ms (check + exchange + eager)"),
     ]
     return metric_table(rows)

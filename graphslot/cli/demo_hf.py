@@ -68,7 +68,7 @@ def _run(hf, name: str, steps: int, backend: str, mode: str, max_bs: int, seed: 
     model = hf.tiny_model(family, seed=seed, device=device)
     # mix_prefill off: the demo shows every decode step replayed from a graph
     engine = hf.ContinuousBatcher(model, max_bs=max_bs, max_context_len=MAX_CONTEXT_LEN, backend=backend,
-                                  mode=mode, progress=None if progress else False, mix_prefill=False)
+                                  impl=mode, progress=None if progress else False, mix_prefill=False)
     reference = hf.PerRequestHF(model)
     rng = random.Random(seed)
     decode_s: List[float] = []

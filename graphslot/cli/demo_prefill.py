@@ -8,12 +8,13 @@ being deterministic, the same request and KV slots). Every batch's logits are
 compared. Nothing is shared between the two sides, so a wrong graph cannot leak into
 the reference, and the K/V a continuation reads was written by the graph alone.
 
-Each runner (breakable, piecewise) gets its own pair of runtimes and the same seeded
-stream of batches.
+Each runner (the prefill runner with capture "breakable", then "piecewise") gets its own
+pair of runtimes and the same seeded stream of batches.
 """
 
 from __future__ import annotations
 
+import functools
 import random
 import statistics
 import sys
@@ -23,6 +24,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import torch
 
 from .common import human_bytes
+from .limits import PREFILL_CACHED, PREFILL_REQUEST_SLOTS
 from .demo_common import demo_device, fill_timings, representative, run_figures, single_thread, timed
 from ..log import progress_bar
 from ..reference import TinyConfig, build_reference_model, make_extend_batch
@@ -30,8 +32,7 @@ from ..reference.numerics import output_check
 
 DEFAULT_BUCKETS = (64, 48, 32, 16, 8)
 #: Request slots of the demo runtime; a batch plus the cached requests must fit.
-MAX_NUM_REQS = 64
-MAX_LIVE = 16
+MAX_NUM_REQS, MAX_LIVE = PREFILL_REQUEST_SLOTS, PREFILL_CACHED
 MAX_DEMO_BS = MAX_NUM_REQS - MAX_LIVE
 RunnerFactory = Callable[[Any, Dict[str, Any]], Any]
 
@@ -39,22 +40,15 @@ RunnerFactory = Callable[[Any, Dict[str, Any]], Any]
 # ------------------------------------------------------------------------- runners
 
 
-def _make_breakable(runtime: Any, options: Dict[str, Any]) -> Any:
+def _make_runner(capture: str, runtime: Any, options: Dict[str, Any]) -> Any:
     from ..reference.prefill_adapter import ReferencePrefillAdapter
-    from ..runners.breakable import BreakableGraphRunner
+    from ..runners.prefill import PrefillGraphRunner
 
-    return BreakableGraphRunner(ReferencePrefillAdapter(runtime), **options)
-
-
-def _make_piecewise(runtime: Any, options: Dict[str, Any]) -> Any:
-    from ..reference.piecewise_ops import PiecewiseReferencePrefillAdapter
-    from ..runners.piecewise import PiecewiseGraphRunner
-
-    return PiecewiseGraphRunner(PiecewiseReferencePrefillAdapter(runtime), **options)
+    return PrefillGraphRunner(ReferencePrefillAdapter(runtime), capture=capture, **options)
 
 
-#: Runner name -> factory ``(runtime, options) -> runner``, in report order.
-RUNNERS: Dict[str, RunnerFactory] = {"breakable": _make_breakable, "piecewise": _make_piecewise}
+#: Runner name (the prefill runner's capture mode) -> factory ``(runtime, options) -> runner``, in report order.
+RUNNERS: Dict[str, RunnerFactory] = {name: functools.partial(_make_runner, name) for name in ("breakable", "piecewise")}
 
 
 # ------------------------------------------------------------------------ workload
@@ -131,7 +125,7 @@ def _prefill_fill_timings(runner: Any, fb: Any) -> Dict[str, Any]:
     adapter = runner.adapter
     bs, raw, n = adapter.batch_size(fb), adapter.num_tokens(fb), runner.bucket(fb)
     side = adapter.side_inputs()
-    return fill_timings("prefill", runner.registry, lambda reg: reg.fill_from(fb, bs, bs, raw, n, side),
+    return fill_timings("prefill", runner.registry, lambda reg: reg.fill_from(fb, raw_bs=bs, padded_bs=bs, raw_num_tokens=raw, padded_num_tokens=n, side_inputs=side),
                         f"{bs} reqs, {raw} -> {n} tokens")
 
 
@@ -172,7 +166,7 @@ def _run(names: List[str], count: int, backend: str, mode: str, max_bs: int, buc
     device = demo_device(backend)
     started = time.perf_counter()
     max_tokens = max(buckets)
-    options = dict(max_bs=max_bs, token_buckets=buckets, backend=backend, mode=mode,
+    options = dict(max_bs=max_bs, token_buckets=buckets, backend=backend, impl=mode,
                    progress=None if progress else False)
     check = output_check(device)
     rows: List[Dict[str, Any]] = []

@@ -1,7 +1,9 @@
 """``graphslot bench``: generated vs interpreted vs hand-written fill_from + extract.
 
 Everything is measured in one run on this machine: per-call time of ``fill_from`` +
-``extract`` for the shipped decode spec at a few (raw, padded) batch sizes, and the
+``extract`` for the shipped decode spec (graphslot's own file, :data:`SPEC`, whatever a
+project in the working directory calls ``decode``: the hand-written baseline and the op
+targets are that spec's) at a few (raw, padded) batch sizes, and the
 number of mutating ATen ops one padded fill issues (on a GPU each is a kernel launch).
 The generated column includes the contract's per-step check (one shape comparison per
 copied field); the "checks" column is what that costs, measured against the same
@@ -30,7 +32,8 @@ from .. import __version__
 from ..api import build_registry
 from ..codegen.generator import render_module
 from ..log import progress_bar
-from ..spec.loading import load_spec
+from ..spec.files import display_path
+from ..spec.loading import load_spec, shipped_spec_path
 from ..spec.resolve import resolve_params
 
 SIZES = ((3, 4), (30, 32), (200, 256))
@@ -38,6 +41,8 @@ MAX_BS = 256
 TARGET_SPEEDUP = 5.0
 TARGET_OPS = 2  # one grouped copy on the device, one on the host (seq_lens_cpu)
 TARGET_DEVICE_OPS = 1
+#: The spec measured: the shipped decode spec's file.
+SPEC = shipped_spec_path("decode")
 
 
 def decode_batch(n: int, device: str = "cpu") -> SimpleNamespace:
@@ -65,7 +70,7 @@ class HandWrittenDecode:
         self.global_num_tokens_gpu = torch.zeros(1, dtype=torch.int32, device=device)
         self.global_num_tokens_for_logprob_gpu = torch.zeros(1, dtype=torch.int32, device=device)
 
-    def fill_from(self, fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs=None):
+    def fill_from(self, fb, *, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs=None):
         if raw_bs < padded_bs:
             self.req_pool_indices[raw_bs:padded_bs].zero_()
             self.seq_lens[raw_bs:padded_bs].fill_(self.fill_value)
@@ -82,7 +87,7 @@ class HandWrittenDecode:
         if fb.mrope_positions is not None:
             self.mrope_positions[:, :raw_num_tokens].copy_(fb.mrope_positions)
 
-    def extract(self, fb, padded_bs, padded_num_tokens):
+    def extract(self, fb, *, padded_bs, padded_num_tokens):
         view = SimpleNamespace(**vars(fb))
         view.batch_size = padded_bs
         view.input_ids = self.input_ids[:padded_num_tokens]
@@ -126,7 +131,7 @@ class MutatingOpCounter(TorchDispatchMode):
 
 def count_mutating_ops(fill: Callable, fb, raw: int, padded: int) -> List[str]:
     with MutatingOpCounter() as counter:
-        fill(fb, raw, padded, raw, padded)
+        fill(fb, raw_bs=raw, padded_bs=padded, raw_num_tokens=raw, padded_num_tokens=padded)
     return counter.ops
 
 
@@ -140,7 +145,7 @@ def count_device_ops(registry, fb, raw_bs: int, padded_bs: int, raw_num_tokens: 
                      side_inputs=None) -> List[str]:
     """The ops one ``fill_from`` issues that write the registry's device buffers."""
     with MutatingOpCounter(device_storages(registry)) as counter:
-        registry.fill_from(fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs)
+        registry.fill_from(fb, raw_bs=raw_bs, padded_bs=padded_bs, raw_num_tokens=raw_num_tokens, padded_num_tokens=padded_num_tokens, side_inputs=side_inputs)
     return counter.ops
 
 
@@ -151,16 +156,16 @@ def time_per_call(runners: Dict[str, object], fb, raw: int, padded: int, iters: 
     ``tick()`` is called after each repeat."""
     for r in runners.values():
         for _ in range(200):
-            r.fill_from(fb, raw, padded, raw, padded)
-            r.extract(fb, padded, padded)
+            r.fill_from(fb, raw_bs=raw, padded_bs=padded, raw_num_tokens=raw, padded_num_tokens=padded)
+            r.extract(fb, padded_bs=padded, padded_num_tokens=padded)
     samples: Dict[str, List[float]] = {name: [] for name in runners}
     for _ in range(repeats):
         for name, r in runners.items():
             fill, extract = r.fill_from, r.extract
             start = time.perf_counter()
             for _ in range(iters):
-                fill(fb, raw, padded, raw, padded)
-                extract(fb, padded, padded)
+                fill(fb, raw_bs=raw, padded_bs=padded, raw_num_tokens=raw, padded_num_tokens=padded)
+                extract(fb, padded_bs=padded, padded_num_tokens=padded)
             samples[name].append((time.perf_counter() - start) / iters * 1e6)
         tick()
     return {name: statistics.median(values) for name, values in samples.items()}
@@ -169,7 +174,7 @@ def time_per_call(runners: Dict[str, object], fb, raw: int, padded: int, iters: 
 def unchecked_decode_module() -> types.ModuleType:
     """The generated decode module without its per-step shape check (measurement only:
     what the check costs)."""
-    spec = load_spec("decode")
+    spec = load_spec(SPEC)
     lines, kept, skipping = render_module(spec, resolve_params(spec)).splitlines(), [], False
     for line in lines:
         skipping = skipping or line.strip().startswith("if (src_")
@@ -185,9 +190,9 @@ def run_bench(iters: int = 2000, repeats: int = 7, device: str = "cpu", progress
     """Every figure of the report; ``progress``: a bar on stderr when it is a terminal,
     else a line per size."""
     runners = {
-        "generated": build_registry("decode", MAX_BS, MAX_BS, device=device, mode="generated"),
-        "unchecked": build_registry("decode", MAX_BS, MAX_BS, device=device, mode=unchecked_decode_module()),
-        "interpreted": build_registry("decode", MAX_BS, MAX_BS, device=device, mode="interpreted"),
+        "generated": build_registry(SPEC, max_bs=MAX_BS, max_num_tokens=MAX_BS, device=device, impl="generated"),
+        "unchecked": build_registry(SPEC, max_bs=MAX_BS, max_num_tokens=MAX_BS, device=device, impl=unchecked_decode_module()),
+        "interpreted": build_registry(SPEC, max_bs=MAX_BS, max_num_tokens=MAX_BS, device=device, impl="interpreted"),
         "hand_written": HandWrittenDecode(MAX_BS, MAX_BS, device=device),
     }
     rows = []
@@ -209,7 +214,7 @@ def run_bench(iters: int = 2000, repeats: int = 7, device: str = "cpu", progress
             print(f"graphslot bench: raw/padded {raw}/{padded} timed ({i} of {len(SIZES)})", file=sys.stderr)
     bar.close()
     missed = missed_targets(rows)
-    return {"device": device, "torch": torch.__version__, "graphslot": __version__,
+    return {"spec": display_path(SPEC), "device": device, "torch": torch.__version__, "graphslot": __version__,
             "python": platform.python_version(), "platform": platform.platform(), "threads": torch.get_num_threads(),
             "max_bs": MAX_BS, "iters": iters, "repeats": repeats, "rows": rows,
             "targets": {"speedup_vs_interpreted": TARGET_SPEEDUP, "max_ops": TARGET_OPS,
@@ -246,7 +251,8 @@ def describe_miss(miss: Dict) -> str:
 
 
 def format_report(result: Dict) -> str:
-    lines = [f"fill_from + extract, shipped decode spec, max_bs {result['max_bs']}, device {result['device']}, "
+    lines = [f"fill_from + extract, shipped decode spec ({result['spec']}), max_bs {result['max_bs']}, "
+             f"device {result['device']}, "
              f"torch {result['torch']}",
              f"{'raw/padded':>10}  {'generated':>10}  {'interpreted':>11}  {'hand-written':>12}  "
              f"{'vs interp':>9}  {'vs hand':>7}  {'ops gen/int/hand':>16}  {'dev ops':>7}  {'checks':>8}"]

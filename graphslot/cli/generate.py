@@ -45,7 +45,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         if not config.outputs:
             where = display_path(config.path) if config.path else "pyproject.toml (none found)"
             return fail("generate", f"nothing to generate: {where} declares no [[tool.graphslot.outputs]]; see "
-                                    "README 'Generating code ahead of time'", status=2)
+                                    "docs/generate.md", status=2)
         text = config.path.read_text(encoding="utf-8")  # for the lines of errors in it
         report = generate(config.root, config.raw, check=args.check, text=text)
     except ProjectConfigError as exc:  # one `pyproject.toml:LINE: message` line per problem

@@ -166,7 +166,7 @@ def spec_text(source: str, name: Optional[str], label: str) -> str:
     if name is not None:
         text = renamed(text, name)
     try:
-        parsed = parse_spec(text, source=label)
+        parsed = parse_spec(text, path=label)
     except SpecError as exc:  # a shipped spec always validates: only a broken install gets here
         raise NewSpecError(f"the new spec would not validate: {exc.issues[0]}") from None
     if name is not None and parsed.name != name:

@@ -35,7 +35,7 @@ def show_json(spec: RegistrySpec, resolved: Sequence[ResolvedSlot], params: Dict
         "bytes": r.nbytes if r.enabled else None, "enabled": r.enabled,
     } for slot, r in zip(spec.slots, resolved)]
     enabled = [r for r in resolved if r.enabled]
-    return {"spec": spec.name, "source": spec.source, "max_bs": args.max_bs, "max_num_tokens": args.max_num_tokens,
+    return {"spec": spec.name, "source": spec.path, "max_bs": args.max_bs, "max_num_tokens": args.max_num_tokens,
             "preset": args.preset, "params": {k: json_value(v) for k, v in params.items()},
             "changed_params": {k: json_value(params[k]) for k in changed}, "slots": slots,
             "total_bytes": sum(r.nbytes for r in enabled), "enabled_slots": len(enabled),
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return 0
     changed = [f"{k}={shorten(format_value(params[k]), quote=False)}" for k in changed_keys]
     preset = f" preset={shorten(args.preset, quote=False)}" if args.preset else ""
-    print(f"{spec.name} ({spec.source}): max_bs={args.max_bs} max_num_tokens={args.max_num_tokens}{preset}")
+    print(f"{spec.name} ({spec.path}): max_bs={args.max_bs} max_num_tokens={args.max_num_tokens}{preset}")
     print(f"params: {', '.join(changed) or 'defaults'}")
     print()
     header = ["slot", "shape", "dtype", "axis", "padding", "device", "bytes", "enabled"]

@@ -84,7 +84,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             unchecked = 0 if import_hooks else unchecked_hook_imports(spec)
             if unchecked:
                 note = f"; {unchecked} hook import{'s' if unchecked > 1 else ''} not checked: pass --import-hooks"
-            print(f"ok  {spec.source} ({len(spec.slots)} slots{note})")
+            print(f"ok  {spec.path} ({len(spec.slots)} slots{note})")
         for issue in issues:
             print(issue)
         failed, errors = failed + bool(issues), errors + len(issues)

@@ -20,7 +20,8 @@ import sys
 from typing import Any
 
 from ..spec.dtypes import import_torch
-from .common import Command, fail, positive_int
+from . import limits
+from .common import Command, fail, positive_int, seed_int
 
 HELP = """Prove a model safe under its spec's padding; find stale inputs.
 
@@ -52,10 +53,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=("auto", "cpu", "cuda"),
                         help="reference model only: graph backend (auto, the default: cuda on a GPU machine, else "
                              "the cpu tape)")
-    parser.add_argument("--max-bs", type=positive_int, help="reference model only: largest graph (default 8)")
+    parser.add_argument("--max-bs", type=positive_int,
+                        help=f"reference model only: largest graph (default 8, at most {limits.MAX_BS.most})")
     parser.add_argument("--samples", type=positive_int, default=2,
                         help="raw sizes replayed per captured size (default 2; the smallest is always one)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the raw-size sample and the reference batches")
+    parser.add_argument("--seed", type=seed_int, default=0,
+                        help="seed of the raw-size sample and the reference batches (0 to 2**64-1)")
     parser.add_argument("--no-audit", action="store_true", help="skip the stale-input audit")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
@@ -77,6 +80,7 @@ def check_arguments(args: argparse.Namespace, parser: argparse.ArgumentParser) -
     for name, (_, default) in REFERENCE_ONLY.items():
         if getattr(args, name) is None:
             setattr(args, name, default)
+    limits.MAX_BS.check(parser, "--max-bs", args.max_bs)
 
 
 def load_entry(reference: str) -> Any:
@@ -109,6 +113,10 @@ def load_entry(reference: str) -> Any:
                       "(DecodeGraphRunner, make_batch[, release]) tuple")
 
 
+def header(what: str) -> None:
+    print(f"graphslot verify: {what}: capturing, auditing inputs, replaying poisoned tails", file=sys.stderr)
+
+
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Exit 0: safe; 1: unsafe, or the verification failed; 2: a usage error, or TARGET
     cannot be used (it cannot be imported, raises, or make_batch(n) gives another size)."""
@@ -116,23 +124,25 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     torch = import_torch()
     if args.backend == "cuda" and not torch.cuda.is_available():
         return fail("verify", f"--backend cuda needs a CUDA GPU; this torch ({torch.__version__}) sees none")
-    what = args.target or f"the reference model (spec {args.spec}, max_bs {args.max_bs})"
-    print(f"graphslot verify: {what}: capturing, auditing inputs, replaying poisoned tails", file=sys.stderr)
+    from ..reference.verify_target import NotADecodeSpec, decode_spec, reference_target
     from ..tools.verify import TargetError, format_report, verify_runner
 
     try:
         if args.target:
+            header(args.target)
             target = load_entry(args.target)
         else:
-            from ..reference.verify_target import reference_target
-
-            target = reference_target(args.backend, args.max_bs, args.spec, args.seed)
+            spec = decode_spec(args.spec)  # before the header: not a decode spec is a usage error
+            header(f"the reference model (spec {args.spec}, max_bs {args.max_bs})")
+            target = reference_target(args.backend, args.max_bs, spec, args.seed)
         saved = torch.get_num_threads()
         torch.set_num_threads(1)  # bit-exact CPU kernels (reference/numerics.py); tiny models lose nothing
         try:
             report = verify_runner(target, samples=args.samples, seed=args.seed, audit=not args.no_audit)
         finally:
             torch.set_num_threads(saved)
+    except NotADecodeSpec as exc:
+        parser.error(f"argument --spec: {exc}")
     except TargetError as exc:
         name = f"target {args.target!r}" if args.target else "the reference model"
         return fail("verify", f"{name}: {exc}", status=2)

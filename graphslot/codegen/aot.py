@@ -34,11 +34,11 @@ from typing import Any, List, Mapping, Optional
 
 from ..spec.errors import SpecError, SpecIssue
 from ..spec.files import write_atomic
-from ..spec.loading import parse_spec, shipped_spec_names, shipped_spec_path
+from ..spec.loading import parse_spec, read_spec_text, shipped_spec_names, shipped_spec_path
 from ..spec.project_specs import is_spec_name, project_spec
 from ..spec.resolve import resolve_params
 from ..spec.project import (OUTPUTS, PYPROJECT, TABLE, Locator, OutputConfig, ProjectConfigError,
-                                 display_path, output_dir_escape, validate_table)
+                                 display_path, output_dir_escape, path_escape, validate_table)
 from .embedded import SHIPPED_LABEL
 from .generator import REGENERATE, RULE, render_module
 from .stale import MAX_DIRS, stale_files
@@ -115,7 +115,10 @@ def plan_outputs(root: Path, table: Mapping[str, Any], text: str = "") -> List[P
         if not path.is_file():
             raise _error(pyproject, f"{entry}: spec '{output.spec}' not found (paths are relative to the "
                                     "folder of pyproject.toml)", where.output(i, "spec"))
-        spec = parse_spec(path.read_text(encoding="utf-8"), source=label)
+        escape = path_escape(root, output.spec, "a file") if path == root / output.spec else None  # not a name
+        if escape:
+            raise _error(pyproject, f"{entry}: spec {escape}", where.output(i, "spec"))
+        spec = parse_spec(read_spec_text(path, label), path=label)
         try:
             params = resolve_params(spec, output.params, output.preset, torch_dtypes=False)
         except SpecError as exc:  # the entry's preset or params, not the spec, are wrong

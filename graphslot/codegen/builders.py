@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Set, Tuple
 
 from ..spec.dtypes import DTypeName, dtype_name, is_torch_dtype
 from ..spec.expr import python_literal
@@ -58,15 +58,19 @@ def constant_lines(em: "Emitter") -> List[str]:
             + [f"SPEC_SOURCE = {py_str(em.source_label)}"] + concatenated("SPEC_JSON", canonical_parts(em.spec)))
 
 
-def _uses(lines: List[str], name: str) -> bool:
-    """Whether ``lines`` use the local ``name`` (not merely a string or a longer name)."""
-    return re.search(rf"(?<![\w\"']){re.escape(name)}(?![\w\"'])", "\n".join(lines)) is not None
+_NAME = re.compile(r"(?<![\w\"'])[^\W\d]\w*(?![\w\"'])")
+
+
+def _used_names(lines: List[str]) -> Set[str]:
+    """The names ``lines`` use (not those merely in a string, nor parts of longer names):
+    one pass over the text, asked once per local."""
+    return set(_NAME.findall("\n".join(lines)))
 
 
 def _runtime_binds(em: "Emitter", body: List[str]) -> List[str]:
     """The runtime params ``body`` reads (pad values), from ``params``."""
-    used = [(runtime_local(n), n) for n in em.used_runtime_params()]
-    return [" " * BODY + f"{local} = params[{py_str(n)}]" for local, n in used if _uses(body, local)]
+    used, names = [(runtime_local(n), n) for n in em.used_runtime_params()], _used_names(body)
+    return [" " * BODY + f"{local} = params[{py_str(n)}]" for local, n in used if local in names]
 
 
 def allocate_lines(em: "Emitter") -> List[str]:
@@ -128,9 +132,9 @@ def _hook_binds(em: "Emitter") -> List[str]:
 def bind_lines(em: "Emitter", copies: Copies, shapes: Shapes, others: List[str]) -> List[str]:
     """``bind``'s own statements: runtime params, the buffers ``others`` (the rest of
     the module) use, hooks, pad constants and values, dtypes, shapes, the view maker."""
-    lines = []
+    lines, used = [], _used_names(others)
     for n in em.names:
-        if _uses(others, n.buf):
+        if n.buf in used:
             lines += assign(n.buf, subscript("buffers", py_str(n.slot.name)), BODY)
     lines += _hook_binds(em)
     for c in copies.constants:
@@ -271,12 +275,12 @@ def extract_lines(em: "Emitter") -> List[str]:
     """``extract`` after the view lookup: the batch's fields, set on a copy of it."""
     viewed = _viewed(em)
     lines = unpack([f"view_{n.ident}" for n in viewed], "entry", CLOSURE)
+    sometimes = [n for n in viewed if n.slot.plain_copy and n.slot.optional]
     always = [n for n in viewed if not (n.slot.plain_copy and n.slot.optional)]
     entries = [(py_str("batch_size"), "padded_bs")] + [(py_str(n.slot.name), f"view_{n.ident}") for n in always]
     lines += assign("fields", dict_of(entries), CLOSURE)
     pad = " " * CLOSURE
-    for n in viewed:
-        if n not in always:
-            lines += condition("if", f'getattr(fb, {py_str(n.slot.name)}, None) is not None', CLOSURE)
-            lines += assign(f"fields[{py_str(n.slot.name)}]", f"view_{n.ident}", CLOSURE + 4)
+    for n in sometimes:  # optional fields: set only when the batch has them
+        lines += condition("if", f'getattr(fb, {py_str(n.slot.name)}, None) is not None', CLOSURE)
+        lines += assign(f"fields[{py_str(n.slot.name)}]", f"view_{n.ident}", CLOSURE + 4)
     return lines + [f"{pad}return make_view(fb, fields)"]

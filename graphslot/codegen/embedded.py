@@ -28,7 +28,8 @@ from ..spec.loading import is_shipped
 from ..spec.model import RegistrySpec
 from ..spec.yaml_loader import Locations
 
-__all__ = ["SHIPPED_LABEL", "canonical_parts", "module_name", "module_params", "module_spec", "same_spec_file"]
+__all__ = ["GENERATED_RECORDS", "SHIPPED_LABEL", "canonical_parts", "module_name", "module_params", "module_spec",
+           "refuse_foreign", "same_spec_file"]
 
 #: How a module generated from a shipped spec by name labels it (``graphslot generate``).
 SHIPPED_LABEL = "graphslot:slot_specs/{}.yaml"
@@ -78,11 +79,28 @@ def _refuse(module: Any, source: str, message: str) -> SpecError:
     return SpecError([SpecIssue(source, None, f"generated module '{module_name(module)}' {message}")])
 
 
+#: What every generated module records, of every format; a module with none of them is
+#: not one (rather than an edited or damaged one).
+GENERATED_RECORDS = ("GRAPHSLOT_VERSION", "SPEC_IDENTITY", "SPEC_JSON")
+
+
+def refuse_foreign(module: Any, source: str, instead: str) -> None:
+    """SpecError when ``module`` is not a graphslot-generated module at all, saying what
+    to pass ``instead``."""
+    if not any(hasattr(module, record) for record in GENERATED_RECORDS):
+        raise SpecError([SpecIssue(source, None, f"module '{module_name(module)}' is not a graphslot-generated "
+                                                 f"module (it has no {', '.join(GENERATED_RECORDS[:-1])} or "
+                                                 f"{GENERATED_RECORDS[-1]}): pass {instead} or a module "
+                                                 "`graphslot generate` wrote")])
+
+
 def module_spec(module: Any) -> RegistrySpec:
     """The spec embedded in a generated module, validated; SpecError when the module
     carries none or one that is not what its SPEC_IDENTITY says (the handshake already
     refused formats from before the spec was embedded)."""
     name = module_name(module)
+    refuse_foreign(module, f"<module {name}>",
+                   "build_registry a spec (a RegistrySpec, a spec name or a YAML path)")
     label = getattr(module, "SPEC_SOURCE", None)
     source = f"{shorten(label, quote=False) if isinstance(label, str) else '<unknown spec>'} (embedded in {name})"
     text, identity = getattr(module, "SPEC_JSON", None), getattr(module, "SPEC_IDENTITY", None)

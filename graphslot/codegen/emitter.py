@@ -89,7 +89,7 @@ class Emitter:
         slots = []
         for i, spec_slot in enumerate(self.spec.slots):
             fixed = [None if depends_on_capacity(e) else e for e in spec_slot.shape]
-            placeholder = spec_slot.model_copy(update={"shape": [1 if e is None else e for e in fixed]})
+            placeholder = spec_slot.model_copy(update={"shape": tuple(1 if e is None else e for e in fixed)})
             resolved = resolve_slot(placeholder, self.params, 1, 1, self.spec.slot_line(i), self.spec.absent_fields)
             shape = tuple(None if e is None else n for e, n in zip(fixed, resolved.shape))
             slots.append(dataclasses.replace(resolved, shape=shape, rows=copied_as_rows(spec_slot)))

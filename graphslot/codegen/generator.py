@@ -8,10 +8,10 @@ before the source is compiled or written, :func:`.skeleton.check_module_structur
 compares it with the expected skeleton and refuses anything else with a
 :class:`GeneratedCodeError`.
 
-The module comes out as ``ruff format`` writes it (:mod:`.layout`), no line longer than
-the formatter's 88 columns but a banner line quoting a long spec path or param value.
-It says ``# fmt: off`` after its docstring, so a formatter set to another width (an
-engine's 79, 100 or 120 columns) leaves it as it is and ``generate --check`` stays clean.
+The module is laid out plainly (:mod:`.layout`), no line longer than 88 columns but a
+banner line quoting a long spec path or param value. It says ``# fmt: off`` after its
+docstring, so a formatter at any width (an engine's 79, 88, 100 or 120 columns) leaves
+it as it is and ``generate --check`` stays clean.
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def render_module(
     Raises :class:`GeneratedCodeError` (a :class:`SpecError`) when the source is not the
     expected skeleton; nothing returned has failed that check.
     """
-    emission = Emitter(spec, params, __version__, source_label or spec.source, skip).emit()
+    emission = Emitter(spec, params, __version__, source_label or spec.path, skip).emit()
     _check_emission(spec, emission)
     if regenerate != REGENERATE and not re.fullmatch(r"[ -~]+", regenerate):
         raise refuse(spec, "the regenerate command must be one line of printable ASCII")

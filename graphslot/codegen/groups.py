@@ -227,7 +227,8 @@ class Copies:
         """The slots whose batch field is read and checked, in slot order."""
         heads = [n for g in self.host_groups for n in g.heads + g.optional_heads]
         heads += self.dev.heads + self.dev.optional_heads + self.separate_copies
-        return sorted(heads, key=order.index)
+        position = {n.slot.name: i for i, n in enumerate(order)}  # not order.index: linear in slots
+        return sorted(heads, key=lambda n: position[n.slot.name])
 
 
 def _pad_for(em: "Emitter", n: SlotNames, constants: Dict[str, PadConstant], names: Dict[str, str]) -> str:

@@ -36,10 +36,11 @@ from ..spec.errors import shorten
 # the handshake (graphslot <= 0.2.0, which recorded the spec text's sha256); 2: the
 # handshake; 3: the spec embedded (SPEC_SOURCE, SPEC_JSON), so a module runs without it,
 # ``bind`` takes the fill-context factory (``__gs_context``) and allocate's ``new_buffer``
-# an ``adopt`` flag (``adopt: never`` slots).
-MODULE_FORMAT = 3
+# an ``adopt`` flag (``adopt: never`` slots); 4: ``fill_from`` / ``extract`` take their
+# counts keyword-only.
+MODULE_FORMAT = 4
 #: The oldest format this graphslot still runs.
-OLDEST_MODULE_FORMAT = 3
+OLDEST_MODULE_FORMAT = 4
 
 _RELEASE = re.compile(r"([0-9]{1,9})\.([0-9]{1,9})(?:\.([0-9]{1,9}))?(?![0-9])")
 

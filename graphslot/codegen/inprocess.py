@@ -15,10 +15,9 @@ from ..spec.loading import is_shipped
 from ..spec.model import RegistrySpec
 from ..registry.base import SlotRegistry
 from ..spec.resolve import ResolvedSlot
-from .embedded import module_name, module_params, same_spec_file
+from .embedded import module_name, module_params, refuse_foreign, same_spec_file
 from .emitter import params_literal, structural_params
 from .handshake import version_incompatibility
-from .generator import render_module
 
 _MODULES: Dict[tuple, types.ModuleType] = {}
 
@@ -32,10 +31,12 @@ def compile_module(spec: RegistrySpec, params: Mapping[str, Any],
     and pdb show the generated lines.
     """
     baked = structural_params(spec, params)
-    key = (spec.identity, spec.source, params_literal(baked), frozenset(skip))
+    key = (spec.identity, spec.path, params_literal(baked), frozenset(skip))
     module = _MODULES.get(key)
     if module is not None:
         return module
+    from .generator import render_module  # jinja2: only when a module is rendered, never for a checked-in one
+
     source = render_module(spec, params, skip=skip)
     filename = f"<graphslot-generated {spec.name}-{key[0][:8]}-{len(_MODULES)}.py>"
     linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
@@ -50,6 +51,7 @@ def check_module(module: Any, spec: RegistrySpec, params: Mapping[str, Any]) -> 
     """A checked-in module must be one this graphslot runs (:mod:`.handshake`'s policy),
     from this very spec (its meaning: :attr:`RegistrySpec.identity`) and these params."""
     name = module_name(module)
+    refuse_foreign(module, spec.path, "mode='generated', mode='interpreted'")
     problems = []
     version = getattr(module, "GRAPHSLOT_VERSION", None)
     why = version_incompatibility(version)
@@ -69,7 +71,7 @@ def check_module(module: Any, spec: RegistrySpec, params: Mapping[str, Any]) -> 
         problems.append(f"generated module '{name}' was generated for other params: {shown}; "
                         "declare an output with these params and run `graphslot generate`")
     if problems:
-        raise SpecError([SpecIssue(spec.source, None, p) for p in problems])
+        raise SpecError([SpecIssue(spec.path, None, p) for p in problems])
 
 
 def _other_spec(module: Any, spec: RegistrySpec) -> str:
@@ -78,11 +80,11 @@ def _other_spec(module: Any, spec: RegistrySpec) -> str:
     registry from the module's own spec."""
     label = getattr(module, "SPEC_SOURCE", None)
     name, theirs, ours = module_name(module), str(module.SPEC_IDENTITY)[:12], spec.identity[:12]
-    same = same_spec_file(label, spec.source)
+    same = same_spec_file(label, spec.path)
     if same:
-        return (f"generated module '{name}' was generated from another version of {spec.source} (identity "
+        return (f"generated module '{name}' was generated from another version of {spec.path} (identity "
                 f"{theirs}…, the spec is now {ours}…); run `graphslot generate`")
-    given = f"graphslot's shipped spec {spec.source}" if is_shipped(spec.source) else spec.source
+    given = f"graphslot's shipped spec {spec.path}" if is_shipped(spec.path) else spec.path
     head = (f"generated module '{name}' was generated from "
             f"{shorten(label, quote=False) if isinstance(label, str) else 'another spec'} (identity {theirs}…), "
             f"this registry's spec is {given} (identity {ours}…)")
@@ -96,7 +98,7 @@ def _other_spec(module: Any, spec: RegistrySpec) -> str:
 def _damaged(module: Any, spec: RegistrySpec, function: str, got: str, expected: str) -> SpecError:
     """A generated function returned what generated code never does: the module was
     edited or damaged. Refused when the registry is built, never at the first fill."""
-    return SpecError([SpecIssue(spec.source, None, f"generated module '{module_name(module)}': {function}() "
+    return SpecError([SpecIssue(spec.path, None, f"generated module '{module_name(module)}': {function}() "
                                 f"returned {got}, expected {expected}; the module was edited or damaged: "
                                 "regenerate it (graphslot generate)")])
 
@@ -121,7 +123,7 @@ class GeneratedRegistry(SlotRegistry):
     binding and no wrapper; strict mode wraps them only when asked for.
     """
 
-    mode = "generated"
+    impl = "generated"
 
     def __init__(self, module, spec, slots, hooks, params, buffers=None, **kwargs):
         device = torch.device(kwargs["device"])
@@ -136,7 +138,7 @@ class GeneratedRegistry(SlotRegistry):
         for slot in self.active:
             if (buffers.get(slot.name) is not slot.buffer or tuple(slot.buffer.shape) != slot.resolved.shape
                     or slot.buffer.dtype != slot.resolved.dtype):
-                raise SpecError([SpecIssue(spec.source, slot.resolved.line, "generated allocate() disagrees with "
+                raise SpecError([SpecIssue(spec.path, slot.resolved.line, "generated allocate() disagrees with "
                                            "the spec; regenerate the module (graphslot generate)", slot.name)])
         self.fill_from, self.extract = self._bind(module, self.checker)
 
@@ -149,13 +151,14 @@ class GeneratedRegistry(SlotRegistry):
         if not self.strict:
             return fill_from, extract
 
-        def strict_fill_from(fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs=None):
+        def strict_fill_from(fb, *, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs=None):
             checker.strict_fill(fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens)
-            fill_from(fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs)
+            fill_from(fb, raw_bs=raw_bs, padded_bs=padded_bs, raw_num_tokens=raw_num_tokens,
+                      padded_num_tokens=padded_num_tokens, side_inputs=side_inputs)
 
-        def strict_extract(fb, padded_bs, padded_num_tokens):
+        def strict_extract(fb, *, padded_bs, padded_num_tokens):
             checker.view_counts(padded_bs, padded_num_tokens)
-            return extract(fb, padded_bs, padded_num_tokens)
+            return extract(fb, padded_bs=padded_bs, padded_num_tokens=padded_num_tokens)
 
         return strict_fill_from, strict_extract
 

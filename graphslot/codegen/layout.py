@@ -1,40 +1,31 @@
-"""Lay generated statements out as ``ruff format`` (default settings) would write them.
+"""Lay generated statements out plainly: one line when they fit, else one item a line.
 
-Generated modules are committed and reviewed; an engine's formatter hook must leave them
-as they are, or ``graphslot generate --check`` and the hook would undo each other
-forever. So the builders describe each statement that can grow with the spec as a small
-tree (:class:`Seq` for bracketed, comma-separated items, :class:`Chain` for ``and`` /
-``or`` conditions) and this module prints it the way ruff does:
+Generated modules say ``# fmt: off`` after their docstring, so formatters leave them
+alone; the layout here only has to be readable and diff-friendly, not any formatter's.
+The builders describe each statement that can grow with the spec as a small tree
+(:class:`Seq` for bracketed, comma-separated items, :class:`Chain` for ``and`` / ``or``
+conditions) and this module prints it:
 
 * a statement that fits in :data:`LINE_WIDTH` columns stays on one line;
-* otherwise a call or a subscript first puts its arguments on one indented line
-  between its brackets, then one per line with a trailing comma; a list, tuple or dict
-  display goes one item per line with a trailing comma at once;
-* a collection marked ``magic`` is one item per line even when it would fit: the
-  trailing comma is then "magic" (ruff keeps the layout), so adding an item adds a line
-  and rewrites none;
-* a condition too long for its line is wrapped in parentheses, one operand per line
-  with the operator leading, a parenthesized operand on one line when it fits.
+* otherwise its (last) brackets hold its items on one line when they fit there, else
+  one item per line with a trailing comma; a condition goes between parentheses with
+  one operand per line, the operator leading;
+* a collection marked ``magic`` (one item per slot, param or plan field) is one item
+  per line even when it would fit, so adding an item adds a line and rewrites none.
 
-String literals are written in ruff's quote style by :func:`py_str`, a ``repr()`` with
-ruff's choice of quotes: spec text still reaches code only as an escaped literal.
-
-This is not a formatter: it prints the few shapes of statement the builders make, in
-the shapes ruff gives them while their names fit (slot names up to about 40
-characters; sglang's longest has 33). Nothing here knows about slots;
-``tests/test_generated_format.py`` checks the result against ruff itself.
+String literals come from :func:`py_str`, a ``repr()`` with double quotes preferred:
+spec text reaches code only as an escaped literal. Nothing here knows about slots.
 """
 
 from __future__ import annotations
 
 import ast
 import io
-import re
 import tokenize
 from dataclasses import dataclass
 from typing import List, Sequence, Tuple, Union
 
-LINE_WIDTH = 88  # ruff's default
+LINE_WIDTH = 88
 STEP = 4
 
 CALL, SUBSCRIPT, DISPLAY = "call", "subscript", "display"
@@ -50,7 +41,7 @@ class Seq:
     items: Tuple["Item", ...]
     brackets: str = "()"
     kind: str = CALL
-    magic: bool = False  # one item per line even when it fits (a magic trailing comma)
+    magic: bool = False  # one item per line even when it fits
 
 
 @dataclass(frozen=True)
@@ -81,9 +72,6 @@ Item = Union[str, Seq, Keyed, Chained]
 Operand = Union[str, Chain]
 
 
-# --- building -------------------------------------------------------------------------------
-
-
 def call(func: str, *args: Item) -> Seq:
     return Seq(func, tuple(args))
 
@@ -99,24 +87,17 @@ def subscript(name: str, index: str) -> Seq:
     return Seq(name, (index,), "[]", SUBSCRIPT)
 
 
-# The displays the builders make hold one item per slot, param or plan field: one item a
-# line (magic), so that adding one adds a line.
-
-
 def list_of(items: Sequence[Item]) -> Seq:
     return Seq("", tuple(items), "[]", DISPLAY, bool(items))
 
 
 def tuple_of(items: Sequence[Item]) -> Seq:
-    """From two items (ruff collapses a one-item tuple whatever its comma)."""
+    """A one-item tuple stays on its line (``(x,)``)."""
     return Seq("", tuple(items), "()", DISPLAY, len(items) > 1)
 
 
 def dict_of(entries: Sequence[Tuple[str, Item]]) -> Seq:
     return Seq("", tuple(Keyed(f"{k}: ", v) for k, v in entries), "{}", DISPLAY, bool(entries))
-
-
-# --- printing -------------------------------------------------------------------------------
 
 
 def flat(item: Union[Item, Chain]) -> str:
@@ -135,12 +116,12 @@ def flat(item: Union[Item, Chain]) -> str:
     return f"{item.head}{item.brackets[0]}{inner}{item.brackets[1]}"
 
 
-def _forced(item: Item) -> bool:
+def _magic(item: Item) -> bool:
     if isinstance(item, Keyed):
-        return _forced(item.value)
+        return _magic(item.value)
     if isinstance(item, Chained):
-        return _forced(item.first) or _forced(item.then)
-    return isinstance(item, Seq) and (item.magic or any(_forced(i) for i in item.items))
+        return _magic(item.first) or _magic(item.then)
+    return isinstance(item, Seq) and (item.magic or any(_magic(i) for i in item.items))
 
 
 def _fits(indent: int, text: str) -> bool:
@@ -150,162 +131,101 @@ def _fits(indent: int, text: str) -> bool:
 def layout(item: Item, indent: int, lead: str = "", tail: str = "") -> List[str]:
     """The lines of ``lead`` + ``item`` + ``tail`` at ``indent`` spaces."""
     pad = " " * indent
-    text = flat(item)
-    if isinstance(item, str) or (not _forced(item) and _fits(indent, lead + text + tail)):
-        return [pad + lead + text + tail]
+    if isinstance(item, str) or (not _magic(item) and _fits(indent, lead + flat(item) + tail)):
+        return [pad + lead + flat(item) + tail]
     if isinstance(item, Keyed):
         return layout(item.value, indent, lead + item.key, tail)
-    if isinstance(item, Chained):  # the last call's brackets when the line up to them fits
-        head = flat(item.first)
-        if _fits(indent, lead + head + item.then.head + item.then.brackets[0]):
-            return layout(item.then, indent, lead + head, tail)
+    if isinstance(item, Chained):  # split the last call while the line up to it fits
+        if _fits(indent, lead + flat(item.first) + item.then.head + "(") or _magic(item.then):
+            return layout(item.then, indent, lead + flat(item.first), tail)
         return layout(item.first, indent, lead, flat(item.then) + tail)
-    first, last, inner = pad + lead + item.head + item.brackets[0], pad + item.brackets[1] + tail, indent + STEP
-    if item.kind != DISPLAY and not _forced(item):
-        body = ", ".join(flat(i) for i in item.items)
-        if _fits(inner, body):
-            return [first, " " * inner + body, last]
-    if item.kind == SUBSCRIPT:  # one index: no comma may be added
-        return [first] + layout(item.items[0], inner) + [last]
-    lines = [first]
+    lines = [pad + lead + item.head + item.brackets[0]]
+    if not _magic(item) and _fits(indent + STEP, ", ".join(flat(i) for i in item.items)):
+        return lines + [" " * (indent + STEP) + ", ".join(flat(i) for i in item.items), pad + item.brackets[1] + tail]
+    comma = "" if item.kind == SUBSCRIPT else ","  # one index: no comma may be added
     for i in item.items:
-        lines += layout(i, inner, "", ",")
-    return lines + [last]
+        lines += layout(i, indent + STEP, "", comma)
+    return lines + [pad + item.brackets[1] + tail]
 
 
 def assign(target: str, value: Item, indent: int, op: str = "=") -> List[str]:
-    """``target = value`` (or ``+=``); a value too long for the line is split at its own
-    (last) brackets when the line up to them fits, else put between parentheses."""
-    lead = f"{target} {op} "
-    if _fits(indent, lead + flat(value)) and not _forced(value):
-        return [" " * indent + lead + flat(value)]
-    opening = value.first if isinstance(value, Chained) else value
-    if isinstance(opening, Seq) and opening.head and _fits(indent, lead + opening.head + opening.brackets[0]):
-        return layout(value, indent, lead)
-    if isinstance(opening, Seq) and not opening.head:  # a display: its own brackets
-        return layout(value, indent, lead)
-    pad = " " * indent
-    return [f"{pad}{lead}("] + layout(value, indent + STEP) + [pad + ")"]
+    """``target = value`` (or ``+=``); a first line too long goes between parentheses."""
+    lines, pad = layout(value, indent, f"{target} {op} "), " " * indent
+    if len(lines[0]) <= LINE_WIDTH:
+        return lines
+    return [f"{pad}{target} {op} ("] + layout(value, indent + STEP) + [pad + ")"]
 
 
 def unpack(targets: Sequence[str], value: str, indent: int) -> List[str]:
     """``targets = value``: several targets one per line (magic), one as ``(x,)``."""
     if not targets:
         return []
-    if len(targets) == 1:
-        return [" " * indent + f"({targets[0]},) = {value}"]
     return layout(tuple_of(targets), indent, "", f" = {value}")
 
 
-def _chunks(text: str, width: int) -> List[str]:
-    """``text`` cut into pieces whose literals (:func:`py_str`) fit in ``width`` columns,
-    each cut before a comma where one is near enough (any cut gives the same string)."""
-    chunks = []
-    while text and len(py_str(text)) > width:
-        n = min(len(text), width - 2)
-        while n > 1 and len(py_str(text[:n])) > width:
-            n -= 1
-        comma = text.rfind(",", 1, n)  # cut before a comma: a piece's first line starts with its own
-        cut = comma if comma > n // 2 else n
-        chunks.append(text[:cut])
-        text = text[cut:]
-    return chunks + ([text] if text else [])
-
-
 def concatenated(target: str, groups: Sequence[str], indent: int = 0) -> List[str]:
-    """``target = <the string of groups joined>``, as ruff lays out implicitly
-    concatenated literals: one literal where it fits on the line, or on its own line
-    between parentheses; else literals between parentheses, each group starting a line
-    and cut to fit the columns (ruff then joins none, and sets each one's quotes)."""
+    """``target = <the string of groups joined>``: one literal where it fits on the
+    line, else implicitly concatenated literals between parentheses, each group
+    starting a line and cut to fit the columns, before a comma where one is near."""
     whole, pad, inner = "".join(groups), " " * indent, indent + STEP
     if _fits(indent, f"{target} = {py_str(whole)}"):
         return [f"{pad}{target} = {py_str(whole)}"]
-    if _fits(inner, py_str(whole)):
-        return [f"{pad}{target} = (", " " * inner + py_str(whole), pad + ")"]
-    parts = [chunk for group in groups for chunk in _chunks(group, LINE_WIDTH - inner)]
-    return [f"{pad}{target} = ("] + [" " * inner + py_str(part) for part in parts] + [pad + ")"]
+    lines = [f"{pad}{target} = ("]
+    for text in groups:
+        while text:
+            n = min(len(text), LINE_WIDTH - inner - 2)
+            while n > 1 and not _fits(inner, py_str(text[:n])):
+                n -= 1
+            if n < len(text) and text.rfind(",", 1, n) > n // 2:  # cut before a comma when one is near
+                n = text.rfind(",", 1, n)
+            lines.append(" " * inner + py_str(text[:n]))
+            text = text[n:]
+    return lines + [pad + ")"]
 
 
-_COMPARISON = re.compile(r" (is not|is|!=|==|<=|>=|<|>) ")
-
-
-def _operand(lead: str, operand: str, indent: int) -> List[str]:
-    """A comparison too long for its line breaks before its operator."""
+def _operands(chain: Operand, indent: int, lead: str = "") -> List[str]:
+    """``lead`` + a condition: one line when it fits, else between parentheses, one
+    operand per line with its operator leading."""
     pad = " " * indent
-    split = _COMPARISON.search(operand)
-    if _fits(indent, lead + operand) or split is None:
-        return [pad + lead + operand]
-    return [pad + lead + operand[: split.start()], pad + operand[split.start() + 1:]]
-
-
-def _paren_body(chain: Chain, indent: int) -> List[str]:
-    """A chain between parentheses: one line when it fits, else an operand per line."""
-    pad = " " * indent
-    if _fits(indent, flat(chain)):
-        return [pad + flat(chain)]
-    lines = []
+    if isinstance(chain, str) or _fits(indent, f"{lead}({flat(chain)})"):
+        return [pad + lead + (chain if isinstance(chain, str) else f"({flat(chain)})")]
+    lines = [f"{pad}{lead}("]
     for i, operand in enumerate(chain.operands):
-        lead = "" if i == 0 else f"{chain.op} "
-        if not isinstance(operand, Chain):
-            lines += _operand(lead, operand, indent)
-        elif _fits(indent, f"{lead}({flat(operand)})"):
-            lines.append(f"{pad}{lead}({flat(operand)})")
-        else:
-            lines += [f"{pad}{lead}("] + _paren_body(operand, indent + STEP) + [pad + ")"]
-    return lines
+        lines += _operands(operand, indent + STEP, "" if i == 0 else f"{chain.op} ")
+    return lines + [pad + ")"]
 
 
 def condition(keyword: str, chain: Operand, indent: int) -> List[str]:
-    """``keyword chain:`` (an ``if``). Ruff drops parentheses around a whole condition;
-    a condition of two operands whose last is parenthesized is split at that
-    parenthesis when the line up to it fits (its "optional parentheses" are omitted)."""
+    """``keyword chain:`` (an ``if``)."""
     while isinstance(chain, Chain) and len(chain.operands) == 1:
         chain = chain.operands[0]
     pad = " " * indent
-    if _fits(indent, f"{keyword} {flat(chain)}:"):
+    if isinstance(chain, str) or _fits(indent, f"{keyword} {flat(chain)}:"):
         return [f"{pad}{keyword} {flat(chain)}:"]
-    if isinstance(chain, str):
-        return [f"{pad}{keyword} ("] + _operand("", chain, indent + STEP) + [pad + "):"]
-    first, last = chain.operands[0], chain.operands[-1]
-    if len(chain.operands) == 2 and isinstance(last, Chain):
-        head = f"{keyword} {f'({flat(first)})' if isinstance(first, Chain) else first} {chain.op} ("
-        if _fits(indent, head):
-            return [pad + head] + _paren_body(last, indent + STEP) + [pad + "):"]
-        if isinstance(first, Chain):
-            return ([f"{pad}{keyword} ("] + _paren_body(first, indent + STEP) + [f"{pad}) {chain.op} ("]
-                    + _paren_body(last, indent + STEP) + [pad + "):"])
-    return [f"{pad}{keyword} ("] + _paren_body(chain, indent + STEP) + [pad + "):"]
-
-
-# --- literals -------------------------------------------------------------------------------
+    lines = _operands(chain, indent, f"{keyword} ")
+    return lines[:-1] + [lines[-1] + ":"]
 
 
 def py_str(text: str) -> str:
-    """``text`` as a string literal in ruff's style: double quotes unless the text holds
-    more double quotes than single ones; every other character escaped exactly as
-    ``repr()`` escapes it (so one printable line, whatever ``text`` holds)."""
+    """``text`` as a string literal: double quotes unless the text holds more double
+    quotes than single ones; every other character escaped exactly as ``repr()``
+    escapes it (so one printable line, whatever ``text`` holds)."""
     quote = "'" if text.count('"') > text.count("'") else '"'
+    if text.isascii() and text.isprintable() and "\\" not in text and quote not in text:
+        return quote + text + quote  # nothing to escape (the common case; SPEC_JSON is long)
     body = "".join("\\" + c if c == quote else c if c in "'\"" else repr(c)[1:-1] for c in text)
     return quote + body + quote
 
 
-def _number(token: str) -> str:
-    """A number (as ``repr`` writes it) as ruff writes it: no ``+`` in an exponent."""
-    return token.replace("e+", "e")
-
-
 def normalise(source: str) -> str:
     """A one-line Python expression (``Expr.to_python``, a ``repr``) with its string
-    literals in ruff's quotes and its numbers in ruff's spelling; nothing else changes."""
+    literals written by :func:`py_str`, as the rest of the module's; nothing else changes."""
     out, pos = [], 0
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
-        if token.type not in (tokenize.STRING, tokenize.NUMBER):
-            continue
-        (row, start), (_, end) = token.start, token.end
-        if row != 1:
-            raise ValueError(f"not a one-line expression: {source!r}")
-        value = token.string
-        out += [source[pos:start], py_str(ast.literal_eval(value)) if token.type == tokenize.STRING else _number(value)]
-        pos = end
+        if token.type == tokenize.STRING:
+            (row, start), (_, end) = token.start, token.end
+            if row != 1:
+                raise ValueError(f"not a one-line expression: {source!r}")
+            out += [source[pos:start], py_str(ast.literal_eval(token.string))]
+            pos = end
     return "".join(out) + source[pos:]
-

@@ -26,11 +26,11 @@
 """Specialised fill_from / extract for one slot spec: see SPEC_NAME and the banner."""
 
 # fmt: off
-# (the layout is ruff format's at its default width; a formatter set to another width
-# leaves it alone, so `graphslot generate --check` stays clean in a formatted tree)
+# (a formatter at any width leaves this module as it is, so `graphslot generate --check`
+# stays clean in a formatted tree)
 from graphslot.codegen import runtime as __gs_rt
 
-__gs_rt.require(__name__, version="0.2.0", format=3)
+__gs_rt.require(__name__, version="0.2.0", format=4)
 
 # Bound after the handshake, so a module of another graphslot asks to be regenerated
 # before it reaches a helper this graphslot may lack.
@@ -305,7 +305,7 @@ def bind(
         return plan
 
     def fill_from(
-        fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs=None
+        fb, *, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs=None
     ):
         # sources are copied as data: no autograd while filling
         grad = __gs_grad_enabled()
@@ -386,7 +386,7 @@ def bind(
         views[padded_bs, padded_num_tokens] = entry
         return entry
 
-    def extract(fb, padded_bs, padded_num_tokens):
+    def extract(fb, *, padded_bs, padded_num_tokens):
         entry = views.get((padded_bs, padded_num_tokens))
         if entry is None:
             entry = make_views(padded_bs, padded_num_tokens)

@@ -13,10 +13,11 @@ from .backend import (
     InspectableGraph,
     OpenCapture,
     get_graph_backend,
+    graph_pool,
 )
 from .cuda import CudaGraphBackend
 from .segments import EagerStep, SegmentedGraph
-from .tape import TapeBackend, TapeGraph
+from .tape import TapeBackend, TapeGraph, TapePool
 from .util import no_collection
 
 __all__ = [
@@ -31,6 +32,8 @@ __all__ = [
     "SegmentedGraph",
     "TapeBackend",
     "TapeGraph",
+    "TapePool",
     "get_graph_backend",
+    "graph_pool",
     "no_collection",
 ]

@@ -8,14 +8,16 @@ without a GPU:
   CUDA-graph semantics (fixed addresses, frozen Python control flow, no host
   syncs or data-dependent shapes during capture).
 
-A backend instance owns the memory pool shared by every graph it captures, so
-a runner keeps one backend for all its batch sizes.
+Every graph a backend captures goes into its memory pool (``backend.pool``): one
+the backend makes, or the engine's handle (:func:`graph_pool`), shared by every backend
+given it -- decode and prefill runners of one process alike. ``release()`` gives the
+backend's own pool memory back once its graphs are dropped.
 
 The protocols are the whole contract between backends and their callers:
 
 * :class:`GraphBackend`: ``capture(fn)`` runs ``fn`` into a :class:`Graph`;
   ``begin_capture()`` opens an :class:`OpenCapture` while Python code runs on, whose
-  ``end(output)`` returns the graph (``abort()`` abandons it): the breakable runner cuts
+  ``end(output)`` returns the graph (``abort()`` abandons it): the breakable capture cuts
   one run of a model into segments with it;
 * :class:`Graph`: ``replay()`` and the ``output`` it rewrites in place;
 * :class:`InspectableGraph`: a graph that can also list the tensors it reads that
@@ -75,6 +77,11 @@ class OpenCapture(Protocol):
 
 @runtime_checkable
 class GraphBackend(Protocol):
+    """A graph backend. It also has ``pool``: the memory pool every graph it captures goes
+    into (an opaque token on the tape; backends given the same handle share it). That is
+    not a protocol member because ``isinstance`` would evaluate it, and a CUDA pool is
+    made on first use."""
+
     name: str
 
     def capture(self, fn: Callable[[], Any], *, warmup: int = 1) -> Graph:
@@ -85,9 +92,41 @@ class GraphBackend(Protocol):
         """Start capturing now, on this backend's pool; the caller ends or aborts it."""
         ...
 
+    def release(self) -> None:
+        """The graphs are dropped: give the pool's memory back (the backend's own pool
+        only; a pool it was given is its owner's to empty)."""
+        ...
 
-def get_graph_backend(name: str, device: torch.device | str) -> GraphBackend:
-    """A new backend; ``"auto"`` picks ``cuda`` for CUDA devices, else ``cpu``."""
+
+def graph_pool(device: torch.device | str) -> Any:
+    """A new graph pool handle for ``device``, to share across backends and runners
+    (``graph_pool=``): ``torch.cuda.graph_pool_handle()`` on a CUDA device, an opaque
+    token on the CPU tape."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        with torch.cuda.device(device):
+            return torch.cuda.graph_pool_handle()
+    from .tape import TapePool
+
+    return TapePool()
+
+
+def _has_pool(backend: Any) -> bool:
+    return hasattr(type(backend), "pool") or "pool" in getattr(backend, "__dict__", {})
+
+
+def get_graph_backend(name: Any, device: torch.device | str, *, pool: Any = None) -> GraphBackend:
+    """A new backend capturing into ``pool`` (None: a pool of its own); ``"auto"`` picks
+    ``cuda`` for CUDA devices, else ``cpu``. A backend object is returned as it is (its
+    pool must then be ``pool``, if one is given)."""
+    if not isinstance(name, str):
+        if not isinstance(name, GraphBackend) or not _has_pool(name):
+            raise TypeError(f"graph backend {name!r} is neither a name ({', '.join(BACKEND_NAMES)}) nor an object "
+                            "with the GraphBackend protocol (name, pool, capture, begin_capture, release)")
+        if pool is not None and name.pool is not pool:
+            raise ValueError(f"graph_pool= differs from the pool of the graph backend given ({name.name!r}): "
+                             "give the pool to the backend, or a backend name")
+        return name
     device = torch.device(device)
     if name == "auto":
         name = "cuda" if device.type == "cuda" else "cpu"
@@ -95,11 +134,11 @@ def get_graph_backend(name: str, device: torch.device | str) -> GraphBackend:
     if name == "cuda":
         from .cuda import CudaGraphBackend
 
-        return CudaGraphBackend(device)
+        return CudaGraphBackend(device, pool=pool)
     if name == "cpu":
         from .tape import TapeBackend
 
-        return TapeBackend()
+        return TapeBackend(pool=pool)
     raise ValueError(
         f"unknown graph backend {name!r}; choose one of: {', '.join(BACKEND_NAMES)}"
     )

@@ -1,14 +1,20 @@
 """The ``cuda`` graph backend: ``torch.cuda.CUDAGraph`` with one shared pool.
 
-All graphs of one backend draw from one memory pool, so a runner capturing
-several batch sizes pays for the largest one only -- provided it captures the
-largest size first (the runner's job). Nothing here touches CUDA at import or
-construction time, so the module is safe on a CPU-only build of torch.
+All graphs of one backend draw from one memory pool (its own, or the engine's handle
+given as ``pool=``, which several backends may share), so a runner capturing several
+batch sizes pays for the largest one only -- provided it captures the largest size
+first (the runner's job). Nothing here touches CUDA at import or construction time, so
+the module is safe on a CPU-only build of torch.
+
+No process-global state is changed unless asked: ``fresh_cublas_workspace=True``
+clears cuBLAS's workspaces before the backend's first capture (:func:`capturing` says
+why an engine whose process also runs torch.compile's CUDAGraph Trees wants that).
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 from typing import Any, Callable, Iterator, Optional
 
 import torch
@@ -59,32 +65,55 @@ class CudaGraphWrapper:
 
 
 class CudaGraphBackend:
-    """Graph backend ``cuda``; owns the memory pool and side stream of its graphs."""
+    """Graph backend ``cuda``; captures into its memory pool on a side stream of its own.
+
+    ``pool``: the engine's graph pool handle (``torch.cuda.graph_pool_handle()``), shared
+    with whoever else it gave it to; None: the backend makes its own. ``fresh_cublas_workspace``:
+    clear cuBLAS's workspaces before the first capture (a process-global change, off
+    unless the engine asks; see :func:`capturing`)."""
 
     name = "cuda"
 
-    def __init__(self, device: torch.device | str = "cuda") -> None:
+    def __init__(self, device: torch.device | str = "cuda", *, pool: Any = None,
+                 fresh_cublas_workspace: bool = False) -> None:
         self.device = torch.device(device)
         if self.device.type != "cuda":
             raise ValueError(f"the 'cuda' graph backend needs a CUDA device, got {self.device}")
-        self._pool: Optional[Any] = None
+        self._given_pool = pool
+        self._pool: Optional[Any] = pool
+        self.fresh_cublas_workspace = bool(fresh_cublas_workspace)
         self._stream: Optional["torch.cuda.Stream"] = None
         self._captures = 0
 
     @property
     def pool(self) -> Any:
-        """The shared pool handle, or None before the first capture."""
-        return self._pool
-
-    def _ensure_pool(self) -> None:
+        """The pool handle every graph of this backend is captured into (made on first use)."""
         if self._pool is None:
             with torch.cuda.device(self.device):
                 self._pool = torch.cuda.graph_pool_handle()
+        return self._pool
+
+    def _ensure_pool(self) -> None:
+        self.pool  # noqa: B018 -- made now, before the capture stream
+        if self._stream is None:
+            with torch.cuda.device(self.device):
                 self._stream = torch.cuda.Stream()
 
     def _capturing(self, graph: "torch.cuda.CUDAGraph") -> Any:
         self._captures += 1
-        return capturing(graph, self._pool, self._stream, fresh_workspace=self._captures == 1)
+        return capturing(graph, self._pool, self._stream,
+                         fresh_workspace=self.fresh_cublas_workspace and self._captures == 1)
+
+    def release(self) -> None:
+        """After the caller dropped every graph: the backend's own pool goes back to the
+        driver (a new one is made at the next capture); a pool it was given is left to
+        its owner."""
+        self._captures = 0
+        if self._given_pool is None and self._pool is not None:
+            self._pool = None
+            gc.collect()  # graphs in reference cycles hold their pool's blocks
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
 
     def begin_capture(self) -> "OpenCudaCapture":
         """Start capturing into the shared pool now; ``end(output)`` returns the graph.

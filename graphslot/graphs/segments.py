@@ -1,11 +1,11 @@
 """Graphs cut into segments with eager steps between them.
 
-Both prefill runners capture one run of the layer stack as graph *segments* that
-alternate with *eager steps*: calls that cannot be captured (attention, whose extend
-metadata depends on per-request lengths) and so run eagerly at every replay. The
-breakable runner cuts at :func:`~graphslot.runners.breakable.eager_on_graph` calls,
-the piecewise runner at the split ops of a compiled FX graph; what they build is the
-same :class:`SegmentedGraph`.
+The breakable and piecewise capture modes capture one run of a runner's callable (the
+decode forward, the prefill layer stack) as graph *segments* that alternate with *eager
+steps*: calls that are not captured (attention) and so run eagerly at every replay. The
+breakable mode cuts at :func:`~graphslot.runners.breakable.eager_on_graph` calls, the
+piecewise mode at the split ops of a compiled FX graph; what they build is the same
+:class:`SegmentedGraph`.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from typing import Iterator
+from typing import Any, Callable, ContextManager, Iterator, Optional
 
 
 @contextlib.contextmanager
@@ -30,3 +30,12 @@ def no_collection() -> Iterator[None]:
             gc.enable()
         if owns_freeze:
             gc.unfreeze()
+
+
+def entered(factory: Optional[Callable[[], ContextManager[Any]]]) -> contextlib.ExitStack:
+    """An exit stack holding ``factory()`` entered (nothing when ``factory`` is None): the
+    engine's capture context, around one graph or segment; ``with`` it, or ``close()`` it."""
+    stack = contextlib.ExitStack()
+    if factory is not None:
+        stack.enter_context(factory())
+    return stack

@@ -1,4 +1,6 @@
-"""The graph runners' adapter for the reference model (:mod:`graphslot.reference`)."""
+"""The decode runner's adapter for the reference model (:mod:`graphslot.reference`), for
+every capture mode: attention goes through
+:class:`~graphslot.reference.graph_attention.GraphAttentionBackend`, installed here."""
 
 from __future__ import annotations
 
@@ -9,14 +11,20 @@ import torch
 
 from ..runners.adapter import DecodeAdapter
 from .forward_batch import ForwardBatch, ForwardMode
+from .graph_attention import ATTENTION_OP, install_graph_attention
 from .memory import SWAKVCache
 from .model import ReferenceRuntime
 
 
 class ReferenceDecodeAdapter(DecodeAdapter):
+    #: The spec params :meth:`spec_params` sets: a decode spec declares them, a prefill spec does not.
+    SPEC_PARAMS = ("seq_len_fill_value", "is_hybrid_swa")
+    split_ops = (ATTENTION_OP,)
+
     def __init__(self, runtime: ReferenceRuntime):
         self.runtime = runtime
         self.device = runtime.device
+        install_graph_attention(runtime.model)
         # The reference engine has no DP collectives; what capture asked for is kept
         # so callers (and tests) can see it.
         self.dp_buffer_lens: List[Tuple[List[int], int]] = []
@@ -28,7 +36,7 @@ class ReferenceDecodeAdapter(DecodeAdapter):
         return self.runtime.forward(fb)
 
     def init_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
-        self.runtime.attn_backend.init_cuda_graph_state(max_bs, max_num_tokens)
+        self.runtime.attn_backend.ensure_cuda_graph_state(max_bs, max_num_tokens)
 
     def init_capture_metadata(self, bs: int, num_tokens: int, view: ForwardBatch) -> None:
         self.runtime.attn_backend.init_forward_metadata_capture_cuda_graph(
@@ -63,10 +71,8 @@ class ReferenceDecodeAdapter(DecodeAdapter):
 
     def spec_params(self) -> Mapping[str, Any]:
         kv = self.runtime.token_to_kv_pool
-        return {
-            "seq_len_fill_value": self.runtime.attn_backend.get_cuda_graph_seq_len_fill_value(),
-            "is_hybrid_swa": isinstance(kv, SWAKVCache) and bool(kv.swa_layers),
-        }
+        return dict(zip(self.SPEC_PARAMS, (self.runtime.attn_backend.get_cuda_graph_seq_len_fill_value(),
+                                           isinstance(kv, SWAKVCache) and bool(kv.swa_layers))))
 
     @property
     def max_requests(self) -> int:

@@ -179,6 +179,15 @@ class TorchAttentionBackend:
         self.cuda_graph_max_bs = max_bs
         self.cuda_graph_max_num_tokens = max_num_tokens
 
+    def ensure_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        """:meth:`init_cuda_graph_state` unless the static buffers already hold
+        ``max_num_tokens`` rows: shared by a decode and a prefill runner, they grow, never
+        shrink. Growing moves them, so graphs that read them (full-graph decode and
+        prefill) are captured after it: build the runner with the most tokens first."""
+        meta = self.cuda_graph_metadata
+        if meta is None or meta.kv_indices.shape[0] < max_num_tokens:
+            self.init_cuda_graph_state(max_bs, max_num_tokens)
+
     def _write_static(self, fresh: TorchAttnMetadata) -> None:
         static = self.cuda_graph_metadata
         if static is None:

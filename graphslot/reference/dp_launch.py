@@ -12,7 +12,10 @@ survivor: a rank that only stopped because of a peer -- a
 its peer (connection closed, timed out), the launcher's kill -- is listed as a
 consequence ("DP rank 1 of 2 failed: SlotError: ...; rank 0 stopped because rank 1
 failed"). A rank that dies without a report (a signal, an abort) is the culprit when no
-rank reported an error of its own.
+rank reported an error of its own; so is a rank whose function returned while the
+others still waited for it in a collective, when they only lost their peer ("DP rank 1
+of 2 returned while rank 0 still waited for it in a collective; rank 0 stopped because
+rank 1 returned early").
 """
 
 from __future__ import annotations
@@ -151,13 +154,16 @@ class Watched:
 def verdict(w: Watched, world_size: int) -> Optional[RankFailure]:
     """None when every rank finished; else the failure to raise, blaming in this order
     the rank whose own error came first, the rank(s) a peer's DPStepError names, the
-    first rank that died without a report, the ranks still running (a hang)."""
+    first rank that died without a report, the ranks that returned while the others
+    lost them in a collective (its function returned early), the ranks still running
+    (a hang)."""
     own = sorted((r for r in w.reports.values() if not r.consequence), key=lambda r: r.time)
     blamed: Dict[int, Tuple[str, str]] = {}
     for report in w.reports.values():
         blamed.update(report.blamed)
     silent = sorted((t, rank) for rank, (t, code) in w.exits.items() if code != 0 and rank not in w.reports)
-    details, waiting = "", False
+    done = sorted(rank for rank, (_, code) in w.exits.items() if code == 0)
+    details, waiting, ended = "", False, "failed"
     if own:
         culprits = sorted(r.rank for r in own if r.error == own[0].error)
         what, details = "failed: {}: {}".format(*own[0].error), own[0].traceback
@@ -171,6 +177,11 @@ def verdict(w: Watched, world_size: int) -> Optional[RankFailure]:
         code = w.exits[culprits[0]][1]
         how = f"killed by {_signal_name(code)}" if code < 0 else f"exit code {code}"
         what = f"died without reporting an error ({how})"
+    elif done and w.reports:  # only peers lost: the ranks that returned left them in a collective
+        culprits, ended = done, "returned early"
+        lost = sorted(w.reports)
+        what = f"returned while {_ranks(lost)} still waited for {'it' if len(done) == 1 else 'them'} in a collective"
+        details = w.reports[lost[0]].traceback
     elif w.running:
         culprits, waiting = list(w.running), True
         what = f"still running after {w.seconds:.0f} s (a hang in a collective?); killed"
@@ -182,12 +193,11 @@ def verdict(w: Watched, world_size: int) -> Optional[RankFailure]:
         return None
     parts = [f"DP {_ranks(culprits)} of {world_size} {what}"]
     parts += ["rank {} failed too: {}: {}".format(r.rank, *r.error) for r in own if r.rank not in culprits]
-    done = {rank for rank, (_, code) in w.exits.items() if code == 0}
     stopped = [r for r in range(world_size) if r not in culprits and r not in done
                and not (r in w.reports and not w.reports[r].consequence)]
     if stopped:
         why = "waiting for" if waiting else "because"
-        parts.append(f"{_ranks(stopped)} stopped {why} {_ranks(culprits)}{'' if waiting else ' failed'}")
+        parts.append(f"{_ranks(stopped)} stopped {why} {_ranks(culprits)}{'' if waiting else ' ' + ended}")
     return RankFailure("; ".join(parts), details, culprits)
 
 

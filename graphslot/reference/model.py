@@ -1,6 +1,6 @@
 """A tiny Llama-shaped model over the paged backend, and a factory that wires it up.
 
-The model is split into ``embed`` / ``layers`` / ``logits`` so a piecewise runner can
+The model is split into ``embed`` / ``layers`` / ``logits`` so a prefill runner can
 capture the layer stack on its own. Weights come from a private seeded generator on
 the CPU and are then moved, so the same seed gives bit-identical weights on any device
 and never disturbs the global RNG.

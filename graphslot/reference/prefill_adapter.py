@@ -1,11 +1,9 @@
-"""The prefill runners' adapter for the reference model.
+"""The prefill runner's adapter for the reference model, for every capture mode.
 
-The layer stack (``TinyLlama.layers`` run in order) is the capture boundary; attention
-is the eager break: its extend metadata depends on per-request lengths, so
-:func:`reference_attention` is marked :func:`~graphslot.runners.breakable.eager_on_graph`
-and the attention modules call it through :class:`BreakingAttentionBackend`, a thin
-proxy over the shared backend. Outside a breakable capture the proxy is a plain call,
-so installing it changes nothing for eager runs or the decode runner.
+The layer stack (``TinyLlama.layers`` run in order) is the capture boundary. Attention
+is an eager break (``breakable``), the split op (``piecewise``) or inside the graph on
+static metadata (``full``): the attention modules go through
+:class:`~graphslot.reference.graph_attention.GraphAttentionBackend`, installed here.
 """
 
 from __future__ import annotations
@@ -16,41 +14,11 @@ from typing import Any, Iterable, Mapping
 import torch
 from torch import nn
 
-from ..runners.breakable import eager_on_graph
 from ..runners.prefill_adapter import PrefillAdapter
-from .attention import TorchAttentionBackend
 from .forward_batch import ForwardBatch, ForwardMode
+from .graph_attention import ATTENTION_OP, install_graph_attention
 from .memory import SWAKVCache
-from .model import Attention, ReferenceRuntime
-
-
-@eager_on_graph
-def reference_attention(backend: TorchAttentionBackend, q, k, v, layer_id: int, fb: ForwardBatch):
-    return backend.forward(q, k, v, layer_id, fb)
-
-
-class BreakingAttentionBackend:
-    """Delegates to the real backend; ``forward`` goes through :func:`reference_attention`."""
-
-    def __init__(self, inner: TorchAttentionBackend):
-        self.inner = inner
-
-    def forward(self, q, k, v, layer, fb):
-        return reference_attention(self.inner, q, k, v, int(getattr(layer, "layer_id", layer)), fb)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-
-def install_attention_breaks(model: nn.Module) -> int:
-    """Route every reference attention module through :func:`reference_attention`."""
-    count = 0
-    for m in model.modules():
-        if isinstance(m, Attention):
-            if not isinstance(m.backend, BreakingAttentionBackend):
-                m.backend = BreakingAttentionBackend(m.backend)
-            count += 1
-    return count
+from .model import ReferenceRuntime
 
 
 class ReferenceLayerStack(nn.Module):
@@ -67,11 +35,16 @@ class ReferenceLayerStack(nn.Module):
 
 
 class ReferencePrefillAdapter(PrefillAdapter):
-    def __init__(self, runtime: ReferenceRuntime, *, install_breaks: bool = True):
+    """``install_attention=False`` leaves the model's attention as it is (not graph-safe in
+    any mode but ``full``: what the proxy is for)."""
+
+    split_ops = (ATTENTION_OP,)
+
+    def __init__(self, runtime: ReferenceRuntime, *, install_attention: bool = True):
         self.runtime = runtime
         self.device = runtime.device
-        if install_breaks:
-            install_attention_breaks(runtime.model)
+        if install_attention:
+            install_graph_attention(runtime.model)
 
     @property
     def model(self) -> nn.Module:
@@ -100,11 +73,7 @@ class ReferencePrefillAdapter(PrefillAdapter):
         return self.runtime.forward(fb)
 
     def init_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
-        backend = self.runtime.attn_backend
-        meta = backend.cuda_graph_metadata
-        # Shared with a decode runner: grow, never shrink, the static metadata.
-        if meta is None or meta.kv_indices.shape[0] < max_num_tokens:
-            backend.init_cuda_graph_state(max_bs, max_num_tokens)
+        self.runtime.attn_backend.ensure_cuda_graph_state(max_bs, max_num_tokens)
 
     def init_capture_metadata(self, num_tokens: int, view: ForwardBatch) -> None:
         self.runtime.attn_backend.init_forward_metadata_extend_padded(None, num_tokens)

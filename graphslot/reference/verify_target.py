@@ -24,9 +24,9 @@ def reference_target(backend: str = "auto", max_bs: int = 8, spec: Any = "decode
                      config: TinyConfig = None) -> VerifyTarget:
     """The reference model behind a decode runner, with ``max_bs`` requests prefilled;
     ``make_batch(n)`` decodes one token for the first ``n`` of them."""
+    spec = decode_spec(spec)
     cuda = backend == "cuda" or (backend == "auto" and torch.cuda.is_available())
     rt = build_reference_model(config, device="cuda" if cuda else "cpu", seed=seed, max_num_reqs=max_bs)
-    spec = load_spec(spec) if isinstance(spec, str) else spec
     try:
         runner = DecodeGraphRunner(ReferenceDecodeAdapter(rt), DecodeRunnerConfig(
             max_bs=max_bs, spec=spec, backend=backend, progress=False))
@@ -49,6 +49,23 @@ def reference_target(backend: str = "auto", max_bs: int = 8, spec: Any = "decode
     return VerifyTarget(runner, make_batch, release, label=f"reference model, spec {spec.name}, max_bs {max_bs}")
 
 
+class NotADecodeSpec(TargetError):
+    """The spec given for the reference model lacks the params of its decode runner."""
+
+
+def decode_spec(spec: Any) -> Any:
+    """``spec`` (a shipped name, a YAML path, or a parsed spec), loaded; NotADecodeSpec
+    when it does not declare the params the reference model's decode adapter sets."""
+    spec = load_spec(spec) if isinstance(spec, str) else spec
+    missing = [name for name in ReferenceDecodeAdapter.SPEC_PARAMS if name not in spec.params]
+    if missing:
+        raise NotADecodeSpec(
+            f"spec '{spec.name}' ({spec.path}) is not a decode spec: it declares no param "
+            f"{' or '.join(map(repr, missing))}, which the reference model's decode runner sets; give a decode spec "
+            "(the shipped 'decode', or a copy of it)")
+    return spec
+
+
 def unknown(spec: Any, error: SlotError) -> None:
     """A TargetError, when ``spec`` copies fields the reference model's batches lack (a
     project spec with a slot of its own): only the engine's own runner can verify it."""
@@ -59,7 +76,7 @@ def unknown(spec: Any, error: SlotError) -> None:
     if added:
         names = ", ".join(f"'{name}'" for name in added)
         raise TargetError(
-            f"spec '{spec.name}' ({spec.source}) copies {names}, which the reference model's batches do not have "
+            f"spec '{spec.name}' ({spec.path}) copies {names}, which the reference model's batches do not have "
             "and its model does not read; verify the spec on your own runner, whose batches set "
             f"{'them' if len(added) > 1 else 'it'}: `graphslot verify yourpackage.module:make_target` "
             "(docs/engine.md, \"Checking your runner\")") from error

@@ -33,11 +33,6 @@ class Slot:
         self.resolved, self.buffer, self.hooks = resolved, buffer, hooks
 
     @property
-    def spec(self) -> ResolvedSlot:
-        """The older name of :attr:`resolved` (it is the slot resolved, not the spec)."""
-        return self.resolved
-
-    @property
     def name(self) -> str:
         return self.resolved.name
 
@@ -110,7 +105,7 @@ class ViewMaker:
 class SlotRegistry:
     """Buffers for one spec at fixed capacities; ``fill_from``/``extract`` per step."""
 
-    mode = "abstract"
+    impl = "abstract"
 
     def __init__(
         self,
@@ -192,6 +187,16 @@ class SlotRegistry:
         """The fill of :meth:`fill_from_skipping` for a non-empty set of enabled slots."""
         raise NotImplementedError
 
+    def check_step(self, fb: Any, *, raw_bs: int, raw_num_tokens: int) -> None:
+        """Raise the :class:`SlotError` that ``fill_from(fb, raw_bs=raw_bs, padded_bs=...,
+        raw_num_tokens=raw_num_tokens, ...)`` would raise for the raw counts or a batch
+        field (missing, not a tensor, wrong shape; strict mode: dtype, device, aliasing),
+        for any padded counts from raw to capacity; write nothing. For a caller that must
+        know a batch fits before it commits to a step, its padded size not yet known (the
+        DP runner, before its exchange). ``source`` and ``post_fill`` hooks are not run:
+        what they raise, the fill raises."""
+        self.checker.sources(fb, raw_bs, raw_num_tokens)
+
     def run_pre_capture(self, bs: int, num_tokens: int, side_inputs: Any = None) -> None:
         """Run every ``pre_capture`` hook before a graph of this size is captured."""
         params = live_view(self.params)  # a live param read here: its provider gets this context
@@ -209,5 +214,5 @@ class SlotRegistry:
         return ("batch_size",) + tuple(s.name for s in self.active if not s.resolved.structured)
 
     def __repr__(self) -> str:
-        return (f"<{type(self).__name__} {self.spec.name} mode={self.mode} max_bs={self.max_bs} "
+        return (f"<{type(self).__name__} {self.spec.name} impl={self.impl} max_bs={self.max_bs} "
                 f"max_num_tokens={self.max_num_tokens} slots={self.slot_names()}>")

@@ -28,6 +28,16 @@ def adoptable(adopt: Any, name: str) -> Any:
     return value
 
 
+def refuse_strided(where: str, how: str, tensor: torch.Tensor) -> None:
+    """SlotError for a tensor a registry would bind or adopt that is not dense with a
+    unit last stride: generated code views buffers of several dtypes as one integer dtype
+    (one copy kernel a step), which needs that layout (``is_contiguous()`` alone does not
+    promise the unit stride of a last dimension of size 1)."""
+    if not tensor.is_contiguous() or (tensor.dim() and tensor.stride(-1) != 1):
+        raise SlotError(f"{where}: {how}= holds a non-contiguous tensor (shape {list(tensor.shape)}, strides "
+                        f"{list(tensor.stride())}); pass a contiguous tensor (.contiguous() gives one)")
+
+
 def allocate_buffer(
     name: str,
     shape: Tuple[int, ...],
@@ -37,20 +47,21 @@ def allocate_buffer(
     pool: Optional[SharePool] = None,
     adopt: Any = None,
 ) -> torch.Tensor:
-    """A full-capacity buffer, adopted from ``adopt`` (``build_registry(adopt=)``) or
+    """A full-capacity buffer, adopted from ``adopt`` (``build_registry(buffers=<object>)``) or
     pooled when asked; filled with ``init_value`` when it is fresh. Its address never
     changes afterwards."""
     if adopt is not None:
         tensor = adoptable(adopt, name)
         if tensor is _MISSING:
-            raise SlotError(f"slot '{name}': adopt= has no tensor '{name}' to adopt; "
-                            "give it one, or build the registry without adopt=")
+            raise SlotError(f"slot '{name}': buffers= has no tensor '{name}' to adopt; "
+                            "give it one, or declare the slot `adopt: never`")
         if not isinstance(tensor, torch.Tensor):
-            raise SlotError(f"slot '{name}': adopt= holds {type(tensor).__name__}, expected a torch.Tensor")
+            raise SlotError(f"slot '{name}': buffers= holds {type(tensor).__name__}, expected a torch.Tensor")
         if tuple(tensor.shape) != tuple(shape) or tensor.dtype != dtype:
             raise SlotError(f"slot '{name}': cannot adopt the tensor: expected shape "
                             f"{list(shape)} dtype {dtype}, got shape {list(tensor.shape)} "
                             f"dtype {tensor.dtype}")
+        refuse_strided(f"slot '{name}'", "buffers", tensor)
         return tensor  # adopted tensors are already initialised by their owner
     try:
         buffer = torch.zeros(shape, dtype=dtype, device=device)
@@ -92,6 +103,7 @@ def check_given_buffers(spec_name: str, slots, buffers: Any, device: torch.devic
         if tuple(tensor.shape) != slot.shape or tensor.dtype != slot.dtype or not _same_device(tensor.device, where):
             raise SlotError(f"spec '{spec_name}', slot '{slot.name}': buffers= holds shape {list(tensor.shape)} "
                             f"{tensor.dtype} on {tensor.device}, expected {list(slot.shape)} {slot.dtype} on {where}")
+        refuse_strided(f"spec '{spec_name}', slot '{slot.name}'", "bind", tensor)
         given[slot.name] = tensor
     return given
 

@@ -17,16 +17,16 @@ class InterpretedRegistry(SlotRegistry):
     """The reference semantics, slot by slot (``graphslot/slot_specs/README.md``,
     "Slot semantics")."""
 
-    mode = "interpreted"
+    impl = "interpreted"
 
-    def fill_from(self, fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs=None) -> None:
+    def fill_from(self, fb, *, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs=None) -> None:
         # Sources are copied as data: a source that requires grad is copied by value, and
         # no buffer ever requires grad or records history.
         with torch.no_grad():
             self._fill(fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs, frozenset())
 
     def _fill_skipping(self, skip: frozenset) -> Callable[..., None]:
-        def fill_from(fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs=None) -> None:
+        def fill_from(fb, *, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs=None) -> None:
             with torch.no_grad():
                 self._fill(fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs, skip)
 
@@ -86,7 +86,7 @@ class InterpretedRegistry(SlotRegistry):
             if hook is not None:
                 hook(slot.buffer, fb, ctx)
 
-    def extract(self, fb, padded_bs, padded_num_tokens):
+    def extract(self, fb, *, padded_bs, padded_num_tokens):
         padded_bs, padded_num_tokens = self.checker.view(padded_bs, padded_num_tokens)
         fields = {"batch_size": padded_bs}
         for slot in self.active:

@@ -75,4 +75,3 @@ class BufferPool:
         return True  # an empty pool is still a pool (``share_pool=BufferPool()`` must share)
 
 
-GLOBAL_POOL = BufferPool()

@@ -16,6 +16,11 @@ generated code raise the same ``SlotError`` for the same input
 * strict mode adds dtype and device equality and rejects a source whose bytes overlap a
   slot buffer's (other than exactly its own head view, which copies onto itself),
   whatever made the view: slicing, DLPack, numpy.
+
+None of the batch-field checks reads the padded counts, so :meth:`StepChecker.sources`
+(``SlotRegistry.check_step``) makes them, and the raw counts' own, before a step's
+padded size is known, writing nothing: the DP runner refuses a batch so before its
+one collective, where the fill would refuse it only after.
 """
 
 from __future__ import annotations
@@ -50,13 +55,14 @@ class StepChecker:
         self._extents = BufferExtents((s.name, s.buffer) for s in self.slots.values())
         self._seen_steps: dict = {}
         self._seen_views: dict = {}
+        self._seen_raw: dict = {}
 
     def without(self, names: AbstractSet[str]) -> "StepChecker":
         """The checker of a fill that leaves the slots ``names`` alone (their fields
         are neither read nor checked); aliasing is still judged against every buffer."""
         other = copy.copy(self)
         other.plain = tuple(s for s in self.plain if s.name not in names)
-        other._seen_steps, other._seen_views = {}, {}
+        other._seen_steps, other._seen_views, other._seen_raw = {}, {}, {}
         return other
 
     def fail(self, slot: Optional[str], message: str) -> SlotError:
@@ -78,6 +84,32 @@ class StepChecker:
     def view_counts(self, padded_bs: Any, padded_num_tokens: Any) -> None:
         """``extract``'s counts: ints within ``0 <= padded <= capacity``."""
         self.counts(0, padded_bs, 0, padded_num_tokens)
+
+    def raw_counts(self, raw_bs: Any, raw_num_tokens: Any) -> None:
+        """A step's raw counts before its padded ones are known: ints within
+        ``0 <= raw <= capacity`` (the fill checks the padded ones, between the two)."""
+        for axis, raw, capacity in ((Axis.BS, raw_bs, self.max_bs), (Axis.TOKENS, raw_num_tokens, self.max_num_tokens)):
+            if type(raw) is not int:
+                raise self.fail(None, f"raw {axis} count must be an int, got {describe(raw)}")
+            if not 0 <= raw <= capacity:
+                raise self.fail(None, f"{axis} counts must satisfy 0 <= raw <= capacity, got raw={raw}, "
+                                      f"capacity={capacity}")
+
+    def sources(self, fb: Any, raw_bs: Any, raw_num_tokens: Any) -> None:
+        """Raise the SlotError a fill of ``fb`` at these raw counts would raise for its
+        counts or batch fields, whatever padded counts it gets; write nothing
+        (``SlotRegistry.check_step``). Source hooks are not run: the fill checks them."""
+        shapes = None if self.strict else self._seen_raw.get((raw_bs, raw_num_tokens))
+        if shapes is None:  # as generated fills: checked once per size, then one shape comparison per field
+            self.raw_counts(raw_bs, raw_num_tokens)
+            if len(self._seen_raw) >= SIZE_MEMO_LIMIT:
+                self._seen_raw.clear()
+            shapes = self._seen_raw[raw_bs, raw_num_tokens] = tuple(
+                (slot, self.expected_shape(slot, raw_bs, raw_num_tokens)) for slot in self.plain)
+        for slot, shape in shapes:
+            src = getattr(fb, slot.name, None)
+            if self.strict or not (isinstance(src, torch.Tensor) and src.shape == shape):
+                self.plain_source(slot, fb, raw_bs, raw_num_tokens)  # None for an absent optional field, else raises
 
     def step(self, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens) -> Tuple[int, int, int, int]:
         """The interpreter's count check: once per step size, as generated plans are.

@@ -1,15 +1,17 @@
 """The graph runners: an engine writes one adapter, the runners own the registry.
 
-Decode: :class:`DecodeGraphRunner` (one graph per captured batch size; which size a step
-replays is :class:`SizeDispatcher`'s), :class:`DPDecodeRunner` over it for data-parallel
-attention, :class:`EagerRunner` for the eager path through the same slots. Prefill:
-:class:`BreakableGraphRunner` (cut at :func:`eager_on_graph` calls) and
-:class:`PiecewiseGraphRunner` (``torch.compile`` split at ops). Engines subclass
-:class:`DecodeAdapter` / :class:`PrefillAdapter`.
+One runner per phase, each in any capture mode (``capture="full" | "breakable" |
+"piecewise"``, :mod:`.capture`) on any graph backend: :class:`DecodeGraphRunner` (graphs
+keyed by batch size and context bucket; which a step replays is
+:class:`SizeDispatcher`'s), :class:`DPDecodeRunner` over it for data-parallel attention,
+:class:`PrefillGraphRunner` (the layer stack, keyed by token bucket), and
+:class:`EagerRunner` for the eager path through the same slots. Engines subclass
+:class:`DecodeAdapter` / :class:`PrefillAdapter`; ``@eager_on_graph`` marks what a
+breakable capture runs eagerly.
 """
 
 from .adapter import DecodeAdapter
-from .breakable import BreakableGraphRunner, capture_breakable, eager_on_graph, is_eager_on_graph
+from .breakable import capture_breakable, eager_on_graph, is_eager_on_graph
 from .config import GraphRunnerConfig
 from .contract import AdapterContractError
 from .decode import DecodeGraphRunner, DecodeRunnerConfig, PreparedReplay, StepObserver
@@ -19,13 +21,11 @@ from .eager import EagerRunner
 from .guard import ReplayGuardError
 from .metrics import RunnerMetrics
 from .outputs import SharedOutputs, slice_rows
-from .piecewise import PiecewiseGraphRunner, PiecewiseRunnerConfig
 from .prefill import PrefillGraphRunner, PrefillRunnerConfig, default_token_buckets, token_buckets
 from .prefill_adapter import LayerStackError, PrefillAdapter
 
 __all__ = [
     "AdapterContractError",
-    "BreakableGraphRunner",
     "DPDecodeRunner",
     "DPExchange",
     "DPStep",
@@ -36,8 +36,6 @@ __all__ = [
     "EagerRunner",
     "GraphRunnerConfig",
     "LayerStackError",
-    "PiecewiseGraphRunner",
-    "PiecewiseRunnerConfig",
     "PrefillAdapter",
     "PrefillGraphRunner",
     "PrefillRunnerConfig",

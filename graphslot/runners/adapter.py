@@ -40,7 +40,7 @@ the adapter's ``nn.Module`` attributes, so ``self.model`` is declared by being t
 
 from __future__ import annotations
 
-from typing import Any, List, Mapping, Optional
+from typing import Any, List, Mapping, Optional, Sequence
 
 import torch
 
@@ -59,6 +59,9 @@ class DecodeAdapter(AdapterStatics):
     #: Device the registry's buffers and the graphs live on. Not set: the device of the
     #: model's weights (``static_modules()``); neither is an error at construction.
     device: torch.device
+    #: The custom ops (``"ns::name"``) ``capture="piecewise"`` splits the compiled forward
+    #: at, unless the runner's config names them; None: none.
+    split_ops: Optional[Sequence[str]] = None
 
     # -- what the graph runs -------------------------------------------------------
     def forward(self, fb: Any) -> Any:

@@ -1,4 +1,4 @@
-"""The breakable prefill graph runner: graph segments with eager steps between them.
+"""Breakable capture: graph segments with eager steps between them.
 
 ``@eager_on_graph`` marks a function that must run eagerly inside a capture (for the
 reference model: attention, whose extend metadata depends on per-request lengths).
@@ -11,7 +11,8 @@ While a breakable capture is active, calling it
 3. opens the next segment.
 
 Replay alternates segments and eager steps. Outside a breakable capture (eager runs,
-warm-up, the decode runner) the decorator is a plain call.
+warm-ups, other capture modes) the decorator is a plain call, and so is it while
+``torch.compile`` traces (the piecewise mode splits at ops, not at this decorator).
 
 Segments are captured with the low-level begin/end form of capture that CUDA graphs
 have (``capture_begin``/``capture_end``), which the
@@ -20,8 +21,8 @@ have (``capture_begin``/``capture_end``), which the
 and ``abort()`` abandons it (on CUDA every segment is its own ``CUDAGraph`` in the
 backend's shared pool).
 
-The runner's bucket schedule, capture loop and replay are those of every prefill
-runner (:mod:`graphslot.runners.prefill`).
+The ``breakable`` capture mode (:mod:`graphslot.runners.capture`) captures with
+:func:`capture_breakable`, in either phase.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import torch
 
 from ..graphs.backend import GraphBackend, GraphCaptureError, OpenCapture
 from ..graphs.segments import EagerStep, SegmentedGraph
-from .prefill import PrefillGraphRunner
+from ..graphs.util import entered
 
 # --------------------------------------------------------------------------- decorator
 
@@ -50,7 +51,7 @@ def eager_on_graph(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        cap = _active()
+        cap = None if torch.compiler.is_compiling() else _active()
         if cap is None or cap.in_eager:
             return fn(*args, **kwargs)
         return cap.break_for(fn, args, kwargs)
@@ -81,12 +82,21 @@ def _fn_name(fn: Callable) -> str:
 
 
 class _BreakableCapture:
-    def __init__(self, backend: GraphBackend) -> None:
-        self.backend = backend
+    def __init__(self, backend: GraphBackend, context: Optional[Callable[[], Any]] = None) -> None:
+        self.backend, self.context = backend, context
+        self._entered = entered(None)
         self.steps: List[Any] = []
         self.in_eager = False
         self.segment: Optional[OpenCapture] = None
         self.last_break = "the start"
+
+    def _open(self) -> None:
+        self._entered = entered(self.context)  # the engine's capture context, around each segment
+        try:
+            self.segment = begin_segment(self.backend)
+        except BaseException:
+            self._entered.close()
+            raise
 
     def _close(self, output: Any) -> Any:
         seg, self.segment = self.segment, None
@@ -94,6 +104,8 @@ class _BreakableCapture:
             return seg.end(output)
         except GraphCaptureError as e:
             raise self._located(e) from e
+        finally:
+            self._entered.close()
 
     def _located(self, e: GraphCaptureError) -> GraphCaptureError:
         done = sum(not isinstance(s, EagerStep) for s in self.steps)
@@ -108,7 +120,7 @@ class _BreakableCapture:
             self.in_eager = False
         self.steps.append(EagerStep(_fn_name(fn), fn, args, kwargs, result))
         self.last_break = f"eager step {_fn_name(fn)}"
-        self.segment = begin_segment(self.backend)
+        self._open()
         return result
 
     def run(self, fn: Callable[[], Any]) -> SegmentedGraph:
@@ -116,7 +128,7 @@ class _BreakableCapture:
             raise GraphCaptureError("breakable captures cannot nest")
         _STATE.capture = self
         try:
-            self.segment = begin_segment(self.backend)
+            self._open()
             try:
                 output = fn()
             except GraphCaptureError as e:
@@ -127,29 +139,14 @@ class _BreakableCapture:
             if self.segment is not None:
                 self.segment.abort()
                 self.segment = None
+                self._entered.close()
         return SegmentedGraph(self.steps, output)
 
 
-def capture_breakable(backend: GraphBackend, fn: Callable[[], Any], *, warmup: int = 1) -> SegmentedGraph:
-    """Capture ``fn`` as segments split at :func:`eager_on_graph` calls."""
+def capture_breakable(backend: GraphBackend, fn: Callable[[], Any], *, warmup: int = 1,
+                      context: Optional[Callable[[], Any]] = None) -> SegmentedGraph:
+    """Capture ``fn`` as segments split at :func:`eager_on_graph` calls; ``context``: a
+    factory of context managers entered around each segment's capture."""
     for _ in range(warmup):
         fn()  # no capture active: marked functions run as plain calls
-    return _BreakableCapture(backend).run(fn)
-
-
-# ------------------------------------------------------------------------- runner
-
-
-class BreakableGraphRunner(PrefillGraphRunner):
-    """Captures the layer stack per token bucket, cut at :func:`eager_on_graph` calls."""
-
-    kind = "breakable"
-
-    def capture_stack(self, n: int, hidden: torch.Tensor, view: Any) -> SegmentedGraph:
-        adapter, stack = self.adapter, self.stack
-
-        def run():
-            with torch.no_grad():
-                return adapter.run_layer_stack(stack, hidden, view)
-
-        return capture_breakable(self.backend, run, warmup=self.config.warmup)
+    return _BreakableCapture(backend, context).run(fn)

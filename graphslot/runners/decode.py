@@ -15,6 +15,10 @@ batch size alone, as they always were; with them ``runner.graphs`` is keyed by
 ``(bs, L)``, and :attr:`DecodeGraphRunner.graph_keys` lists both kinds as ``(bs, L or
 None)`` pairs.
 
+Capture modes (``capture="full" | "breakable" | "piecewise"``, :mod:`.capture`), the graph
+pool, the engine's capture context and the lifecycle (``release()``, ``recapture()``) are
+every phase runner's (:class:`~graphslot.runners.phase.PhaseRunner`).
+
 Public capture API (what ``graphslot verify``'s audit and the runner use): ``capture_view``
 stages a size's dummy batch, ``graph_body`` is what its graph runs, and ``capture_on``
 captures the two on any graph backend (methods of :class:`DecodeGraphRunner`).
@@ -31,10 +35,9 @@ from typing import Any, Dict, List, NamedTuple, Optional, Protocol, Sequence, Tu
 
 import torch
 
-from ..api import build_registry
+from ..api import build
 from ..graphs.backend import Graph, GraphBackend, InspectableGraph, get_graph_backend
-from ..graphs.util import no_collection
-from ..log import PerReason, get_logger, progress_bar
+from ..log import PerReason, get_logger
 from ..planning.histogram import BatchSizeHistogram
 from ..spec.errors import SlotError
 from .adapter import DecodeAdapter
@@ -45,7 +48,8 @@ from .dispatch import SizeDispatcher, capture_sizes, context_ladder, other_forwa
 from .guard import ReplayGuard, guard_wanted, runner_tensors
 from .metrics import RunnerMetrics
 from .outputs import SharedOutputs
-from .report import CaptureTimer, describe_keys, describe_sizes
+from .phase import RELEASED, PhaseRunner
+from .report import describe_sizes
 
 log = get_logger(__name__)
 
@@ -66,18 +70,11 @@ class DecodeRunnerConfig(GraphRunnerConfig):
     #: Check before each replay that no slot buffer or static tensor moved
     #: (:mod:`graphslot.runners.guard`); None: on when ``GRAPHSLOT_DEBUG=1``.
     guard: Optional[bool] = None
-    #: "all": warm up before every size's capture; "largest": only before the first
-    #: capture (the largest size, unless lazy) -- once lazy inits are done, a warm-up only
-    #: costs time and fills the general allocator cache with that size's activations.
-    warmup_sizes: str = "all"
-    #: Capture a size when a batch first needs it instead of all at construction: a fast
-    #: start, paid for by that first step (and, captured in any order, a shared pool that
-    #: may grow past the largest graph's needs).
-    lazy: bool = False
     #: Every size's graph copies its output into one set of largest-size buffers
     #: (:class:`~graphslot.runners.outputs.SharedOutputs`): the graphs keep one output
     #: alive, not one per size, for one device copy per output tensor per replay; outputs
-    #: are then valid until the next replay of any size.
+    #: are then valid until the next replay of any size. Not with ``capture="piecewise"``
+    #: (the copy would run outside the pieces).
     share_outputs: bool = False
     #: Context buckets: None (one implicit bucket: graphs keyed by batch size, each
     #: serving every context); ``"auto"`` (128, 256, ... up to the adapter's
@@ -111,9 +108,12 @@ class PreparedReplay(NamedTuple):
     context: Optional[int] = None
 
 
-class DecodeGraphRunner:
+class DecodeGraphRunner(PhaseRunner):
     """Captures on construction (or, ``lazy``, each size -- or ``(size, bucket)`` -- when
     first needed); :meth:`replay` runs a batch :meth:`can_run` accepts."""
+
+    phase = "decode"
+    _log = log
 
     def __init__(self, adapter: DecodeAdapter, config: Optional[DecodeRunnerConfig] = None, *,
                  defer_capture: bool = False, **overrides: Any):
@@ -123,8 +123,6 @@ class DecodeGraphRunner:
         #: Where the registry's buffers and the graphs live: the adapter's ``device``, else its model's.
         self.device = check_adapter(adapter, DecodeAdapter, DecodeAdapter.REQUIRED_HOOKS)
         self.adapter, self.config = adapter, config
-        if config.warmup_sizes not in ("all", "largest"):
-            raise ValueError(f"warmup_sizes must be 'all' or 'largest', got {config.warmup_sizes!r}")
         self.k = int(config.num_tokens_per_bs)
         #: Which captured size a step replays, or why it runs eager.
         self.dispatch = SizeDispatcher(
@@ -133,13 +131,18 @@ class DecodeGraphRunner:
             contexts=context_ladder(config.context_buckets, adapter.max_context_len))
         self.bucketed = self.dispatch.contexts is not None
         max_bs = self.dispatch.largest
-        self.registry = build_registry(config.spec, max_bs, max_bs * self.k, self.device,
-                                       params={**adapter.spec_params(), **config.params}, mode=config.mode,
+        self.registry = build(config.spec, max_bs=max_bs, max_num_tokens=max_bs * self.k, device=self.device,
+                                       params={**adapter.spec_params(), **config.params}, impl=config.impl,
                                        max_bytes=config.max_bytes)
         p = self.registry.params
         self.gathered = bool(p.get("require_gathered_buffer"))
         self._dp_ranks = int(p.get("dp_size", 1)) if p.get("require_mlp_tp_gather") else 1
-        self.backend: GraphBackend = get_graph_backend(config.backend, self.device)
+        self._init_graphs(config, adapter.split_ops)
+        if config.share_outputs and self.capture_mode.name == "piecewise":
+            raise ValueError("share_outputs=True needs capture='full' or 'breakable': under 'piecewise' the copy into "
+                             "the shared outputs would run outside the captured pieces")
+        #: What a graph runs: the adapter's forward, or (piecewise) it compiled to split at the split ops.
+        self._forward = self.capture_mode.compile(adapter.forward)
         self._side = adapter.side_inputs()
         # Before any capture: what would otherwise fail in the first capture or step.
         check_dummy_batch(adapter, self.registry, adapter.make_dummy_batch(max_bs, max_bs * self.k),
@@ -148,11 +151,8 @@ class DecodeGraphRunner:
         check_slice_output(adapter)
         adapter.init_graph_state(max_bs, max_bs * self.k)
         self.shared_outputs = SharedOutputs(max_bs, max_bs * self.k) if config.share_outputs else None
-        #: Captured graphs by batch size, or with context buckets by ``(bs, L)`` (lazy:
-        #: those captured so far).
-        self.graphs: Dict[Any, Graph] = {}
-        #: Seconds spent capturing (lazy: so far).
-        self.capture_seconds = 0.0 if config.lazy or defer_capture else self._capture_all()
+        if not (config.lazy or defer_capture):
+            self._capture_keys(self.graph_keys)
         #: Counters of replays, padding and eager fallbacks (``metrics()``), and the raw
         #: sizes served (``histogram``).
         self.stats = RunnerMetrics(num_tokens_per_bs=self.k, contexts=self.bucketed)
@@ -178,9 +178,6 @@ class DecodeGraphRunner:
         """Every captured (lazy: capturable) ``(bs, context bucket or None)``, in capture order."""
         return self.dispatch.keys()
 
-    def _key(self, bs: int, context: Optional[int]) -> Any:
-        return bs if context is None else (bs, context)
-
     # -- observers -------------------------------------------------------------------
     def add_observer(self, observer: StepObserver) -> None:
         """Call ``observer.after_fill(raw_bs, padded_bs)`` at every replayed step, in the
@@ -194,27 +191,12 @@ class DecodeGraphRunner:
         self._observers = tuple(observers)
 
     # -- capture ---------------------------------------------------------------------
-    def _timer(self, keys: Sequence[Tuple[int, Optional[int]]]) -> CaptureTimer:
-        return CaptureTimer(log, "decode", describe_keys(keys), self.backend.name, self.device, self.registry.nbytes)
-
-    def _capture_all(self) -> float:
-        keys = self.graph_keys
-        bar = progress_bar(keys, show=self.config.progress, desc="Capturing decode graphs", unit="graph",
-                           leave=False)
-        with self._timer(keys) as timer, no_collection():  # one full collection for all sizes, not one per graph
-            for bs, context in bar:
-                bar.set_postfix(bs=bs, **({} if context is None else {"context": context}))
-                self.graphs[self._key(bs, context)] = self._capture_one(bs, context)
-                timer.count += 1
-        return timer.seconds
-
     def capture_all(self) -> None:
         """Capture every size (after ``defer_capture``; construction does it otherwise)."""
-        self.capture_seconds += self._capture_all()
+        self._capture_keys(self.graph_keys)
 
     def _capture_one(self, bs: int, context: Optional[int] = None) -> Graph:
-        warmup = self.config.warmup if not self.graphs or self.config.warmup_sizes == "all" else 0
-        return self.capture_on(self.backend, bs, context=context, warmup=warmup)[0]
+        return self.capture_on(self.backend, bs, context=context, warmup=self._warmup())[0]
 
     def capture_on(self, backend: GraphBackend, bs: int, *, context: Optional[int] = None,
                    warmup: int = 0) -> Tuple[Graph, Any]:
@@ -225,20 +207,7 @@ class DecodeGraphRunner:
         backend. It writes what a capture writes (slot buffers, attention metadata): call
         it between steps."""
         view = self.capture_view(bs, context)
-        return backend.capture(functools.partial(self.graph_body, view, bs), warmup=warmup), view
-
-    def graph(self, bs: int, context: Optional[int] = None) -> Graph:
-        """The graph of captured size ``bs`` (and context bucket ``context``, with
-        buckets), captured now if lazy and not yet."""
-        key = self._key(bs, context)
-        graph = self.graphs.get(key)
-        if graph is None:
-            self._check_key(bs, context)
-            with self._timer([(bs, context)]) as timer, no_collection():
-                graph = self.graphs[key] = self._capture_one(bs, context)
-                timer.count = 1
-            self.capture_seconds += timer.seconds
-        return graph
+        return self._capture(backend, functools.partial(self.graph_body, view, bs), warmup), view
 
     def _check_key(self, bs: int, context: Optional[int]) -> None:
         if bs not in self.dispatch:
@@ -256,7 +225,7 @@ class DecodeGraphRunner:
         """What a graph of size ``bs`` runs on ``view`` (from :meth:`capture_view`): the
         forward (and, ``share_outputs``, the copy of its output into the shared buffers)."""
         with torch.no_grad():
-            out = self.adapter.forward(view)
+            out = self._forward(view)
         return out if self.shared_outputs is None else self.shared_outputs(out, bs, bs * self.k)
 
     def capture_view(self, bs: int, context: Optional[int] = None) -> Any:
@@ -274,11 +243,11 @@ class DecodeGraphRunner:
         dummy = adapter.make_dummy_batch(bs, n)
         where = f"capturing batch size {bs}: {describe_dummy(adapter, dummy)}"
         try:
-            reg.fill_from(dummy, 0, bs, 0, n, self._side)
+            reg.fill_from(dummy, raw_bs=0, padded_bs=bs, raw_num_tokens=0, padded_num_tokens=n, side_inputs=self._side)
         except SlotError as exc:
             raise SlotError(f"{where} does not fit the spec: {exc}") from exc
         try:
-            view = reg.extract(dummy, bs, n)
+            view = reg.extract(dummy, padded_bs=bs, padded_num_tokens=n)
         except SlotError as exc:
             raise SlotError(f"{where} cannot carry the view: {exc}") from exc
         self._set_dp(view, n)
@@ -315,7 +284,7 @@ class DecodeGraphRunner:
                 check_batch_rows(self.adapter, self.registry, fb, raw_bs)
             return problem, raw_bs, None, None
         needed = self._needed_bs(fb, raw_bs)
-        problem = self.dispatch.size_problem(needed)
+        problem = self.dispatch.size_problem(needed) or (RELEASED if self.released else None)
         if problem is not None or not self.bucketed:
             return problem, raw_bs, needed, None
         longest = self.adapter.context_len(fb)
@@ -371,11 +340,11 @@ class DecodeGraphRunner:
         graph = self.graph(bs, context)  # before the fill: a lazy capture fills the buffers with its dummy batch
         if context is not None:
             adapter.set_context_bucket(context)
-        reg.fill_from(fb, raw_bs, bs, raw_bs * k, bs * k, self._side)
+        reg.fill_from(fb, raw_bs=raw_bs, padded_bs=bs, raw_num_tokens=raw_bs * k, padded_num_tokens=bs * k, side_inputs=self._side)
         if self._observers:
             for observer in self._observers:
                 observer.after_fill(raw_bs, bs)
-        view = reg.extract(fb, bs, bs * k)
+        view = reg.extract(fb, padded_bs=bs, padded_num_tokens=bs * k)
         self._set_dp(view, bs * k)
         with torch.no_grad():
             adapter.init_replay_metadata(bs, view, fb)
@@ -446,5 +415,5 @@ class DecodeGraphRunner:
 
     def __repr__(self) -> str:
         contexts = f" contexts={self.captured_contexts}" if self.bucketed else ""
-        return (f"<DecodeGraphRunner backend={self.backend.name} sizes={self.captured_sizes}{contexts} "
-                f"k={self.k} registry={self.registry.mode}>")
+        return (f"<DecodeGraphRunner capture={self.capture_mode.name} backend={self.backend.name} sizes={self.captured_sizes}{contexts} "
+                f"k={self.k} registry={self.registry.impl}>")

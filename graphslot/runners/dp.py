@@ -10,8 +10,9 @@ only from what every rank holds alike:
 
 1. before each step, one small all-gather exchanges each rank's token count (the
    engine's ``global_num_tokens_cpu``, written onto the batch fresh every step), a
-   "can run a graph" flag (false for a batch that is not graph-runnable, a prefill say)
-   and, with context buckets, its longest context (``DecodeAdapter.context_len``);
+   "can run a graph" flag (false for a batch that is not graph-runnable, a prefill say),
+   with context buckets its longest context (``DecodeAdapter.context_len``), and
+   whether its batch failed the checks made before the exchange (below);
 2. every rank then computes the same answer: the smallest captured size that fits the
    busiest rank (and the smallest context bucket that holds the longest context of any
    rank), or eager on every rank when any flag is false or the busiest rank is beyond
@@ -23,9 +24,9 @@ only from what every rank holds alike:
 Before capture (which runs the collectives too) the ranks agree, in one
 ``all_gather_object``, on everything that shapes the graphs or the per-step exchange:
 the captured sizes, the context buckets, ``lazy``, ``num_tokens_per_bs``,
-``disable_padding``, the warm-up runs before each capture, the graph backend, the slot
-spec (name and hash) and the spec params its buffers read (shapes, dtypes by name,
-``enabled_if``). A disagreement is a
+``disable_padding``, the warm-up runs before each capture, the replay guard (it adds a
+collective a step), the graph backend, the slot spec (name and hash) and the spec
+params its buffers read (shapes, dtypes by name, ``enabled_if``). A disagreement is a
 :class:`~graphslot.SlotError` on every rank naming each setting and every rank's value;
 a rank that failed to build its runner fails every rank (:class:`DPStepError`), all
 before any capture. (``share_outputs`` and the registry mode stay per rank: they change
@@ -33,27 +34,49 @@ no collective.)
 
 Fail fast, never hang. A rank that raises while its peers are inside a collective leaves
 them hung (NCCL) or aborted (gloo), and a rank that catches such an error and carries on
-runs its next step's collectives against their current ones. So a step runs in four
-phases, every host step that can raise coming before the forward's collectives:
+runs its next step's collectives against their current ones. So a step runs in three
+phases, and everything of the runner's own that can fail comes before its one collective:
 
-- *exchange*: the counts and flags above, plus whether this rank failed computing them;
-- *prepare*: the pad decision, the fill, extract, the replay metadata, the replay guard
-  (:meth:`DecodeGraphRunner.prepare`), or for eager the gather's size;
-- *ok*: one more all-gather, of one int per rank: did prepare raise;
-- *launch*: if every rank is ok, every rank replays (or runs eager); else every rank
-  raises :class:`DPStepError` naming the failing rank(s) and each one's own error (the
-  messages are gathered only then). The happy path pays one more tiny fixed-size
-  collective a step, as much as the exchange itself (over gloo a localhost round trip;
-  on NCCL a kernel launch and a device-to-host read): the price of never entering the
-  forward's collectives with a peer that will not.
+- *check*: the rank reads its batch (token count, can-run flag, longest context) and,
+  when a graph may run it (its rows within the largest captured size), checks that
+  every fill it could get fits: the requests times ``num_tokens_per_bs`` are its tokens,
+  and its batch fields fit the slot spec at its raw counts
+  (:meth:`SlotRegistry.check_step <graphslot.registry.base.SlotRegistry.check_step>`:
+  the fill's own checks, none of which depends on the padded size); a batch no graph
+  runs gets its eager reason; an idle rank makes and checks its dummy batch. Nothing is
+  written but a fresh ``global_num_tokens_cpu`` list on the batch.
+- *exchange*: the one all-gather of a steady step, four ints a rank: the counts and
+  flags above and whether the check raised. When any rank's did, every rank raises
+  :class:`DPStepError` naming the failing rank(s) and each one's own error (the
+  messages are gathered only then, in a second collective off the steady path).
+- *run*: every rank computes the same answer, fills the batch's
+  ``global_num_tokens_cpu`` in place, then replays (a lazy capture first, if the key is
+  new; then :meth:`DecodeGraphRunner.prepare`: the fill, extract, the replay metadata;
+  then the replay) or runs eager (the gather's size, the eager forward).
+
+On a checked batch the run phase has nothing of the runner's own left to fail: the
+agreed size is a captured one holding the busiest rank's rows (so ``raw <= padded <=
+capacity``), the bucket holds the longest context of any rank, and the fields were
+checked at the counts the fill uses. What can still raise there is code the engine
+supplies, run on the agreed step: the spec's ``source`` and ``post_fill`` hooks (a
+source hook's result is checked where it is made), the adapter's
+``set_context_bucket``, ``init_replay_metadata``, ``set_dp_buffer_len`` and forward,
+the runner's observers, a lazy capture (which runs the forward and its collectives).
+An error there is a bug in that code and is treated as one inside the forward: the
+peers are committed to the step and wait in its collectives until the group's timeout
+(NCCL) or abort when the failing rank's process ends (gloo); a launcher with a deadline
+(:func:`graphslot.reference.dp_launch.launch`) names the rank. sglang and vLLM do the
+same: one collective a step, whatever comes after it fails as the forward does.
+Debugging: with the replay guard on (``GRAPHSLOT_DEBUG=1`` or ``guard=True``; the ranks
+agree on it before capture) each step pays a second all-gather after prepare -- did it
+raise -- so that what the guard finds (a tensor moved since capture), or a hook's error,
+raises :class:`DPStepError` on every rank before any forward instead.
 
 After a :class:`DPStepError` no rank ran the step's forward and every rank's runner is
 ready for the next step: all ranks may go on with their next step (the failed step's
 batches ran nowhere; the engine retries or drops them) or all stop. Both are consistent;
 what is not is some going on while others stop: those wait in the next exchange for
-ranks that never come (a launcher's timeout ends that). What raises inside the forward
-itself (model code between its collectives, a lazy capture) is past this point: the
-peers are in the collectives already.
+ranks that never come (a launcher's timeout ends that).
 """
 
 from __future__ import annotations
@@ -61,7 +84,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -73,9 +96,12 @@ from ..spec.model import RegistrySpec
 from .adapter import DecodeAdapter
 from .config import runner_config
 from .decode import DecodeGraphRunner, DecodeRunnerConfig
+from .guard import guard_wanted
 
 #: Characters of one rank's error message sent to its peers.
 MAX_ERROR_CHARS = 2000
+#: The end of a step's DPStepError: what the ranks may do next.
+AFTER_A_STEP_ERROR = ", and no rank ran this step: all may go on with their next step, or all stop"
 
 
 def _all_gather_into(out: torch.Tensor, mine: torch.Tensor, group: Any) -> None:
@@ -172,6 +198,7 @@ def runner_settings(runner: DecodeGraphRunner) -> Dict[str, Any]:
         "the captured sizes": list(runner.captured_sizes), "the context buckets": runner.captured_contexts,
         "lazy": config.lazy, "num_tokens_per_bs": runner.k,
         "disable_padding": config.disable_padding, "warmup": config.warmup, "warmup_sizes": config.warmup_sizes,
+        "the replay guard": guard_wanted(config.guard),
         "the graph backend": runner.backend.name, "the slot spec": f"{spec.name} (identity {spec.identity[:12]})",
     }
     for name in buffer_params(spec):
@@ -210,6 +237,21 @@ class DPStep:
         return max(self.global_num_tokens) == 0
 
 
+class _Checked(NamedTuple):
+    """One rank's batch once checked, before the exchange."""
+
+    #: The rank's batch, or an idle rank's dummy batch.
+    batch: Any
+    #: The batch's ``global_num_tokens_cpu``: filled in place with the exchanged counts.
+    counts: List[int]
+    num_tokens: int
+    runnable: bool
+    #: The longest context, for the exchange (0: no buckets, no batch or no graph).
+    longest: int
+    #: Why no graph runs the batch (``runnable`` false), for the metrics.
+    reason: Optional[str]
+
+
 class DPDecodeRunner:
     """Builds the rank's :class:`DecodeGraphRunner` (every rank in step: capture runs the
     collectives); then call it once per step on every rank, with the rank's batch or
@@ -237,6 +279,8 @@ class DPDecodeRunner:
             runner.capture_all()
         self.runner, self.exchange = runner, exchange
         self.adapter, self.k = adapter, runner.k
+        #: A second all-gather a step, after prepare (the replay guard is on: debugging).
+        self.confirm = guard_wanted(config.guard)
         self.last: Optional[DPStep] = None
         self.steps = self.graph_steps = self.eager_steps = self.skipped_steps = 0
 
@@ -262,59 +306,79 @@ class DPDecodeRunner:
             return None
         return dispatch.pad(needed)
 
-    def _longest(self, fb: Any, runnable: bool) -> int:
-        """This rank's longest context, for the exchange (0: no buckets, no batch or no graph)."""
-        return self.adapter.context_len(fb) if self.runner.bucketed and runnable and fb is not None else 0
-
     def __call__(self, fb: Any) -> Optional[Any]:
         """This rank's outputs (its rows only), or None when idle or when every rank is.
-        Raises :class:`DPStepError` on every rank when any rank failed before the forward."""
+        Raises :class:`DPStepError` on every rank when any rank's batch failed the checks
+        before the exchange."""
         self.steps += 1
         where = f"at DP step {self.steps}"
-        after = ", and no rank ran this step: all may go on with their next step, or all stop"
         try:
-            num_tokens, runnable, error = (0 if fb is None else self.adapter.num_tokens(fb)), \
-                self.locally_runnable(fb), None
-            longest = self._longest(fb, runnable)
+            mine, error = self._check(fb), None
         except Exception as exc:  # noqa: BLE001 -- whatever it is, every rank must hear of it
-            num_tokens, runnable, longest, error = 0, False, 0, exc
-        counts, flags, failed, contexts = self.exchange(num_tokens, runnable, error is not None, longest)
-        self.exchange.settle(error, failed, f"{where}, before the exchange", after)
+            mine, error = None, exc
+        counts, flags, failed, contexts = (self.exchange(0, False, True) if mine is None else
+                                           self.exchange(mine.num_tokens, mine.runnable, False, mine.longest))
+        self.exchange.settle(error, failed, f"{where}, before the exchange", AFTER_A_STEP_ERROR)
+        mine.counts[:] = counts  # the batch's global_num_tokens_cpu: fresh every step, never stale
         padded = self.agree(counts, flags, max(contexts))
         context = None if padded is None else self.runner.dispatch.pad_context(max(contexts))
         step = self.last = DPStep(counts, flags, padded, contexts, context)
         if step.idle:
             self.skipped_steps += 1
             return None
-        if step.padded_bs is not None:  # lazy: every rank captures at this step, before anything can fail
+        if step.padded_bs is not None:  # lazy: every rank captures at this step (the forward's collectives)
             self.runner.graph(step.padded_bs, step.context)
-        try:
-            run, error = self._prepare(fb, step), None
+        if not self.confirm:
+            return self._stage(mine, step, fb is not None)()
+        try:  # debugging: a second all-gather, so that what prepare raises fails every rank before the forward
+            run, error = self._stage(mine, step, fb is not None), None
         except Exception as exc:  # noqa: BLE001 -- whatever it is, every rank must hear of it
             run, error = None, exc
-        self.exchange.settle(error, self.exchange.failed(error is not None), f"{where}, preparing its batch", after)
+        self.exchange.settle(error, self.exchange.failed(error is not None), f"{where}, preparing its batch",
+                             AFTER_A_STEP_ERROR)
         return run()
 
-    def _prepare(self, fb: Any, step: DPStep) -> Callable[[], Optional[Any]]:
-        """Every host step before the forward's collectives; the forward, to run."""
-        counts = step.global_num_tokens
-        batch = self.adapter.make_dummy_batch(1, self.k) if fb is None else fb
-        batch.global_num_tokens_cpu = counts  # fresh every step: never a stale count
+    def _check(self, fb: Any) -> _Checked:
+        """Everything about this rank's batch that can fail, before the exchange: what it
+        tells its peers and, when a graph may run it, that every fill it can get fits (so
+        that after the exchange the runner's own steps cannot fail). Writes nothing but a
+        fresh ``global_num_tokens_cpu`` list on the batch."""
+        adapter, k = self.adapter, self.k
+        num_tokens = 0 if fb is None else adapter.num_tokens(fb)
+        runnable = self.locally_runnable(fb)
+        reason = None if runnable else self.runner.eager_reason(fb)  # another forward mode: no peer's count needed
+        longest = self.adapter.context_len(fb) if self.runner.bucketed and runnable and fb is not None else 0
+        batch = adapter.make_dummy_batch(1, k) if fb is None else fb
+        if runnable and self.runner.dispatch.rows_for_tokens(num_tokens) <= self.runner.dispatch.largest:
+            raw_bs = adapter.batch_size(batch)  # a graph may run it: padded between its rows and the largest
+            if fb is not None and raw_bs * k != num_tokens:  # the graph is sized by tokens, the fill by requests
+                raise SlotError(f"{type(adapter).__name__}.batch_size says the {type(fb).__name__} holds {raw_bs} "
+                                f"request(s) of {k} token(s) each, but num_tokens says {num_tokens} token(s); the "
+                                "ranks pick the graph from the tokens and the fill copies the requests: make the "
+                                "two agree (batch_size, num_tokens, or the batch)")
+            self.runner.registry.check_step(batch, raw_bs=raw_bs, raw_num_tokens=raw_bs * k)
+        counts = batch.global_num_tokens_cpu = [0] * self.exchange.size
+        return _Checked(batch, counts, num_tokens, runnable, longest, reason)
+
+    def _stage(self, mine: _Checked, step: DPStep, real: bool) -> Callable[[], Optional[Any]]:
+        """The host steps after the exchange (on a checked batch, none of the runner's own
+        can fail); the forward, to run. ``real``: the batch is the rank's, not a dummy."""
+        dispatch, counts = self.runner.dispatch, step.global_num_tokens
         if step.padded_bs is not None:
-            prepared = self.runner.prepare(batch, count=fb is not None, longest=max(step.contexts))
-            if (prepared.bs, prepared.context) != (step.padded_bs, step.context):  # the same inputs; never differs
+            prepared = self.runner.prepare(mine.batch, count=real, longest=max(step.contexts))
+            if (prepared.bs, prepared.context) != (step.padded_bs, step.context):  # the check made them equal
                 raise RuntimeError(f"DP rank {self.exchange.rank}: the runner pads to {prepared.bs} (context "
                                    f"{prepared.context}), the ranks agreed on {step.padded_bs} (context "
                                    f"{step.context})")
-            return functools.partial(self._replay, prepared, fb is not None)
-        reason = None
-        if fb is not None:  # in the runner's metrics and histogram, as a fallback of its own would be
-            reason = (self.runner.eager_reason(batch) or self.runner.dispatch.context_problem(max(step.contexts))
-                      or "another DP rank cannot run a graph")
+            return functools.partial(self._replay, prepared, real)
         rows = max(counts)
+        needed = dispatch.rows_for_tokens(rows)
+        reason = None
+        if real:  # in the runner's metrics and histogram, as a fallback of its own would be
+            reason = (mine.reason or dispatch.size_problem(needed) or dispatch.context_problem(max(step.contexts))
+                      or "another DP rank cannot run a graph")
         self.adapter.set_dp_buffer_len([rows] * len(counts), rows * len(counts))
-        needed = self.runner.dispatch.rows_for_tokens(rows) if all(step.can_run) else None
-        return functools.partial(self._eager, batch, reason, needed)
+        return functools.partial(self._eager, mine.batch, reason, needed if all(step.can_run) else None)
 
     def _replay(self, prepared: Any, real: bool) -> Optional[Any]:
         self.graph_steps += 1

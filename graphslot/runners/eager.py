@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional
 
 from .. import env
-from ..api import build_registry
+from ..api import build
 from ..spec.loading import load_spec
 from ..spec.model import RegistrySpec
 from .adapter import DecodeAdapter
@@ -40,19 +40,19 @@ class EagerRunner:
         max_num_tokens: Optional[int] = None,
         *,
         spec: Any = "decode",
-        mode: Any = "generated",
+        impl: Any = "generated",
         params: Optional[Mapping[str, Any]] = None,
         no_copy: Optional[bool] = None,
     ):
         #: Where the registry's buffers live: the adapter's ``device``, else its model's.
         self.device = check_adapter(adapter, DecodeAdapter, ("forward_eager",))
-        self.adapter, self.mode = adapter, mode
+        self.adapter, self.impl = adapter, impl
         self.no_copy = no_copy_from_env() if no_copy is None else bool(no_copy)
         if not isinstance(spec, RegistrySpec):
             spec = load_spec(spec)
         if PRESET not in spec.presets:
             raise ValueError(f"EagerRunner needs a spec with an {PRESET!r} preset (the values a batch brings "
-                             f"itself, carried instead of overwritten); spec {spec.name!r} ({spec.source}) has "
+                             f"itself, carried instead of overwritten); spec {spec.name!r} ({spec.path}) has "
                              f"{sorted(spec.presets) or 'none'}: copy the shipped decode spec's presets.eager")
         # The adapter's graph-time values (seq_len_fill_value ...) must not undo the preset.
         preset = spec.presets[PRESET]
@@ -64,8 +64,8 @@ class EagerRunner:
         self.registry = self._build(max_bs, max_num_tokens or max_bs)
 
     def _build(self, max_bs: int, max_num_tokens: int):
-        return build_registry(self._spec, max_bs, max_num_tokens, self.device,
-                              params=self.params, mode=self.mode, preset=PRESET)
+        return build(self._spec, max_bs=max_bs, max_num_tokens=max_num_tokens, device=self.device,
+                              params=self.params, impl=self.impl, preset=PRESET)
 
     @property
     def capacity(self) -> tuple:
@@ -84,8 +84,8 @@ class EagerRunner:
             return self.adapter.forward_eager(fb)
         bs, n = self.adapter.batch_size(fb), self.adapter.num_tokens(fb)
         self.ensure_capacity(bs, n)
-        self.registry.fill_from(fb, bs, bs, n, n, self._side)
-        return self.adapter.forward_eager(self.registry.extract(fb, bs, n))
+        self.registry.fill_from(fb, raw_bs=bs, padded_bs=bs, raw_num_tokens=n, padded_num_tokens=n, side_inputs=self._side)
+        return self.adapter.forward_eager(self.registry.extract(fb, padded_bs=bs, padded_num_tokens=n))
 
     __call__ = forward
 

@@ -1,30 +1,25 @@
-"""The piecewise prefill graph runner: ``torch.compile`` split at declared ops.
+"""Piecewise capture: ``torch.compile`` split at declared ops, each piece a graph.
 
-The adapter's layer stack is compiled with ``torch.compile(stack,
-backend=<graphslot backend>, dynamic=False, fullgraph=False)``. The graphslot backend
+What the phase runner captures (the decode forward, or the prefill layer stack) is
+compiled with ``torch.compile(fn, backend=<graphslot backend>, dynamic=False,
+fullgraph=False)`` (:func:`compile_piecewise`). The graphslot backend
 is a Dynamo custom backend: it splits the FX graph at every call of a declared *split
 op* (``split_ops``, op names such as ``"graphslot_ref::attention"``; register the op
 with ``torch.library.custom_op`` and a fake impl so Dynamo does not trace into it),
 with :func:`torch.fx.passes.split_module.split_module`. Each split op is a submodule of
 its own that runs eagerly; every other submodule is a *piece*.
 
-Capture, per token bucket ``n`` (largest first), over the prefill spec's
-token-padded buffers (batch size not padded), exactly as the breakable runner: a
-*capture pass* runs the compiled stack once on the all-padding dummy batch, with
-``input_embeds[:n]`` as the hidden input. During that pass each piece is captured
-through the graph backend (``backend.capture(lambda: piece(*inputs))``; its inputs are
-the stack's static inputs or what earlier pieces and split ops returned, so their
-addresses are fixed) and each split op runs eagerly and is recorded as an
-:class:`~graphslot.graphs.segments.EagerStep`. The result is a
+Capture, per graph key (:func:`capture_piecewise`): a *capture pass* runs the compiled
+function once on the staged dummy batch. During that pass each piece is captured
+through the graph backend (``backend.capture(lambda: piece(*inputs))``, inside the
+engine's capture context; its inputs are static buffers or what earlier pieces and
+split ops returned, so their addresses are fixed) and each split op runs eagerly and
+is recorded as an :class:`~graphslot.graphs.segments.EagerStep`. The result is a
 :class:`~graphslot.graphs.segments.SegmentedGraph` whose segments are the pieces:
 replay runs ``[piece, split op, piece, ..., piece]``; the compiled function itself runs
 only in capture passes.
 
-Per replay: ``fill_from`` (tokens padded to the bucket), the eager embedding into
-``input_embeds[:raw]``, the attention metadata hook on the live batch (EVERY replay),
-the recorded sequence, then the eager logits on ``output[:raw]``.
-
-Dynamo traces the stack with its batch argument (the registry's padded view); its
+Dynamo traces the function with its batch argument (the registry's padded view); its
 tensor fields become graph inputs, which are the registry's static buffers, so no
 wrapper module is needed. A graph break (more than one Dynamo graph per capture pass)
 is an error: Python code between two Dynamo graphs would run at capture only.
@@ -34,16 +29,15 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import torch
 import torch.fx
 from torch.fx.passes.split_module import split_module
 
-from ..graphs.backend import GraphCaptureError
-from .prefill import PrefillGraphRunner, PrefillRunnerConfig
+from ..graphs.backend import GraphBackend, GraphCaptureError
 from ..graphs.segments import EagerStep, SegmentedGraph
+from ..graphs.util import entered
 
 # ------------------------------------------------------------ the Dynamo backend
 
@@ -62,8 +56,8 @@ def op_name(target: Any) -> Optional[str]:
 class _Recording:
     """Active during one capture pass: compiled graphs capture into it."""
 
-    def __init__(self, backend: Any, warmup: int) -> None:
-        self.backend, self.warmup = backend, warmup
+    def __init__(self, backend: Any, warmup: int, context: Optional[Callable[[], Any]] = None) -> None:
+        self.backend, self.warmup, self.context = backend, warmup, context
         self.steps: List[Any] = []
         self.calls = 0
         self.module: Optional["PiecewiseModule"] = None  # the Dynamo graph that ran
@@ -102,7 +96,8 @@ class _PieceRunner(torch.fx.Interpreter):
                 return submod(*args, **kwargs)
 
         try:
-            graph = rec.backend.capture(piece, warmup=rec.warmup)
+            with entered(rec.context):
+                graph = rec.backend.capture(piece, warmup=rec.warmup)
         except GraphCaptureError as e:
             after = next((s.name for s in reversed(rec.steps) if isinstance(s, EagerStep)), "the start")
             raise GraphCaptureError(f"piece {sum(not isinstance(s, EagerStep) for s in rec.steps)} "
@@ -173,62 +168,41 @@ def make_graphslot_backend(split_ops: Sequence[str], compiled: Optional[list] = 
     return graphslot_backend
 
 
-def _dynamo_limits(n: int):
-    """Room for one compile per bucket (``dynamic=False`` recompiles per shape)."""
+#: Compiles one function may make: ``dynamic=False`` recompiles per graph key.
+RECOMPILE_LIMIT = 1024
+
+
+def _dynamo_limits():
+    """Room for one compile per graph key."""
     cfg = torch._dynamo.config
     names = [k for k in ("recompile_limit", "accumulated_recompile_limit") if hasattr(cfg, k)]
-    return cfg.patch(**{k: max(getattr(cfg, k), n) for k in names})
+    return cfg.patch(**{k: max(getattr(cfg, k), RECOMPILE_LIMIT) for k in names})
 
 
-# ------------------------------------------------------------------------- runner
+def compile_piecewise(fn: Callable, split_ops: Sequence[str]) -> Callable:
+    """``fn`` (a module or function) compiled to split at ``split_ops``; its
+    :class:`PiecewiseModule` s are appended to the result's ``compiled_modules``."""
+    modules: List[PiecewiseModule] = []
+    compiled = torch.compile(fn, backend=make_graphslot_backend(split_ops, modules), dynamic=False, fullgraph=False)
+    compiled.compiled_modules = modules
+    return compiled
 
 
-@dataclass
-class PiecewiseRunnerConfig(PrefillRunnerConfig):
-    #: Op names (``"ns::name"``) the compiled graph is split at; they run eagerly.
-    #: None takes the adapter's :attr:`~graphslot.runners.prefill_adapter.PrefillAdapter.split_ops`.
-    split_ops: Optional[Sequence[str]] = None
-
-
-class PiecewiseGraphRunner(PrefillGraphRunner):
-    """Compiles the layer stack and captures its pieces per token bucket."""
-
-    config_class = PiecewiseRunnerConfig
-    kind = "piecewise"
-
-    def setup(self) -> None:
-        split_ops = self.config.split_ops
-        if split_ops is None:
-            split_ops = self.adapter.split_ops
-        if not split_ops:
-            raise ValueError("no split ops: pass split_ops=(\"ns::op\", ...) (the custom ops the compiled "
-                             "layer stack is split at, e.g. attention)")
-        self.split_ops: Tuple[str, ...] = tuple(split_ops)
-        self.compiled_modules: List[PiecewiseModule] = []
-        self.compiled = torch.compile(self.stack, backend=make_graphslot_backend(self.split_ops,
-                                                                                 self.compiled_modules),
-                                      dynamic=False, fullgraph=False)
-
-    def _capture_all(self) -> float:
-        with _dynamo_limits(4 * len(self.buckets) + 64):
-            return super()._capture_all()
-
-    def capture_stack(self, n: int, hidden: torch.Tensor, view: Any) -> SegmentedGraph:
-        rec = _Recording(self.backend, self.config.warmup)
-        with _recording(rec), torch.no_grad():
-            output = self.adapter.run_layer_stack(self.compiled, hidden, view)
-        if rec.calls != 1:
-            raise GraphCaptureError(
-                f"the compiled layer stack ran {rec.calls} Dynamo graphs, not 1 (a graph break, or Dynamo "
-                "skipped the frame); code between graphs would not be replayed. Make the stack traceable, "
-                "with only the split ops opaque")
-        if not rec.module.split_names:
-            found = ", ".join(rec.module.custom_ops) or "none"
-            raise GraphCaptureError(
-                f"none of the split ops {list(self.split_ops)} occurs in the compiled layer stack, so nothing "
-                f"would run eagerly between pieces; custom ops it calls: {found}. Name the op as "
-                "torch.library registered it (\"namespace::name\")")
-        return SegmentedGraph(rec.steps, output)
-
-    def __repr__(self) -> str:
-        return f"<PiecewiseGraphRunner backend={self.backend.name} buckets={self.buckets} split_ops={self.split_ops}>"
+def capture_piecewise(backend: GraphBackend, run: Callable[[], Any], split_ops: Sequence[str], *, warmup: int = 1,
+                      context: Optional[Callable[[], Any]] = None) -> SegmentedGraph:
+    """One capture pass of ``run`` (which calls a :func:`compile_piecewise` function):
+    its pieces captured on ``backend`` (each inside ``context()``), its split ops eager."""
+    rec = _Recording(backend, warmup, context)
+    with _recording(rec), _dynamo_limits(), torch.no_grad():
+        output = run()
+    if rec.calls != 1:
+        raise GraphCaptureError(
+            f"the compiled function ran {rec.calls} Dynamo graphs, not 1 (a graph break, or Dynamo skipped the "
+            "frame); code between graphs would not be replayed. Make it traceable, with only the split ops opaque")
+    if not rec.module.split_names:
+        found = ", ".join(rec.module.custom_ops) or "none"
+        raise GraphCaptureError(
+            f"none of the split ops {list(split_ops)} occurs in the compiled function, so nothing would run "
+            f"eagerly between pieces; custom ops it calls: {found}. Name the op as torch.library registered it "
+            "(\"namespace::name\")")
+    return SegmentedGraph(rec.steps, output)

@@ -1,31 +1,37 @@
-"""What the prefill graph runners share: token buckets, capture loop, replay.
+"""The prefill graph runner: the layer stack, one graph per token bucket, in any capture mode.
 
-A prefill runner captures the adapter's layer stack once per token bucket over the
-prefill spec's token-padded buffers. The batch size is not padded: the stack never
-sees it, so one graph serves batches of any number of requests. The embedding head and
-the logits tail run eagerly on the live batch, and the attention metadata hook runs on
-the live batch at every replay. Subclasses say only how one bucket's stack run becomes
-a :class:`~graphslot.graphs.segments.SegmentedGraph` (:meth:`PrefillGraphRunner.capture_stack`).
+The runner captures the adapter's layer stack over the prefill spec's token-padded
+buffers, keyed by ``(tokens, requests)``. The embedding head and the logits tail run
+eagerly on the live batch, and the attention metadata hook runs on the live batch at
+every replay. How a graph is made is the capture mode's (:mod:`.capture`):
+
+* ``breakable`` and ``piecewise``: attention runs eagerly between segments or pieces,
+  so a graph never sees the request count: ``requests`` is None and one graph serves
+  batches of any number of requests (the batch size is not padded);
+* ``full``: attention is inside the graph, reading metadata the hooks write into static
+  buffers sized by request slots, so a graph is also keyed by the padded request count
+  (``request_buckets``), the request slots past the batch being zero-length rows (as
+  sglang pads them); the view the hooks get has ``batch_size`` = the padded count.
 """
 
 from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..api import build_registry
-from ..graphs.backend import GraphCaptureError, get_graph_backend
-from ..graphs.segments import SegmentedGraph
-from ..log import PerReason, get_logger, progress_bar
+from ..api import build
+from ..graphs.backend import Graph, GraphCaptureError
+from ..log import PerReason, get_logger
 from ..spec.errors import SlotError
 from .batch import check_dummy_batch, describe_dummy
 from .config import GraphRunnerConfig, runner_config
 from .contract import check_adapter, statics
+from .dispatch import capture_sizes
+from .phase import RELEASED, PhaseRunner
 from .prefill_adapter import PrefillAdapter, resolve_layer_stack
-from .report import CaptureTimer, describe_sizes
 
 log = get_logger(__name__)
 
@@ -33,6 +39,7 @@ log = get_logger(__name__)
 NOT_A_PREFILL = "not a prefill"
 EMPTY_PREFILL = "no requests or no tokens"
 TOO_MANY_REQUESTS = "more requests than max_bs"
+BEYOND_REQUEST_BUCKETS = "more requests than the largest request bucket"
 TOO_MANY_TOKENS = "more tokens than the largest token bucket"
 
 
@@ -58,23 +65,27 @@ def token_buckets(max_num_tokens: int, explicit: Optional[Sequence[int]] = None)
 
 @dataclass
 class PrefillRunnerConfig(GraphRunnerConfig):
-    #: Most requests one prefill batch may hold (the batch size is not padded).
+    #: Most requests one prefill batch may hold.
     max_bs: int = 8
     #: Cap of the default bucket schedule.
     max_num_tokens: int = 256
     #: Explicit token buckets; None takes :func:`default_token_buckets`.
     token_buckets: Optional[Sequence[int]] = None
+    #: ``capture="full"`` only: the padded request counts a graph is keyed by too; None:
+    #: the default ladder up to ``max_bs`` (:func:`~graphslot.runners.dispatch.capture_sizes`).
+    request_buckets: Optional[Sequence[int]] = None
 
 
-class PrefillGraphRunner:
-    """Captures the layer stack per token bucket on construction (largest first)."""
+class PrefillGraphRunner(PhaseRunner):
+    """Captures the layer stack per key on construction (largest first), or, ``lazy``,
+    each key when a batch first needs it; ``runner(fb)`` replays or runs eager."""
 
-    config_class = PrefillRunnerConfig
-    #: Progress-bar title.
-    kind = "prefill"
+    phase = "prefill"
+    key_words = ("token bucket", "request slots")
+    _log = log
 
     def __init__(self, adapter: PrefillAdapter, config: Optional[PrefillRunnerConfig] = None, **overrides: Any):
-        config = runner_config(self.config_class, config, overrides)
+        config = runner_config(PrefillRunnerConfig, config, overrides)
         #: Where the registry's buffers and the graphs live: the adapter's ``device``, else its model's.
         self.device = check_adapter(adapter, PrefillAdapter, PrefillAdapter.REQUIRED_HOOKS)
         self.adapter, self.config = adapter, config
@@ -85,53 +96,57 @@ class PrefillGraphRunner:
         # The stack's hidden input is a reset-only slot, so its address is fixed too.
         params = {**adapter.spec_params(), **config.params, "register_input_embeds": True,
                   "hidden_size": adapter.hidden_size, "embed_dtype": adapter.hidden_dtype}
-        self.registry = build_registry("prefill", self.max_bs, self.buckets[0], self.device,
-                                       params=params, mode=config.mode, max_bytes=config.max_bytes)
-        self.backend = get_graph_backend(config.backend, self.device)
+        self.registry = build("prefill", max_bs=self.max_bs, max_num_tokens=self.buckets[0], device=self.device,
+                                       params=params, impl=config.impl, max_bytes=config.max_bytes)
+        self._init_graphs(config, adapter.split_ops)
+        #: ``capture="full"``: the request-slot counts a graph is keyed by, largest first; None otherwise.
+        self.request_buckets: Optional[List[int]] = (
+            capture_sizes(self.max_bs, config.request_buckets) if self.capture_mode.name == "full" else None)
+        self._requests_ascending = sorted(self.request_buckets or [self.max_bs])
+        #: What every graph runs: the layer stack, or (piecewise) it compiled to split at the split ops.
+        self.captured_fn = self.capture_mode.compile(self.stack)
         self._side = adapter.side_inputs()
         # Before any capture: what would otherwise fail in the first capture or step.
         check_dummy_batch(adapter, self.registry, adapter.make_dummy_batch(self.buckets[0]),
                           ("is_prefill", "batch_size", "num_tokens"), "PrefillAdapter")
-        self.setup()
-        self.graphs: Dict[int, SegmentedGraph] = {}
-        self.capture_seconds = self._capture_all()
+        adapter.init_graph_state(self.max_bs, self.buckets[0])
         #: Eager fallbacks logged (INFO), per reason: the first, then every 1000th.
         self.eager_log = PerReason(log)
+        if not config.lazy:
+            self._capture_keys(self.graph_keys)
 
-    def setup(self) -> None:
-        """Subclass hook: runs once, after the registry and backend exist, before capture."""
-
-    def capture_stack(self, n: int, hidden: torch.Tensor, view: Any) -> SegmentedGraph:
-        """Capture one run of the layer stack on ``hidden`` (``[n, H]``) and ``view``."""
-        raise NotImplementedError
+    @property
+    def graph_keys(self) -> List[Tuple[int, Optional[int]]]:
+        """Every ``(token bucket, request slots or None)`` captured (lazy: capturable), largest first."""
+        return [(n, r) for n in self.buckets for r in (self.request_buckets or [None])]
 
     # -- capture ---------------------------------------------------------------------
-    def _capture_all(self) -> float:
-        self.adapter.init_graph_state(self.max_bs, self.buckets[0])
-        bar = progress_bar(self.buckets, show=self.config.progress, desc=f"Capturing {self.kind} prefill graphs",
-                           unit="graph", leave=False)
-        buckets = f"token bucket{'s' if len(self.buckets) > 1 else ''} {describe_sizes(self.buckets)}"
-        with CaptureTimer(log, f"{self.kind} prefill", buckets, self.backend.name, self.device,
-                          self.registry.nbytes) as timer:
-            for n in bar:
-                bar.set_postfix(tokens=n)
-                self.graphs[n] = self._capture_one(n)
-                timer.count += 1
-        return timer.seconds
+    def _check_key(self, n: int, requests: Optional[int]) -> None:
+        if n not in self.buckets:
+            raise KeyError(f"token bucket {n} is not among the runner's buckets {self.buckets}")
+        if requests not in (self.request_buckets or [None]):
+            raise KeyError(f"request slots {requests!r} are not among the runner's request buckets {self.request_buckets}")
 
-    def _capture_one(self, n: int) -> SegmentedGraph:
-        adapter, reg = self.adapter, self.registry
-        reg.run_pre_capture(0, n, self._side)
+    def _capture_one(self, n: int, requests: Optional[int]) -> Graph:
+        adapter, reg, rows = self.adapter, self.registry, requests or 0
+        reg.run_pre_capture(rows, n, self._side)
         dummy = adapter.make_dummy_batch(n)
-        try:
-            reg.fill_from(dummy, 0, 0, 0, n, self._side)  # every token row is padding
-            view = reg.extract(dummy, 0, n)
+        try:  # every row is padding
+            reg.fill_from(dummy, raw_bs=0, padded_bs=rows, raw_num_tokens=0, padded_num_tokens=n,
+                          side_inputs=self._side)
+            view = reg.extract(dummy, padded_bs=rows, padded_num_tokens=n)
         except SlotError as exc:
             raise SlotError(f"capturing token bucket {n}: {describe_dummy(adapter, dummy)} does not fit spec "
                             f"'{reg.spec.name}': {exc}") from exc
         adapter.init_capture_metadata(n, view)
+        hidden, stack = view.input_embeds, self.captured_fn
+
+        def run() -> Any:
+            with torch.no_grad():
+                return adapter.run_layer_stack(stack, hidden, view)
+
         try:
-            return self.capture_stack(n, view.input_embeds, view)
+            return self._capture(self.backend, run, self._warmup())
         except GraphCaptureError as e:
             raise GraphCaptureError(f"token bucket {n}: {e}") from e
 
@@ -145,9 +160,11 @@ class PrefillGraphRunner:
             return EMPTY_PREFILL
         if bs > self.max_bs:
             return TOO_MANY_REQUESTS
+        if bs > self._requests_ascending[-1]:
+            return BEYOND_REQUEST_BUCKETS
         if n > self.buckets[0]:
             return TOO_MANY_TOKENS
-        return None
+        return RELEASED if self.released else None
 
     def can_run(self, fb: Any) -> bool:
         return self.eager_reason(fb) is None
@@ -155,6 +172,12 @@ class PrefillGraphRunner:
     def bucket(self, fb: Any) -> int:
         n = self.adapter.num_tokens(fb)
         return self._ascending[bisect.bisect_left(self._ascending, n)]
+
+    def request_slots(self, fb: Any) -> Optional[int]:
+        """The padded request count ``fb``'s graph is keyed by (``capture="full"``), else None."""
+        if self.request_buckets is None:
+            return None
+        return self._requests_ascending[bisect.bisect_left(self._requests_ascending, self.adapter.batch_size(fb))]
 
     def prepare_replay(self, n: int, view: Any, fb: Any) -> None:
         """The per-replay metadata hook on the live batch (runs at EVERY replay)."""
@@ -164,13 +187,15 @@ class PrefillGraphRunner:
         """The eager tail's result for ``fb`` (e.g. logits ``[raw_tokens, vocab]``)."""
         adapter, reg = self.adapter, self.registry
         bs, raw = adapter.batch_size(fb), adapter.num_tokens(fb)
-        n = self.bucket(fb)
+        n, requests = self.bucket(fb), self.request_slots(fb)
+        rows = bs if requests is None else requests
+        graph = self.graph(n, requests)  # before the fill: a lazy capture fills the buffers with its dummy batch
         with torch.no_grad():
-            reg.fill_from(fb, bs, bs, raw, n, self._side)
-            view = reg.extract(fb, bs, n)
+            reg.fill_from(fb, raw_bs=bs, padded_bs=rows, raw_num_tokens=raw, padded_num_tokens=n,
+                          side_inputs=self._side)
+            view = reg.extract(fb, padded_bs=rows, padded_num_tokens=n)
             view.input_embeds[:raw].copy_(adapter.embed(fb))
             self.prepare_replay(n, view, fb)
-            graph = self.graphs[n]
             graph.replay()
             return adapter.logits(graph.output[:raw], fb)
 
@@ -179,8 +204,8 @@ class PrefillGraphRunner:
         reason = self.eager_reason(fb)
         if reason is None:
             return self.replay(fb)
-        self.eager_log.log(reason, "%s prefill ran eager: %s (max_bs %d, largest token bucket %d)", self.kind,
-                           reason, self.max_bs, self.buckets[0])
+        self.eager_log.log(reason, "%s ran eager: %s (max_bs %d, largest token bucket %d)", self.what, reason,
+                           self.max_bs, self.buckets[0])
         return self.adapter.forward_eager(fb)
 
     # -- figures ---------------------------------------------------------------------
@@ -188,10 +213,12 @@ class PrefillGraphRunner:
     def static_bytes(self) -> int:
         return self.registry.nbytes
 
-    def external_inputs(self, n: int) -> List[torch.Tensor]:
-        """Tensors bucket ``n``'s segments read that nothing keeps current (tape only)."""
+    def external_inputs(self, n: int, requests: Optional[int] = None) -> List[torch.Tensor]:
+        """Tensors key ``(n, requests)``'s graph reads that nothing keeps current (tape only)."""
         declared = [s.buffer for s in self.registry.active] + statics(self.adapter)
-        return self.graphs[n].external_inputs(declared)
+        return self.graph(n, requests).external_inputs(declared)
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} backend={self.backend.name} buckets={self.buckets}>"
+        requests = "" if self.request_buckets is None else f" requests={self.request_buckets}"
+        return (f"<PrefillGraphRunner capture={self.capture_mode.name} backend={self.backend.name} "
+                f"buckets={self.buckets}{requests}>")

@@ -1,7 +1,8 @@
 """What a prefill graph runner needs to know about one engine.
 
-The breakable (and piecewise) prefill runners capture the *layer stack* only, over
-token-padded static buffers, so the graph never depends on the batch size. The engine
+The prefill runner captures the *layer stack* only, over token-padded static buffers
+(in the breakable and piecewise capture modes the graph never depends on the batch
+size; under ``full`` it is keyed by the padded request count too). The engine
 names that boundary explicitly through :meth:`PrefillAdapter.layer_stack`; the runner
 never guesses it from attribute names.
 
@@ -46,7 +47,7 @@ class PrefillAdapter(AdapterStatics):
     #: Device the registry's buffers and the graphs live on. Not set: the device of the
     #: model's weights; neither is an error at construction.
     device: torch.device
-    #: The custom ops (``"ns::name"``) the piecewise runner splits the compiled layer
+    #: The custom ops (``"ns::name"``) ``capture="piecewise"`` splits the compiled layer
     #: stack at, unless its config names them; None: none.
     split_ops: Optional[Sequence[str]] = None
 

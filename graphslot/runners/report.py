@@ -29,12 +29,14 @@ def describe_sizes(sizes: Sequence[int]) -> str:
     return shown if len(sizes) <= 6 else f"{shown} and {len(sizes) - 6} more"
 
 
-def describe_keys(keys: Sequence[Tuple[int, Optional[int]]]) -> str:
-    """The ``(bs, context bucket or None)`` keys of decode graphs, in words."""
-    sizes = list(dict.fromkeys(bs for bs, _ in keys))
-    contexts = [c for c in dict.fromkeys(c for _, c in keys) if c is not None]
-    text = f"batch size{'s' if len(sizes) > 1 else ''} {describe_sizes(sizes)}"
-    return text + (f" x context buckets {describe_sizes(contexts)}" if contexts else "")
+def describe_keys(keys: Sequence[Tuple[int, Optional[int]]], first: str = "batch size",
+                  second: str = "context buckets") -> str:
+    """Graph keys in words: decode ``(bs, context bucket or None)``, or (``first="token
+    bucket"``, ``second="request slots"``) prefill ``(tokens, requests or None)``."""
+    sizes = list(dict.fromkeys(a for a, _ in keys))
+    seconds = [b for b in dict.fromkeys(b for _, b in keys) if b is not None]
+    text = f"{first}{'s' if len(sizes) > 1 else ''} {describe_sizes(sizes)}"
+    return text + (f" x {second} {describe_sizes(seconds)}" if seconds else "")
 
 
 class CaptureTimer:

@@ -113,8 +113,7 @@ class Expr:
             raise ExprError(f"invalid expression '{self._shown}': {msg}") from None
         except (RecursionError, MemoryError):
             raise self._too_deep() from None
-        self._check_depth(self._tree)
-        self._check_syntax(self._tree)
+        self._check_syntax(self._tree, 1)
         self.names: frozenset[str] = _free_names(self._tree)
 
     @classmethod
@@ -181,17 +180,11 @@ class Expr:
                                    "beyond the signed 64-bit range (|value| < 2**63)")
         return value
 
-    def _check_depth(self, tree: ast.AST) -> None:
-        stack = [(tree, 1)]
-        while stack:
-            node, depth = stack.pop()
-            if depth > MAX_EXPR_DEPTH:
-                raise self._too_deep()
-            stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
-
     # -- syntax -----------------------------------------------------------------
 
-    def _check_syntax(self, node: ast.AST) -> None:
+    def _check_syntax(self, node: ast.AST, depth: int) -> None:
+        if depth > MAX_EXPR_DEPTH:  # before the walks below recurse
+            raise self._too_deep()
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCS:
             if node.keywords or len(node.args) < 2 or any(isinstance(a, ast.Starred) for a in node.args):
                 raise self._unsupported(node, f"{node.func.id}() takes two or more positional arguments")
@@ -207,7 +200,7 @@ class Expr:
         else:
             raise self._unsupported(node, f"expressions may use {ALLOWED}")
         for child in children:
-            self._check_syntax(child)
+            self._check_syntax(child, depth + 1)
 
     # -- type rules, shared by infer_type (static) and evaluate (on the values) --
 

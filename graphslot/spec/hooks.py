@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import operator
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Mapping, Optional
 
-from .errors import SlotError, did_you_mean
-from .live import Live
+from .errors import SlotError, did_you_mean, shorten
+from .live import Live, LiveParamError, at_slot
 
 # How each kind of hook is called; a user hook must accept these arguments.
 HOOK_SIGNATURES = {
@@ -223,7 +224,23 @@ def _attn_tp_shard(params, slot_name):
     def fail(message):
         return SlotError(f"slot '{slot_name}': {message}")
 
-    return lambda ctx: _shard(ctx.params.get, fail)
+    def shard(ctx):
+        try:
+            return _shard(ctx.params.get, fail)
+        except LiveParamError as exc:
+            raise at_slot(exc, slot_name) from exc.__cause__
+
+    return shard
+
+
+def _count(value: Any, field: str, slot_name: str) -> int:
+    """A host count read off the batch as an int (an int, a numpy int; not a float, a
+    str or a list), else a SlotError naming the slot and the field."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise SlotError(f"slot '{slot_name}': fb.{field} is {type(value).__name__} {shorten(value)}; a count is an "
+                        "int or a tensor") from None
 
 
 def _local_bounds(sharded, rank, size, padded_num_tokens):
@@ -256,7 +273,7 @@ def _local_num_token_non_padded(params, slot_name):
             if _is_tensor(local):
                 buffer.copy_(local.reshape(buffer.shape))
             elif local is not None:
-                buffer.fill_(int(local))
+                buffer.fill_(_count(local, "num_token_non_padded", slot_name))
             return
         per_rank, offset = _local_bounds(*shard(ctx), ctx.padded_num_tokens)
         if _is_tensor(global_count):
@@ -266,7 +283,8 @@ def _local_num_token_non_padded(params, slot_name):
             local = (global_count - offset if offset else global_count).clamp(0, per_rank)
             buffer.copy_(local.reshape(buffer.shape) if local.dim() > buffer.dim() else local)
         else:
-            buffer.fill_(min(max(int(global_count) - offset, 0), per_rank))
+            count = _count(global_count, "global_num_token_non_padded", slot_name)
+            buffer.fill_(min(max(count - offset, 0), per_rank))
 
     return post_fill
 
@@ -288,7 +306,8 @@ def _local_num_token_non_padded_cpu(params, slot_name):
             buffer.fill_(ctx.raw_num_tokens)
             return
         per_rank, offset = _local_bounds(*shard(ctx), ctx.padded_num_tokens)
-        buffer.fill_(min(max(int(global_count) - offset, 0), per_rank))
+        count = _count(global_count, "global_num_token_non_padded_cpu", slot_name)
+        buffer.fill_(min(max(count - offset, 0), per_rank))
 
     return post_fill
 

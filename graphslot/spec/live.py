@@ -5,14 +5,42 @@ An engine's attention-TP rank, or whether a bucket is sequence sharded, may only
 known (or only be cheap to ask) at the step itself: a provider is called the first time
 a hook reads the param during a fill, at most once per fill, and never when no hook
 reads it. Shapes, dtypes, ``enabled_if`` and pad values cannot use live params (the
-spec check says so), so generated code never bakes one. Torch-free.
+spec check says so), so generated code never bakes one. A provider that raises, returns
+a value of another type than the param's, or reads its own param is a
+:class:`LiveParamError` (a SlotError, never a KeyError that ``ctx.params.get`` would
+read as "absent"); the hook that read it names its slot (:func:`at_slot`). Torch-free.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, Optional
 
-__all__ = ["ContextFactory", "Live", "LiveParams", "context_factory", "live_view"]
+from .errors import SlotError, shorten
+
+__all__ = ["ContextFactory", "Live", "LiveParamError", "LiveParams", "at_slot", "context_factory", "live_view",
+           "naming_slot"]
+
+
+class LiveParamError(SlotError):
+    """A live param's provider failed: it raised (the original is ``__cause__``),
+    returned a value of another type, or read its own param."""
+
+
+def at_slot(exc: LiveParamError, slot: str) -> SlotError:
+    """``exc`` as the SlotError of the hook of ``slot`` that read the param (raise it
+    ``from exc.__cause__``: the provider's own exception stays the cause)."""
+    return SlotError(f"slot '{slot}': {exc}")
+
+
+def naming_slot(hook: Callable, slot: str) -> Callable:
+    """``hook``, whose live-param failures name ``slot``."""
+    def named(*args):
+        try:
+            return hook(*args)
+        except LiveParamError as exc:
+            raise at_slot(exc, slot) from exc.__cause__
+
+    return named
 
 
 class Live:
@@ -23,13 +51,18 @@ class Live:
     callable given for a live param in one; a plain value is just the value.
     """
 
-    __slots__ = ("fn",)
+    __slots__ = ("fn", "check")
 
-    def __init__(self, fn: Callable[[Any], Any]):
-        self.fn = fn
+    def __init__(self, fn: Callable[[Any], Any], check: Optional[Callable[[Any], Any]] = None):
+        #: ``check(value) -> value``: ValueError for a value of another type than the
+        #: param's (set by ``resolve_params``, which knows the type).
+        self.fn, self.check = fn, check
 
     def __repr__(self) -> str:
         return f"Live({getattr(self.fn, '__qualname__', type(self.fn).__name__)})"
+
+
+_UNREAD, _READING = object(), object()  # a live param not read yet this fill; being read
 
 
 class LiveParams(Mapping):
@@ -38,7 +71,7 @@ class LiveParams(Mapping):
 
     __slots__ = ("_values", "_providers", "_evaluated", "ctx")
 
-    def __init__(self, values: Mapping[str, Any], providers: Mapping[str, Callable[[Any], Any]]):
+    def __init__(self, values: Mapping[str, Any], providers: Mapping[str, "Live"]):
         self._values, self._providers, self._evaluated, self.ctx = values, providers, {}, None
 
     def __getitem__(self, name: str) -> Any:
@@ -46,9 +79,31 @@ class LiveParams(Mapping):
         if provider is None:
             return self._values[name]
         evaluated = self._evaluated
-        if name not in evaluated:
-            evaluated[name] = provider(self.ctx)
-        return evaluated[name]
+        value = evaluated.get(name, _UNREAD)
+        if value is _UNREAD:
+            value = evaluated[name] = self._evaluate(name, provider)
+        elif value is _READING:
+            raise LiveParamError(f"live param '{name}': its provider reads ctx.params['{name}'] itself (a provider "
+                                 "computes the value; it cannot read it)")
+        return value
+
+    def _evaluate(self, name: str, provider: "Live") -> Any:
+        self._evaluated[name] = _READING
+        try:
+            value = provider.fn(self.ctx)
+        except LiveParamError:
+            raise
+        except Exception as exc:
+            raise LiveParamError(f"live param '{name}': its provider raised {type(exc).__name__}: "
+                                 f"{shorten(str(exc), quote=False)}") from exc
+        finally:
+            self._evaluated.pop(name)
+        if provider.check is None:
+            return value
+        try:
+            return provider.check(value)
+        except ValueError as exc:
+            raise LiveParamError(f"live {exc}") from None
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._values)
@@ -60,8 +115,8 @@ class LiveParams(Mapping):
 ContextFactory = Callable[..., Any]
 
 
-def _providers(params: Mapping[str, Any]) -> Mapping[str, Callable[[Any], Any]]:
-    return {name: value.fn for name, value in params.items() if isinstance(value, Live)}
+def _providers(params: Mapping[str, Any]) -> Mapping[str, Live]:
+    return {name: value for name, value in params.items() if isinstance(value, Live)}
 
 
 def context_factory(make: ContextFactory, params: Mapping[str, Any]) -> ContextFactory:

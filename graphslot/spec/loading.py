@@ -92,18 +92,19 @@ def load_spec(name_or_path: Union[str, os.PathLike], *, import_hooks: bool = Fal
     cached = _FILE_SPECS.get(key) if key is not None else None
     if cached is not None:
         return cached
-    spec = parse_spec(read_spec_text(path, source), source=source, import_hooks=import_hooks, max_bytes=max_bytes)
+    spec = parse_spec(read_spec_text(path, source), path=source, import_hooks=import_hooks, max_bytes=max_bytes)
     return spec if key is None else _remember(_FILE_SPECS, key, spec)
 
 
-def spec_from_dict(data: Mapping[str, Any], source: str = "<code>", *, import_hooks: bool = False,
+def spec_from_dict(data: Mapping[str, Any], label: str = "<code>", *, import_hooks: bool = False,
                    max_bytes: Optional[int] = None) -> RegistrySpec:
     """A spec built in code: the same mapping a YAML spec file holds (dicts, lists, str,
     int, float, bool and None), through exactly the validation of :func:`parse_spec`.
-    Errors name ``source`` (a label such as ``"<code: my_engine>"``) and the slot; they
+    Errors name ``label`` (such as ``"<code: my_engine>"``; the spec's ``path``) and the slot; they
     carry no line. Validated specs are kept by their data, so building the same one
     again costs a lookup. ``RegistrySpec.to_dict()`` gives a shipped spec as such data,
     to derive one from it."""
+    source = label
     data = _plain_copy(data, source)
     # the data in its own order (a spec's param order shows in `graphslot show`)
     key = (source, import_hooks, max_bytes, json.dumps(data, allow_nan=True))
@@ -117,9 +118,27 @@ def spec_from_dict(data: Mapping[str, Any], source: str = "<code>", *, import_ho
 _SCALARS = (str, bool, int, float, type(None))
 
 
+def _type_name(kind: type) -> str:
+    """``bool``, ``numpy.bool``, ``torch.dtype``: a type as an error names it."""
+    module = getattr(kind, "__module__", "builtins")
+    return kind.__qualname__ if module == "builtins" else f"{module.split('.')[0]}.{kind.__qualname__}"
+
+
+def _numpy_scalar(item: Any) -> Any:
+    """A numpy scalar's Python value (``np.bool_`` -> bool, ``np.int64`` -> int,
+    ``np.float32`` -> float), else ``item``. numpy is not imported for it."""
+    if type(item).__module__ == "numpy" and callable(getattr(item, "item", None)):
+        value = item.item()
+        if type(value) in _SCALARS:
+            return value
+    return item
+
+
 def _plain_copy(data: Any, source: str) -> Dict[str, Any]:
     """``data`` as plain dicts and lists, within the YAML reader's limits; anything else
-    is a SpecError naming where it sits (``slots[2].shape[0]``)."""
+    is a SpecError naming where it sits (``slots[2].shape[0]``). Subclasses of str, int
+    and float (enums) and numpy scalars become their plain values; a sequence is read
+    by iterating it (never by trusting its ``len``)."""
     if not isinstance(data, Mapping):
         raise SpecError([SpecIssue(source, None, f"a spec is a mapping with keys {', '.join(TOP_KEYS)}, got "
                                                  f"{type(data).__name__}")])
@@ -132,8 +151,11 @@ def _plain_copy(data: Any, source: str) -> Dict[str, Any]:
         for key, item in (value.items() if mapping else enumerate(value)):
             nodes += 1
             if mapping and type(key) is not str:
-                raise SpecError([SpecIssue(source, None, f"{_data_path(path) or 'the spec'}: key {shorten(key)} "
-                                                         "is not a string")])
+                if not isinstance(key, str):
+                    raise SpecError([SpecIssue(source, None, f"{_data_path(path) or 'the spec'}: key "
+                                                             f"{shorten(key)} is not a string")])
+                key = str.__str__(key)  # a str enum's value, not its name
+            item = _numpy_scalar(item)
             problem = None
             kind = type(item)
             if nodes > MAX_YAML_NODES:
@@ -144,17 +166,19 @@ def _plain_copy(data: Any, source: str) -> Dict[str, Any]:
                 problem = f"integer {shorten(item)} out of range (|value| < 2**63)"
             elif kind not in _SCALARS and kind is not dict and kind is not list and not isinstance(
                     item, (str, int, float, Mapping, list, tuple)):
-                problem = (f"{kind.__name__} is not plain data: a spec from code holds only dicts, lists, "
+                problem = (f"{_type_name(kind)} is not plain data: a spec from code holds only dicts, lists, "
                            "str, int, float, bool and None (a dtype by its name: 'int64')")
             if problem is not None:
                 raise SpecError([SpecIssue(source, None, f"{_data_path(path + (key,))}: {problem}")])
+            if not mapping:
+                into.append(None)  # the list grows as its items are read
             if kind in _SCALARS:
                 into[key] = item
             elif kind is dict or isinstance(item, Mapping):
                 into[key] = {}
                 stack.append((item, into[key], path + (key,)))
             elif kind is list or isinstance(item, (list, tuple)):
-                into[key] = [None] * len(item)
+                into[key] = []
                 stack.append((item, into[key], path + (key,)))
             else:  # a subclass of a scalar type (an IntEnum, a str enum): its plain value
                 into[key] = (str.__str__(item) if isinstance(item, str)  # a str enum's value, not its name
@@ -191,12 +215,14 @@ def read_spec_text(path: Path, source: str) -> str:
     return text.removeprefix("\ufeff")
 
 
-def parse_spec(text: str, source: str = "<string>", *, import_hooks: bool = False,
+def parse_spec(text: str, path: str = "<string>", *, import_hooks: bool = False,
                max_bytes: Optional[int] = None) -> RegistrySpec:
-    """Parse and validate spec text; raises SpecError listing every problem.
+    """Parse and validate spec text; raises SpecError listing every problem, each naming
+    ``path`` (the file the text came from, or a label: the spec's ``path``).
 
     See :func:`load_spec` for ``import_hooks`` and ``max_bytes``.
     """
+    source = path
     if not isinstance(text, str):
         raise SpecError([SpecIssue(source, None, f"spec text must be a str, got {type(text).__name__}")])
     if len(text) > MAX_SPEC_BYTES:
@@ -313,9 +339,18 @@ def _allowed_keys(path: Tuple[Any, ...]) -> Tuple[str, ...]:
     return TOP_KEYS if not path else ()
 
 
+def _list_errors(errors: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """pydantic's errors as of the lists a spec holds: the model keeps them as tuples
+    (a spec never changes), and its tuple validator adds a ``too_short`` to a sequence
+    whose item failed (one it counts as missing)."""
+    failed_items = {error["loc"][:-i] for error in errors for i in range(1, len(error["loc"]))}
+    return [dict(error, msg=error["msg"].replace("valid tuple", "valid list").replace("Tuple should", "List should"))
+            for error in errors if not (error["type"] == "too_short" and error["loc"] in failed_items)]
+
+
 def _structural_issues(exc: ValidationError, data: Any, locations: Locations) -> List[SpecIssue]:
     seen, issues = set(), []
-    for error in exc.errors():
+    for error in _list_errors(exc.errors()):
         path, rest = _document_path(error["loc"], data)
         kind = error["type"]
         if rest[-1:] == ("[key]",):

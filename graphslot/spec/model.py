@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Dict, List, Literal, Optional, Union
+import math
+from typing import Annotated, Any, Dict, Literal, Optional, Tuple, Union
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictFloat, StrictInt
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictFloat, StrictInt, model_validator
 
 from .kinds import Axis, Padding, SlotKind
 from .yaml_loader import Locations
@@ -40,13 +41,38 @@ PaddingName = Literal[PADDINGS]  # type: ignore[valid-type]
 Adopt = Literal["allowed", "never"]
 AbsentFields = Literal["error", "skip"]
 ParamType = Literal["int", "float", "bool", "dtype", "str"]
+
+
+def one_nan(value: Any) -> Any:
+    """``value``, or for any NaN the one quiet NaN (sign bit clear): YAML's ``.nan`` has
+    its sign set, JSON's (a module's embedded spec) not, and a NaN must be the same
+    bits in generated code and in the interpreter, whichever form the spec came in."""
+    return math.nan if isinstance(value, float) and value != value else value
+
+
 # A literal, or a string holding an expression over params (for str/dtype params a
 # string default is the value itself).
-Scalar = Union[StrictBool, StrictInt, StrictFloat, str]
+Scalar = Union[StrictBool, StrictInt, Annotated[StrictFloat, AfterValidator(one_nan)], str]
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class FrozenDict(dict):
+    """A dict that cannot be changed: a spec's ``params`` and ``presets``. Specs are
+    shared (a process-wide cache hands out the same one), so nothing in them may change;
+    a dict subclass, so pydantic dumps it as the dict it is."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("a spec cannot be changed: derive one from spec.to_dict() with graphslot.spec_from_dict")
+
+    __setitem__ = __delitem__ = __ior__ = clear = pop = popitem = setdefault = update = _refuse
+
+    def __reduce__(self):
+        return (type(self), (dict(self),))
 
 
 class ParamSpec(_Strict):
@@ -75,7 +101,7 @@ class SlotSpec(_Strict, SlotKind):
     name: str = Field(
         description="The batch attribute the slot mirrors; a dotted name is a structured slot and needs `source`."
     )
-    shape: List[Union[StrictInt, str]] = Field(
+    shape: Tuple[Union[StrictInt, str], ...] = Field(
         description="Extents: ints or expressions over max_bs, max_num_tokens and params; [] for a 0-d "
                     "slot (axis none).",
     )
@@ -107,7 +133,7 @@ class SlotSpec(_Strict, SlotKind):
     source: Optional[str] = Field(None, description="Hook (fb, ctx) -> tensor or None: the copy source.")
     pre_capture: Optional[str] = Field(None, description="Hook (buffer, ctx) run before graph capture.")
     adopt: Adopt = Field(
-        "allowed", description="never: the registry owns the buffer; build_registry(adopt=...) never adopts it."
+        "allowed", description="never: the registry owns the buffer; build_registry(buffers=<object>) never adopts it."
     )
     description: str = ""
 
@@ -128,15 +154,24 @@ class RegistrySpec(_Strict):
             "optional. skip: every slot copied from a batch field is optional (no copy, None carried)."
         ),
     )
-    slots: List[SlotSpec] = Field(min_length=1)
+    slots: Tuple[SlotSpec, ...] = Field(min_length=1)
 
     _source: str = PrivateAttr("<string>")
     _text: str = PrivateAttr("")
     _locations: Optional[Locations] = PrivateAttr(None)
     _identity: Optional[str] = PrivateAttr(None)
+    _by_name: Optional[Tuple[Tuple[SlotSpec, ...], Dict[str, SlotSpec]]] = PrivateAttr(None)
+
+    @model_validator(mode="after")
+    def _freeze(self) -> "RegistrySpec":
+        # Shared specs never change (slots and shapes are tuples): an identity computed once stays true.
+        object.__setattr__(self, "params", FrozenDict(self.params))
+        object.__setattr__(self, "presets", FrozenDict(
+            (k, FrozenDict((name, one_nan(value)) for name, value in v.items())) for k, v in self.presets.items()))
+        return self
 
     @property
-    def source(self) -> str:
+    def path(self) -> str:
         """The file (or label) the spec was read from; errors name it."""
         return self._source
 
@@ -150,7 +185,7 @@ class RegistrySpec(_Strict):
         dropped. Comments, line endings, key order, quoting and descriptions of the
         file do not reach it; any name, shape, dtype, axis, policy, pad value, hook,
         ``enabled_if``, flag, param type or default, preset or slot order does."""
-        data = self.model_dump(mode="python", exclude=NOT_MEANING)
+        data = _lists(self.model_dump(mode="python", exclude=NOT_MEANING))
         _drop_unused_keys(data)
         return data
 
@@ -164,7 +199,7 @@ class RegistrySpec(_Strict):
         """The spec as plain data, the form :func:`graphslot.spec_from_dict` takes (keys
         holding their defaults left out, descriptions kept): derive a spec from a
         shipped one in code, ``d = load_spec("decode").to_dict(); d["slots"].append(...)``."""
-        return self.model_dump(mode="python", exclude_defaults=True)
+        return _lists(self.model_dump(mode="python", exclude_defaults=True))
 
     @property
     def identity(self) -> str:
@@ -179,10 +214,12 @@ class RegistrySpec(_Strict):
         return self._locations or Locations(self._source)
 
     def slot_spec(self, name: str) -> SlotSpec:
-        for slot in self.slots:
-            if slot.name == name:
-                return slot
-        raise KeyError(name)
+        if self._by_name is None or self._by_name[0] is not self.slots:  # made once (a copy's slots: again)
+            by_name: Dict[str, SlotSpec] = {}
+            for slot in self.slots:
+                by_name.setdefault(slot.name, slot)  # the first of a name, as a search finds
+            self._by_name = (self.slots, by_name)
+        return self._by_name[1][name]
 
     def slot_line(self, index: int, key: Optional[str] = None) -> Optional[int]:
         path = ("slots", index) if key is None else ("slots", index, key)
@@ -190,6 +227,15 @@ class RegistrySpec(_Strict):
 
     def param_line(self, name: str) -> Optional[int]:
         return self.locations.line(("params", name))
+
+
+def _lists(data: Any) -> Any:
+    """``model_dump``'s data with its tuples (slots, shapes) as lists: plain data."""
+    if isinstance(data, dict):
+        return {key: _lists(value) for key, value in data.items()}
+    if isinstance(data, (tuple, list)):
+        return [_lists(value) for value in data]
+    return data
 
 
 def _drop_unused_keys(data: Dict[str, Any]) -> None:

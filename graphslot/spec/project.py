@@ -37,7 +37,7 @@ from .pyproject_text import (MAX_KEY_PARTS, MAX_PYPROJECT_BYTES, PYPROJECT, Loca
 # Re-exported: what the rest of graphslot imports from here.
 __all__ = ["MAX_KEY_PARTS", "MAX_PYPROJECT_BYTES", "OUTPUTS", "PYPROJECT", "TABLE", "Locator", "OutputConfig",
            "ProjectConfig", "ProjectConfigError", "display_path", "find_pyproject", "line_key", "load_project_config",
-           "long_key_line", "output_dir_escape", "parse_pyproject", "read_pyproject", "table_header",
+           "long_key_line", "output_dir_escape", "parse_pyproject", "path_escape", "read_pyproject", "table_header",
            "validate_table"]
 
 TABLE = "[tool.graphslot]"
@@ -120,15 +120,28 @@ def output_dir_problem(value: Any) -> Optional[str]:
     return None
 
 
+def path_escape(root: Path, value: str, what: str) -> Optional[str]:
+    """Why ``value`` (relative to ``root``) does not name ``what`` ("a directory", "a
+    file") inside the project, symbolic links followed (None when it does): nothing is
+    read or written outside the project a pyproject.toml belongs to."""
+    root = root.resolve()
+    out = (root / value).resolve()
+    if out == root or root not in out.parents:
+        return (f"{_shown(value)} resolves to {out}, outside the project ({root}); it must name {what} inside "
+                "the directory of pyproject.toml")
+    return None
+
+
 def output_dir_escape(root: Path, output_dir: str) -> Optional[str]:
     """Why ``output_dir`` (relative to ``root``) is not a directory inside the project,
     symbolic links followed (None when it is)."""
-    root = root.resolve()
-    out = (root / output_dir).resolve()
-    if out == root or root not in out.parents:
-        return (f"{_shown(output_dir)} resolves to {out}, outside the project ({root}); it must name a "
-                "directory inside the directory of pyproject.toml")
-    return None
+    return path_escape(root, output_dir, "a directory")
+
+
+def _spec_problem(root: Optional[Path], spec: str) -> Optional[str]:
+    """Why a ``specs`` entry cannot be read: absolute, or (with the project's ``root``)
+    outside the project."""
+    return output_dir_problem(spec) or (path_escape(root, spec, "a file") if root is not None else None)
 
 
 class _Checker:
@@ -239,6 +252,11 @@ def validate_table(table: Any, text: str = "", path: Optional[Path] = None) -> D
     elif any(not c.isprintable() for s in specs for c in s):
         check.error(check.where.table("specs"), f"{TABLE} specs: a path contains control characters")
         specs = []
+    else:
+        for spec in specs:
+            problem = _spec_problem(None if path is None else path.parent, spec)
+            if problem:
+                check.error(check.where.table("specs"), f"{TABLE} specs: {problem}")
     output_dir = table.get("output_dir")
     if output_dir is not None:
         problem = output_dir_problem(output_dir)

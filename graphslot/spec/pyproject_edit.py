@@ -7,6 +7,10 @@ last entry), as a new ``specs`` key under the table's header, or as a new table.
 edit is accepted only when the edited text parses to the old document plus the new path
 at the end of ``specs`` (:func:`verify_addition`); otherwise :class:`CannotEdit` says
 why and the file is left alone. Every scan is linear in the text. Torch-free.
+
+No library does this for untrusted text, as measured: tomlkit (0.15.2) keeps the layout too,
+but takes time quadratic in the dotted keys sharing a prefix (80 five-part keys, 1.5 KB:
+3.7 s; python-poetry/tomlkit#479), and tomllib and tomli write nothing.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 the TOML parser superlinear), and find the lines of its keys by scanning it.
 
 pyproject.toml arrives in pull requests like spec files do, and tomllib reports no
-locations, so every error names ``pyproject.toml:LINE`` from a scan of the text. Every
+locations (tomlkit's document keeps them, but it is quadratic on hostile input: see
+:mod:`.pyproject_edit`), so every error names ``pyproject.toml:LINE`` from a scan of the text. Every
 scan is linear in the text's length: the file is read up to MAX_PYPROJECT_BYTES, and a
 key of more than MAX_KEY_PARTS dotted parts (quadratic in tomllib) or nesting that
 would overflow its recursion is an error with the line. The one import of ``tomllib``

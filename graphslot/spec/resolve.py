@@ -8,6 +8,7 @@ they cannot disagree about what a spec means.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
@@ -17,7 +18,7 @@ from .errors import ExprError, SpecError, SpecIssue, did_you_mean, shorten
 from .expr import Expr
 from .live import Live
 from .kinds import CAPACITY_NAMES, Axis, Padding, SlotKind
-from .model import RegistrySpec, SlotSpec
+from .model import RegistrySpec, SlotSpec, one_nan
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,17 @@ def coerce_param(name: str, ptype: str, value: Any) -> Any:
     }[ptype]
     if not ok:
         raise ValueError(f"param '{name}' is {ptype}, got {type(value).__name__} {value!r}")
-    return float(value) if ptype == "float" else value
+    return one_nan(float(value)) if ptype == "float" else value
+
+
+def _live_value(name: str, ptype: str, value: Any) -> Any:
+    """A live param's value from its provider, checked as :func:`coerce_param` checks one
+    given at build (an int is not a str of digits, a float never becomes an int)."""
+    try:
+        return coerce_param(name, ptype, value)
+    except ValueError:
+        raise ValueError(f"param '{name}' is {ptype}, its provider returned {type(value).__name__} "
+                         f"{shorten(value)}") from None
 
 
 def _default_is_expression(ptype: str, default: Any) -> bool:
@@ -118,7 +129,7 @@ def resolve_params(
     ``torch_dtypes=False`` as names (:class:`DTypeName`), which needs no torch: the
     spec toolchain's view.
     """
-    file, issues = spec.source, []
+    file, issues = spec.path, []
     explicit: Dict[str, Any] = {}
     if preset is not None:
         if preset not in spec.presets:
@@ -135,7 +146,8 @@ def resolve_params(
             issues.append(SpecIssue(file, None, f"unknown param '{name}'" + did_you_mean(name, spec.params)))
             continue
         if spec.params[name].live and (isinstance(value, Live) or callable(value)):
-            values[name] = value if isinstance(value, Live) else Live(value)  # evaluated by the hooks at fill
+            fn = value.fn if isinstance(value, Live) else value  # evaluated by the hooks at fill, then checked
+            values[name] = Live(fn, functools.partial(_live_value, name, spec.params[name].type))
             continue
         try:
             values[name] = coerce_param(name, spec.params[name].type, value)
@@ -265,16 +277,16 @@ def _resolve_slots(
         try:
             r = resolve_slot(slot, params, max_bs, max_num_tokens, spec.slot_line(i), spec.absent_fields)
         except ExprError as exc:  # division by zero or overflow with these values
-            issues.append(SpecIssue(spec.source, spec.slot_line(i), str(exc), slot.name))
+            issues.append(SpecIssue(spec.path, spec.slot_line(i), str(exc), slot.name))
             continue
         if r.enabled and r.pad_value is not None and not value_fits_dtype(r.pad_value, r.dtype_name):
-            issues.append(SpecIssue(spec.source, spec.slot_line(i, "pad_value"),
+            issues.append(SpecIssue(spec.path, spec.slot_line(i, "pad_value"),
                                     f"pad_value {r.pad_value!r} does not fit dtype {r.dtype_name}",
                                     slot.name))
         bad = [(d, n) for d, n in enumerate(r.shape) if n < 1]
         if r.enabled and bad:
             d, n = bad[0]
-            issues.append(SpecIssue(spec.source, spec.slot_line(i, "shape"),
+            issues.append(SpecIssue(spec.path, spec.slot_line(i, "shape"),
                                     f"shape[{d}] = {slot.shape[d]!r} evaluates to {n}; extents must be positive",
                                     slot.name))
         resolved.append(r)

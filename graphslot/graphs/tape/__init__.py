@@ -107,7 +107,7 @@ rng                     random ops use the seed and offset the     random ops re
 ======================  =========================================  ==========================================
 """
 
-from .record import OpenTapeCapture, TapeBackend
+from .record import OpenTapeCapture, TapeBackend, TapePool
 from .replay import TapeGraph
 
-__all__ = ["OpenTapeCapture", "TapeBackend", "TapeGraph"]
+__all__ = ["OpenTapeCapture", "TapeBackend", "TapeGraph", "TapePool"]

@@ -165,10 +165,29 @@ def _close(capture: _Capture) -> None:
 # -- the backend -------------------------------------------------------------------------------
 
 
+class TapePool:
+    """The tape's graph pool: an opaque token (the tape frees nothing into a pool), so
+    that sharing one pool across runners is checked on the CPU as on a GPU."""
+
+    def __repr__(self) -> str:
+        return f"<TapePool {id(self):#x}>"
+
+
 class TapeBackend:
-    """Graph backend ``cpu``: captures :class:`~graphslot.graphs.tape.replay.TapeGraph` s."""
+    """Graph backend ``cpu``: captures :class:`~graphslot.graphs.tape.replay.TapeGraph` s.
+    ``pool``: the graph pool handle (:func:`~graphslot.graphs.backend.graph_pool`); None
+    makes one."""
 
     name = "cpu"
+
+    def __init__(self, pool: Optional[TapePool] = None) -> None:
+        if pool is not None and not isinstance(pool, TapePool):
+            raise TypeError(f"the tape's graph pool must be a TapePool (graphslot.graphs.graph_pool('cpu')), "
+                            f"got {type(pool).__name__}")
+        self.pool = TapePool() if pool is None else pool
+
+    def release(self) -> None:
+        """Nothing to give back: each tape graph owns its tensors, freed with it."""
 
     def capture(self, fn: Callable[[], Any], *, warmup: int = 1) -> TapeGraph:
         for _ in range(warmup):

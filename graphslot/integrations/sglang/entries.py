@@ -6,7 +6,7 @@ read by duck typing) into the plain data of one ``slots:`` item and its hooks:
 the sliced one as ``max_bs`` / ``max_num_tokens``; ``slice_fn`` becomes ``slice_dim``
 (probed on the buffer, unless it is a :class:`~.slots.SliceDim`); the callables
 (``post_fill``, ``source_fn``) become hooks under names made from the slot's name
-(``sglang.post_fill.<slot>``), so the spec, and the generated module compiled for it,
+(``sglang.post_fill.<slot>``; a dotted slot sglang never copies gets :func:`no_source`), so the spec, and the generated module compiled for it,
 do not depend on which closures a registry holds. ``check_entry`` validates the entry
 through ``graphslot.spec_from_dict`` (errors are ``SpecError``, a ``ValueError``,
 naming the slot).
@@ -14,11 +14,14 @@ naming the slot).
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Callable, Dict, Tuple
 
 import torch
 
+from ...spec.errors import shorten
 from ...spec.loading import spec_from_dict
+from ...spec.yaml_loader import INT_LIMIT
 from .slots import AXES, RESETTING, SliceDim, policy_name
 
 #: Every spec the drop-in builds treats an absent batch field as sglang does.
@@ -31,6 +34,38 @@ def dtype_name(dtype: Any, slot: str) -> str:
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"GraphSlot {slot!r}: dtype must be a torch.dtype, got {dtype!r}")
     return str(dtype).removeprefix("torch.")
+
+
+def _extent(value: Any) -> Any:
+    """``value`` as an int when torch takes it as an extent (an int, numpy integer or
+    integer tensor, not a bool), else None."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
+def buffer_shape(slot: str, shape: Any) -> Tuple[int, ...]:
+    """``shape_fn``'s result as extents: a tuple (``torch.Size``) or list of ints, or one
+    int (a 1-d shape), as sglang's ``torch.zeros(shape)`` takes them. TypeError for what
+    is not such a shape, ValueError for an extent not in ``[1, 2**63)``, naming the slot."""
+    one = _extent(shape)
+    if one is None and not isinstance(shape, (tuple, list)):
+        raise TypeError(f"GraphSlot {slot!r}: shape_fn returned {shorten(shape)}: a shape is a tuple of ints "
+                        "(or one int)")
+    extents = (shape,) if one is not None else tuple(shape)
+    ints = tuple(_extent(n) for n in extents)
+    if None in ints:
+        bad = extents[ints.index(None)]
+        raise TypeError(f"GraphSlot {slot!r}: shape_fn returned {shorten(shape)}: extents must be ints, got "
+                        f"{shorten(bad)} ({type(bad).__name__})")
+    if any(n <= 0 for n in ints):
+        raise ValueError(f"GraphSlot {slot!r}: shape_fn returned {shorten(shape)}: extents must be positive")
+    if any(n >= INT_LIMIT for n in ints):
+        raise ValueError(f"GraphSlot {slot!r}: shape_fn returned {shorten(shape)}: extents must be below 2**63")
+    return ints
 
 
 def _number(value: Any, slot: str) -> Any:
@@ -122,11 +157,18 @@ def slot_entry(slot: Any, buffer: torch.Tensor, max_bs: int, max_num_tokens: int
             raise ValueError(f"GraphSlot {name!r}: sglang copies a source_fn result along dimension 0, but the "
                              f"slot slices dimension {d}")
         hooks[_hook(entry, "source")] = slot.source_fn
-    elif "." in name:
-        copy = False  # sglang reads fb.<'a.b'>: never there, so never copied
+    elif "." in name:  # sglang never copies it (it reads fb.<'a.b'>, never there): its source gives None
+        hooks[_hook(entry, "source")] = no_source
+        copy = True  # a spec's dotted slot is copied from its source (copy_from_fb: false is refused)
     if not copy:
         entry["copy_from_fb"] = False
     return entry, hooks
+
+
+def no_source(fb: Any, ctx: Any) -> None:
+    """The ``source`` of a dotted slot sglang never copies (no ``source_fn``, or
+    ``copy_from_fb=False``): a spec's dotted slot needs one, and None is no copy."""
+    return None
 
 
 def _padding(slot: Any, policy: str, axis: str) -> Dict[str, Any]:
@@ -160,4 +202,4 @@ def _hook(entry: Dict[str, Any], kind: str) -> str:
 
 def check_entry(entry: Dict[str, Any]) -> None:
     """Validate one entry as graphslot validates a spec file (cached by its data)."""
-    spec_from_dict({"name": "sglang", "absent_fields": ABSENT_FIELDS, "slots": [entry]}, source=CODE_LABEL)
+    spec_from_dict({"name": "sglang", "absent_fields": ABSENT_FIELDS, "slots": [entry]}, label=CODE_LABEL)

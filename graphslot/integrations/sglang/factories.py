@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, Optional
 
 import torch
 
-from ...spec.loading import load_spec, spec_from_dict
+from ...spec.loading import load_spec, shipped_spec_path, spec_from_dict
 from ...spec.model import RegistrySpec
 from ...spec.resolve import evaluate_field, resolve_params, resolve_slots
 from .entries import ABSENT_FIELDS
@@ -31,12 +31,14 @@ _BASE: Dict[str, RegistrySpec] = {}
 
 
 def base_spec(kind: str) -> RegistrySpec:
-    """The shipped spec ``kind`` with ``absent_fields: skip`` (built once per process)."""
+    """The shipped spec ``kind`` with ``absent_fields: skip`` (built once per process):
+    graphslot's own file, never a spec of that name in the working directory's project,
+    so the drop-in is sglang wherever sglang is started."""
     spec = _BASE.get(kind)
     if spec is None:
-        data = load_spec(kind).to_dict()
+        data = load_spec(shipped_spec_path(kind)).to_dict()
         data["absent_fields"] = ABSENT_FIELDS
-        spec = _BASE[kind] = spec_from_dict(data, source=f"<graphslot.integrations.sglang: {kind}.yaml>")
+        spec = _BASE[kind] = spec_from_dict(data, label=f"<graphslot.integrations.sglang: {kind}.yaml>")
     return spec
 
 
@@ -91,7 +93,7 @@ def from_spec(kind: str, params: Dict[str, Any], *, device: Any, max_bs: int, ma
                                  "cannot adopt.")
             buffer = reg._checked_bind(slot.name, bind, slot.shape, slot.dtype, graph_slot.device)
         else:
-            fresh = torch.zeros(slot.shape, dtype=slot.dtype, device=reg._where(graph_slot.device))
+            fresh = reg._zeros(slot.name, slot.shape, slot.dtype, graph_slot.device)
             buffer = reg._share(slot.name, fresh, slot.pad_value if slot.fills_at_allocation else None)
         reg._add(graph_slot, buffer)
     if source is not None and pp_axis is not None:

@@ -5,7 +5,7 @@ does (zeros, then sglang's share pool, then the init fill; ``bind=`` adopts a te
 as it is), because runners and tests touch ``get_slot(name).buffer`` right away. The
 code that fills and views them is graphslot's: the registry's slots form one spec
 (the factory's shipped spec, plus one entry per slot registered from Python,
-:mod:`.entries`), and ``graphslot.build_registry(spec, buffers=...)`` binds its
+:mod:`.entries`), and ``graphslot.api.build(spec, bind=...)`` binds its
 generated ``fill_from`` / ``extract`` to those buffers at the first ``fill_from`` or
 ``extract_buffer`` after a change. A registration only marks the registry for
 rebinding; identical slot sets share one compiled module per process.
@@ -18,11 +18,12 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from ...api import build_registry
+from ...api import build
 from ...registry.base import ViewMaker
+from ...spec.errors import shorten
 from ...spec.loading import spec_from_dict
 from ...spec.model import RegistrySpec
-from .entries import ABSENT_FIELDS, CODE_LABEL, check_entry, slot_entry
+from .entries import ABSENT_FIELDS, CODE_LABEL, buffer_shape, check_entry, slot_entry
 from .sglang_env import SGLANG_POOL
 from .slots import FillContext, policy_name, same_tensor_view
 
@@ -63,8 +64,8 @@ class CudaGraphBufferRegistry:
         if not slot.enabled:
             self._slots[slot.name] = slot
             return slot
-        shape = tuple(int(n) for n in slot.shape_fn(self.max_bs, self.max_num_tokens))
-        fresh = torch.zeros(shape, dtype=slot.dtype, device=self._where(slot.device)) if bind is None else None
+        shape = buffer_shape(slot.name, slot.shape_fn(self.max_bs, self.max_num_tokens))
+        fresh = self._zeros(slot.name, shape, slot.dtype, slot.device) if bind is None else None
         probe = self._checked_bind(slot.name, bind, shape, slot.dtype, slot.device) if bind is not None else fresh
         entry, hooks = slot_entry(slot, probe, self.max_bs, self.max_num_tokens, torch.device(self.device))
         check_entry(entry)
@@ -81,6 +82,15 @@ class CudaGraphBufferRegistry:
         self._slots[slot.name] = slot
         self._buffers[slot.name] = buffer
         self._unbind()
+
+    def _zeros(self, name: str, shape: tuple, dtype: torch.dtype, device: Any) -> torch.Tensor:
+        """A fresh buffer for slot ``name``; an allocation torch refuses is a RuntimeError naming it."""
+        where = self._where(device)
+        try:
+            return torch.zeros(shape, dtype=dtype, device=where)
+        except RuntimeError as exc:  # out of memory, or a size torch cannot represent
+            raise RuntimeError(f"GraphSlot {name!r}: cannot allocate its {shape} "
+                               f"{str(dtype).removeprefix('torch.')} buffer on {where}: {exc}") from exc
 
     def _where(self, device: Any) -> torch.device:
         return torch.device(self.device if device is None else device)
@@ -143,9 +153,10 @@ class CudaGraphBufferRegistry:
             self._extract = lambda fb, padded_bs, padded_num_tokens: make_view(fb, {"batch_size": padded_bs})
             return
         spec, params, preset = self._base if self._base else (None, {}, None)
-        self._bound = build_registry(
-            composite_spec(spec, self._entries), self.max_bs, self.max_num_tokens, self.device, params=params,
-            preset=preset, hooks=self._hooks, buffers=self._buffers, context=FillContext.make, max_bytes=NO_CAP)
+        self._bound = build(
+            composite_spec(spec, self._entries), device=self.device, max_bs=self.max_bs,
+            max_num_tokens=self.max_num_tokens, params=params, preset=preset, hooks=self._hooks, bind=self._buffers,
+            context=FillContext.make, max_bytes=NO_CAP)
         self._fill, self._extract = self._bound.fill_from, self._bound.extract
 
     def _fill_skipping(self, skip_slots: Any) -> Callable:
@@ -153,7 +164,7 @@ class CudaGraphBufferRegistry:
             self._bind()
         if not skip_slots:
             return self._fill
-        key = frozenset(skip_slots)
+        key = skip_set(skip_slots)
         fill = self._fills.get(key)
         if fill is None:
             fill = self._fills[key] = (self._bound.fill_from_skipping(key) if self._bound is not None
@@ -176,7 +187,8 @@ class CudaGraphBufferRegistry:
             fill = self._fill
             if fill is None:
                 fill = self._fill_skipping(skip_slots)
-        fill(forward_batch, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, pp_proxy_tensors)
+        fill(forward_batch, raw_bs=raw_bs, padded_bs=padded_bs, raw_num_tokens=raw_num_tokens,
+             padded_num_tokens=padded_num_tokens, side_inputs=pp_proxy_tensors)
 
     def extract_buffer(self, *, padded_bs: int, padded_num_tokens: int, forward_batch_template: Any) -> Any:
         """A copy of the batch with ``batch_size=padded_bs`` and the slots' ``[:padded]``
@@ -201,10 +213,24 @@ class CudaGraphBufferRegistry:
             torch._foreach_copy_(dsts, srcs)
 
 
+def skip_set(skip_slots: Any) -> frozenset:
+    """``fill_from``'s ``skip_slots`` as a frozenset; TypeError naming the argument for
+    what is not a collection of names, a str first (sglang's ``name in "input_ids"``
+    tests substrings)."""
+    if not isinstance(skip_slots, (str, bytes)):
+        try:
+            return frozenset(skip_slots)
+        except TypeError:
+            pass
+    hint = f": pass {{{shorten(skip_slots)}}}" if isinstance(skip_slots, str) else ""
+    raise TypeError(f"skip_slots must be a collection of slot names (a set, frozenset, list or tuple), got the "
+                    f"{type(skip_slots).__name__} {shorten(skip_slots)}{hint}")
+
+
 def composite_spec(base: Optional[RegistrySpec], entries: List[Dict[str, Any]]) -> RegistrySpec:
     """The spec of a base (or none) plus code-built entries, validated once per
     process for each distinct combination."""
-    key = (None if base is None else (base.identity, base.source),
+    key = (None if base is None else (base.identity, base.path),
            tuple(json.dumps(e, sort_keys=True) for e in entries))
     spec = _SPECS.get(key)
     if spec is None:
@@ -213,8 +239,11 @@ def composite_spec(base: Optional[RegistrySpec], entries: List[Dict[str, Any]]) 
         else:
             data = base.to_dict() if base is not None else {"name": "sglang", "absent_fields": ABSENT_FIELDS,
                                                             "slots": []}
-            data["slots"] = list(data["slots"]) + list(entries)
-            spec = spec_from_dict(data, source=base.source if base is not None else CODE_LABEL)
+            # A base slot an entry names is one the factory left disabled (register_slot
+            # refuses a registered name): as in sglang, which never registered it, the name is the entry's.
+            names = {e["name"] for e in entries}
+            data["slots"] = [s for s in data["slots"] if s["name"] not in names] + list(entries)
+            spec = spec_from_dict(data, label=base.path if base is not None else CODE_LABEL)
         if len(_SPECS) >= _SPEC_CACHE_LIMIT:
             _SPECS.clear()
         _SPECS[key] = spec

@@ -6,6 +6,11 @@
 * :class:`HFDecodeAdapter`: the :class:`~graphslot.runners.decode.DecodeGraphRunner`
   adapter for a causal LM of a tested family (:data:`TESTED_FAMILIES`: Llama, Mistral,
   Qwen2, Qwen3) whose attention goes through the cache;
+* :class:`HFPrefillAdapter`: the :class:`~graphslot.runners.prefill.PrefillGraphRunner`
+  adapter for a Llama-like causal LM (:data:`.attention.ROUTED_FAMILIES`): the decoder
+  layers as the captured stack, prefill K and V written into the same
+  :class:`PagedCache`; with such a model both runners take ``capture="full"``,
+  ``"breakable"`` or ``"piecewise"`` (:mod:`.attention`);
 * :class:`ContinuousBatcher`: requests join and leave; prefill runs eagerly through
   transformers into the pool, decode through the graphs; per-request sampling
   (:mod:`.sampling`), stopping as generate, logprobs and streaming (:class:`TokenEvent`);
@@ -38,13 +43,14 @@ from .adapter import DecodeStep, HFDecodeAdapter, check_model  # noqa: E402
 from .cache import PagedCache, PagedCacheLayer, kv_geometry  # noqa: E402
 from .engine import ContinuousBatcher, Request, StepOutput, TokenEvent  # noqa: E402
 from .families import REFUSED  # noqa: E402
+from .prefill import HFPrefillAdapter, PrefillStep, prefill_step  # noqa: E402
 from .geometry import LayerGeometry, attention_layers, bytes_per_slot  # noqa: E402
 from .models import FAMILIES, TESTED_FAMILIES, PerRequestHF, Recipe, tiny_config, tiny_model  # noqa: E402
 from .sampling import SamplingParams, greedy  # noqa: E402
 
 __all__ = [
-    "MIN_TRANSFORMERS", "TESTED_FAMILIES", "DecodeStep", "HFDecodeAdapter", "check_model", "LayerGeometry",
-    "PagedCache", "PagedCacheLayer", "attention_layers", "bytes_per_slot", "kv_geometry", "ContinuousBatcher", "Request",
-    "StepOutput", "TokenEvent", "greedy", "SamplingParams", "REFUSED", "FAMILIES", "PerRequestHF", "Recipe",
-    "tiny_config", "tiny_model",
+    "MIN_TRANSFORMERS", "TESTED_FAMILIES", "DecodeStep", "HFDecodeAdapter", "HFPrefillAdapter", "PrefillStep",
+    "prefill_step", "check_model", "LayerGeometry", "PagedCache", "PagedCacheLayer", "attention_layers",
+    "bytes_per_slot", "kv_geometry", "ContinuousBatcher", "Request", "StepOutput", "TokenEvent", "greedy",
+    "SamplingParams", "REFUSED", "FAMILIES", "PerRequestHF", "Recipe", "tiny_config", "tiny_model",
 ]

@@ -34,6 +34,7 @@ from typing import Any, Iterable, Mapping, Optional
 import torch
 
 from ...runners.adapter import DecodeAdapter
+from .attention import ROUTED_FAMILIES, SPLIT_OPS, inner_implementation, route_attention
 from .cache import PagedCache, with_cache
 from .families import capture_shims, family_problem
 from .models import TESTED_FAMILIES
@@ -72,26 +73,36 @@ def check_model(model: Any, allow_untested: bool = False, max_context_len: Optio
                          f"({', '.join(TESTED_FAMILIES)}); pass allow_untested=True if its attention calls "
                          "past_key_values.update and uses a 4-D attention_mask as given, and compare its "
                          "output with plain transformers decode")
-    impl = getattr(config, "_attn_implementation", None)
+    impl = inner_implementation(config)
     if impl not in ATTENTION_IMPLEMENTATIONS:
-        raise ValueError(f"{type(model).__name__} uses attn_implementation {impl!r}; the paged cache's 4-D mask "
-                         f"needs one of {', '.join(ATTENTION_IMPLEMENTATIONS)} (load the model with "
-                         "attn_implementation='sdpa')")
+        raise ValueError(f"{type(model).__name__} uses attn_implementation {config._attn_implementation!r}; the "
+                         f"paged cache's 4-D mask needs one of {', '.join(ATTENTION_IMPLEMENTATIONS)} (load the "
+                         "model with attn_implementation='sdpa')")
     if model.training:
         raise ValueError(f"{type(model).__name__} is in training mode (dropout would differ per replay); call "
                          "model.eval() first")
 
 
 class HFDecodeAdapter(DecodeAdapter):
-    """:class:`DecodeGraphRunner` adapter for a transformers causal LM over a :class:`PagedCache`."""
+    """:class:`DecodeGraphRunner` adapter for a transformers causal LM over a :class:`PagedCache`.
+
+    A model of :data:`.attention.ROUTED_FAMILIES` has its attention routed
+    (:mod:`.attention`), so breakable and piecewise captures cut there."""
+
+    split_ops = (SPLIT_OPS[0],)
 
     def __init__(self, model: Any, cache: PagedCache, *, allow_untested: bool = False):
         check_model(model, allow_untested, cache.max_context_len)
         self.model, self.cache = model, cache
         self.device = cache.device
         self._bucket: Optional[int] = None  # the context bucket of the next capture; None: max_context_len
+        if getattr(model.config, "model_type", None) in ROUTED_FAMILIES:
+            route_attention(model)
         if not cache.geometry_probed:
             cache.probe(model)
+        #: The forward's cache argument, read once (torch.compile would trace the signature probe).
+        self._cache_arg = with_cache(model, cache)
+        cache.pool  # allocated now: a graph (or a torch.compile trace) reads the pool, never makes it
 
     def run(self, step: Any) -> torch.Tensor:
         """Logits ``[num_tokens, vocab]`` of a step (a view or a live batch)."""
@@ -99,7 +110,7 @@ class HFDecodeAdapter(DecodeAdapter):
         ids, pos = step.input_ids.view(bs, -1), step.positions.view(bs, -1)
         self.cache.bind(step.out_cache_loc, step.req_pool_indices)
         with torch.no_grad():
-            out = self.model(input_ids=ids, position_ids=pos, **with_cache(self.model, self.cache), use_cache=True,
+            out = self.model(input_ids=ids, position_ids=pos, **self._cache_arg, use_cache=True,
                              attention_mask=self.cache.attention_mask(pos, self.model.dtype))
         return out.logits.flatten(0, 1)
 

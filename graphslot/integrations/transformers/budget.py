@@ -21,15 +21,26 @@ so a multi-query, MLA or per-layer-shaped model is sized by what it really cache
   (the request table), not time.
 * :func:`device_memory`: a device's total or free memory; the total is
   :class:`~.cache.PagedCache`'s default cap on a pool of any size.
+* :func:`check_decode_graphs`: the decode graphs ``max_bs`` asks for against the free
+  memory the KV budget leaves, before anything is allocated. A graph of ``bs`` rows at a
+  context of ``L`` positions keeps about ``bs x (per_row + (L - 1) x per_position)``
+  bytes: ``per_row`` what one token's forward makes (:class:`Allocations`, counted in
+  the probe), ``per_position`` its gathered K and V (the pool's bytes per slot). The
+  CPU tape keeps every graph's tensors, so they add up; CUDA graphs share one pool, of
+  at least the largest graph's rows at one position.
 """
 
 from __future__ import annotations
 
 import os
-from typing import NamedTuple, Optional, Tuple
+from typing import Any, NamedTuple, Optional, Sequence, Tuple
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
+from ...runners.decode import DecodeRunnerConfig
+from ...runners.dispatch import capture_sizes, context_ladder
 from ...spec.budget import BufferBudgetError, byte_cap, format_bytes
 
 #: Caps a KV pool's bytes (PagedCache) and the default budget (ContinuousBatcher).
@@ -127,3 +138,73 @@ def pool_size(per_slot: int, device: torch.device, *, max_requests: int, max_con
             f"was allocated. Raise the budget (kv_cache_bytes=N, or {MAX_KV_BYTES_ENV}=N) or lower max_context_len "
             f"or max_bs")
     return PoolSize(int(slots), int(context), budget, origin)
+
+
+class Allocations(TorchDispatchMode):
+    """Counts the bytes of the new storages the ops run under it make (``bytes``); a view
+    or an in-place result shares an input's storage and is not counted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bytes = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        seen = {_storage(t)[0] for t in tree_leaves((args, kwargs))}
+        for t in tree_leaves(out):
+            ptr, nbytes = _storage(t)
+            if ptr not in seen:
+                seen.add(ptr)
+                self.bytes += nbytes
+        return out
+
+
+def _storage(value: Any) -> Tuple[Optional[int], int]:
+    """``(data_ptr, nbytes)`` of a tensor's storage; ``(None, 0)`` for anything else, and
+    for a tensor subclass without one (a quantized weight's wrapper)."""
+    if not isinstance(value, torch.Tensor):
+        return None, 0
+    try:
+        storage = value.untyped_storage()
+        return storage.data_ptr(), storage.nbytes()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None, 0
+
+
+def check_graph_memory(device: torch.device, kv: PoolSize, *, max_bs: int, sizes: Sequence[int],
+                       contexts: Sequence[int], per_row: int, per_position: int, kept: bool) -> None:
+    """Refuse (BufferBudgetError naming ``max_bs``) decode graphs of ``sizes`` rows at
+    ``contexts`` positions that cannot fit the device's free memory beside the KV budget
+    ``kv`` (see the module docstring; ``kept``: each graph keeps its own tensors). Where
+    the free memory is unknown nothing is checked."""
+    free = free_memory(device)
+    if free is None:
+        return
+    if kept:
+        need = sum(bs * (per_row + (length - 1) * per_position) for bs in sizes for length in contexts)
+        how = "each graph keeping its own (the cpu tape)"
+    else:
+        need = max(sizes) * per_row
+        how = "sharing one pool (at least the largest graph's rows at one position)"
+    room = free - kv.budget
+    if need <= room:
+        return
+    raise BufferBudgetError(
+        f"ContinuousBatcher: max_bs={max_bs} needs about {format_bytes(need)} for the decode graphs: "
+        f"{len(sizes) * len(contexts)} graphs of up to {max(sizes)} rows and contexts up to {max(contexts)} "
+        f"positions, at {per_row} bytes per row (the tensors one token's forward makes) and {per_position} bytes per "
+        f"row and position (its K and V), {how}; the free memory is {format_bytes(free)} on {device}, "
+        f"{format_bytes(max(room, 0))} of it left after the KV budget of {format_bytes(kv.budget)} ({kv.origin}). "
+        f"Nothing was allocated. Lower max_bs (or max_requests, or the captured sizes: capture_bs, context_buckets)")
+
+
+def check_decode_graphs(device: torch.device, kv: PoolSize, config: DecodeRunnerConfig, max_requests: int,
+                        per_row: int, per_position: int) -> None:
+    """:func:`check_graph_memory` for the graphs a runner of ``config`` captures over a
+    request pool of ``max_requests`` rows and ``kv.max_context_len`` positions."""
+    context = kv.max_context_len
+    check_graph_memory(
+        device, kv, max_bs=config.max_bs, per_row=per_row, per_position=per_position,
+        sizes=capture_sizes(config.max_bs, config.capture_bs, config.capture_bs_multiple, max_requests),
+        contexts=context_ladder(config.context_buckets, context) or [context],
+        kept=config.backend == "cpu" or (config.backend == "auto" and device.type != "cuda"))

@@ -9,29 +9,41 @@ from .requests import Request, TokenEvent
 
 
 class Driving:
-    """:meth:`stream` and :meth:`generate`, for a class with ``add_request``, ``abort`` and ``step``."""
+    """:meth:`stream` and :meth:`generate`, for a class with ``add_request``, ``abort`` and
+    ``step``, and ``_lock``: the lock its steps commit under."""
 
     def stream(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, **params: Any) -> Iterator[TokenEvent]:
         """Queue ``prompts`` (each with :meth:`add_request`'s keywords ``params``, checked now:
-        when one is refused, those queued before it are aborted) and return an iterator that steps the
-        engine and yields their :class:`TokenEvent` s as they come, until all of them
-        finished. Other requests in the engine advance too. Closing the iterator early
-        aborts the unfinished ones."""
+        when one is refused, those queued before it are aborted) and return an iterator of
+        their :class:`TokenEvent` s, each request's in order, until all of them finished.
+        It hands out every token of its requests, whoever stepped the engine (this
+        iterator, another one, or ``step()``); when it has none to hand out it steps the
+        engine itself (other requests advance too). Closing the iterator (``close()``,
+        or dropping it), even before its first token, aborts the unfinished ones."""
         reqs = self._add_all(prompts, max_new_tokens, params)
 
-        def events() -> Iterator[TokenEvent]:
-            mine = {req.rid for req in reqs}
+        def events() -> Iterator[Any]:
+            sent = [0] * len(reqs)  # tokens handed out, per request
             try:
-                while not all(req.finished for req in reqs):
-                    for event in self.step().events:
-                        if event.rid in mine:
-                            yield event
+                yield None  # the priming step below: close() now runs the finally
+                while True:
+                    with self._lock:  # a step commits under it: the outputs are whole
+                        new = [req.event(i) for req, n in zip(reqs, sent) for i in range(n, len(req.output))]
+                        sent = [len(req.output) for req in reqs]
+                        done = all(req.finished for req in reqs)
+                    yield from new
+                    if done:
+                        return
+                    if not new:
+                        self.step()
             finally:
                 for req in reqs:
                     if not req.finished:
                         self.abort(req.rid)
 
-        return events()
+        stream = events()
+        next(stream)  # started, so that closing it before its first token aborts too
+        return stream
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, **params: Any) -> List[Request]:
         """Like :meth:`stream`, run to the end: the finished requests, in the order of ``prompts``."""

@@ -44,10 +44,11 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple, 
 
 import torch
 
+from ...graphs.cuda import CudaGraphBackend
 from ...runners.decode import DecodeGraphRunner, DecodeRunnerConfig
 from .adapter import HFDecodeAdapter, check_model
 from .batches import Packed, decode_step, packed_fits, packed_logits, prefill_logits, split_prompt_logprobs
-from .budget import pool_size
+from .budget import Allocations, check_decode_graphs, pool_size
 from .cache import PagedCache, forward_takes, kv_geometry
 from .checks import count, flag, stop_ids, token_ids
 from .driving import Driving
@@ -65,7 +66,8 @@ class ContinuousBatcher(Driving):
     """Decode a stream of requests with a transformers causal LM through graphs.
 
     * ``max_bs`` caps the running batch and the captured sizes; ``max_requests``
-      (default ``max_bs``) sizes the request pool.
+      (default ``max_bs``) sizes the request pool; their graphs must fit the free memory
+      beside the KV budget, checked first (:func:`.budget.check_decode_graphs`).
     * The KV pool takes ``kv_cache_bytes`` (pool and request table; default: a share of
       the device's free memory, at most ``GRAPHSLOT_MAX_KV_BYTES``; :mod:`.budget`).
       ``max_context_len`` (prompt plus new tokens of one request) defaults to
@@ -90,7 +92,8 @@ class ContinuousBatcher(Driving):
     * Runner options (``backend``, ``mode``, ``capture_bs``, ``progress``, ...) go to
       :class:`DecodeRunnerConfig`; ``context_buckets`` is ``"auto"`` here: a step replays
       the graph of its longest context's bucket, so a long ``max_context_len`` costs memory
-      (the request table), not time.
+      (the request table), not time. On a GPU the backend asks for a fresh cuBLAS workspace
+      (``fresh_cublas_workspace=True``): torch.compile's CUDAGraph Trees may share the process.
 
     Thread safety: :meth:`add_request` and :meth:`abort` hold ``self._lock`` while they
     change the queue, so other threads (and ``sample``) may call them while a step runs;
@@ -120,12 +123,20 @@ class ContinuousBatcher(Driving):
                      else check_seed(seed, where))
         device = torch.device(model.device)
         check_model(model, allow_untested)  # before the probe runs the model
+        runner_options = {"progress": False, "context_buckets": "auto", **runner_options}
+        if device.type == "cuda" and runner_options.get("backend", "auto") in ("auto", "cuda"):
+            runner_options["backend"] = CudaGraphBackend(device, pool=runner_options.pop("graph_pool", None),
+                                                         fresh_cublas_workspace=True)  # see above
+        runner_config = DecodeRunnerConfig(max_bs=max_bs, **runner_options)
         #: What each layer caches per token (one eager forward of one token): the pool's slots and their bytes.
-        self.geometry = kv_geometry(model)
+        with Allocations() as made:
+            self.geometry = kv_geometry(model)
+        per_slot = bytes_per_slot(self.geometry, model.dtype)
         #: The pool's size and the budget it came from.
-        self.kv_budget = pool_size(bytes_per_slot(self.geometry, model.dtype), device, max_requests=max_requests,
-                                   max_context_len=max_context_len, kv_cache_bytes=kv_cache_bytes,
+        self.kv_budget = pool_size(per_slot, device, max_requests=max_requests, max_context_len=max_context_len,
+                                   kv_cache_bytes=kv_cache_bytes,
                                    positions=getattr(text_config(config), "max_position_embeddings", None))
+        check_decode_graphs(device, self.kv_budget, runner_config, max_requests, made.bytes, per_slot)
         self.model, self.sample, self.max_bs = model, sample, max_bs
         self.sampler = Sampler()
         self.cache = PagedCache(config, max_requests=max_requests, max_context_len=self.kv_budget.max_context_len,
@@ -139,9 +150,7 @@ class ContinuousBatcher(Driving):
         mix_prefill = flag(mix_prefill, "mix_prefill", where, allow_none=True)
         self.mix_prefill = ((device.type == "cpu" if mix_prefill is None else mix_prefill)
                             and self.last_logits_only and packs(self.cache.config))
-        runner_options.setdefault("progress", False)
-        runner_options.setdefault("context_buckets", "auto")
-        self.runner = DecodeGraphRunner(self.adapter, DecodeRunnerConfig(max_bs=max_bs, **runner_options))
+        self.runner = DecodeGraphRunner(self.adapter, runner_config)
         self.waiting: Deque[Request] = deque()
         self.running: List[Request] = []
         self.requests: Dict[int, Request] = {}
@@ -159,9 +168,10 @@ class ContinuousBatcher(Driving):
         """Queue a request; it is prefilled at the next step with room for it.
 
         * Sampling: ``do_sample`` (None: sample when ``temperature``, ``top_k``, ``top_p``
-          or ``seed`` is given, else the model's default), ``temperature`` (0: greedy),
-          ``top_k`` (0: off), ``top_p`` (1: off), ``seed`` (default: from the engine's
-          seed and the request id). Unset ones take the engine's defaults.
+          or ``seed`` is given, else the model's default), ``temperature`` (0: greedy;
+          else at least ``sampling.MIN_TEMPERATURE``, about 1.18e-38), ``top_k`` (0:
+          off), ``top_p`` (1: off), ``seed`` (default: from the engine's seed and the
+          request id). Unset ones take the engine's defaults.
         * Stopping: ``max_new_tokens``; ``eos_token_id`` (an id or ids; None: the engine's;
           ``()``: none) and ``stop_token_ids`` end the request, the token kept in its
           output; ``min_new_tokens`` (default: the model's, else 0) masks them until the

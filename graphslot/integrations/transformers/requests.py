@@ -77,6 +77,13 @@ class Request:
         """Tokens in the KV cache; the last output token is not yet among them."""
         return len(self.slots)
 
+    def event(self, index: int) -> TokenEvent:
+        """The :class:`TokenEvent` of output token ``index`` (as its step handed it out)."""
+        last = index == len(self.output) - 1 and self.finish_reason in (FINISH_STOP, FINISH_LENGTH)
+        return TokenEvent(self.rid, self.output[index], index, None if self.logprobs is None else self.logprobs[index],
+                          None if self.top_logprobs is None else self.top_logprobs[index],
+                          self.finish_reason if last else None)
+
     @property
     def need(self) -> int:
         """KV slots the request holds at most: the prompt and every new token but the last."""

@@ -12,7 +12,10 @@ What a row gets, in generate's order (``_get_logits_processor`` of transformers 
    ``MinNewTokensLengthLogitsProcessor``, for greedy and sampled rows alike;
 2. a greedy row (``do_sample`` False, or ``temperature`` 0) takes the argmax: exactly
    ``torch.argmax`` of those scores, the first of equal maxima, as generate;
-3. a sampled row: the scores divided by ``temperature``; top-k keeps every score >= the
+3. a sampled row: the scores divided by ``temperature`` (at least :data:`MIN_TEMPERATURE`,
+   float32's smallest normal number, else refused; generate's float32 scores overflow
+   there too; each row is first shifted so that its largest score is 0, so even that
+   temperature overflows no score to +inf: it draws the argmax); top-k keeps every score >= the
    k-th largest (ties kept, as ``TopKLogitsWarper``; ``top_k`` 0: off); top-p sorts the
    row ascending, removes the tokens whose cumulative probability is <= ``1 - top_p``
    and always keeps the most likely (``TopPLogitsWarper``; ``top_p`` 1: off); then one
@@ -55,6 +58,9 @@ GENERATE_DEFAULTS: Dict[str, Any] = {"do_sample": False, "temperature": 1.0, "to
 #: Seeds are taken modulo 2**64.
 SEED_BITS = 64
 _MASK64 = (1 << 64) - 1
+#: The smallest temperature above 0 (float32's smallest normal number, 2**-126): a request
+#: is refused below it, where the logits divided by the temperature overflow float32.
+MIN_TEMPERATURE = torch.finfo(torch.float32).tiny
 
 
 @dataclass(frozen=True)
@@ -82,7 +88,7 @@ def generation_defaults(model: Any) -> Dict[str, Any]:
             out[name] = value
     where = "model.generation_config"
     return {"do_sample": flag(out["do_sample"], "do_sample", where),
-            "temperature": number(out["temperature"], "temperature", where, 0.0, float("inf")),
+            "temperature": _temperature(out["temperature"], where),
             "top_k": _top_k(out["top_k"], where), "top_p": _top_p(out["top_p"], where)}
 
 
@@ -100,6 +106,14 @@ def model_eos(model: Any, vocab_size: int) -> Tuple[int, ...]:
     if isinstance(ids, (list, tuple)):
         ids = [v for v in ids if as_int(v) is None or 0 <= as_int(v) < vocab_size]  # what is no int stays, refused
     return stop_ids(ids, vocab_size, "the model's eos_token_id (generation_config, else config)")
+
+
+def _temperature(value: Any, where: str) -> float:
+    t = number(value, "temperature", where, 0.0, float("inf"), rule="0: greedy")
+    if 0.0 < t < MIN_TEMPERATURE:
+        raise ValueError(f"{where}: temperature must be 0 (greedy) or at least {MIN_TEMPERATURE!r} (MIN_TEMPERATURE: "
+                         f"float32's smallest normal number; below it the logits divided by it overflow), got {value!r}")
+    return t
 
 
 def _top_k(value: Any, where: str) -> int:
@@ -123,8 +137,7 @@ def sampling_params(where: str, defaults: Dict[str, Any], seed: int, *, seeded: 
     given = seeded or any(v is not None for v in (temperature, top_k, top_p))
     return SamplingParams(
         do_sample=(given or defaults["do_sample"]) if do_sample is None else do_sample,
-        temperature=(defaults["temperature"] if temperature is None
-                     else number(temperature, "temperature", where, 0.0, float("inf"), rule="0: greedy")),
+        temperature=defaults["temperature"] if temperature is None else _temperature(temperature, where),
         top_k=defaults["top_k"] if top_k is None else _top_k(top_k, where),
         top_p=defaults["top_p"] if top_p is None else _top_p(top_p, where),
         seed=seed)
@@ -228,7 +241,12 @@ class Sampler:
         """One token per row of ``scores`` (every row samples)."""
         dev, vocab = scores.device, scores.shape[-1]
         params = [row.params for row in rows]
-        scores = scores / torch.tensor([p.temperature for p in params], device=dev).unsqueeze(1)
+        # Shifted so that each row's largest score is 0: divided by a tiny temperature the
+        # others overflow to -inf (probability 0), never the largest to +inf. The draw,
+        # top-k and top-p are unchanged by a shift.
+        top = scores.amax(-1, keepdim=True)
+        scores = (scores - top.masked_fill(~top.isfinite(), 0.0)) / torch.tensor(
+            [p.temperature for p in params], device=dev).unsqueeze(1)
         ks = [min(p.top_k, vocab) for p in params]
         if any(ks):
             kmax = max(ks)

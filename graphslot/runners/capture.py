@@ -1,0 +1,92 @@
+"""Capture modes: how a phase runner's callable becomes a :class:`~graphslot.graphs.backend.Graph`.
+
+A phase runner (:mod:`.decode`, :mod:`.prefill`) knows what a step's inputs are and
+owns dispatch, fill, metadata, replay and the eager fallback; a capture mode has one
+job, turning the callable that runs one graph key into a graph, on any backend:
+
+========== ===================================================== ==========================
+capture    a graph is                                            the engine's context
+========== ===================================================== ==========================
+full       one backend graph                                     around the capture
+breakable  backend graph segments cut at ``@eager_on_graph``     around each segment
+           calls (:mod:`.breakable`)
+piecewise  ``torch.compile`` split at the adapter's split ops,   around each piece
+           each piece a backend graph (:mod:`.piecewise`)
+========== ===================================================== ==========================
+
+``compile(fn)`` is what the runner calls inside its graph body instead of ``fn`` (the
+decode forward, the prefill layer stack): ``fn`` itself, or (piecewise) ``fn`` compiled
+to split at the split ops. ``capture(backend, run, warmup=, context=)`` captures one
+run of ``run``; ``context`` is the engine's factory of context managers (or None).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, ContextManager, Optional, Sequence, Tuple
+
+from ..graphs.backend import Graph, GraphBackend
+from ..graphs.util import entered
+from .breakable import capture_breakable
+from .piecewise import capture_piecewise, compile_piecewise
+
+#: The capture modes, by name.
+CAPTURE_MODES = ("full", "breakable", "piecewise")
+
+ContextFactory = Optional[Callable[[], ContextManager[Any]]]
+
+
+class FullCapture:
+    """``full``: one graph per key; attention runs inside it, on metadata the hooks write
+    into static buffers."""
+
+    name = "full"
+
+    def compile(self, fn: Callable) -> Callable:
+        return fn
+
+    def capture(self, backend: GraphBackend, run: Callable[[], Any], *, warmup: int,
+                context: ContextFactory = None) -> Graph:
+        with entered(context):
+            return backend.capture(run, warmup=warmup)
+
+
+class BreakableCapture(FullCapture):
+    """``breakable``: segments between :func:`~graphslot.runners.breakable.eager_on_graph`
+    calls, which run eagerly at every replay."""
+
+    name = "breakable"
+
+    def capture(self, backend: GraphBackend, run: Callable[[], Any], *, warmup: int,
+                context: ContextFactory = None) -> Graph:
+        return capture_breakable(backend, run, warmup=warmup, context=context)
+
+
+class PiecewiseCapture:
+    """``piecewise``: the runner's callable compiled and split at ``split_ops`` (custom op
+    names, ``"ns::name"``), which run eagerly between the captured pieces."""
+
+    name = "piecewise"
+
+    def __init__(self, split_ops: Sequence[str]) -> None:
+        if not split_ops:
+            raise ValueError("capture='piecewise' needs split ops: pass split_ops=(\"ns::op\", ...) (the custom ops "
+                             "the compiled function is split at, e.g. attention), or set the adapter's split_ops")
+        self.split_ops: Tuple[str, ...] = tuple(split_ops)
+
+    def compile(self, fn: Callable) -> Callable:
+        return compile_piecewise(fn, self.split_ops)
+
+    def capture(self, backend: GraphBackend, run: Callable[[], Any], *, warmup: int,
+                context: ContextFactory = None) -> Graph:
+        return capture_piecewise(backend, run, self.split_ops, warmup=warmup, context=context)
+
+
+def capture_mode(name: str, split_ops: Optional[Sequence[str]] = None) -> Any:
+    """The capture mode called ``name``; ``split_ops`` is piecewise's (ignored otherwise)."""
+    if name == "full":
+        return FullCapture()
+    if name == "breakable":
+        return BreakableCapture()
+    if name == "piecewise":
+        return PiecewiseCapture(split_ops or ())
+    raise ValueError(f"unknown capture mode {name!r}; choose one of: {', '.join(CAPTURE_MODES)}")

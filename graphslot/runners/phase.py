@@ -1,0 +1,150 @@
+"""What every phase runner shares: graphs by key, made by a capture mode, and their lifecycle.
+
+A phase runner (:class:`~graphslot.runners.decode.DecodeGraphRunner`,
+:class:`~graphslot.runners.prefill.PrefillGraphRunner`) keys its graphs by a pair: decode
+``(bs, context bucket or None)``, prefill ``(tokens, request slots or None)``;
+``runner.graphs`` holds each under its first element alone when the second is None,
+else under the pair. It says how one key is staged and run (``_capture_one``); this
+class owns the graph backend (and its pool), the capture mode (:mod:`.capture`), the
+engine's capture context, the capture loop, lazy capture and the lifecycle:
+
+* :meth:`PhaseRunner.release`: every graph dropped, the backend's own pool memory given
+  back; steps then run eager (or, ``lazy``, capture on demand);
+* :meth:`PhaseRunner.recapture`: the same keys captured again (new weights, LoRA, KV).
+
+Both keep every static input buffer where it is and first reset the index-semantic
+ones (``index: true`` slots, which the spec pads with ``zero``): what they held may
+index a KV pool, request pool or rope table that has changed since.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from ..graphs.backend import Graph, GraphBackend, get_graph_backend
+from ..graphs.util import no_collection
+from ..log import progress_bar
+from .capture import capture_mode
+from .config import GraphRunnerConfig
+from .report import CaptureTimer, describe_keys
+
+Key = Tuple[int, Optional[int]]
+
+#: The eager reason of a step after :meth:`PhaseRunner.release` (not lazy).
+RELEASED = "graphs released"
+
+
+class PhaseRunner:
+    """Base of the phase runners; subclasses set :attr:`phase`, :attr:`key_words` and
+    ``_capture_one``, and call :meth:`_init_graphs` in their constructor."""
+
+    #: "decode" or "prefill": logs and progress bars.
+    phase = "?"
+    #: How a key's two parts read in the capture log.
+    key_words = ("batch size", "context buckets")
+    config: GraphRunnerConfig
+    registry: Any
+
+    def _init_graphs(self, config: GraphRunnerConfig, adapter_split_ops: Optional[Sequence[str]]) -> None:
+        if config.warmup_sizes not in ("all", "largest"):
+            raise ValueError(f"warmup_sizes must be 'all' or 'largest', got {config.warmup_sizes!r}")
+        #: The graph backend; its ``pool`` is :attr:`graph_pool`.
+        self.backend: GraphBackend = get_graph_backend(config.backend, self.device, pool=config.graph_pool)
+        #: How a graph is made (:mod:`graphslot.runners.capture`).
+        self.capture_mode = capture_mode(config.capture, config.split_ops or adapter_split_ops)
+        #: Captured graphs by key (lazy: those captured so far).
+        self.graphs: Dict[Any, Graph] = {}
+        #: True after :meth:`release` (not lazy): steps run eager until :meth:`recapture`.
+        self.released = False
+        self._released_keys: List[Key] = []
+        #: Seconds spent capturing (lazy: so far).
+        self.capture_seconds = 0.0
+
+    @property
+    def graph_pool(self) -> Any:
+        """The memory pool every graph of this runner is captured into."""
+        return self.backend.pool
+
+    @staticmethod
+    def _key(a: int, b: Optional[int]) -> Any:
+        return a if b is None else (a, b)
+
+    @staticmethod
+    def _pair(key: Any) -> Key:
+        return key if isinstance(key, tuple) else (key, None)
+
+    # -- capture ---------------------------------------------------------------------
+    def _capture_one(self, a: int, b: Optional[int]) -> Graph:
+        raise NotImplementedError
+
+    def _check_key(self, a: int, b: Optional[int]) -> None:
+        """A KeyError for a key this runner does not capture."""
+
+    def _capture(self, backend: GraphBackend, run: Any, warmup: int) -> Graph:
+        """``run`` captured by the capture mode on ``backend`` (the engine's capture
+        context entered on the runner's own backend only)."""
+        context = self.config.capture_context if backend is self.backend else None
+        return self.capture_mode.capture(backend, run, warmup=warmup, context=context)
+
+    def _warmup(self) -> int:
+        return self.config.warmup if not self.graphs or self.config.warmup_sizes == "all" else 0
+
+    @property
+    def what(self) -> str:
+        """The runner in logs: ``"decode"``, ``"breakable prefill"`` ... (the capture mode
+        named unless ``full``)."""
+        return self.phase if self.capture_mode.name == "full" else f"{self.capture_mode.name} {self.phase}"
+
+    def _timer(self, keys: Sequence[Key]) -> CaptureTimer:
+        return CaptureTimer(self._log, self.what, describe_keys(keys, *self.key_words), self.backend.name, self.device,
+                            self.registry.nbytes)
+
+    def _capture_keys(self, keys: Sequence[Key]) -> float:
+        """Capture ``keys`` in order (largest first); seconds taken."""
+        bar = progress_bar(keys, show=self.config.progress, desc=f"Capturing {self.phase} graphs", unit="graph",
+                           leave=False)
+        with self._timer(keys) as timer, no_collection():  # one full collection for all keys, not one per graph
+            for a, b in bar:
+                self.graphs[self._key(a, b)] = self._capture_one(a, b)
+                timer.count += 1
+        self.capture_seconds += timer.seconds
+        return timer.seconds
+
+    def graph(self, a: int, b: Optional[int] = None) -> Graph:
+        """The graph of key ``(a, b)`` (decode: batch size ``bs`` and context bucket or
+        None), captured now if not yet (lazy, or released); a KeyError for a key the
+        runner does not capture."""
+        graph = self.graphs.get(self._key(a, b))
+        if graph is None:
+            self._check_key(a, b)
+            self._capture_keys([(a, b)])
+            graph = self.graphs[self._key(a, b)]
+        return graph
+
+    # -- lifecycle -------------------------------------------------------------------
+    def reset_index_buffers(self) -> None:
+        """Zero every index-semantic slot buffer in place (``index: true``: padded with
+        ``zero``, so a zero is what a padded row holds): nothing stale indexes a pool."""
+        for slot in self.registry.active:
+            if slot.resolved.index:
+                slot.buffer.zero_()
+
+    def release(self) -> None:
+        """Drop every graph and give the backend's own pool memory back (a pool the engine
+        gave is the engine's to empty). Steps then run eager, or, ``lazy``, capture again
+        on demand. The static input buffers stay where they are."""
+        if self.graphs:
+            self._released_keys = [self._pair(k) for k in self.graphs]
+        self.reset_index_buffers()
+        self.graphs.clear()
+        self.backend.release()
+        self.released = not self.config.lazy
+
+    def recapture(self) -> None:
+        """Capture the keys captured so far (or before :meth:`release`) again, after the
+        weights, a LoRA or the KV cache changed; the static input buffers stay where they
+        are. Nothing captured yet (lazy): nothing to do."""
+        keys = [self._pair(k) for k in self.graphs] or self._released_keys
+        self.release()
+        self._capture_keys(keys)
+        self.released = False
