@@ -144,6 +144,8 @@ def bind_lines(em: "Emitter", copies: Copies, shapes: Shapes, others: List[str])
     lines += [" " * BODY + f"padval_{n.ident} = {em.pad_src(n.slot)}" for n in copies.separate_resets
               if n.slot.padding == "fill_sentinel"]
     lines += [" " * BODY + f"dt_{d} = {dtype_src(d)}" for d in copies.dev.dtypes_named()]
+    if copies.dev.dtypes_named():  # one copy kernel for every dtype: worth the views where kernels launch
+        lines += [" " * BODY + 'dt_carrier = device.type == "cuda"']
     for name, extents in shapes.in_bind:
         lines += assign(name, _size(extents), BODY)
     view_names = ["batch_size"] + [n.slot.name for n in em.names if not n.slot.structured]

@@ -107,9 +107,10 @@ class DeviceGroup:
     one dtype; when the slots have several dtypes, every tensor is reinterpreted as the
     integer dtype of the smallest itemsize among them (the *carrier*): destination and
     pad views are made once per step size, a source's view per step, and only after its
-    dtype was found to be the slot's and its layout contiguous with a unit last stride
-    — otherwise the step takes the typed lists, where ``copy_`` casts as the contract
-    says (more kernels, same bytes)."""
+    dtype was found to be the slot's and its layout contiguous with a unit last stride,
+    and on CUDA only (``dt_carrier``: a CPU's foreach copy is a loop of copies, which the
+    views would only slow down) — otherwise the step takes the typed lists, where
+    ``copy_`` casts as the contract says (more kernels, same bytes)."""
 
     heads: List[SlotNames] = field(default_factory=list)
     optional_heads: List[SlotNames] = field(default_factory=list)
@@ -206,8 +207,9 @@ class DeviceGroup:
         if not operands:
             return self._block("", True, indent)
         pad = " " * indent
-        return (condition("if", Chain("and", tuple(operands)), indent) + self._block("", True, indent + 4)
-                + [f"{pad}else:", f"{pad}    # another dtype or layout: typed copies, cast as copy_ casts"]
+        return (condition("if", Chain("and", ("dt_carrier",) + tuple(operands)), indent)
+                + self._block("", True, indent + 4)
+                + [f"{pad}else:", f"{pad}    # the CPU, another dtype or layout: typed copies, cast as copy_ casts"]
                 + self._block("t", False, indent + 4))
 
 
