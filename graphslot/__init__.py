@@ -54,4 +54,9 @@ def __dir__():
     return sorted(set(globals()) | set(_TORCH_FREE) | set(_TORCH))
 
 
-__all__ = ["__version__", "SpecError", "SpecIssue", "SlotError", *_TORCH_FREE, *_TORCH]
+__all__ = [
+    "__version__", "SpecError", "SpecIssue", "SlotError",
+    "load_spec", "parse_spec", "spec_from_dict", "shipped_spec_names", "RegistrySpec", "SlotSpec", "resolve_params",
+    "Live", "FillContext", "CaptureContext", "BUILTIN_HOOKS",
+    "build_registry", "BufferPool", "SharePool", "Slot", "SlotRegistry", "InterpretedRegistry",
+]

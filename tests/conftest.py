@@ -54,11 +54,14 @@ def spec_error(text: str, source: str = SPEC_FILE) -> List[str]:
 
 
 def build_error(spec: Any, **kwargs: Any) -> List[str]:
-    """The error lines ``gs.build_registry(spec, ...)`` raises (interpreted mode)."""
+    """The error lines building ``spec`` raises (interpreted mode; ``kwargs`` go to
+    :func:`graphslot.api.build`, ``preset=`` included)."""
+    from graphslot.api import build as build_full
+
     kwargs.setdefault("max_bs", 4)
     kwargs.setdefault("max_num_tokens", 8)
     with pytest.raises(gs.SpecError) as info:
-        gs.build_registry(spec, impl="interpreted", **kwargs, device="cpu")
+        build_full(spec, impl="interpreted", **kwargs, device="cpu")
     return str(info.value).splitlines()
 
 

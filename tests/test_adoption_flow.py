@@ -109,7 +109,7 @@ def test_the_scratch_engine_flow(engine, graphslot, tmp_path):
         import graphslot as gs
         import myengine.generated.decode_default as module
 
-        reg = gs.build_registry(module, max_bs=8, max_num_tokens=8)
+        reg = gs.build_registry(module, device="cpu", max_bs=8, max_num_tokens=8)
         ar = torch.arange(3)
         fb = SimpleNamespace(batch_size=3, input_ids=ar + 10, positions=ar + 3, out_cache_loc=ar + 7,
                              req_pool_indices=ar + 1, seq_lens=ar + 4, seq_lens_cpu=ar + 4, mrope_positions=None)

@@ -36,7 +36,7 @@ make_runner = functools.partial(make_prefill_runner, capture="breakable")
 
 @pytest.mark.parametrize("mode", ["generated", "interpreted"])
 def test_prefill_equals_eager_across_buckets_and_padding(mode):
-    rt, _, runner = make_runner(mode=mode)
+    rt, _, runner = make_runner(impl=mode)
     assert runner.buckets == [64, 32, 16] and runner.registry.impl == mode
     used = against_eager(rt, runner, mixed_batches(rt, max_len=10))
     assert {b for _, b in used} == set(BUCKETS)

@@ -55,7 +55,7 @@ def prefill(rt, prompts):
 
 @pytest.mark.parametrize("mode", ["generated", "interpreted"])
 def test_decode_equals_eager_across_batch_sizes_and_padding(mode):
-    rt, _, runner = make_runner(max_bs=8, mode=mode)
+    rt, _, runner = make_runner(max_bs=8, impl=mode)
     assert runner.captured_sizes == [8, 4, 2, 1] and runner.registry.impl == mode
     sizes = decode_against_eager(rt, runner)
     assert len(set(sizes)) >= 5

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import json
 
 import pytest
@@ -135,7 +136,6 @@ def test_cli_demo_cuda_backend_without_a_gpu_is_one_line(monkeypatch, capsys, wo
     (["--batches", "3"], "argument --batches: only for --workload prefill, not --workload decode"),
     (["--workload", "decode", "--runner", "all"], "argument --runner: only for --workload prefill, not --workload "
                                                   "decode"),
-    (["--mode", "decode"], "unrecognized arguments: --mode decode"),
     (["--model", "gpt2"], "argument --model: invalid choice: 'gpt2' (choose from reference, hf-<family>)"),
 ])
 def test_cli_demo_rejects_the_other_workloads_flags(monkeypatch, capsys, argv, message):
@@ -186,10 +186,15 @@ def test_cli_demo_workload_names_what_runs(monkeypatch, capsys, argv):
     assert [c["batches"] for c in calls] == [2]
 
 
+def test_the_removed_mode_flag_is_unknown_not_an_abbreviation_of_model(capsys):
+    assert main(["demo", "--mode", "decode"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == "graphslot: error: unrecognized arguments: --mode decode"
+
+
 def test_cli_demo_help_names_workload_and_no_mode(capsys):
     assert main(["demo", "--help"]) == 0
     out = capsys.readouterr().out
-    assert "--workload {decode,prefill}" in out and "--mode" not in out
+    assert "--workload {decode,prefill}" in out and not re.search(r"--mode\b", out)
 
 
 MAX_BS_WHY = "graphs are captured at sizes up to it, and their memory grows with it"

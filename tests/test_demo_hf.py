@@ -62,7 +62,6 @@ def test_cli_hf_demo_json(capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--model", "hf-qwen3", "--workload", "prefill"], "argument --model: hf-qwen3 runs decode only, not --workload "
                                                        "prefill"),
-    (["--model", "hf-qwen3", "--mode", "prefill"], "argument --model: hf-qwen3 runs decode only, not --workload prefill"),
     (["--model", "hf-llama", "--batches", "3"], "argument --batches: only for --workload prefill, not --workload decode"),
     (["--model", "hf-gpt_neo"], "argument --model: invalid choice: 'hf-gpt_neo' (choose from reference, "
                              + ", ".join(f"hf-{family}" for family in FAMILIES) + ")"),
@@ -95,9 +94,10 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def test_cli_hf_demo_refuses_a_max_bs_over_the_budget_naming_the_flag():
+def test_cli_hf_demo_refuses_a_max_bs_over_its_limit_naming_the_flag():
     """--max-bs 100000 with the KV budget capped at 64 MiB: exit 2, one line naming
-    --max-bs and the budget, no traceback, in a process that may not take 4 GiB."""
+    --max-bs and its limit, no traceback, in a process that may not take 4 GiB (the
+    engine's own memory check, below the limit, is tests/test_hf_budget.py's)."""
     import os
     import subprocess
     import sys
@@ -106,10 +106,6 @@ def test_cli_hf_demo_refuses_a_max_bs_over_the_budget_naming_the_flag():
     done = subprocess.run([sys.executable, "-c", CLI_IN_4_GIB, "demo", "--model", "hf-llama", "--backend", "cpu",
                            "--max-bs", "100000"], env=env, capture_output=True, text=True, timeout=300)
     lines = done.stderr.splitlines()
-    assert done.returncode == 2 and "Traceback" not in done.stderr and len(lines) == 2, done.stderr[-3000:]
-    assert re.fullmatch(r"graphslot demo: error: argument --max-bs: 100000 is more than this machine can hold: "
-                        r"ContinuousBatcher: max_bs=100000 needs about \d+ bytes \(\d+\.\d [GT]iB\) for the decode "
-                        r"graphs: .* the free memory is 2147483648 bytes \(2\.0 GiB\) on cpu, .* after the KV budget "
-                        r"of 67108864 bytes \(64\.0 MiB\) \(GRAPHSLOT_MAX_KV_BYTES\)\. Nothing was allocated\. .*",
-                        lines[1]), lines[1]
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert lines[-1].startswith("graphslot demo: error: argument --max-bs: 100000 is over the limit of 256"), lines
     assert done.stdout == ""

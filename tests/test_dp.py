@@ -18,7 +18,7 @@ import torch
 
 import dp_cases
 from dp_cases import EXTEND, HOOK_STEP, MISCOUNTED_STEP, STEPS, WRONG_SHAPE_STEP
-from graphslot import SlotError, build_registry
+from graphslot import SlotError
 from graphslot.cli import demo_dp, main
 from graphslot.reference import build_reference_model, make_decode_batch
 from graphslot.reference.adapter import ReferenceDecodeAdapter
@@ -462,7 +462,6 @@ def test_cli_dp_demo_matches_one_process(monkeypatch, capfd):
 
 @pytest.mark.parametrize("argv, message", [
     (["--workload", "prefill", "--dp", "2"], "argument --dp: only for --workload decode, not --workload prefill"),
-    (["--mode", "prefill", "--dp", "2"], "argument --dp: only for --workload decode, not --workload prefill"),
     (["--dp", "2", "--batches", "3"], "argument --batches: only for --workload prefill, not --workload decode"),
     (["--dp", "2", "--runner", "all"], "argument --runner: only for --workload prefill, not --workload decode"),
     (["--dp", "0"], "argument --dp: "),

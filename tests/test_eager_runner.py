@@ -21,7 +21,7 @@ class Spy(ReferenceDecodeAdapter):
 @pytest.mark.parametrize("mode", ["generated", "interpreted"])
 def test_eager_through_the_registry_equals_plain_eager(mode):
     rt = build_reference_model()
-    runner = EagerRunner(ReferenceDecodeAdapter(rt), max_bs=4, mode=mode)
+    runner = EagerRunner(ReferenceDecodeAdapter(rt), max_bs=4, impl=mode)
     kinds = set()
 
     def both(fb):

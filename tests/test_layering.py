@@ -26,6 +26,7 @@ tools          runners, graphs, registry, spec, log                             
 integrations   runners, graphs, tools, spec, registry, kvpool, env, api, log     never the reference (demo) package; api: the sglang drop-in
 reference      runners, graphs, kvpool, spec, registry, api, planning, tools     an example engine: any library layer
 cli            anything                                                          the top
+__main__       cli                                                               ``python -m graphslot``
 =============  ===============================================================  ===========================================
 
 and, whatever the layer:
@@ -74,6 +75,7 @@ ALLOWED: Dict[str, Tuple[str, ...]] = {
     "integrations": ("runners", "graphs", "tools", "spec", "registry", "kvpool", "env", "api", "log"),
     "reference": ("runners", "graphs", "kvpool", "spec", "registry", "api", "planning", "tools"),
     "cli": (ANYTHING,),
+    "__main__": ("cli",),
 }
 #: Layers that never import torch, not even inside a function.
 TORCH_FREE = ("planning", "env", "log")

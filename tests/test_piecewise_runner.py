@@ -47,7 +47,7 @@ def test_prefill_equals_eager_across_buckets_and_padding(shared):
 
 
 def test_interpreted_registry_and_one_graph_per_bucket():
-    rt, _, runner = make_runner(mode="interpreted", token_buckets=[32])
+    rt, _, runner = make_runner(impl="interpreted", token_buckets=[32])
     assert runner.registry.impl == "interpreted"
     graph = runner.graphs[32]
     used = against_eager(rt, runner, mixed_batches(rt, seed=3, max_len=4))

@@ -143,7 +143,7 @@ def test_the_runtime_without_torch_says_so_in_one_line():
             with contextlib.redirect_stderr(err):
                 RESULT["runs"].append([cli.main(argv), err.getvalue().splitlines()[-1]])
         try:
-            graphslot.build_registry("decode", 4, 4)
+            graphslot.build_registry("decode", device="cpu", max_bs=4, max_num_tokens=4)
         except ModuleNotFoundError as exc:
             RESULT["api"] = [exc.name, str(exc)]
     """) + REPORT
@@ -198,7 +198,7 @@ def test_import_graphslot_and_build_registry_in_a_fresh_interpreter():
         import sys
         import graphslot
         RESULT = {"torch_after_import": "torch" in sys.modules}
-        reg = graphslot.build_registry("decode", 4, 4)
+        reg = graphslot.build_registry("decode", device="cpu", max_bs=4, max_num_tokens=4)
         import torch
         RESULT["registry"] = isinstance(reg, graphslot.SlotRegistry) and reg.impl == "generated"
         RESULT["buffer"] = str(reg.slot("out_cache_loc").buffer.dtype)
@@ -343,7 +343,7 @@ def test_import_graphslot_loads_neither_pydantic_nor_yaml_and_a_checked_in_modul
         import torch
         before = set(sys.modules)
         import graphslot.generated.decode_default as module
-        reg = graphslot.build_registry(module, 4, 4)
+        reg = graphslot.build_registry(module, device="cpu", max_bs=4, max_num_tokens=4)
         new = set(sys.modules) - before
         RESULT["new"] = sorted(n for n in new if n.split(".")[0] in ("jinja2", "tqdm")
                                or n in ("graphslot.codegen.generator", "graphslot.log"))

@@ -33,8 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"graphslot {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS.values():
+        # No abbreviations: a prefix of a flag (a removed `--mode`, say) would silently be another (`--model`).
         sub = subparsers.add_parser(command.name, help=command.summary, description=command.help,
-                                    formatter_class=argparse.RawDescriptionHelpFormatter)
+                                    formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
         command.add_arguments(sub)
         sub.set_defaults(parser=sub)
     return parser

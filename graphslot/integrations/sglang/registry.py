@@ -150,7 +150,7 @@ class CudaGraphBufferRegistry:
         if not self._buffers:
             make_view = ViewMaker(("batch_size",), "sglang")
             self._fill = _no_fill
-            self._extract = lambda fb, padded_bs, padded_num_tokens: make_view(fb, {"batch_size": padded_bs})
+            self._extract = lambda fb, *, padded_bs, padded_num_tokens: make_view(fb, {"batch_size": padded_bs})
             return
         spec, params, preset = self._base if self._base else (None, {}, None)
         self._bound = build(
@@ -197,7 +197,7 @@ class CudaGraphBufferRegistry:
         if extract is None:
             self._bind()
             extract = self._extract
-        return extract(forward_batch_template, padded_bs, padded_num_tokens)
+        return extract(forward_batch_template, padded_bs=padded_bs, padded_num_tokens=padded_num_tokens)
 
     def copy_slots(self, sources: Dict[str, torch.Tensor]) -> None:
         """Copy each source into ``buffer[:len(source)]`` of the slot it names (no

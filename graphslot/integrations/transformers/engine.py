@@ -71,11 +71,10 @@ class ContinuousBatcher(Driving):
     * The KV pool takes ``kv_cache_bytes`` (pool and request table; default: a share of
       the device's free memory, at most ``GRAPHSLOT_MAX_KV_BYTES``; :mod:`.budget`).
       ``max_context_len`` (prompt plus new tokens of one request) defaults to
-      ``min(max_position_embeddings, num_slots - 1)``. Requests are admitted while the
-      pool can hold all their tokens.
-    * ``eos_token_id``: an id or a list of ids that end every request (kept in its
-      output); default (None) the model's ``generation_config.eos_token_id``, else its
-      config's, as generate; ``()`` for none. A request may give its own.
+      ``min(max_position_embeddings, num_slots - 1)``; requests wait until the pool can
+      hold all their tokens.
+    * ``eos_token_id``: ids that end every request (kept in its output); default: the
+      model's, as generate; ``()`` for none. A request may give its own.
     * Sampling is per request (:meth:`add_request`); the parameters a request leaves
       unset take the model's ``generation_config``, over generate's defaults (greedy;
       sampling is at temperature 1 with top_k 50). ``seed`` seeds the requests that give
@@ -89,11 +88,9 @@ class ContinuousBatcher(Driving):
     * ``mix_prefill`` (default: True on the CPU): see the module docstring; where the
       family cannot pack (:func:`.families.packs`) or a request wants its prompt
       logprobs, the step prefills apart. The tokens are the same either way.
-    * Runner options (``backend``, ``mode``, ``capture_bs``, ``progress``, ...) go to
-      :class:`DecodeRunnerConfig`; ``context_buckets`` is ``"auto"`` here: a step replays
-      the graph of its longest context's bucket, so a long ``max_context_len`` costs memory
-      (the request table), not time. On a GPU the backend asks for a fresh cuBLAS workspace
-      (``fresh_cublas_workspace=True``): torch.compile's CUDAGraph Trees may share the process.
+    * Runner options (``backend``, ``impl``, ``capture_bs``, ...) go to :class:`DecodeRunnerConfig`;
+      ``context_buckets`` is ``"auto"`` here. On a GPU the backend asks for a fresh cuBLAS
+      workspace: torch.compile's CUDAGraph Trees may share the process.
 
     Thread safety: :meth:`add_request` and :meth:`abort` hold ``self._lock`` while they
     change the queue, so other threads (and ``sample``) may call them while a step runs;
@@ -108,10 +105,8 @@ class ContinuousBatcher(Driving):
         config, where = model.config, "ContinuousBatcher"
         max_bs = count(max_bs, "max_bs", where)
         max_requests = max_bs if max_requests is None else count(max_requests, "max_requests", where)
-        if max_context_len is not None:
-            max_context_len = count(max_context_len, "max_context_len", where)
-        if kv_cache_bytes is not None:
-            kv_cache_bytes = count(kv_cache_bytes, "kv_cache_bytes", where)
+        max_context_len = None if max_context_len is None else count(max_context_len, "max_context_len", where)
+        kv_cache_bytes = None if kv_cache_bytes is None else count(kv_cache_bytes, "kv_cache_bytes", where)
         self.vocab_size: int = text_config(config).vocab_size
         #: The ids that end a request by default (sorted; empty: none).
         self.eos_token_ids: Tuple[int, ...] = (model_eos(model, self.vocab_size) if eos_token_id is None else
@@ -126,7 +121,7 @@ class ContinuousBatcher(Driving):
         runner_options = {"progress": False, "context_buckets": "auto", **runner_options}
         if device.type == "cuda" and runner_options.get("backend", "auto") in ("auto", "cuda"):
             runner_options["backend"] = CudaGraphBackend(device, pool=runner_options.pop("graph_pool", None),
-                                                         fresh_cublas_workspace=True)  # see above
+                                                         fresh_cublas_workspace=True)
         runner_config = DecodeRunnerConfig(max_bs=max_bs, **runner_options)
         #: What each layer caches per token (one eager forward of one token): the pool's slots and their bytes.
         with Allocations() as made:
