@@ -1,29 +1,14 @@
-"""YAML loading that remembers where every value came from, with bounded resources.
-
-PyYAML's ``safe_load`` throws away line numbers and silently keeps the last of two
-duplicate keys. Specs need both: every error names its line, and a duplicated key is a
-mistake to report, not to resolve. So PyYAML's own composer builds the node tree (with
-its marks), and :func:`load_yaml` turns it into plain Python data plus a
-:class:`Locations` index from key paths to line numbers.
-
-Spec files are untrusted input (they arrive in pull requests, CI reads them), and a spec
-needs nothing but plain mappings, lists and scalars. So the composer refuses, with the
-line and before it recurses further, what a spec never needs:
-
-* aliases and anchors (``*a``, ``&a``): a few hundred bytes of nested aliases expand to
-  gigabytes;
-* nesting deeper than :data:`MAX_YAML_DEPTH`, and more than :data:`MAX_YAML_NODES` values;
-* tags (``!!python/name:…``, ``!!str``, ``!foo``);
-* merge keys (``<<:``) and complex keys (``? [a, b]: 1``);
-* integers outside the signed 64-bit range (``|value| < 2**63``);
-* more than one document.
+"""YAML loading that remembers the line of every value and reports duplicate keys (PyYAML's ``safe_load`` does
+neither), with bounded resources: spec files are untrusted, so the composer refuses, with the line and before it
+recurses further, what a spec never needs (aliases, anchors, tags, merge and complex keys, deep nesting, too many
+values, integers beyond 64 bits, a second document: graphslot/slot_specs/README.md, "Limits").
 """
 
 from __future__ import annotations
 
 import gc
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import yaml
 
@@ -31,11 +16,9 @@ from .errors import SpecIssue, shorten
 
 Path = Tuple[Any, ...]
 
-# Deepest nesting of mappings and lists a spec may use (a spec needs 4: top level,
-# slots, a slot, its shape).
+# Deepest nesting of mappings and lists a spec may use (a spec needs 4: top level, slots, a slot, its shape).
 MAX_YAML_DEPTH = 32
-# Most values (scalars, lists, mappings; keys included) a spec may hold: the largest
-# spec the limits on slots, params and presets allow fits well within it.
+# Most values (keys included) a spec may hold: the largest spec the limits on slots, params and presets allow fits.
 MAX_YAML_NODES = 250_000
 # Integers a spec may write: |value| < INT_LIMIT (a signed 64-bit value).
 INT_LIMIT = 2**63
@@ -47,12 +30,8 @@ _UNDEFINED = yaml.constructor.SafeConstructor.construct_undefined
 
 @dataclass
 class Locations:
-    """Line numbers (1-based) of the values of a loaded document, by key path.
-
-    ``("slots", 3, "padding")`` is the line of the ``padding:`` entry of the fourth
-    slot. A path that is not recorded falls back to its nearest recorded parent, so a
-    message about a missing key points at the mapping that lacks it.
-    """
+    """Lines (1-based) of a document's values by key path (``("slots", 3, "padding")``); a path not recorded falls
+    back to its nearest recorded parent, so a message about a missing key points at the mapping that lacks it."""
 
     file: str
     lines: Dict[Path, int] = field(default_factory=dict)
@@ -64,21 +43,17 @@ class Locations:
         return self.lines.get(path)
 
 
-@dataclass
-class LoadedYaml:
+class LoadedYaml(NamedTuple):
     data: Any
     locations: Locations
     issues: List[SpecIssue]
-    # The document could not be read as a whole (syntax, or something refused above):
-    # ``data`` is None and nothing else is worth checking.
-    fatal: bool = False
+    fatal: bool = False  # the document could not be read as a whole: ``data`` is None, nothing else to check
 
 
 class _Refused(Exception):
     def __init__(self, mark, message: str):
         super().__init__(message)
-        self.line = mark.line + 1 if mark is not None else None
-        self.message = message
+        self.line, self.message = mark.line + 1, message
 
 
 def line_of_position(text: str, position: int) -> int:
@@ -89,10 +64,11 @@ def _too_deep(max_depth: int) -> str:
     return f"YAML nesting deeper than {max_depth} levels: a spec needs only a few"
 
 
-# libyaml's parser when available (linear and fast), else PyYAML's own; either way
-# PyYAML's (Python) composer, checked at every node.
-_EVENTS = ((yaml.cyaml.CParser,) if yaml.__with_libyaml__
-           else (yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser))
+# libyaml's parser when available (linear and fast), else PyYAML's own; either way PyYAML's composer, checked at
+# every node.
+_EVENTS = (
+    (yaml.cyaml.CParser,) if yaml.__with_libyaml__ else (yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser)
+)
 
 
 class _Scalar:
@@ -119,14 +95,17 @@ class _Composer(yaml.composer.Composer, *_EVENTS, yaml.constructor.SafeConstruct
         if isinstance(event, yaml.AliasEvent):
             raise _Refused(event.start_mark, "YAML aliases (*name) are not allowed in a spec: write the value out")
         if event.anchor is not None:
-            raise _Refused(event.start_mark, "YAML anchors (&name) are not allowed in a spec: "
-                                             "write the value out where it is used")
+            raise _Refused(
+                event.start_mark, "YAML anchors (&name) are not allowed in a spec: write the value out where it is used"
+            )
         if event.tag is not None:
             raise _Refused(event.start_mark, f"YAML tags ({shorten(event.tag)}) are not allowed in a spec")
         if isinstance(event, yaml.ScalarEvent):
             return self.compose_scalar_node()
         if isinstance(parent, yaml.MappingNode) and index is None:  # a mapping key
-            raise _Refused(event.start_mark, "mapping keys must be plain scalars, not a list or a mapping (? [a, b]: …)")
+            raise _Refused(
+                event.start_mark, "mapping keys must be plain scalars, not a list or a mapping (? [a, b]: …)"
+            )
         if self.depth >= self.max_depth:
             raise _Refused(event.start_mark, _too_deep(self.max_depth))
         self.depth += 1
@@ -141,14 +120,22 @@ class _Composer(yaml.composer.Composer, *_EVENTS, yaml.constructor.SafeConstruct
         if tag == _MERGE_TAG:
             raise _Refused(event.start_mark, "YAML merge keys (<<) are not allowed in a spec: write the keys out")
         try:
-            data = event.value if tag == _STR_TAG else self.yaml_constructors.get(tag, _UNDEFINED)(
-                self, yaml.ScalarNode(tag, event.value, event.start_mark, event.end_mark))
+            data = (
+                event.value
+                if tag == _STR_TAG
+                else self.yaml_constructors.get(tag, _UNDEFINED)(
+                    self, yaml.ScalarNode(tag, event.value, event.start_mark, event.end_mark)
+                )
+            )
         except (yaml.YAMLError, ValueError, OverflowError) as exc:
             reason = getattr(exc, "problem", None) or str(exc)
             raise _Refused(event.start_mark, f"cannot read the value {shorten(event.value)}: {reason}") from None
         if isinstance(data, int) and not isinstance(data, bool) and not -INT_LIMIT < data < INT_LIMIT:
-            raise _Refused(event.start_mark, f"integer {shorten(event.value)} is out of range: "
-                                             "spec integers must lie strictly between -2**63 and 2**63")
+            raise _Refused(
+                event.start_mark,
+                f"integer {shorten(event.value)} is out of range: "
+                "spec integers must lie strictly between -2**63 and 2**63",
+            )
         return _Scalar(data, event.start_mark.line + 1)
 
     def compose_spec(self) -> Optional[yaml.Node]:
@@ -160,8 +147,8 @@ class _Composer(yaml.composer.Composer, *_EVENTS, yaml.constructor.SafeConstruct
 
 
 def _data(node: yaml.Node, path: Path, locations: Locations, issues: List[SpecIssue]) -> Any:
-    """The value of ``node`` at ``path``, its lines recorded in ``locations``; the value of
-    a duplicated key is the first one (recursion: the depth is bounded)."""
+    """The value of ``node`` at ``path``, its lines recorded in ``locations``; a duplicated key keeps its first
+    value (recursion: the depth is bounded)."""
     locations.lines.setdefault(path, node.line)
     if isinstance(node, _Scalar):
         return node.data
@@ -172,8 +159,9 @@ def _data(node: yaml.Node, path: Path, locations: Locations, issues: List[SpecIs
     for key_node, value_node in node.value:
         key, line = key_node.data, key_node.line
         if key in first_seen:
-            issues.append(SpecIssue(locations.file, line, f"duplicate key {_key_text(key)} (first at line "
-                                    f"{first_seen[key]}); YAML would silently keep the last one: remove one of them"))
+            message = f"duplicate key '{shorten(str(key), quote=False)}' (first at line {first_seen[key]})"
+            message += "; YAML would silently keep the last one: remove one of them"
+            issues.append(SpecIssue(locations.file, line, message))
             continue
         first_seen[key] = line
         locations.lines[path + (key,)] = line
@@ -181,12 +169,11 @@ def _data(node: yaml.Node, path: Path, locations: Locations, issues: List[SpecIs
     return result
 
 
-def load_yaml(text: str, file: str, *, max_depth: int = MAX_YAML_DEPTH,
-              max_nodes: int = MAX_YAML_NODES) -> LoadedYaml:
+def load_yaml(text: str, file: str, *, max_depth: int = MAX_YAML_DEPTH, max_nodes: int = MAX_YAML_NODES) -> LoadedYaml:
     """Parse ``text``; syntax errors, refused constructs and duplicate keys come back as issues."""
     locations, issues = Locations(file), []
-    # Building many small containers makes the cyclic GC rescan the growing heap again
-    # and again (quadratic in the file); nothing built here is cyclic.
+    # Building many small containers makes the cyclic GC rescan the growing heap again and again (quadratic in the
+    # file); nothing built here is cyclic.
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -197,8 +184,7 @@ def load_yaml(text: str, file: str, *, max_depth: int = MAX_YAML_DEPTH,
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None
-        reason = exc.problem or str(exc)
-        message = f"YAML syntax error: {exc.context}, {reason}" if exc.context else f"YAML syntax error: {reason}"
+        message = f"YAML syntax error: {exc.context + ', ' if exc.context else ''}{exc.problem or exc}"
         if "maximum nesting depth" in (exc.problem or ""):
             message = _too_deep(max_depth)  # libyaml (PyYAML >= 6.0.4) has its own, higher, depth limit
     except yaml.reader.ReaderError as exc:
@@ -211,7 +197,3 @@ def load_yaml(text: str, file: str, *, max_depth: int = MAX_YAML_DEPTH,
         if gc_was_enabled:
             gc.enable()
     return LoadedYaml(None, locations, [SpecIssue(file, line, message)], fatal=True)
-
-
-def _key_text(key: Any) -> str:
-    return f"'{shorten(str(key), quote=False)}'"
