@@ -145,13 +145,8 @@ def _read_owned(path: Path, rel: str) -> Optional[str]:
 
 
 def _looked_in(directory: Path) -> bool:
-    return not (
-        directory.name.startswith(".")
-        or directory.name in _SKIPPED
-        or directory.is_symlink()
-        or (directory / "pyvenv.cfg").exists()
-        or (directory / PYPROJECT).is_file()
-    )
+    hidden = directory.name.startswith(".") or directory.name in _SKIPPED or directory.is_symlink()
+    return not (hidden or (directory / "pyvenv.cfg").exists() or (directory / PYPROJECT).is_file())
 
 
 def stale_files(root: Path, output_dir: Path) -> Tuple[List[Path], bool]:

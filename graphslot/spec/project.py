@@ -126,18 +126,15 @@ def _check_output(error, where: Locator, i: int, entry: Any) -> Optional[OutputC
     missing = [k for k in ("module", "spec") if k not in entry]
     if missing:
         return fail(None, f": needs 'module' and 'spec' keys (missing: {', '.join(missing)})")
-    module = entry["module"]
+    module, this = entry["module"], f": module {_shown(entry['module'])}"
     if not isinstance(module, str):
         fail("module", f": module must be a string, got {_type_name(module)}")
     elif not is_identifier(module):
-        fail("module", f": module {_shown(module)} must be a Python identifier (letters, digits, _)")
+        fail("module", f"{this} must be a Python identifier (letters, digits, _)")
     elif keyword.iskeyword(module):
-        fail("module", f": module {_shown(module)} is a Python keyword")
+        fail("module", f"{this} is a Python keyword")
     elif module.startswith("__") and module.endswith("__"):
-        fail(
-            "module",
-            f": module {_shown(module)} is a dunder name (such as __init__), which graphslot does not generate",
-        )
+        fail("module", f"{this} is a dunder name (such as __init__), which graphslot does not generate")
     for key in ("spec", "preset") if entry.get("preset") is not None else ("spec",):
         value = entry[key]
         if not isinstance(value, str) or not value.strip():
@@ -190,9 +187,8 @@ def validate_table(table: Any, text: str = "", path: Optional[Path] = None) -> D
         output_dir = None
     import_hooks = table.get("import_hooks", False)
     if not isinstance(import_hooks, bool):
-        error(
-            where.table("import_hooks"), f"{TABLE} import_hooks must be true or false, got {_type_name(import_hooks)}"
-        )
+        got = _type_name(import_hooks)
+        error(where.table("import_hooks"), f"{TABLE} import_hooks must be true or false, got {got}")
         import_hooks = False
     outputs = table.get("outputs", [])
     if not isinstance(outputs, list):
@@ -215,14 +211,15 @@ def parse_pyproject(path: Path, data: bytes) -> ProjectConfig:
     text, document = read_toml(path, data)
     tool, root = document.get("tool", {}), path.parent
     if not isinstance(tool, dict):
-        raise ProjectConfigError([SpecIssue(pyproject_label(path), None, "[tool] must be a table")])
+        raise ProjectConfigError("[tool] must be a table", None, pyproject_label(path))
     if "graphslot" not in tool:
         return ProjectConfig(root=root, path=path)
     fields = validate_table(tool["graphslot"], text, path)
     problem = fields["output_dir"] and path_escape(root, fields["output_dir"])
     if problem:
-        line = Locator(text).table("output_dir")
-        raise ProjectConfigError([SpecIssue(pyproject_label(path), line, f"{TABLE} output_dir {problem}")])
+        raise ProjectConfigError(
+            f"{TABLE} output_dir {problem}", Locator(text).table("output_dir"), pyproject_label(path)
+        )
     specs = [(root / s).resolve() for s in fields.pop("specs")]
     return ProjectConfig(root=root, specs=specs, raw=dict(tool["graphslot"]), path=path, **fields)
 

@@ -27,9 +27,10 @@ MAX_PYPROJECT_BYTES = 1 << 20
 MAX_KEY_PARTS = 128
 
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
-_SPACES = re.compile(r"[ \t]*")
-_KEY_PART = re.compile(r"""[A-Za-z0-9_-]+|"[^"\\]*(?:\\.[^"\\]*)*"|'[^']*'""")  # bare, "basic", 'literal'
-_KEY_STARTS = re.compile(r"[{,]")
+_KEY_PART = r"""(?:[A-Za-z0-9_-]+|"[^"\\]*(?:\\.[^"\\]*)*"|'[^']*')"""  # bare, "basic", 'literal'
+# A key of more than MAX_KEY_PARTS parts; its parts cannot match the same text two ways, so matching is linear.
+_LONG_KEY = re.compile(rf"[ \t]*(?:{_KEY_PART}[ \t]*\.[ \t]*){{{MAX_KEY_PARTS}}}{_KEY_PART}")
+_LINE_START, _KEY_STARTS = re.compile(r"[ \t]*\[{0,2}"), re.compile(r"[{,]")
 
 
 def pyproject_label(path: Optional[Path]) -> str:
@@ -110,21 +111,6 @@ class Locator:
         return self.keys[sections[index]].get(key) or sections[index]
 
 
-def _key_parts(line: str, i: int) -> int:
-    """The parts of the dotted key at ``line[i:]`` (0: no key there), counted up to MAX_KEY_PARTS + 1."""
-    parts = 0
-    while parts <= MAX_KEY_PARTS:
-        part = _KEY_PART.match(line, _SPACES.match(line, i).end())
-        if part is None:
-            return parts
-        parts += 1
-        i = _SPACES.match(line, part.end()).end()
-        if not line.startswith(".", i):
-            return parts
-        i += 1
-    return parts
-
-
 def long_key_line(text: str) -> Optional[int]:
     """The first line where a key of more than MAX_KEY_PARTS dotted parts may start, else None. tomllib takes
     time and memory quadratic in the parts of a key (a 160 KB line of ``a.a.a…= 1`` exhausts memory), so keys are
@@ -133,9 +119,8 @@ def long_key_line(text: str) -> Optional[int]:
     for number, line in enumerate(text.split("\n"), 1):
         if line.count(".") < MAX_KEY_PARTS:
             continue
-        first = _SPACES.match(line).end()
-        first += 2 if line.startswith("[[", first) else 1 if line.startswith("[", first) else 0
-        if any(_key_parts(line, i) > MAX_KEY_PARTS for i in [first, *(m.end() for m in _KEY_STARTS.finditer(line))]):
+        starts = [_LINE_START.match(line).end(), *(m.end() for m in _KEY_STARTS.finditer(line))]
+        if any(_LONG_KEY.match(line, i) for i in starts):
             return number
     return None
 

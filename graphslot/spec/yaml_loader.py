@@ -51,9 +51,9 @@ class LoadedYaml(NamedTuple):
 
 
 class _Refused(Exception):
-    def __init__(self, mark, message: str):
+    def __init__(self, event: yaml.Event, message: str):
         super().__init__(message)
-        self.line, self.message = mark.line + 1, message
+        self.line, self.message = event.start_mark.line + 1, message
 
 
 def line_of_position(text: str, position: int) -> int:
@@ -91,23 +91,21 @@ class _Composer(yaml.composer.Composer, *_EVENTS, yaml.constructor.SafeConstruct
         event = self.peek_event()
         self.nodes += 1
         if self.nodes > self.max_nodes:
-            raise _Refused(event.start_mark, f"more than {self.max_nodes} YAML values: a spec holds a few hundred")
+            raise _Refused(event, f"more than {self.max_nodes} YAML values: a spec holds a few hundred")
         if isinstance(event, yaml.AliasEvent):
-            raise _Refused(event.start_mark, "YAML aliases (*name) are not allowed in a spec: write the value out")
+            raise _Refused(event, "YAML aliases (*name) are not allowed in a spec: write the value out")
         if event.anchor is not None:
             raise _Refused(
-                event.start_mark, "YAML anchors (&name) are not allowed in a spec: write the value out where it is used"
+                event, "YAML anchors (&name) are not allowed in a spec: write the value out where it is used"
             )
         if event.tag is not None:
-            raise _Refused(event.start_mark, f"YAML tags ({shorten(event.tag)}) are not allowed in a spec")
+            raise _Refused(event, f"YAML tags ({shorten(event.tag)}) are not allowed in a spec")
         if isinstance(event, yaml.ScalarEvent):
             return self.compose_scalar_node()
         if isinstance(parent, yaml.MappingNode) and index is None:  # a mapping key
-            raise _Refused(
-                event.start_mark, "mapping keys must be plain scalars, not a list or a mapping (? [a, b]: …)"
-            )
+            raise _Refused(event, "mapping keys must be plain scalars, not a list or a mapping (? [a, b]: …)")
         if self.depth >= self.max_depth:
-            raise _Refused(event.start_mark, _too_deep(self.max_depth))
+            raise _Refused(event, _too_deep(self.max_depth))
         self.depth += 1
         node = super().compose_node(parent, index)
         self.depth -= 1
@@ -118,31 +116,23 @@ class _Composer(yaml.composer.Composer, *_EVENTS, yaml.constructor.SafeConstruct
         event = self.get_event()
         tag = self.resolve(yaml.ScalarNode, event.value, event.implicit)
         if tag == _MERGE_TAG:
-            raise _Refused(event.start_mark, "YAML merge keys (<<) are not allowed in a spec: write the keys out")
+            raise _Refused(event, "YAML merge keys (<<) are not allowed in a spec: write the keys out")
+        node = yaml.ScalarNode(tag, event.value, event.start_mark, event.end_mark)
         try:
-            data = (
-                event.value
-                if tag == _STR_TAG
-                else self.yaml_constructors.get(tag, _UNDEFINED)(
-                    self, yaml.ScalarNode(tag, event.value, event.start_mark, event.end_mark)
-                )
-            )
+            data = event.value if tag == _STR_TAG else self.yaml_constructors.get(tag, _UNDEFINED)(self, node)
         except (yaml.YAMLError, ValueError, OverflowError) as exc:
             reason = getattr(exc, "problem", None) or str(exc)
-            raise _Refused(event.start_mark, f"cannot read the value {shorten(event.value)}: {reason}") from None
+            raise _Refused(event, f"cannot read the value {shorten(event.value)}: {reason}") from None
         if isinstance(data, int) and not isinstance(data, bool) and not -INT_LIMIT < data < INT_LIMIT:
-            raise _Refused(
-                event.start_mark,
-                f"integer {shorten(event.value)} is out of range: "
-                "spec integers must lie strictly between -2**63 and 2**63",
-            )
+            why = "spec integers must lie strictly between -2**63 and 2**63"
+            raise _Refused(event, f"integer {shorten(event.value)} is out of range: {why}")
         return _Scalar(data, event.start_mark.line + 1)
 
     def compose_spec(self) -> Optional[yaml.Node]:
         self.get_event()  # StreamStart
         node = None if self.check_event(yaml.StreamEndEvent) else self.compose_document()
         if not self.check_event(yaml.StreamEndEvent):
-            raise _Refused(self.peek_event().start_mark, "a spec is one YAML document; remove the second one ('---')")
+            raise _Refused(self.peek_event(), "a spec is one YAML document; remove the second one ('---')")
         return node
 
 
