@@ -1,11 +1,9 @@
 """Ahead-of-time generation: ``graphslot generate [--check]`` writes the ``[[tool.graphslot.outputs]]`` of the
 project's pyproject.toml (docs/generate.md).
 
-Files are written atomically and only when their bytes change; ``--check`` writes nothing and reports stale,
-missing and orphaned outputs with a diff. A file differing only in line endings (``core.autocrlf``) is current.
-pyproject.toml and the specs are untrusted, so ``generate`` writes only inside the project (no file through a
-symbolic link) and only files it owns: an existing output without a graphslot banner is an error, never
-overwritten, and an orphan is removed only when it starts with the complete banner.
+Files are written atomically when their bytes change (line endings aside); ``--check`` writes nothing and reports
+stale, missing and orphaned outputs. pyproject.toml and specs are untrusted, so only files inside the project, not
+through a link, and starting with a complete graphslot banner are replaced or removed.
 """
 
 from __future__ import annotations
@@ -64,9 +62,8 @@ class Planned(NamedTuple):
 
 
 def _spec_label(root: Path, spec: str, listed: List[Path]) -> Tuple[Path, str]:
-    """(path to read, label for banners) of an output's spec: a path relative to the project root, else a name --
-    one of the project's ``listed`` specs first, then a shipped one. Labels are root-relative and POSIX, so output
-    is byte-identical on every machine."""
+    """(path to read, label for banners) of an output's spec: a path relative to ``root``, else a name (a ``listed``
+    spec first, then a shipped one). Labels are root-relative and POSIX: output is byte-identical on every machine."""
     path = root / spec
     if not path.is_file() and is_spec_name(spec):
         found = project_spec(spec, listed)
@@ -188,8 +185,8 @@ class GenerateReport:
 
 
 def generate(root: Path, table: Mapping[str, Any], check: bool = False, text: str = "") -> GenerateReport:
-    """Write (or with ``check`` only compare) every output; orphans are removed (or reported). Everything is
-    checked before anything is written. ``text``: that of pyproject.toml, for error lines."""
+    """Write (with ``check``, compare) every output and remove (report) orphans, all checked before anything is
+    written. ``text``: that of pyproject.toml, for error lines."""
     root = root.resolve()
     planned = plan_outputs(root, table, text)
     out = planned[0].path.parent
@@ -203,14 +200,12 @@ def generate(root: Path, table: Mapping[str, Any], check: bool = False, text: st
             path.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(path, body)
             report.written.append(path)
-        elif existing is None:
-            report.outdated.append(path)
-            report.problems.append(f"missing: {rel}")
         else:
             report.outdated.append(path)
-            report.problems.append(f"stale: {rel}")
-            old, new = existing.splitlines(keepends=True), body.splitlines(keepends=True)
-            report.diffs.append("".join(difflib.unified_diff(old, new, f"{rel} (on disk)", f"{rel} (generated)")))
+            report.problems.append(f"{'missing' if existing is None else 'stale'}: {rel}")
+            if existing is not None:
+                old, new = existing.splitlines(keepends=True), body.splitlines(keepends=True)
+                report.diffs.append("".join(difflib.unified_diff(old, new, f"{rel} (on disk)", f"{rel} (generated)")))
     elsewhere, stopped = stale_files(root, out)
     if stopped:
         report.notes.append(f"looked for stale generated files in the first {MAX_DIRS} directories of the project only")

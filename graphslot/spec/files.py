@@ -1,8 +1,6 @@
-"""Files graphslot reads, writes and shows, done one way: bounded reads, atomic writes with the umask's mode,
-create-only writes that never replace a file, an advisory lock, and a path as the user would type it. Torch-free.
-
-An atomic write puts the data in a temporary file next to the target and renames (or hard-links) it into place: a
-reader sees the old file or the whole new one, and no temporary file is left behind, whatever happens (^C included).
+"""Files graphslot reads, writes and shows, done one way: bounded reads, atomic writes (a temporary file renamed
+or hard-linked into place: readers see the old file or the whole new one, and nothing is left behind, ^C included)
+with the umask's mode, create-only writes, an advisory lock, and paths as the user would type them. Torch-free.
 """
 
 from __future__ import annotations

@@ -192,10 +192,8 @@ def validate_table(table: Any, text: str = "", path: Optional[Path] = None) -> D
         import_hooks = False
     outputs = table.get("outputs", [])
     if not isinstance(outputs, list):
-        error(
-            where.table("outputs"),
-            f"{TABLE} outputs must be an array of tables ({OUTPUTS} entries), got {_type_name(outputs)}",
-        )
+        got = _type_name(outputs)
+        error(where.table("outputs"), f"{TABLE} outputs must be an array of tables ({OUTPUTS} entries), got {got}")
         outputs = []
     outputs = [o for o in (_check_output(error, where, i, e) for i, e in enumerate(outputs)) if o is not None]
     for name, count in sorted(Counter(o.module for o in outputs).items()):
@@ -209,17 +207,15 @@ def validate_table(table: Any, text: str = "", path: Optional[Path] = None) -> D
 def parse_pyproject(path: Path, data: bytes) -> ProjectConfig:
     """The settings in ``data``, the bytes of the pyproject.toml at ``path``."""
     text, document = read_toml(path, data)
-    tool, root = document.get("tool", {}), path.parent
+    tool, root, file = document.get("tool", {}), path.parent, pyproject_label(path)
     if not isinstance(tool, dict):
-        raise ProjectConfigError("[tool] must be a table", None, pyproject_label(path))
+        raise ProjectConfigError("[tool] must be a table", None, file)
     if "graphslot" not in tool:
         return ProjectConfig(root=root, path=path)
     fields = validate_table(tool["graphslot"], text, path)
     problem = fields["output_dir"] and path_escape(root, fields["output_dir"])
     if problem:
-        raise ProjectConfigError(
-            f"{TABLE} output_dir {problem}", Locator(text).table("output_dir"), pyproject_label(path)
-        )
+        raise ProjectConfigError(f"{TABLE} output_dir {problem}", Locator(text).table("output_dir"), file)
     specs = [(root / s).resolve() for s in fields.pop("specs")]
     return ProjectConfig(root=root, specs=specs, raw=dict(tool["graphslot"]), path=path, **fields)
 

@@ -22,7 +22,6 @@ MAX_NAME_LOOKUP_BYTES = 1 << 20
 # The specs each pyproject.toml lists, by (path, mtime, size).
 _LISTED: Dict[tuple, List[Path]] = {}
 
-
 is_spec_name = is_identifier  # a bare name (``decode``), as opposed to a path (``specs/decode.yaml``)
 
 
@@ -42,10 +41,8 @@ def project_specs(start: Union[str, Path, None] = None) -> List[Path]:
         try:
             specs = parse_pyproject(path, read_pyproject(path)).specs
         except ProjectConfigError as exc:
-            why = "cannot tell which spec a name means while [tool.graphslot] is unreadable"
-            raise SpecError(
-                exc.issues + [SpecIssue(exc.issues[0].file, None, why + ": fix it, or pass the spec's path")]
-            ) from None
+            why = "cannot tell which spec a name means while [tool.graphslot] is unreadable: fix it, or pass the"
+            raise SpecError([*exc.issues, SpecIssue(exc.issues[0].file, None, why + " spec's path")]) from None
         if key is None:
             return specs
         if len(_LISTED) >= 64:
@@ -69,21 +66,12 @@ def project_spec(name: str, specs: Sequence[Path]) -> Optional[Path]:
     """The spec among ``specs`` that ``name`` means (None when there is none); two of the same rank are
     ambiguous: a SpecError naming both."""
     existing = [p for p in dict.fromkeys(specs) if p.is_file()]
-    matches = [p for p in existing if p.stem == name and p.suffix in SPEC_SUFFIXES] or [
-        p for p in existing if declared_name(p) == name
-    ]
+    by_file = [p for p in existing if p.stem == name and p.suffix in SPEC_SUFFIXES]
+    matches = by_file or [p for p in existing if declared_name(p) == name]
     if len(matches) > 1:
         shown = ", ".join(display_path(p) for p in matches)
-        raise SpecError(
-            [
-                SpecIssue(
-                    name,
-                    None,
-                    f"the spec name '{name}' matches several of the project's specs "
-                    f"({shown}); pass the path of the one you mean",
-                )
-            ]
-        )
+        why = f"the spec name '{name}' matches several of the project's specs ({shown}); pass the path of the one"
+        raise SpecError([SpecIssue(name, None, why + " you mean")])
     return matches[0] if matches else None
 
 

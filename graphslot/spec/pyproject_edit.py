@@ -1,10 +1,6 @@
-"""Adding a path to ``[tool.graphslot] specs`` in a pyproject.toml, edited as text so its layout and comments stay.
-
-The edit is accepted only when the edited text parses to the old document plus the new path at the end of
-``specs`` (:func:`verify_addition`); otherwise :class:`CannotEdit` says why and the file is left alone. Every scan is
-linear in the text. No library does this for untrusted text: tomlkit (0.15.2) keeps the layout too, but takes time
-quadratic in the dotted keys sharing a prefix (80 five-part keys, 1.5 KB: 3.7 s; python-poetry/tomlkit#479), and
-tomllib writes nothing. Torch-free.
+"""Adding a path to ``[tool.graphslot] specs`` in a pyproject.toml, edited as text so its layout and comments stay,
+and accepted only when the result parses to the old document plus that path (else :class:`CannotEdit`). Every scan
+is linear: tomlkit keeps layouts too, but is quadratic in dotted keys sharing a prefix (python-poetry/tomlkit#479).
 """
 
 from __future__ import annotations
@@ -96,10 +92,8 @@ def _insert_into_array(text: str, open_: int, item: str, key_indent: str, nl: st
 
 
 def add_spec_entry(text: str, entry: str) -> str:
-    """``text`` (a pyproject.toml) with ``entry`` appended to ``[tool.graphslot] specs``: into the existing array
-    (on its own line when the array has one entry per line), as a new ``specs`` key under the table's header, or
-    as a new table. Only the text around the insertion changes; not verified here. CannotEdit where the layout is
-    not one handled."""
+    """``text`` with ``entry`` appended to ``[tool.graphslot] specs`` (into the array, on its own line when entries
+    have theirs; else a new key or table), not verified; CannotEdit where the layout is not one handled."""
     nl = "\r\n" if "\r\n" in text else "\n"
     item = toml_string(entry)
     lines = lines_with_offsets(text)

@@ -60,8 +60,7 @@ def line_of_position(text: str, position: int) -> int:
     return text.count("\n", 0, max(position, 0)) + 1
 
 
-def _too_deep(max_depth: int) -> str:
-    return f"YAML nesting deeper than {max_depth} levels: a spec needs only a few"
+_TOO_DEEP = "YAML nesting deeper than {} levels: a spec needs only a few"
 
 
 # libyaml's parser when available (linear and fast), else PyYAML's own; either way PyYAML's composer, checked at
@@ -71,11 +70,9 @@ _EVENTS = (
 )
 
 
-class _Scalar:
-    __slots__ = ("data", "line")
-
-    def __init__(self, data: Any, line: int):
-        self.data, self.line = data, line
+class _Scalar(NamedTuple):  # small: a spec may hold many
+    data: Any
+    line: int
 
 
 class _Composer(yaml.composer.Composer, *_EVENTS, yaml.constructor.SafeConstructor, yaml.resolver.Resolver):
@@ -105,7 +102,7 @@ class _Composer(yaml.composer.Composer, *_EVENTS, yaml.constructor.SafeConstruct
         if isinstance(parent, yaml.MappingNode) and index is None:  # a mapping key
             raise _Refused(event, "mapping keys must be plain scalars, not a list or a mapping (? [a, b]: …)")
         if self.depth >= self.max_depth:
-            raise _Refused(event, _too_deep(self.max_depth))
+            raise _Refused(event, _TOO_DEEP.format(self.max_depth))
         self.depth += 1
         node = super().compose_node(parent, index)
         self.depth -= 1
@@ -176,7 +173,7 @@ def load_yaml(text: str, file: str, *, max_depth: int = MAX_YAML_DEPTH, max_node
         line = mark.line + 1 if mark is not None else None
         message = f"YAML syntax error: {exc.context + ', ' if exc.context else ''}{exc.problem or exc}"
         if "maximum nesting depth" in (exc.problem or ""):
-            message = _too_deep(max_depth)  # libyaml (PyYAML >= 6.0.4) has its own, higher, depth limit
+            message = _TOO_DEEP.format(max_depth)  # libyaml (PyYAML >= 6.0.4) has its own, higher, depth limit
     except yaml.reader.ReaderError as exc:
         char = exc.character
         shown = f"{char!r}" if isinstance(char, str) else f"#x{char:04x}" if isinstance(char, int) else "?"
