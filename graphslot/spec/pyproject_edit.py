@@ -12,6 +12,14 @@ from .project import TABLE, validate_table
 from .pyproject_text import line_key, lines_with_offsets, table_header, tomllib
 
 _BLANK = re.compile(r"(?:[ \t\r\n]|#[^\n]*)*")  # whitespace and comments
+# A TOML string: multi-line basic and literal ones (which may end in up to two quotes of their own), then the single-
+# line ones. The alternatives of each repeated part exclude each other, so a match (or a miss) takes linear time.
+_STRING = re.compile(
+    r'"""(?:[^"\\]|\\[\s\S]|"(?!""))*"""(?:""?)?'  # multi-line basic
+    r"|'''(?:[^']|'(?!''))*'''(?:''?)?"  # multi-line literal
+    r'|"(?!"")(?:[^"\\\n]|\\[\s\S])*"'  # basic
+    r"|'(?!'')[^'\n]*'"  # literal
+)
 
 
 class CannotEdit(Exception):
@@ -25,25 +33,6 @@ def toml_string(text: str) -> str:
 
 def _indent(line: str) -> str:
     return line[: len(line) - len(line.lstrip(" \t"))]
-
-
-def _string_end(text: str, i: int) -> int:
-    """The offset just past the TOML string starting at ``text[i]`` (a quote)."""
-    quote = text[i]
-    multi = text.startswith(quote * 3, i)
-    j = i + (3 if multi else 1)
-    while j < len(text) and (multi or text[j] != "\n"):
-        if text[j] == "\\" and quote == '"':
-            j += 1
-        elif text[j] == quote and not multi:
-            return j + 1
-        elif text.startswith(quote * 3, j):
-            k = j
-            while k < len(text) and text[k] == quote and k - j < 5:  # """"" ends with 2 quotes inside
-                k += 1
-            return k
-        j += 1
-    raise CannotEdit("a string in its specs array does not end")
 
 
 def scan_array(text: str, i: int) -> Tuple[int, List[Tuple[int, int]], Optional[int]]:
@@ -61,9 +50,11 @@ def scan_array(text: str, i: int) -> Tuple[int, List[Tuple[int, int]], Optional[
         if text[i] == "," and elements and comma is None:
             comma, i = i, i + 1
         elif text[i] in "\"'" and (not elements or comma is not None):
-            end = _string_end(text, i)
-            elements.append((i, end))
-            comma, i = None, end
+            string = _STRING.match(text, i)
+            if string is None:
+                raise CannotEdit("a string in its specs array does not end")
+            elements.append((i, string.end()))
+            comma, i = None, string.end()
         else:
             raise CannotEdit("its specs array is not a plain list of strings")
 

@@ -78,10 +78,8 @@ class _Scalar(NamedTuple):  # small: a spec may hold many
 class _Composer(yaml.composer.Composer, *_EVENTS, yaml.constructor.SafeConstructor, yaml.resolver.Resolver):
     def __init__(self, text: str, max_depth: int, max_nodes: int):
         _EVENTS[0].__init__(self, text)
-        for base in _EVENTS[1:]:
+        for base in (*_EVENTS[1:], yaml.composer.Composer, yaml.constructor.SafeConstructor):
             base.__init__(self)
-        yaml.composer.Composer.__init__(self)
-        yaml.constructor.SafeConstructor.__init__(self)
         self.max_depth, self.max_nodes, self.depth, self.nodes = max_depth, max_nodes, 0, 0
 
     def compose_node(self, parent, index):
