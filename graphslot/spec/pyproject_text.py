@@ -23,7 +23,8 @@ MAX_PYPROJECT_BYTES = 1 << 20
 # Most parts a dotted key may have (``a.b.c`` has 3; see long_key_line).
 MAX_KEY_PARTS = 128
 
-_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+_HEADER = re.compile(r"[ \t]*(?:\[\[([^\]]*)\]\]|\[(?!\[)([^\]]*)\])[ \t]*(?:#.*)?\Z")  # [[array]] or [table]
+_LINE_KEY = re.compile(r"""[ \t]*(?:"([^"]*)"|'([^']*)'|([A-Za-z0-9_-]+))[ \t]*=[ \t]*""")
 _KEY_PART = r"""(?:[A-Za-z0-9_-]+|"[^"\\]*(?:\\.[^"\\]*)*"|'[^']*')"""  # bare, "basic", 'literal'
 # A key of more than MAX_KEY_PARTS parts; its parts cannot match the same text two ways, so matching is linear.
 _LONG_KEY = re.compile(rf"[ \t]*(?:{_KEY_PART}[ \t]*\.[ \t]*){{{MAX_KEY_PARTS}}}{_KEY_PART}")
@@ -47,38 +48,18 @@ class ProjectConfigError(ValueError):
 def table_header(line: str) -> Optional[Tuple[bool, str]]:
     """``(is_array, dotted name)`` of a header line such as ``[[ tool . "graphslot" . outputs ]]  # comment``
     (quotes dropped, spaces around dots removed); None for any other line. ``line`` holds no newline."""
-    body = line.strip(" \t")
-    if not body.startswith("["):
+    match = _HEADER.match(line)
+    if match is None:
         return None
-    is_array = body.startswith("[[")
-    name, close, rest = body[2 if is_array else 1 :].partition("]")
-    if not close or (is_array and not rest.startswith("]")):
-        return None
-    rest = rest[1 if is_array else 0 :].lstrip(" \t")
-    if rest and not rest.startswith("#"):
-        return None
-    name = ".".join(part.strip(" \t") for part in name.split("."))
-    return is_array, name.replace('"', "").replace("'", "")
+    name = ".".join(part.strip(" \t") for part in (match.group(1) or match.group(2) or "").split("."))
+    return match.group(1) is not None, name.replace('"', "").replace("'", "")
 
 
 def line_key(line: str) -> Optional[Tuple[str, int]]:
-    """``(key, offset of the value)`` of a ``key = value`` line whose key is one bare or quoted part; None for any
-    other line. The offset is past the ``=`` and the spaces after it."""
-    stripped = line.lstrip(" \t")
-    if stripped[:1] in ("'", '"'):
-        end = stripped.find(stripped[0], 1)
-        if end < 0:
-            return None
-        key, rest = stripped[1:end], stripped[end + 1 :]
-    else:
-        match = _BARE_KEY.match(stripped)
-        if match is None:
-            return None
-        key, rest = match.group(0), stripped[match.end() :]
-    rest = rest.lstrip(" \t")
-    if not rest.startswith("="):
-        return None
-    return key, len(line) - len(rest[1:].lstrip(" \t"))
+    """``(key, offset of the value)`` of a ``key = value`` line whose key is one bare or quoted part (None for any
+    other line); the offset is past the ``=`` and the spaces after it."""
+    match = _LINE_KEY.match(line)
+    return None if match is None else (match.group(match.lastindex), match.end())
 
 
 class Locator:
