@@ -216,11 +216,9 @@ def generate(root: Path, table: Mapping[str, Any], check: bool = False, text: st
     for orphan in orphans + elsewhere:
         if check:
             report.orphaned.append(orphan)
-            why = (
-                "no output declares it"
-                if orphan.parent == out
-                else ("graphslot generated it, outside output_dir; no output produces it any more")
-            )
+            why = "no output declares it"
+            if orphan.parent != out:
+                why = "graphslot generated it, outside output_dir; no output produces it any more"
             report.problems.append(f"orphaned: {orphan.relative_to(root).as_posix()} ({why})")
         else:
             orphan.unlink()

@@ -18,14 +18,6 @@ TABLE = "[tool.graphslot]"
 OUTPUTS = "[[tool.graphslot.outputs]]"
 TABLE_KEYS = ("specs", "output_dir", "outputs", "import_hooks")
 OUTPUT_KEYS = ("module", "spec", "preset", "params")
-TYPE_NAMES = {
-    bool: "a boolean",
-    int: "an integer",
-    float: "a number",
-    str: "a string",
-    list: "an array",
-    dict: "a table",
-}
 
 
 @dataclass(frozen=True)
@@ -57,7 +49,15 @@ def find_pyproject(start_dir: Union[str, Path]) -> Optional[Path]:
 
 
 def _type_name(value: Any) -> str:
-    return TYPE_NAMES.get(type(value), type(value).__name__)
+    names = {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "an array",
+        dict: "a table",
+    }
+    return names.get(type(value), type(value).__name__)
 
 
 def _shown(value: Any) -> str:
@@ -87,12 +87,8 @@ def path_escape(root: Path, value: str, what: str = "a directory") -> Optional[s
     (None when it does): nothing is read or written outside the project a pyproject.toml belongs to."""
     root = root.resolve()
     out = (root / value).resolve()
-    if out == root or root not in out.parents:
-        return (
-            f"{_shown(value)} resolves to {out}, outside the project ({root}); it must name {what} inside "
-            "the directory of pyproject.toml"
-        )
-    return None
+    inside = f"it must name {what} inside the directory of pyproject.toml"
+    return None if root in out.parents else f"{_shown(value)} resolves to {out}, outside the project ({root}); {inside}"
 
 
 def _unknown_key(where: str, key: Any, keys: tuple, other_keys: tuple, owner: str, move: str) -> str:
