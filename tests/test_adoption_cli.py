@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from graphslot.cli import main
-from graphslot.codegen import stale
 from graphslot.spec.dtypes import SPELLINGS, parse_dtype
 from graphslot.spec.loading import SHIPPED_DIR
 
@@ -169,7 +168,6 @@ def test_the_search_stays_out_of_other_projects_hidden_directories_environments_
 
 def test_a_walk_that_stops_says_so(project, capsys, monkeypatch):
     _rename_output_dir(project, capsys)
-    monkeypatch.setattr(stale, "MAX_DIRS", 1)
     import graphslot.codegen.aot as aot
     monkeypatch.setattr(aot, "MAX_DIRS", 1)
     status, _, err = cli(capsys, "generate", "--check")

@@ -8,7 +8,8 @@ import tomllib
 import pytest
 
 from graphslot.cli import main
-from graphslot.spec.project import MAX_PYPROJECT_BYTES, ProjectConfigError, load_project_config
+from graphslot.spec.project import ProjectConfigError, load_project_config
+from graphslot.spec.pyproject_text import MAX_PYPROJECT_BYTES
 
 SPEC = textwrap.dedent("""
     name: tiny

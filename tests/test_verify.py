@@ -16,7 +16,7 @@ import graphslot as gs
 import verify_targets
 from conftest import parse
 from graphslot.cli.app import main
-from graphslot.spec.project import display_path
+from graphslot.spec.files import display_path
 from graphslot.reference.verify_target import reference_target
 from graphslot.tools.audit import audit_external_inputs
 from graphslot.tools.poison import Poisoner, poisonable

@@ -39,10 +39,9 @@ from ..spec.errors import SpecError, did_you_mean, one_of, shorten
 from ..spec.files import LockTimeout, create_file, display_path, locked_file, write_atomic
 from ..spec.loading import SHIPPED_DIR, parse_spec, shipped_spec_names
 from ..spec.names import IDENTIFIER_CHARS, is_identifier
-from ..spec.project import (PYPROJECT, TABLE, ProjectConfig, ProjectConfigError, find_pyproject, parse_pyproject,
-                            read_pyproject)
+from ..spec.project import TABLE, ProjectConfig, find_pyproject, parse_pyproject
 from ..spec.pyproject_edit import CannotEdit, pyproject_with_entry, toml_string
-from ..spec.pyproject_text import lines_with_offsets
+from ..spec.pyproject_text import PYPROJECT, ProjectConfigError, lines_with_offsets, read_pyproject
 from .common import Command
 
 HELP = """Start a spec of your own from a shipped one and list it in pyproject.toml.

@@ -1,10 +1,6 @@
-"""Files graphslot writes and paths it shows, done one way: atomic writes with the umask's
-mode, create-only writes that never replace a file, an advisory lock, and a path as the
-user would type it. Torch-free.
-
-An atomic write puts the data in a temporary file next to the target and renames (or
-hard-links) it into place: a reader sees the old file or the whole new one, and no
-temporary file is left behind, whatever happens (^C included).
+"""Files graphslot reads, writes and shows, done one way: bounded reads, atomic writes (a temporary file renamed
+or hard-linked into place: readers see the old file or the whole new one, and nothing is left behind, ^C included)
+with the umask's mode, create-only writes, an advisory lock, and paths as the user would type them. Torch-free.
 """
 
 from __future__ import annotations
@@ -28,9 +24,13 @@ class TooLarge(ValueError):
     """A file holds more bytes than the reader takes."""
 
 
+class LockTimeout(Exception):
+    """Another process held the lock for longer than the wait allowed."""
+
+
 def read_bounded(path: Union[str, os.PathLike], limit: int) -> bytes:
-    """The bytes of ``path``, read up to ``limit``: TooLarge when it holds more (untrusted
-    input is never read whole); OSError as ``open`` raises it."""
+    """The bytes of ``path``, read up to ``limit``: TooLarge when it holds more (untrusted input is never read
+    whole); OSError as ``open`` raises it."""
     with open(path, "rb") as f:
         data = f.read(limit + 1)
     if len(data) > limit:
@@ -46,8 +46,8 @@ def file_mode() -> int:
 
 
 def _temporary(path: Path, data: Data, mode: int) -> str:
-    """A temporary file next to ``path`` holding ``data`` (text as UTF-8, line endings
-    as they are) with ``mode``; its name. Nothing is left behind when this fails."""
+    """The name of a temporary file next to ``path`` holding ``data`` (text as UTF-8, line endings as they are)
+    with ``mode``. Nothing is left behind when this fails."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -57,59 +57,42 @@ def _temporary(path: Path, data: Data, mode: int) -> str:
     except BaseException:
         if fd != -1:
             os.close(fd)
-        _remove(tmp)
+        Path(tmp).unlink(missing_ok=True)
         raise
     return tmp
 
 
-def _remove(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
 def write_atomic(path: Path, data: Data, mode: Optional[int] = None) -> None:
-    """Replace (or create) ``path`` by ``data`` in one rename. ``mode``: the new file's
-    permission bits (default: the umask's, :func:`file_mode`)."""
-    tmp: Optional[str] = _temporary(path, data, file_mode() if mode is None else mode)
+    """Replace (or create) ``path`` by ``data`` in one rename; ``mode``: the new file's (default: the umask's)."""
+    tmp = _temporary(path, data, file_mode() if mode is None else mode)
     try:
         os.replace(tmp, path)
-        tmp = None
-    finally:
-        if tmp is not None:
-            _remove(tmp)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def create_file(path: Path, data: Data) -> None:
-    """Create ``path`` holding ``data`` in one step, never replacing an existing file
-    (FileExistsError): readers see no file or the whole one. Mode: the umask's."""
+    """Create ``path`` holding ``data`` in one step, never replacing an existing file (FileExistsError): readers
+    see no file or the whole one. Mode: the umask's."""
     tmp = _temporary(path, data, file_mode())
     try:
-        try:
-            os.link(tmp, path)  # atomic, and fails when path exists
-        except FileExistsError:
-            raise
-        except OSError:  # a file system without hard links
-            if os.path.lexists(path):
-                raise FileExistsError(f"{path} exists") from None
-            os.replace(tmp, path)
+        os.link(tmp, path)  # atomic, and fails when path exists
+    except FileExistsError:
+        raise
+    except OSError:  # a file system without hard links
+        if os.path.lexists(path):
+            raise FileExistsError(f"{path} exists") from None
+        os.replace(tmp, path)
     finally:
-        _remove(tmp)
-
-
-class LockTimeout(Exception):
-    """Another process held the lock for longer than the wait allowed."""
+        Path(tmp).unlink(missing_ok=True)
 
 
 @contextmanager
 def locked_file(path: Path, wait_s: float) -> Iterator[None]:
-    """Hold an exclusive advisory lock (``flock``) on the file ``path`` names.
-
-    Replacing a file makes a new one, so once the lock is taken ``path`` must still name
-    the locked file, else the lock is taken again on the new one. LockTimeout after
-    ``wait_s`` seconds. Without ``fcntl`` (Windows) nothing is locked.
-    """
+    """Hold an exclusive advisory lock (``flock``) on the file ``path`` names; LockTimeout after ``wait_s`` seconds.
+    Replacing a file makes a new one, so once the lock is taken ``path`` must still name the locked file, else the
+    lock is taken again on the new one. Without ``fcntl`` (Windows) nothing is locked."""
     deadline = time.monotonic() + wait_s
     flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     while True:
@@ -134,8 +117,8 @@ def locked_file(path: Path, wait_s: float) -> Iterator[None]:
 
 
 def display_path(path: Union[str, os.PathLike], start: Optional[Union[str, os.PathLike]] = None) -> str:
-    """``path`` relative to ``start`` (default: the working directory) when it lies below
-    it, as the user would type it; else as it is (absolute)."""
+    """``path`` relative to ``start`` (default: the working directory) when it lies below it, as the user would
+    type it; else as it is (absolute)."""
     try:
         relative = os.path.relpath(path, start)
     except ValueError:  # another drive

@@ -1,26 +1,25 @@
-"""Adding a path to ``[tool.graphslot] specs`` in a pyproject.toml, edited as text.
-
-There is no TOML writer in the standard library, and rewriting the file would lose the
-user's layout and comments, so the edit is minimal: the entry goes into the existing
-``specs`` array (on its own line when the array has one entry per line, else after the
-last entry), as a new ``specs`` key under the table's header, or as a new table. The
-edit is accepted only when the edited text parses to the old document plus the new path
-at the end of ``specs`` (:func:`verify_addition`); otherwise :class:`CannotEdit` says
-why and the file is left alone. Every scan is linear in the text. Torch-free.
-
-No library does this for untrusted text, as measured: tomlkit (0.15.2) keeps the layout too,
-but takes time quadratic in the dotted keys sharing a prefix (80 five-part keys, 1.5 KB:
-3.7 s; python-poetry/tomlkit#479), and tomllib and tomli write nothing.
+"""Adding a path to ``[tool.graphslot] specs`` in a pyproject.toml, edited as text so its layout and comments stay,
+and accepted only when the result parses to the old document plus that path (else :class:`CannotEdit`). Every scan
+is linear: tomlkit keeps layouts too, but is quadratic in dotted keys sharing a prefix (python-poetry/tomlkit#479).
 """
 
 from __future__ import annotations
 
-import copy
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+import re
+from typing import List, Optional, Tuple
 
 from .project import TABLE, validate_table
 from .pyproject_text import line_key, lines_with_offsets, table_header, tomllib
+
+_BLANK = re.compile(r"(?:[ \t\r\n]|#[^\n]*)*")  # whitespace and comments
+# A TOML string: multi-line basic and literal ones (which may end in up to two quotes of their own), then the single-
+# line ones. The alternatives of each repeated part exclude each other, so a match (or a miss) takes linear time.
+_STRING = re.compile(
+    r'"""(?:[^"\\]|\\[\s\S]|"(?!""))*"""(?:""?)?'  # multi-line basic
+    r"|'''(?:[^']|'(?!''))*'''(?:''?)?"  # multi-line literal
+    r'|"(?!"")(?:[^"\\\n]|\\[\s\S])*"'  # basic
+    r"|'(?!'')[^'\n]*'"  # literal
+)
 
 
 class CannotEdit(Exception):
@@ -33,133 +32,72 @@ def toml_string(text: str) -> str:
 
 
 def _indent(line: str) -> str:
-    """The spaces and tabs ``line`` starts with."""
-    return line[:len(line) - len(line.lstrip(" \t"))]
+    return line[: len(line) - len(line.lstrip(" \t"))]
 
 
-def _skip_blank(text: str, i: int) -> int:
-    """Past whitespace, newlines and comments."""
-    while i < len(text):
-        if text[i] in " \t\r\n":
-            i += 1
-        elif text[i] == "#":
-            end = text.find("\n", i)
-            i = len(text) if end < 0 else end
-        else:
-            break
-    return i
-
-
-def _string_end(text: str, i: int) -> int:
-    """The offset just past the TOML string starting at ``text[i]`` (a quote)."""
-    quote = text[i]
-    multi = text.startswith(quote * 3, i)
-    j = i + (3 if multi else 1)
-    while j < len(text):
-        c = text[j]
-        if c == "\\" and quote == '"':
-            j += 2
-            continue
-        if c == "\n" and not multi:
-            break
-        if c == quote:
-            if not multi:
-                return j + 1
-            if text.startswith(quote * 3, j):
-                k = j
-                while k < len(text) and text[k] == quote and k - j < 5:  # """"" ends with 2 quotes inside
-                    k += 1
-                return k
-        j += 1
-    raise CannotEdit("a string in its specs array does not end")
-
-
-@dataclass
-class ArrayLayout:
-    open: int  # offset of [
-    close: int  # offset of ]
-    elements: List[Tuple[int, int]] = field(default_factory=list)  # (start, end) of each string
-    comma: Optional[int] = None  # offset of a comma after the last element
-
-
-def scan_array(text: str, i: int) -> ArrayLayout:
-    """The layout of the array of strings starting at ``text[i]`` (``[``)."""
-    layout = ArrayLayout(open=i, close=-1)
+def scan_array(text: str, i: int) -> Tuple[int, List[Tuple[int, int]], Optional[int]]:
+    """The array of strings starting at ``text[i]`` (``[``): the offset of its ``]``, the (start, end) of each
+    string, and the offset of a comma after the last one."""
+    elements: List[Tuple[int, int]] = []
+    comma = None
     i += 1
     while True:
-        i = _skip_blank(text, i)
+        i = _BLANK.match(text, i).end()
         if i >= len(text):
             raise CannotEdit("its specs array does not end")
-        c = text[i]
-        if c == "]":
-            layout.close = i
-            return layout
-        if c == "," and layout.elements and layout.comma is None:
-            layout.comma, i = i, i + 1
-        elif c in "\"'" and (not layout.elements or layout.comma is not None):
-            end = _string_end(text, i)
-            layout.elements.append((i, end))
-            layout.comma, i = None, end
+        if text[i] == "]":
+            return i, elements, comma
+        if text[i] == "," and elements and comma is None:
+            comma, i = i, i + 1
+        elif text[i] in "\"'" and (not elements or comma is not None):
+            string = _STRING.match(text, i)
+            if string is None:
+                raise CannotEdit("a string in its specs array does not end")
+            elements.append((i, string.end()))
+            comma, i = None, string.end()
         else:
             raise CannotEdit("its specs array is not a plain list of strings")
 
 
-def _indent_of(text: str, pos: int) -> Optional[str]:
-    """The whitespace before ``pos`` on its line, when only whitespace precedes it."""
-    start = text.rfind("\n", 0, pos) + 1
-    before = text[start:pos]
-    return before if not before.strip() else None
-
-
-def _insert_into_array(text: str, layout: ArrayLayout, item: str, key_indent: str, nl: str) -> str:
-    close_line = text.rfind("\n", 0, layout.close) + 1
-    multi_line = close_line > layout.open and not text[close_line:layout.close].strip()
-    if multi_line:  # ] on a line of its own: the new entry goes on a new line above it
-        indent = None
-        for start, _ in (layout.elements[-1:] + layout.elements[:1]):
-            indent = _indent_of(text, start)
-            if indent is not None:
-                break
+def _insert_into_array(text: str, open_: int, item: str, key_indent: str, nl: str) -> str:
+    close, elements, comma = scan_array(text, open_)
+    close_line = text.rfind("\n", 0, close) + 1
+    if close_line > open_ and not text[close_line:close].strip():  # ] on a line of its own: a new line above it
+        starts = [text[text.rfind("\n", 0, s) + 1 : s] for s, _ in elements[-1:] + elements[:1]]
+        indent = next((before for before in starts if not before.strip()), None)  # only whitespace before
         if indent is None:
-            inside = [line for _, line in lines_with_offsets(text[layout.open:close_line])[1:] if line.strip()]
+            inside = [line for _, line in lines_with_offsets(text[open_:close_line])[1:] if line.strip()]
             indent = _indent(inside[-1]) if inside else key_indent + "    "
-        trailing = layout.comma is not None or not layout.elements
-        new_line = indent + item + ("," if trailing else "") + nl
+        new_line = indent + item + ("," if comma is not None or not elements else "") + nl
         text = text[:close_line] + new_line + text[close_line:]
-        if layout.elements and layout.comma is None:
-            end = layout.elements[-1][1]
-            text = text[:end] + "," + text[end:]
+        if elements and comma is None:
+            text = text[: elements[-1][1]] + "," + text[elements[-1][1] :]
         return text
-    if not layout.elements:
-        if text[layout.open + 1:layout.close].strip():
+    if not elements:
+        if text[open_ + 1 : close].strip():
             raise CannotEdit("its specs array is not a plain list of strings")
-        return text[:layout.open + 1] + item + text[layout.close:]
-    if layout.comma is None:
-        end = layout.elements[-1][1]
-        return text[:end] + ", " + item + text[end:]
-    return text[:layout.comma + 1] + " " + item + "," + text[layout.comma + 1:]
+        return text[: open_ + 1] + item + text[close:]
+    if comma is None:
+        return text[: elements[-1][1]] + ", " + item + text[elements[-1][1] :]
+    return text[: comma + 1] + " " + item + "," + text[comma + 1 :]
 
 
 def add_spec_entry(text: str, entry: str) -> str:
-    """``text`` (a pyproject.toml) with ``entry`` appended to ``[tool.graphslot] specs``:
-    into the existing array, as a new ``specs`` key under the table's header, or as a
-    new table. Only the text around the insertion changes; the result is not verified
-    here (see :func:`verify_addition`). CannotEdit where the layout is not one handled."""
+    """``text`` with ``entry`` appended to ``[tool.graphslot] specs`` (into the array, on its own line when entries
+    have theirs; else a new key or table), not verified; CannotEdit where the layout is not one handled."""
     nl = "\r\n" if "\r\n" in text else "\n"
     item = toml_string(entry)
     lines = lines_with_offsets(text)
-    headers = [(n, table_header(line)) for n, (_, line) in enumerate(lines)]
-    headers = [(n, h) for n, h in headers if h is not None]
-    table = [n for n, (is_array, name) in headers if name == "tool.graphslot" and not is_array]
+    headers = [(n, h) for n, (_, line) in enumerate(lines) if (h := table_header(line)) is not None]
+    table = [n for n, h in headers if h == (False, "tool.graphslot")]
     if not table:
         block = f"[tool.graphslot]{nl}specs = [{item}]{nl}"
-        outputs = [n for n, (is_array, name) in headers if name == "tool.graphslot.outputs" and is_array]
+        outputs = [n for n, h in headers if h == (True, "tool.graphslot.outputs")]
         if outputs:  # before the first output entry and the comment lines right above it
             n = outputs[0]
             while n > 0 and lines[n - 1][1].lstrip().startswith("#"):
                 n -= 1
-            offset = lines[n][0]
-            return text[:offset] + block + nl + text[offset:]
+            return text[: lines[n][0]] + block + nl + text[lines[n][0] :]
         if text and not text.endswith("\n"):
             text += nl
         if text.strip() and not text.endswith(nl + nl):
@@ -167,35 +105,28 @@ def add_spec_entry(text: str, entry: str) -> str:
         return text + block
     start = table[0]
     end = next((n for n, _ in headers if n > start), len(lines))
-    for n in range(start + 1, end):
-        offset, line = lines[n]
+    for offset, line in lines[start + 1 : end]:
         key = line_key(line)
         if key is not None and key[0] == "specs":
-            value = offset + key[1]
-            if not text.startswith("[", value):
+            if not text.startswith("[", offset + key[1]):
                 raise CannotEdit("its specs value is not written as an array [...]")
-            layout = scan_array(text, value)
-            return _insert_into_array(text, layout, item, _indent(line), nl)
+            return _insert_into_array(text, offset + key[1], item, _indent(line), nl)
     if start + 1 >= len(lines):  # the header is the last line and has no newline
         return text + nl + f"specs = [{item}]{nl}"
     offset = lines[start + 1][0]
     return text[:offset] + f"specs = [{item}]{nl}" + text[offset:]
 
 
-def _parsed(text: str) -> Dict[str, Any]:
-    # Floats as their text: a nan anywhere must not make two equal documents differ.
-    return tomllib.loads(text, parse_float=str)
-
-
 def verify_addition(old_text: str, new_text: str, entry: str) -> None:
-    """CannotEdit unless ``new_text`` parses to ``old_text``'s document with ``entry``
-    appended to ``[tool.graphslot] specs`` (created if need be) and nothing else."""
+    """CannotEdit unless ``new_text`` parses to ``old_text``'s document with ``entry`` appended to
+    ``[tool.graphslot] specs`` (created if need be) and nothing else."""
+    unsafe = "its layout is not one graphslot can edit safely (the edit would {})"
+    # Floats as their text: a nan anywhere must not make two equal documents differ.
     try:
-        new = _parsed(new_text)
+        new = tomllib.loads(new_text, parse_float=str)
     except tomllib.TOMLDecodeError:
-        raise CannotEdit("its layout is not one graphslot can edit safely (the edit would not be "
-                         "valid TOML)") from None
-    expected = copy.deepcopy(_parsed(old_text))
+        raise CannotEdit(unsafe.format("not be valid TOML")) from None
+    expected = tomllib.loads(old_text, parse_float=str)
     tool = expected.setdefault("tool", {})
     table = tool.setdefault("graphslot", {}) if isinstance(tool, dict) else None
     if not isinstance(table, dict):
@@ -203,8 +134,7 @@ def verify_addition(old_text: str, new_text: str, entry: str) -> None:
     specs = table.get("specs", [])
     table["specs"] = (list(specs) if isinstance(specs, list) else [specs]) + [entry]
     if new != expected:
-        raise CannotEdit("its layout is not one graphslot can edit safely (the edit would change more "
-                          "than the specs list)")
+        raise CannotEdit(unsafe.format("change more than the specs list"))
     validate_table(new["tool"]["graphslot"], new_text)
 
 

@@ -1,29 +1,14 @@
-"""YAML loading that remembers where every value came from, with bounded resources.
-
-PyYAML's ``safe_load`` throws away line numbers and silently keeps the last of two
-duplicate keys. Specs need both: every error names its line, and a duplicated key is a
-mistake to report, not to resolve. So PyYAML's own composer builds the node tree (with
-its marks), and :func:`load_yaml` turns it into plain Python data plus a
-:class:`Locations` index from key paths to line numbers.
-
-Spec files are untrusted input (they arrive in pull requests, CI reads them), and a spec
-needs nothing but plain mappings, lists and scalars. So the composer refuses, with the
-line and before it recurses further, what a spec never needs:
-
-* aliases and anchors (``*a``, ``&a``): a few hundred bytes of nested aliases expand to
-  gigabytes;
-* nesting deeper than :data:`MAX_YAML_DEPTH`, and more than :data:`MAX_YAML_NODES` values;
-* tags (``!!python/name:…``, ``!!str``, ``!foo``);
-* merge keys (``<<:``) and complex keys (``? [a, b]: 1``);
-* integers outside the signed 64-bit range (``|value| < 2**63``);
-* more than one document.
+"""YAML loading that remembers the line of every value and reports duplicate keys (PyYAML's ``safe_load`` does
+neither), with bounded resources: spec files are untrusted, so the composer refuses, with the line and before it
+recurses further, what a spec never needs (aliases, anchors, tags, merge and complex keys, deep nesting, too many
+values, integers beyond 64 bits, a second document: graphslot/slot_specs/README.md, "Untrusted specs").
 """
 
 from __future__ import annotations
 
 import gc
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import yaml
 
@@ -31,11 +16,9 @@ from .errors import SpecIssue, shorten
 
 Path = Tuple[Any, ...]
 
-# Deepest nesting of mappings and lists a spec may use (a spec needs 4: top level,
-# slots, a slot, its shape).
+# Deepest nesting of mappings and lists a spec may use (a spec needs 4: top level, slots, a slot, its shape).
 MAX_YAML_DEPTH = 32
-# Most values (scalars, lists, mappings; keys included) a spec may hold: the largest
-# spec the limits on slots, params and presets allow fits well within it.
+# Most values (keys included) a spec may hold: the largest spec the limits on slots, params and presets allow fits.
 MAX_YAML_NODES = 250_000
 # Integers a spec may write: |value| < INT_LIMIT (a signed 64-bit value).
 INT_LIMIT = 2**63
@@ -47,12 +30,8 @@ _UNDEFINED = yaml.constructor.SafeConstructor.construct_undefined
 
 @dataclass
 class Locations:
-    """Line numbers (1-based) of the values of a loaded document, by key path.
-
-    ``("slots", 3, "padding")`` is the line of the ``padding:`` entry of the fourth
-    slot. A path that is not recorded falls back to its nearest recorded parent, so a
-    message about a missing key points at the mapping that lacks it.
-    """
+    """Lines (1-based) of a document's values by key path (``("slots", 3, "padding")``); a path not recorded falls
+    back to its nearest recorded parent, so a message about a missing key points at the mapping that lacks it."""
 
     file: str
     lines: Dict[Path, int] = field(default_factory=dict)
@@ -64,71 +43,64 @@ class Locations:
         return self.lines.get(path)
 
 
-@dataclass
-class LoadedYaml:
+class LoadedYaml(NamedTuple):
     data: Any
     locations: Locations
     issues: List[SpecIssue]
-    # The document could not be read as a whole (syntax, or something refused above):
-    # ``data`` is None and nothing else is worth checking.
-    fatal: bool = False
+    fatal: bool = False  # the document could not be read as a whole: ``data`` is None, nothing else to check
 
 
 class _Refused(Exception):
-    def __init__(self, mark, message: str):
+    def __init__(self, event: yaml.Event, message: str):
         super().__init__(message)
-        self.line = mark.line + 1 if mark is not None else None
-        self.message = message
+        self.line, self.message = event.start_mark.line + 1, message
 
 
 def line_of_position(text: str, position: int) -> int:
     return text.count("\n", 0, max(position, 0)) + 1
 
 
-def _too_deep(max_depth: int) -> str:
-    return f"YAML nesting deeper than {max_depth} levels: a spec needs only a few"
+_TOO_DEEP = "YAML nesting deeper than {} levels: a spec needs only a few"
 
 
-# libyaml's parser when available (linear and fast), else PyYAML's own; either way
-# PyYAML's (Python) composer, checked at every node.
-_EVENTS = ((yaml.cyaml.CParser,) if yaml.__with_libyaml__
-           else (yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser))
+# libyaml's parser when available (linear and fast), else PyYAML's own; either way PyYAML's composer, checked at
+# every node.
+_EVENTS = (
+    (yaml.cyaml.CParser,) if yaml.__with_libyaml__ else (yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser)
+)
 
 
-class _Scalar:
-    __slots__ = ("data", "line")
-
-    def __init__(self, data: Any, line: int):
-        self.data, self.line = data, line
+class _Scalar(NamedTuple):  # small: a spec may hold many
+    data: Any
+    line: int
 
 
 class _Composer(yaml.composer.Composer, *_EVENTS, yaml.constructor.SafeConstructor, yaml.resolver.Resolver):
     def __init__(self, text: str, max_depth: int, max_nodes: int):
         _EVENTS[0].__init__(self, text)
-        for base in _EVENTS[1:]:
+        for base in (*_EVENTS[1:], yaml.composer.Composer, yaml.constructor.SafeConstructor):
             base.__init__(self)
-        yaml.composer.Composer.__init__(self)
-        yaml.constructor.SafeConstructor.__init__(self)
         self.max_depth, self.max_nodes, self.depth, self.nodes = max_depth, max_nodes, 0, 0
 
     def compose_node(self, parent, index):
         event = self.peek_event()
         self.nodes += 1
         if self.nodes > self.max_nodes:
-            raise _Refused(event.start_mark, f"more than {self.max_nodes} YAML values: a spec holds a few hundred")
+            raise _Refused(event, f"more than {self.max_nodes} YAML values: a spec holds a few hundred")
         if isinstance(event, yaml.AliasEvent):
-            raise _Refused(event.start_mark, "YAML aliases (*name) are not allowed in a spec: write the value out")
+            raise _Refused(event, "YAML aliases (*name) are not allowed in a spec: write the value out")
         if event.anchor is not None:
-            raise _Refused(event.start_mark, "YAML anchors (&name) are not allowed in a spec: "
-                                             "write the value out where it is used")
+            raise _Refused(
+                event, "YAML anchors (&name) are not allowed in a spec: write the value out where it is used"
+            )
         if event.tag is not None:
-            raise _Refused(event.start_mark, f"YAML tags ({shorten(event.tag)}) are not allowed in a spec")
+            raise _Refused(event, f"YAML tags ({shorten(event.tag)}) are not allowed in a spec")
         if isinstance(event, yaml.ScalarEvent):
             return self.compose_scalar_node()
         if isinstance(parent, yaml.MappingNode) and index is None:  # a mapping key
-            raise _Refused(event.start_mark, "mapping keys must be plain scalars, not a list or a mapping (? [a, b]: …)")
+            raise _Refused(event, "mapping keys must be plain scalars, not a list or a mapping (? [a, b]: …)")
         if self.depth >= self.max_depth:
-            raise _Refused(event.start_mark, _too_deep(self.max_depth))
+            raise _Refused(event, _TOO_DEEP.format(self.max_depth))
         self.depth += 1
         node = super().compose_node(parent, index)
         self.depth -= 1
@@ -139,29 +111,29 @@ class _Composer(yaml.composer.Composer, *_EVENTS, yaml.constructor.SafeConstruct
         event = self.get_event()
         tag = self.resolve(yaml.ScalarNode, event.value, event.implicit)
         if tag == _MERGE_TAG:
-            raise _Refused(event.start_mark, "YAML merge keys (<<) are not allowed in a spec: write the keys out")
+            raise _Refused(event, "YAML merge keys (<<) are not allowed in a spec: write the keys out")
+        node = yaml.ScalarNode(tag, event.value, event.start_mark, event.end_mark)
         try:
-            data = event.value if tag == _STR_TAG else self.yaml_constructors.get(tag, _UNDEFINED)(
-                self, yaml.ScalarNode(tag, event.value, event.start_mark, event.end_mark))
+            data = event.value if tag == _STR_TAG else self.yaml_constructors.get(tag, _UNDEFINED)(self, node)
         except (yaml.YAMLError, ValueError, OverflowError) as exc:
             reason = getattr(exc, "problem", None) or str(exc)
-            raise _Refused(event.start_mark, f"cannot read the value {shorten(event.value)}: {reason}") from None
+            raise _Refused(event, f"cannot read the value {shorten(event.value)}: {reason}") from None
         if isinstance(data, int) and not isinstance(data, bool) and not -INT_LIMIT < data < INT_LIMIT:
-            raise _Refused(event.start_mark, f"integer {shorten(event.value)} is out of range: "
-                                             "spec integers must lie strictly between -2**63 and 2**63")
+            why = "spec integers must lie strictly between -2**63 and 2**63"
+            raise _Refused(event, f"integer {shorten(event.value)} is out of range: {why}")
         return _Scalar(data, event.start_mark.line + 1)
 
     def compose_spec(self) -> Optional[yaml.Node]:
         self.get_event()  # StreamStart
         node = None if self.check_event(yaml.StreamEndEvent) else self.compose_document()
         if not self.check_event(yaml.StreamEndEvent):
-            raise _Refused(self.peek_event().start_mark, "a spec is one YAML document; remove the second one ('---')")
+            raise _Refused(self.peek_event(), "a spec is one YAML document; remove the second one ('---')")
         return node
 
 
 def _data(node: yaml.Node, path: Path, locations: Locations, issues: List[SpecIssue]) -> Any:
-    """The value of ``node`` at ``path``, its lines recorded in ``locations``; the value of
-    a duplicated key is the first one (recursion: the depth is bounded)."""
+    """The value of ``node`` at ``path``, its lines recorded in ``locations``; a duplicated key keeps its first
+    value (recursion: the depth is bounded)."""
     locations.lines.setdefault(path, node.line)
     if isinstance(node, _Scalar):
         return node.data
@@ -172,8 +144,9 @@ def _data(node: yaml.Node, path: Path, locations: Locations, issues: List[SpecIs
     for key_node, value_node in node.value:
         key, line = key_node.data, key_node.line
         if key in first_seen:
-            issues.append(SpecIssue(locations.file, line, f"duplicate key {_key_text(key)} (first at line "
-                                    f"{first_seen[key]}); YAML would silently keep the last one: remove one of them"))
+            message = f"duplicate key '{shorten(str(key), quote=False)}' (first at line {first_seen[key]})"
+            message += "; YAML would silently keep the last one: remove one of them"
+            issues.append(SpecIssue(locations.file, line, message))
             continue
         first_seen[key] = line
         locations.lines[path + (key,)] = line
@@ -181,12 +154,11 @@ def _data(node: yaml.Node, path: Path, locations: Locations, issues: List[SpecIs
     return result
 
 
-def load_yaml(text: str, file: str, *, max_depth: int = MAX_YAML_DEPTH,
-              max_nodes: int = MAX_YAML_NODES) -> LoadedYaml:
+def load_yaml(text: str, file: str, *, max_depth: int = MAX_YAML_DEPTH, max_nodes: int = MAX_YAML_NODES) -> LoadedYaml:
     """Parse ``text``; syntax errors, refused constructs and duplicate keys come back as issues."""
     locations, issues = Locations(file), []
-    # Building many small containers makes the cyclic GC rescan the growing heap again
-    # and again (quadratic in the file); nothing built here is cyclic.
+    # Building many small containers makes the cyclic GC rescan the growing heap again and again (quadratic in the
+    # file); nothing built here is cyclic.
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -197,10 +169,9 @@ def load_yaml(text: str, file: str, *, max_depth: int = MAX_YAML_DEPTH,
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None
-        reason = exc.problem or str(exc)
-        message = f"YAML syntax error: {exc.context}, {reason}" if exc.context else f"YAML syntax error: {reason}"
+        message = f"YAML syntax error: {exc.context + ', ' if exc.context else ''}{exc.problem or exc}"
         if "maximum nesting depth" in (exc.problem or ""):
-            message = _too_deep(max_depth)  # libyaml (PyYAML >= 6.0.4) has its own, higher, depth limit
+            message = _TOO_DEEP.format(max_depth)  # libyaml (PyYAML >= 6.0.4) has its own, higher, depth limit
     except yaml.reader.ReaderError as exc:
         char = exc.character
         shown = f"{char!r}" if isinstance(char, str) else f"#x{char:04x}" if isinstance(char, int) else "?"
@@ -211,7 +182,3 @@ def load_yaml(text: str, file: str, *, max_depth: int = MAX_YAML_DEPTH,
         if gc_was_enabled:
             gc.enable()
     return LoadedYaml(None, locations, [SpecIssue(file, line, message)], fatal=True)
-
-
-def _key_text(key: Any) -> str:
-    return f"'{shorten(str(key), quote=False)}'"
