@@ -48,8 +48,9 @@ def format_bytes(n: int) -> str:
     return f"{n} bytes" if n < 1024 else f"{n} bytes ({human_bytes(n)})"
 
 
-def byte_cap(max_bytes: Optional[int], env: str, default: Optional[int],
-             default_origin: str = "the default") -> Tuple[Optional[int], str]:
+def byte_cap(
+    max_bytes: Optional[int], env: str, default: Optional[int], default_origin: str = "the default"
+) -> Tuple[Optional[int], str]:
     """The cap and where it came from: ``max_bytes`` when given, else the byte-count
     environment variable named ``env`` (declared in :mod:`graphslot.env`) when set, else
     ``default`` (None: no cap)."""
@@ -63,8 +64,9 @@ def byte_cap(max_bytes: Optional[int], env: str, default: Optional[int],
     return default, default_origin
 
 
-def check_buffer_bytes(spec_name: str, sized: Iterable[Tuple[str, int]], where: str,
-                       max_bytes: Optional[int] = None) -> int:
+def check_buffer_bytes(
+    spec_name: str, sized: Iterable[Tuple[str, int]], where: str, max_bytes: Optional[int] = None
+) -> int:
     """The total of ``sized`` (``(slot name, bytes)`` pairs), or a BufferBudgetError.
 
     ``where`` says at which capacities (``max_bs=…, max_num_tokens=…``). Refused: any
@@ -74,9 +76,11 @@ def check_buffer_bytes(spec_name: str, sized: Iterable[Tuple[str, int]], where: 
     total, largest = 0, (0, "")
     for name, nbytes in sized:
         if nbytes >= TORCH_MAX_BYTES:
-            raise BufferBudgetError(f"spec '{spec_name}', slot '{name}': its buffer would take {nbytes} bytes at "
-                                    f"{where}, beyond what torch can allocate (under 2**63 bytes); lower the "
-                                    "capacities or the params its shape is made of")
+            raise BufferBudgetError(
+                f"spec '{spec_name}', slot '{name}': its buffer would take {nbytes} bytes at "
+                f"{where}, beyond what torch can allocate (under 2**63 bytes); lower the "
+                "capacities or the params its shape is made of"
+            )
         total += nbytes
         largest = max(largest, (nbytes, name))
     if total > cap:
@@ -84,5 +88,6 @@ def check_buffer_bytes(spec_name: str, sized: Iterable[Tuple[str, int]], where: 
             f"spec '{spec_name}': its buffers would take {format_bytes(total)} at {where}, over the cap of "
             f"{format_bytes(cap)} ({origin}); the largest is slot '{largest[1]}', {format_bytes(largest[0])}. "
             f"Nothing was allocated. Lower the capacities, or raise the cap: max_bytes=N (the runner "
-            f"configs) or the environment variable {MAX_BUFFER_BYTES_ENV}=N")
+            f"configs) or the environment variable {MAX_BUFFER_BYTES_ENV}=N"
+        )
     return total

@@ -15,14 +15,21 @@ from .errors import ExprError, SpecIssue, shorten
 from .kinds import CAPACITY_NAMES
 from .model import ParamSpec, SlotSpec
 from .names import char_name, control_character, is_identifier
-from .param_checks import (MAX_PARAM_CHAIN, Reporter, check_param_chains, check_params, check_presets,
-                           param_value_sets)
+from .param_checks import MAX_PARAM_CHAIN, Reporter, check_param_chains, check_params, check_presets, param_value_sets
 from .resolve import evaluate_field, slot_dtype
 from .slot_checks import MAX_RANK, RESERVED_SLOT_NAMES, SlotChecker
 from .yaml_loader import Locations
 
-__all__ = ["DEFAULT_MAX_BYTES", "MAX_PARAM_CHAIN", "MAX_RANK", "RESERVED_SLOT_NAMES", "VALIDATION_CAPACITIES",
-           "check_spec", "control_character", "is_identifier"]
+__all__ = [
+    "DEFAULT_MAX_BYTES",
+    "MAX_PARAM_CHAIN",
+    "MAX_RANK",
+    "RESERVED_SLOT_NAMES",
+    "VALIDATION_CAPACITIES",
+    "check_spec",
+    "control_character",
+    "is_identifier",
+]
 
 # The cap on the bytes a spec may declare, summed over its enabled slots at
 # VALIDATION_CAPACITIES, under the defaults and under each preset. Override per call
@@ -62,8 +69,11 @@ def check_spec(
     for index, slot in slots:
         path = ("slots", index)
         if slot.name in first_line:
-            report.add(path + ("name",), f"duplicate slot name (first at line {first_line[slot.name]})",
-                       shorten(slot.name, quote=False))
+            report.add(
+                path + ("name",),
+                f"duplicate slot name (first at line {first_line[slot.name]})",
+                shorten(slot.name, quote=False),
+            )
         else:
             first_line[slot.name] = locations.line(path + ("name",)) or 0
         SlotChecker(slot, path, params, types, default_values, report, import_hooks).run()
@@ -74,13 +84,17 @@ def check_spec(
 
 def _check_texts(name: Any, descriptions, report: Reporter) -> None:
     if isinstance(name, str) and not is_identifier(name):
-        report.add(("name",), f"spec name {shorten(name)} must be an identifier (letters, digits, '_'; "
-                              "not starting with a digit): generated module names are made from it")
+        report.add(
+            ("name",),
+            f"spec name {shorten(name)} must be an identifier (letters, digits, '_'; "
+            "not starting with a digit): generated module names are made from it",
+        )
     for path, text in descriptions:
         bad = control_character(text, allow="\n\t")
         if bad is not None:
-            report.add(path, f"description contains the control character {char_name(bad)}; "
-                             "only newlines and tabs are allowed")
+            report.add(
+                path, f"description contains the control character {char_name(bad)}; only newlines and tabs are allowed"
+            )
 
 
 def _check_total_bytes(slots, presets, default_values, max_bytes: int, report: Reporter) -> None:
@@ -105,8 +119,11 @@ def _check_total_bytes(slots, presets, default_values, max_bytes: int, report: R
             largest = max(largest, (nbytes, slot.name))
         if total > max_bytes:
             under = "" if preset is None else f" with preset '{shorten(str(preset), quote=False)}'"
-            report.add(("slots",), f"the enabled slots take {total} bytes at {where}{under}, more than the "
-                                   f"limit of {max_bytes} bytes (largest: slot '{largest[1]}', {largest[0]} "
-                                   "bytes); raise it with `graphslot validate --max-bytes N` or "
-                                   "load_spec(..., max_bytes=N)")
+            report.add(
+                ("slots",),
+                f"the enabled slots take {total} bytes at {where}{under}, more than the "
+                f"limit of {max_bytes} bytes (largest: slot '{largest[1]}', {largest[0]} "
+                "bytes); raise it with `graphslot validate --max-bytes N` or "
+                "load_spec(..., max_bytes=N)",
+            )
             return

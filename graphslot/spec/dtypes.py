@@ -75,17 +75,47 @@ _CANONICAL = [
 ]
 
 # torch's other names for the same dtypes (torch.long is torch.int64).
-_ALIASES = {"short": "int16", "int": "int32", "long": "int64", "half": "float16", "float": "float32",
-            "double": "float64", "chalf": "complex32", "cfloat": "complex64", "cdouble": "complex128",
-            "bit": "uint1"}
+_ALIASES = {
+    "short": "int16",
+    "int": "int32",
+    "long": "int64",
+    "half": "float16",
+    "float": "float32",
+    "double": "float64",
+    "chalf": "complex32",
+    "cfloat": "complex64",
+    "cdouble": "complex128",
+    "bit": "uint1",
+}
 
 # Spellings other tools use (numpy, JAX, model configs), never accepted -- a spec names
 # torch's dtypes -- but answered with the name meant: "fp32" gets "did you mean 'float32'".
-SPELLINGS = {"fp64": "float64", "f64": "float64", "fp32": "float32", "f32": "float32", "fp16": "float16",
-             "f16": "float16", "bf16": "bfloat16", "bfloat": "bfloat16", "i8": "int8", "i16": "int16",
-             "i32": "int32", "i64": "int64", "u8": "uint8", "u16": "uint16", "u32": "uint32", "u64": "uint64",
-             "uint": "uint32", "boolean": "bool", "b8": "bool", "c64": "complex64", "c128": "complex128",
-             "fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
+SPELLINGS = {
+    "fp64": "float64",
+    "f64": "float64",
+    "fp32": "float32",
+    "f32": "float32",
+    "fp16": "float16",
+    "f16": "float16",
+    "bf16": "bfloat16",
+    "bfloat": "bfloat16",
+    "i8": "int8",
+    "i16": "int16",
+    "i32": "int32",
+    "i64": "int64",
+    "u8": "uint8",
+    "u16": "uint16",
+    "u32": "uint32",
+    "u64": "uint64",
+    "uint": "uint32",
+    "boolean": "bool",
+    "b8": "bool",
+    "c64": "complex64",
+    "c128": "complex128",
+    "fp8": "float8_e4m3fn",
+    "fp8_e4m3": "float8_e4m3fn",
+    "fp8_e5m2": "float8_e5m2",
+}
 
 _BY_CANONICAL = {info.name: info for info in _CANONICAL}
 # Every name a spec may write, aliases included → its dtype's facts.
@@ -156,8 +186,10 @@ def dtype_name(dtype: Any) -> str:
     return str(parsed) if parsed is not None else str(dtype).removeprefix("torch.")
 
 
-TORCH_MISSING = ("graphslot's runtime needs torch, which is not installed here: install your engine's torch "
-                 "build, or pip install 'graphslot[torch]' (validate, show, schema and generate run without it)")
+TORCH_MISSING = (
+    "graphslot's runtime needs torch, which is not installed here: install your engine's torch "
+    "build, or pip install 'graphslot[torch]' (validate, show, schema and generate run without it)"
+)
 
 
 def import_torch() -> Any:

@@ -58,8 +58,9 @@ def did_you_mean(word: str, candidates: Iterable[str]) -> str:
     # difflib is quadratic in the lengths: a hint is for typos, not for hostile input.
     if len(word) > MAX_HINT_WORD or len(candidates) > MAX_HINT_CANDIDATES:
         return ""
-    close = difflib.get_close_matches(word, sorted(c for c in candidates if len(c) <= 2 * MAX_HINT_WORD),
-                                      n=1, cutoff=0.6)
+    close = difflib.get_close_matches(
+        word, sorted(c for c in candidates if len(c) <= 2 * MAX_HINT_WORD), n=1, cutoff=0.6
+    )
     return f"; did you mean '{close[0]}'?" if close else ""
 
 

@@ -33,10 +33,21 @@ INT_LIMIT = 2**63
 _BOOL_NAMES = {"true": True, "false": False}
 _FUNCS = {"max": max, "min": min}
 _UNARY = {ast.USub: ("-", operator.neg), ast.UAdd: ("+", operator.pos), ast.Not: ("not", operator.not_)}
-_BINOPS = {ast.Add: ("+", operator.add), ast.Sub: ("-", operator.sub), ast.Mult: ("*", operator.mul),
-           ast.FloorDiv: ("//", operator.floordiv), ast.Mod: ("%", operator.mod)}
-_COMPARE = {ast.Eq: ("==", operator.eq), ast.NotEq: ("!=", operator.ne), ast.Lt: ("<", operator.lt),
-            ast.LtE: ("<=", operator.le), ast.Gt: (">", operator.gt), ast.GtE: (">=", operator.ge)}
+_BINOPS = {
+    ast.Add: ("+", operator.add),
+    ast.Sub: ("-", operator.sub),
+    ast.Mult: ("*", operator.mul),
+    ast.FloorDiv: ("//", operator.floordiv),
+    ast.Mod: ("%", operator.mod),
+}
+_COMPARE = {
+    ast.Eq: ("==", operator.eq),
+    ast.NotEq: ("!=", operator.ne),
+    ast.Lt: ("<", operator.lt),
+    ast.LtE: ("<=", operator.le),
+    ast.Gt: (">", operator.gt),
+    ast.GtE: (">=", operator.ge),
+}
 
 # Python's precedence levels, lowest first: to_python adds only the parentheses needed.
 _P_IF, _P_OR, _P_AND, _P_NOT, _P_CMP, _P_ADD, _P_MUL, _P_UNARY, _P_ATOM = range(9)
@@ -104,8 +115,10 @@ class Expr:
         self._shown = shorten(text, quote=False)  # how messages quote it
         self._source = text.strip()  # YAML may leave spaces around it; ast rejects a leading one
         if len(self._source) > MAX_EXPR_LENGTH:
-            raise ExprError(f"expression '{self._shown}' is {len(self._source)} characters long; "
-                            f"at most {MAX_EXPR_LENGTH} are allowed")
+            raise ExprError(
+                f"expression '{self._shown}' is {len(self._source)} characters long; "
+                f"at most {MAX_EXPR_LENGTH} are allowed"
+            )
         try:
             self._tree = ast.parse(self._source, mode="eval").body
         except (SyntaxError, ValueError) as e:  # ValueError: e.g. a NUL byte
@@ -166,18 +179,23 @@ class Expr:
         return ExprError(f"unsupported syntax '{fragment}' in expression '{self._shown}': {allowed}")
 
     def _unknown(self, name: str, known: Collection[str]) -> ExprError:
-        return ExprError(f"unknown name '{shorten(name, quote=False)}' in expression '{self._shown}'"
-                         f"{did_you_mean(name, known)}")
+        return ExprError(
+            f"unknown name '{shorten(name, quote=False)}' in expression '{self._shown}'{did_you_mean(name, known)}"
+        )
 
     def _too_deep(self) -> ExprError:
-        return ExprError(f"expression '{self._shown}' nests deeper than {MAX_EXPR_DEPTH} levels "
-                         "(a sum of n terms nests n deep)")
+        return ExprError(
+            f"expression '{self._shown}' nests deeper than {MAX_EXPR_DEPTH} levels (a sum of n terms nests n deep)"
+        )
 
     def _bounded(self, node: ast.AST, value: Any) -> Any:
         """``value``, unless it is an int outside the signed 64-bit range."""
         if type(value) is int and not -INT_LIMIT < value < INT_LIMIT:
-            raise self._fail(node, f"integer overflow: the value has {value.bit_length()} bits, "
-                                   "beyond the signed 64-bit range (|value| < 2**63)")
+            raise self._fail(
+                node,
+                f"integer overflow: the value has {value.bit_length()} bits, "
+                "beyond the signed 64-bit range (|value| < 2**63)",
+            )
         return value
 
     # -- syntax -----------------------------------------------------------------

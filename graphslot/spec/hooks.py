@@ -97,9 +97,11 @@ def is_import_reference(ref: str) -> bool:
 
 
 #: What to do when a hook's module is not installed where it is being checked (validate).
-NOT_INSTALLED = ("; install it (and what it imports) into this environment -- for a pre-commit hook, list it under "
-                 "additional_dependencies or use a `repo: local` hook -- or check hooks here without importing them "
-                 "(no --import-hooks, import_hooks = false)")
+NOT_INSTALLED = (
+    "; install it (and what it imports) into this environment -- for a pre-commit hook, list it under "
+    "additional_dependencies or use a `repo: local` hook -- or check hooks here without importing them "
+    "(no --import-hooks, import_hooks = false)"
+)
 
 
 def import_hook(ref: str, when_missing: str = "") -> Callable:
@@ -110,16 +112,17 @@ def import_hook(ref: str, when_missing: str = "") -> Callable:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         missing = exc.name or module_name
-        raise HookError(f"cannot import module '{module_name}' for hook '{ref}': no module named '{missing}' in "
-                        f"this Python environment ({sys.executable}){when_missing}") from None
+        raise HookError(
+            f"cannot import module '{module_name}' for hook '{ref}': no module named '{missing}' in "
+            f"this Python environment ({sys.executable}){when_missing}"
+        ) from None
     except ImportError as exc:
         raise HookError(f"cannot import module '{module_name}' for hook '{ref}': {exc}") from None
     target: Any = module
     for part in attr.split("."):
         if not hasattr(target, part):
             raise HookError(
-                f"module '{module_name}' has no attribute '{attr}' (hook '{ref}')"
-                + did_you_mean(part, dir(target))
+                f"module '{module_name}' has no attribute '{attr}' (hook '{ref}')" + did_you_mean(part, dir(target))
             )
         target = getattr(target, part)
     if not callable(target):
@@ -137,8 +140,7 @@ def check_signature(fn: Callable, kind: str, ref: str) -> None:
         signature.bind(*params)
     except TypeError:
         raise HookError(
-            f"{kind} hook '{ref}' has signature {signature}, but {kind} hooks are "
-            f"called as ({', '.join(params)})"
+            f"{kind} hook '{ref}' has signature {signature}, but {kind} hooks are called as ({', '.join(params)})"
         ) from None
 
 
@@ -151,10 +153,7 @@ def check_reference(ref: str, kind: str) -> None:
     if is_import_reference(ref):
         check_signature(import_hook(ref, NOT_INSTALLED), kind, ref)
     elif ref in BUILTIN_HOOKS and BUILTIN_HOOKS[ref].kind != kind:
-        raise HookError(
-            f"built-in hook '{ref}' is a {BUILTIN_HOOKS[ref].kind} hook and cannot be "
-            f"used as {kind}"
-        )
+        raise HookError(f"built-in hook '{ref}' is a {BUILTIN_HOOKS[ref].kind} hook and cannot be used as {kind}")
 
 
 def bind_hook(
@@ -209,8 +208,10 @@ def _shard(get, fail):
         return False, 0, 1
     rank, size = int(get("attn_tp_rank", 0)), int(get("attn_tp_size", 1))
     if not (size >= 1 and 0 <= rank < size):
-        raise fail(f"attn_tp_rank={rank} must lie in [0, attn_tp_size={size}) when the "
-                   "non-padded count is sharded (attn_tp_sharded)")
+        raise fail(
+            f"attn_tp_rank={rank} must lie in [0, attn_tp_size={size}) when the "
+            "non-padded count is sharded (attn_tp_sharded)"
+        )
     return True, rank, size
 
 
@@ -239,8 +240,9 @@ def _count(value: Any, field: str, slot_name: str) -> int:
     try:
         return operator.index(value)
     except TypeError:
-        raise SlotError(f"slot '{slot_name}': fb.{field} is {type(value).__name__} {shorten(value)}; a count is an "
-                        "int or a tensor") from None
+        raise SlotError(
+            f"slot '{slot_name}': fb.{field} is {type(value).__name__} {shorten(value)}; a count is an int or a tensor"
+        ) from None
 
 
 def _local_bounds(sharded, rank, size, padded_num_tokens):
@@ -345,8 +347,7 @@ def _global_num_tokens(params, slot_name):
 @builtin_hook(
     "dotted_field",
     "source",
-    "Read a structured slot's dotted name off the batch (`a.b` → fb.a.b); None when any "
-    "part is missing.",
+    "Read a structured slot's dotted name off the batch (`a.b` → fb.a.b); None when any part is missing.",
 )
 def _dotted_field(params, slot_name):
     parts = slot_name.split(".")

@@ -17,8 +17,16 @@ from typing import Any, Callable, Iterator, Mapping, Optional
 
 from .errors import SlotError, shorten
 
-__all__ = ["ContextFactory", "Live", "LiveParamError", "LiveParams", "at_slot", "context_factory", "live_view",
-           "naming_slot"]
+__all__ = [
+    "ContextFactory",
+    "Live",
+    "LiveParamError",
+    "LiveParams",
+    "at_slot",
+    "context_factory",
+    "live_view",
+    "naming_slot",
+]
 
 
 class LiveParamError(SlotError):
@@ -34,6 +42,7 @@ def at_slot(exc: LiveParamError, slot: str) -> SlotError:
 
 def naming_slot(hook: Callable, slot: str) -> Callable:
     """``hook``, whose live-param failures name ``slot``."""
+
     def named(*args):
         try:
             return hook(*args)
@@ -83,8 +92,10 @@ class LiveParams(Mapping):
         if value is _UNREAD:
             value = evaluated[name] = self._evaluate(name, provider)
         elif value is _READING:
-            raise LiveParamError(f"live param '{name}': its provider reads ctx.params['{name}'] itself (a provider "
-                                 "computes the value; it cannot read it)")
+            raise LiveParamError(
+                f"live param '{name}': its provider reads ctx.params['{name}'] itself (a provider "
+                "computes the value; it cannot read it)"
+            )
         return value
 
     def _evaluate(self, name: str, provider: "Live") -> Any:
@@ -94,8 +105,9 @@ class LiveParams(Mapping):
         except LiveParamError:
             raise
         except Exception as exc:
-            raise LiveParamError(f"live param '{name}': its provider raised {type(exc).__name__}: "
-                                 f"{shorten(str(exc), quote=False)}") from exc
+            raise LiveParamError(
+                f"live param '{name}': its provider raised {type(exc).__name__}: {shorten(str(exc), quote=False)}"
+            ) from exc
         finally:
             self._evaluated.pop(name)
         if provider.check is None:

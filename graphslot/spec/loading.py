@@ -13,8 +13,20 @@ from .checks import DEFAULT_MAX_BYTES, check_spec
 from .errors import SpecError, SpecIssue, did_you_mean, one_of, shorten
 from .files import TooLarge, display_path, read_bounded
 from .project_specs import is_spec_name, project_spec, project_spec_names, project_specs
-from .model import (AXES, MAX_PARAMS, MAX_PRESETS, MAX_SLOTS, PADDINGS, PARAM_KEYS, PARAM_TYPES, SLOT_KEYS,
-                    TOP_KEYS, ParamSpec, RegistrySpec, SlotSpec)
+from .model import (
+    AXES,
+    MAX_PARAMS,
+    MAX_PRESETS,
+    MAX_SLOTS,
+    PADDINGS,
+    PARAM_KEYS,
+    PARAM_TYPES,
+    SLOT_KEYS,
+    TOP_KEYS,
+    ParamSpec,
+    RegistrySpec,
+    SlotSpec,
+)
 from .yaml_loader import INT_LIMIT, MAX_YAML_DEPTH, MAX_YAML_NODES, Locations, line_of_position, load_yaml
 
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "slot_specs"
@@ -67,13 +79,24 @@ def spec_path(name_or_path: Union[str, os.PathLike]) -> Path:
     if not path.is_file():
         names = project_spec_names(project)
         known = (f"; the project's specs are: {one_of(names)}" if names else "") + "; shipped specs are: "
-        raise SpecError([SpecIssue(text, None, "no such spec file" + known + one_of(shipped_spec_names())
-                                   + did_you_mean(text, names + shipped_spec_names()))])
+        raise SpecError(
+            [
+                SpecIssue(
+                    text,
+                    None,
+                    "no such spec file"
+                    + known
+                    + one_of(shipped_spec_names())
+                    + did_you_mean(text, names + shipped_spec_names()),
+                )
+            ]
+        )
     return path
 
 
-def load_spec(name_or_path: Union[str, os.PathLike], *, import_hooks: bool = False,
-              max_bytes: Optional[int] = None) -> RegistrySpec:
+def load_spec(
+    name_or_path: Union[str, os.PathLike], *, import_hooks: bool = False, max_bytes: Optional[int] = None
+) -> RegistrySpec:
     """Load a spec by name -- the project's own spec of that name, else a shipped one
     (:func:`spec_path`) -- or a spec file by path.
 
@@ -96,8 +119,9 @@ def load_spec(name_or_path: Union[str, os.PathLike], *, import_hooks: bool = Fal
     return spec if key is None else _remember(_FILE_SPECS, key, spec)
 
 
-def spec_from_dict(data: Mapping[str, Any], label: str = "<code>", *, import_hooks: bool = False,
-                   max_bytes: Optional[int] = None) -> RegistrySpec:
+def spec_from_dict(
+    data: Mapping[str, Any], label: str = "<code>", *, import_hooks: bool = False, max_bytes: Optional[int] = None
+) -> RegistrySpec:
     """A spec built in code: the same mapping a YAML spec file holds (dicts, lists, str,
     int, float, bool and None), through exactly the validation of :func:`parse_spec`.
     Errors name ``label`` (such as ``"<code: my_engine>"``; the spec's ``path``) and the slot; they
@@ -140,20 +164,26 @@ def _plain_copy(data: Any, source: str) -> Dict[str, Any]:
     and float (enums) and numpy scalars become their plain values; a sequence is read
     by iterating it (never by trusting its ``len``)."""
     if not isinstance(data, Mapping):
-        raise SpecError([SpecIssue(source, None, f"a spec is a mapping with keys {', '.join(TOP_KEYS)}, got "
-                                                 f"{type(data).__name__}")])
+        raise SpecError(
+            [SpecIssue(source, None, f"a spec is a mapping with keys {', '.join(TOP_KEYS)}, got {type(data).__name__}")]
+        )
     root: Dict[str, Any] = {}
     stack: List[Tuple[Any, Any, Tuple[Any, ...]]] = [(data, root, ())]
     nodes = 0
     while stack:
         value, into, path = stack.pop()
         mapping = isinstance(value, Mapping)
-        for key, item in (value.items() if mapping else enumerate(value)):
+        for key, item in value.items() if mapping else enumerate(value):
             nodes += 1
             if mapping and type(key) is not str:
                 if not isinstance(key, str):
-                    raise SpecError([SpecIssue(source, None, f"{_data_path(path) or 'the spec'}: key "
-                                                             f"{shorten(key)} is not a string")])
+                    raise SpecError(
+                        [
+                            SpecIssue(
+                                source, None, f"{_data_path(path) or 'the spec'}: key {shorten(key)} is not a string"
+                            )
+                        ]
+                    )
                 key = str.__str__(key)  # a str enum's value, not its name
             item = _numpy_scalar(item)
             problem = None
@@ -164,10 +194,16 @@ def _plain_copy(data: Any, source: str) -> Dict[str, Any]:
                 problem = f"nested deeper than {MAX_YAML_DEPTH} levels"
             elif kind is int and abs(item) >= INT_LIMIT:
                 problem = f"integer {shorten(item)} out of range (|value| < 2**63)"
-            elif kind not in _SCALARS and kind is not dict and kind is not list and not isinstance(
-                    item, (str, int, float, Mapping, list, tuple)):
-                problem = (f"{_type_name(kind)} is not plain data: a spec from code holds only dicts, lists, "
-                           "str, int, float, bool and None (a dtype by its name: 'int64')")
+            elif (
+                kind not in _SCALARS
+                and kind is not dict
+                and kind is not list
+                and not isinstance(item, (str, int, float, Mapping, list, tuple))
+            ):
+                problem = (
+                    f"{_type_name(kind)} is not plain data: a spec from code holds only dicts, lists, "
+                    "str, int, float, bool and None (a dtype by its name: 'int64')"
+                )
             if problem is not None:
                 raise SpecError([SpecIssue(source, None, f"{_data_path(path + (key,))}: {problem}")])
             if not mapping:
@@ -181,11 +217,24 @@ def _plain_copy(data: Any, source: str) -> Dict[str, Any]:
                 into[key] = []
                 stack.append((item, into[key], path + (key,)))
             else:  # a subclass of a scalar type (an IntEnum, a str enum): its plain value
-                into[key] = (str.__str__(item) if isinstance(item, str)  # a str enum's value, not its name
-                             else int(item) if isinstance(item, int) else float(item))
+                into[key] = (
+                    str.__str__(item)
+                    if isinstance(item, str)  # a str enum's value, not its name
+                    else int(item)
+                    if isinstance(item, int)
+                    else float(item)
+                )
                 if isinstance(into[key], int) and not isinstance(into[key], bool) and abs(into[key]) >= INT_LIMIT:
-                    raise SpecError([SpecIssue(source, None, f"{_data_path(path + (key,))}: integer "
-                                                             f"{shorten(into[key])} out of range (|value| < 2**63)")])
+                    raise SpecError(
+                        [
+                            SpecIssue(
+                                source,
+                                None,
+                                f"{_data_path(path + (key,))}: integer "
+                                f"{shorten(into[key])} out of range (|value| < 2**63)",
+                            )
+                        ]
+                    )
     return root
 
 
@@ -193,8 +242,11 @@ def _data_path(path: Tuple[Any, ...]) -> str:
     """``slots[2].shape[0]``: where a value sits in a spec's data."""
     out = ""
     for key in path:
-        out += f"[{key}]" if isinstance(key, int) else (f".{shorten(key, quote=False)}" if out else
-                                                        shorten(key, quote=False))
+        out += (
+            f"[{key}]"
+            if isinstance(key, int)
+            else (f".{shorten(key, quote=False)}" if out else shorten(key, quote=False))
+        )
     return out
 
 
@@ -210,13 +262,19 @@ def read_spec_text(path: Path, source: str) -> str:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
-        raise SpecError([SpecIssue(source, line, f"not UTF-8: byte 0x{data[exc.start]:02x} at offset "
-                                                 f"{exc.start} cannot be decoded")]) from None
+        raise SpecError(
+            [
+                SpecIssue(
+                    source, line, f"not UTF-8: byte 0x{data[exc.start]:02x} at offset {exc.start} cannot be decoded"
+                )
+            ]
+        ) from None
     return text.removeprefix("\ufeff")
 
 
-def parse_spec(text: str, path: str = "<string>", *, import_hooks: bool = False,
-               max_bytes: Optional[int] = None) -> RegistrySpec:
+def parse_spec(
+    text: str, path: str = "<string>", *, import_hooks: bool = False, max_bytes: Optional[int] = None
+) -> RegistrySpec:
     """Parse and validate spec text; raises SpecError listing every problem, each naming
     ``path`` (the file the text came from, or a label: the spec's ``path``).
 
@@ -226,25 +284,39 @@ def parse_spec(text: str, path: str = "<string>", *, import_hooks: bool = False,
     if not isinstance(text, str):
         raise SpecError([SpecIssue(source, None, f"spec text must be a str, got {type(text).__name__}")])
     if len(text) > MAX_SPEC_BYTES:
-        raise SpecError([SpecIssue(source, None, f"the text is longer than {MAX_SPEC_BYTES} characters; "
-                                                 "a spec is a few KiB")])
+        raise SpecError(
+            [SpecIssue(source, None, f"the text is longer than {MAX_SPEC_BYTES} characters; a spec is a few KiB")]
+        )
     nul = text.find("\x00")
     if nul >= 0:  # libyaml would stop at it without a word
-        raise SpecError([SpecIssue(source, line_of_position(text, nul),
-                                   "YAML syntax error: control characters are not allowed (character #x0000)")])
+        raise SpecError(
+            [
+                SpecIssue(
+                    source,
+                    line_of_position(text, nul),
+                    "YAML syntax error: control characters are not allowed (character #x0000)",
+                )
+            ]
+        )
     loaded = load_yaml(text, source)
     issues = list(loaded.issues)
     data = loaded.data
     if loaded.fatal:
         raise SpecError(issues)
     if not isinstance(data, dict):
-        raise SpecError(issues + [SpecIssue(source, 1, "a spec is a mapping with keys "
-                                            + ", ".join(TOP_KEYS))])
+        raise SpecError(issues + [SpecIssue(source, 1, "a spec is a mapping with keys " + ", ".join(TOP_KEYS))])
     return _validated(data, loaded.locations, source, text, import_hooks, max_bytes, issues)
 
 
-def _validated(data: Dict[Any, Any], locations: Locations, source: str, text: str, import_hooks: bool,
-               max_bytes: Optional[int], issues: List[SpecIssue]) -> RegistrySpec:
+def _validated(
+    data: Dict[Any, Any],
+    locations: Locations,
+    source: str,
+    text: str,
+    import_hooks: bool,
+    max_bytes: Optional[int],
+    issues: List[SpecIssue],
+) -> RegistrySpec:
     """Structural (pydantic) then cross-key validation of a spec's data: every problem,
     sorted by line, as one SpecError."""
     too_many = _too_many(data, locations)
@@ -257,16 +329,25 @@ def _validated(data: Dict[Any, Any], locations: Locations, source: str, text: st
         issues.extend(_structural_issues(exc, data, locations))
 
     params = spec.params if spec else _valid_parts(data.get("params"), ParamSpec, dict)
-    slots = (list(enumerate(spec.slots)) if spec
-             else _valid_parts(data.get("slots"), SlotSpec, list))
+    slots = list(enumerate(spec.slots)) if spec else _valid_parts(data.get("slots"), SlotSpec, list)
     presets = data.get("presets") if isinstance(data.get("presets"), dict) else {}
     presets = {k: v for k, v in presets.items() if isinstance(v, dict)}
-    issues.extend(check_spec(params, presets, slots, source, locations, name=data.get("name"),
-                             descriptions=_descriptions(data), import_hooks=import_hooks,
-                             max_bytes=DEFAULT_MAX_BYTES if max_bytes is None else max_bytes,
-                             structurally_valid=spec is not None))
+    issues.extend(
+        check_spec(
+            params,
+            presets,
+            slots,
+            source,
+            locations,
+            name=data.get("name"),
+            descriptions=_descriptions(data),
+            import_hooks=import_hooks,
+            max_bytes=DEFAULT_MAX_BYTES if max_bytes is None else max_bytes,
+            structurally_valid=spec is not None,
+        )
+    )
     if issues:
-        raise SpecError(sorted(issues, key=lambda i: (i.line or 0)))
+        raise SpecError(sorted(issues, key=lambda i: i.line or 0))
     spec._source, spec._text, spec._locations = source, text, locations
     return spec
 
@@ -277,8 +358,9 @@ def _too_many(data: Dict[Any, Any], locations: Locations) -> List[SpecIssue]:
     for key, limit in (("params", MAX_PARAMS), ("presets", MAX_PRESETS), ("slots", MAX_SLOTS)):
         value = data.get(key)
         if isinstance(value, (dict, list)) and len(value) > limit:
-            issues.append(SpecIssue(locations.file, locations.line((key,)),
-                                    f"too many {key}: {len(value)} (at most {limit})"))
+            issues.append(
+                SpecIssue(locations.file, locations.line((key,)), f"too many {key}: {len(value)} (at most {limit})")
+            )
     return issues
 
 
@@ -286,7 +368,7 @@ def _descriptions(data: Dict[Any, Any]) -> List[Tuple[Tuple[Any, ...], Any]]:
     """(path, text) of every description, for the control-character check."""
     found = [(("description",), data.get("description"))]
     params = data.get("params")
-    for name, param in (params.items() if isinstance(params, dict) else ()):
+    for name, param in params.items() if isinstance(params, dict) else ():
         if isinstance(param, dict):
             found.append((("params", name, "description"), param.get("description")))
     slots = data.get("slots")
@@ -344,8 +426,11 @@ def _list_errors(errors: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     (a spec never changes), and its tuple validator adds a ``too_short`` to a sequence
     whose item failed (one it counts as missing)."""
     failed_items = {error["loc"][:-i] for error in errors for i in range(1, len(error["loc"]))}
-    return [dict(error, msg=error["msg"].replace("valid tuple", "valid list").replace("Tuple should", "List should"))
-            for error in errors if not (error["type"] == "too_short" and error["loc"] in failed_items)]
+    return [
+        dict(error, msg=error["msg"].replace("valid tuple", "valid list").replace("Tuple should", "List should"))
+        for error in errors
+        if not (error["type"] == "too_short" and error["loc"] in failed_items)
+    ]
 
 
 def _structural_issues(exc: ValidationError, data: Any, locations: Locations) -> List[SpecIssue]:
@@ -354,8 +439,10 @@ def _structural_issues(exc: ValidationError, data: Any, locations: Locations) ->
         path, rest = _document_path(error["loc"], data)
         kind = error["type"]
         if rest[-1:] == ("[key]",):
-            message = (f"key {shorten(error['input'])} is not a string: YAML reads unquoted on/off/yes/no/true/false "
-                       "and numbers as such; quote it")
+            message = (
+                f"key {shorten(error['input'])} is not a string: YAML reads unquoted on/off/yes/no/true/false "
+                "and numbers as such; quote it"
+            )
         elif kind == "missing":
             key = rest[0] if rest else "?"
             message = f"missing required key '{key}'"
@@ -366,13 +453,16 @@ def _structural_issues(exc: ValidationError, data: Any, locations: Locations) ->
             message = f"unknown key '{shorten(str(key), quote=False)}'{hint}"
         elif kind == "literal_error" and path and path[-1] in _CHOICES:
             key, choices = path[-1], _CHOICES[path[-1]]
-            message = (f"'{shorten(str(error['input']), quote=False)}' is not a valid {key} "
-                       f"(one of: {', '.join(choices)})"
-                       + did_you_mean(error["input"], choices))
+            message = (
+                f"'{shorten(str(error['input']), quote=False)}' is not a valid {key} "
+                f"(one of: {', '.join(choices)})" + did_you_mean(error["input"], choices)
+            )
         else:
             key = shorten(".".join(str(p) for p in path[2:] or path[-1:]), quote=False) or "spec"
-            message = (f"bad value for '{key}': {shorten(error['msg'].lower(), 200, quote=False)} "
-                       f"(got {shorten(error['input'])})")
+            message = (
+                f"bad value for '{key}': {shorten(error['msg'].lower(), 200, quote=False)} "
+                f"(got {shorten(error['input'])})"
+            )
         # A union field yields one error per member type: report the value once.
         dedup = (path, message) if kind in ("missing", "extra_forbidden") else (path, "value")
         if dedup in seen:

@@ -13,7 +13,17 @@ import json
 import math
 from typing import Annotated, Any, Dict, Literal, Optional, Tuple, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictFloat, StrictInt, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    model_validator,
+)
 
 from .kinds import Axis, Padding, SlotKind
 from .yaml_loader import Locations
@@ -25,8 +35,7 @@ HOOK_FIELDS = ("post_fill", "source", "pre_capture")
 
 # Free text, not meaning: left out of a spec's canonical form (a param or preset *named*
 # "description" is kept: only these keys of the spec, its params and its slots go).
-NOT_MEANING = {"description": True, "params": {"__all__": {"description"}},
-               "slots": {"__all__": {"description"}}}
+NOT_MEANING = {"description": True, "params": {"__all__": {"description"}}, "slots": {"__all__": {"description"}}}
 
 # Counts a spec may declare. Validation evaluates every preset against the params and
 # the slots, so these keep it fast on hostile input; real specs use a few dozen.
@@ -77,9 +86,7 @@ class FrozenDict(dict):
 
 class ParamSpec(_Strict):
     type: ParamType = Field(description="Value type of the param.")
-    default: Scalar = Field(
-        description="A literal, or an expression over other params (int/float/bool params)."
-    )
+    default: Scalar = Field(description="A literal, or an expression over other params (int/float/bool params).")
     description: str = ""
     runtime: StrictBool = Field(
         False,
@@ -103,7 +110,7 @@ class SlotSpec(_Strict, SlotKind):
     )
     shape: Tuple[Union[StrictInt, str], ...] = Field(
         description="Extents: ints or expressions over max_bs, max_num_tokens and params; [] for a 0-d "
-                    "slot (axis none).",
+        "slot (axis none).",
     )
     dtype: str = Field(description="A torch dtype name (int64, bfloat16, …) or a dtype-typed param.")
     axis: AxisName = Field(description="bs: sliced by batch size; tokens: by token count; none: never sliced.")
@@ -126,9 +133,7 @@ class SlotSpec(_Strict, SlotKind):
     enabled_if: Optional[Union[StrictBool, str]] = Field(
         None, description="Boolean expression over params; a disabled slot is not allocated."
     )
-    copy_from_fb: StrictBool = Field(
-        True, description="False for computed or reset-only slots."
-    )
+    copy_from_fb: StrictBool = Field(True, description="False for computed or reset-only slots.")
     post_fill: Optional[str] = Field(None, description="Hook (buffer, fb, ctx) run after the copies.")
     source: Optional[str] = Field(None, description="Hook (fb, ctx) -> tensor or None: the copy source.")
     pre_capture: Optional[str] = Field(None, description="Hook (buffer, ctx) run before graph capture.")
@@ -144,9 +149,7 @@ class RegistrySpec(_Strict):
     name: str
     description: str = ""
     params: Dict[str, ParamSpec] = Field(default_factory=dict)
-    presets: Dict[str, Dict[str, Any]] = Field(
-        default_factory=dict, description="Named param sets, e.g. `eager`."
-    )
+    presets: Dict[str, Dict[str, Any]] = Field(default_factory=dict, description="Named param sets, e.g. `eager`.")
     absent_fields: AbsentFields = Field(
         "error",
         description=(
@@ -166,8 +169,13 @@ class RegistrySpec(_Strict):
     def _freeze(self) -> "RegistrySpec":
         # Shared specs never change (slots and shapes are tuples): an identity computed once stays true.
         object.__setattr__(self, "params", FrozenDict(self.params))
-        object.__setattr__(self, "presets", FrozenDict(
-            (k, FrozenDict((name, one_nan(value)) for name, value in v.items())) for k, v in self.presets.items()))
+        object.__setattr__(
+            self,
+            "presets",
+            FrozenDict(
+                (k, FrozenDict((name, one_nan(value)) for name, value in v.items())) for k, v in self.presets.items()
+            ),
+        )
         return self
 
     @property
@@ -192,8 +200,7 @@ class RegistrySpec(_Strict):
     def canonical_json(self) -> str:
         """:meth:`canonical` as one line of ASCII JSON with sorted keys (non-finite
         floats as ``NaN``/``Infinity``): the same text for the same meaning."""
-        return json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"), ensure_ascii=True,
-                          allow_nan=True)
+        return json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=True)
 
     def to_dict(self) -> Dict[str, Any]:
         """The spec as plain data, the form :func:`graphslot.spec_from_dict` takes (keys

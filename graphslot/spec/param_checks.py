@@ -31,8 +31,9 @@ class Reporter:
         self.issues.append(SpecIssue(self.file, self.locations.line(path), message, slot))
 
 
-def check_expr(text: str, types: Dict[str, str], want: Tuple[str, ...], path, report, what: str,
-                slot: Optional[str] = None) -> Optional[Expr]:
+def check_expr(
+    text: str, types: Dict[str, str], want: Tuple[str, ...], path, report, what: str, slot: Optional[str] = None
+) -> Optional[Expr]:
     try:
         expr = Expr.parse(text)
         got = expr.infer_type(types)
@@ -45,8 +46,9 @@ def check_expr(text: str, types: Dict[str, str], want: Tuple[str, ...], path, re
     return expr
 
 
-def check_no_live(text: str, params: Dict[str, ParamSpec], path, report: Reporter, what: str,
-                  slot: Optional[str] = None) -> bool:
+def check_no_live(
+    text: str, params: Dict[str, ParamSpec], path, report: Reporter, what: str, slot: Optional[str] = None
+) -> bool:
     """Report (and say whether) an expression names a live param: live params are
     evaluated at fill time, and only hooks may read them."""
     try:
@@ -54,9 +56,13 @@ def check_no_live(text: str, params: Dict[str, ParamSpec], path, report: Reporte
     except ExprError:
         return False  # the syntax is reported where the expression is checked
     if used:
-        report.add(path, f"{what} uses live param '{used[0]}': live params are evaluated at fill time by the "
-                         "hooks that read them (ctx.params), so shapes, dtypes, enabled_if, pad values and "
-                         "other params' defaults cannot use them", slot)
+        report.add(
+            path,
+            f"{what} uses live param '{used[0]}': live params are evaluated at fill time by the "
+            "hooks that read them (ctx.params), so shapes, dtypes, enabled_if, pad values and "
+            "other params' defaults cannot use them",
+            slot,
+        )
     return bool(used)
 
 
@@ -79,10 +85,12 @@ def check_param_chains(params: Dict[str, ParamSpec], report: Reporter) -> bool:
         while stack:
             node, children = stack[-1]
             if len(stack) > MAX_PARAM_CHAIN:
-                report.add(("params", start, "default"),
-                           f"param '{start}': its default depends on a chain of more than {MAX_PARAM_CHAIN} "
-                           "param defaults; a default may name a param whose default names another, but "
-                           "not that deeply")
+                report.add(
+                    ("params", start, "default"),
+                    f"param '{start}': its default depends on a chain of more than {MAX_PARAM_CHAIN} "
+                    "param defaults; a default may name a param whose default names another, but "
+                    "not that deeply",
+                )
                 return False
             child = next(children, None)
             if child is None:
@@ -90,10 +98,12 @@ def check_param_chains(params: Dict[str, ParamSpec], report: Reporter) -> bool:
                 on_stack.discard(node)
                 depth[node] = 1 + max((depth.get(c, 0) for c in deps[node]), default=0)
                 if depth[node] > MAX_PARAM_CHAIN:
-                    report.add(("params", node, "default"),
-                               f"param '{node}': its default depends on a chain of more than {MAX_PARAM_CHAIN} "
-                               "param defaults; a default may name a param whose default names another, but "
-                               "not that deeply")
+                    report.add(
+                        ("params", node, "default"),
+                        f"param '{node}': its default depends on a chain of more than {MAX_PARAM_CHAIN} "
+                        "param defaults; a default may name a param whose default names another, but "
+                        "not that deeply",
+                    )
                     return False
             elif child not in on_stack and child not in depth:  # a cycle is reported by resolve_params
                 stack.append((child, iter(deps[child])))
@@ -107,12 +117,16 @@ def check_params(params: Dict[str, ParamSpec], types: Dict[str, str], report: Re
         if not isinstance(name, str):
             continue  # YAML read the key as a bool or number: reported by the structural check
         if not is_identifier(name) or keyword.iskeyword(name) or name in CAPACITY_NAMES + ("true", "false"):
-            report.add(path, f"param name {shorten(name)} must be an identifier other than "
-                             f"{', '.join(CAPACITY_NAMES)}, true and false")
+            report.add(
+                path,
+                f"param name {shorten(name)} must be an identifier other than "
+                f"{', '.join(CAPACITY_NAMES)}, true and false",
+            )
             continue
         if name.startswith("__"):
-            report.add(path, f"param name {shorten(name)} may not start with '__': generated code keeps "
-                             "'__' names for itself")
+            report.add(
+                path, f"param name {shorten(name)} may not start with '__': generated code keeps '__' names for itself"
+            )
             continue
         default = param.default
         if isinstance(default, str) and param.type in ("int", "float", "bool"):
@@ -122,21 +136,32 @@ def check_params(params: Dict[str, ParamSpec], types: Dict[str, str], report: Re
             try:
                 coerce_param(name, param.type, default)
             except ValueError:
-                report.add(path + ("default",), f"default of param '{name}' must be {kind_of(param.type)}, "
-                                                f"got {shorten(default)}" + param_dtype_hint(param.type, default))
+                report.add(
+                    path + ("default",),
+                    f"default of param '{name}' must be {kind_of(param.type)}, "
+                    f"got {shorten(default)}" + param_dtype_hint(param.type, default),
+                )
             else:
                 bad = control_character(default) if isinstance(default, str) else None
                 if bad is not None:
-                    report.add(path + ("default",), f"default of param '{name}' contains the control "
-                                                    f"character {char_name(bad)}")
+                    report.add(
+                        path + ("default",),
+                        f"default of param '{name}' contains the control character {char_name(bad)}",
+                    )
         if param.runtime and param.type not in ("int", "float", "bool"):
             report.add(path + ("runtime",), f"runtime param '{name}' must be int, float or bool")
         if param.live and param.runtime:
-            report.add(path + ("live",), f"param '{name}' cannot be both runtime and live: a runtime param is "
-                                         "bound with the registry, a live one read by hooks at each fill")
+            report.add(
+                path + ("live",),
+                f"param '{name}' cannot be both runtime and live: a runtime param is "
+                "bound with the registry, a live one read by hooks at each fill",
+            )
         elif param.live and param.type == "dtype":
-            report.add(path + ("live",), f"live param '{name}' must be int, float, bool or str: a dtype decides "
-                                         "what is allocated, and live params are read only by hooks")
+            report.add(
+                path + ("live",),
+                f"live param '{name}' must be int, float, bool or str: a dtype decides "
+                "what is allocated, and live params are read only by hooks",
+            )
         if isinstance(default, str) and param.type in ("int", "float", "bool"):
             check_no_live(default, params, path + ("default",), report, f"the default of param '{name}'")
 
@@ -161,8 +186,10 @@ def check_presets(params: Dict[str, ParamSpec], presets: Dict[str, Dict[str, Any
                 continue
             bad = control_character(value) if isinstance(value, str) else None
             if bad is not None:
-                report.add(path, f"preset '{shown}': the value of param '{name}' contains the control "
-                                 f"character {char_name(bad)}")
+                report.add(
+                    path,
+                    f"preset '{shown}': the value of param '{name}' contains the control character {char_name(bad)}",
+                )
 
 
 def param_value_sets(params, presets, file, locations, report) -> List[Dict[str, Any]]:
@@ -182,8 +209,13 @@ def param_value_sets(params, presets, file, locations, report) -> List[Dict[str,
 
 
 def kind_of(ptype: str) -> str:
-    return {"int": "an int", "float": "a number", "bool": "true or false", "str": "a string",
-            "dtype": "a torch dtype name"}[ptype]
+    return {
+        "int": "an int",
+        "float": "a number",
+        "bool": "true or false",
+        "str": "a string",
+        "dtype": "a torch dtype name",
+    }[ptype]
 
 
 def param_dtype_hint(ptype: str, value: Any) -> str:

@@ -91,8 +91,9 @@ def coerce_param(name: str, ptype: str, value: Any) -> Any:
     if ptype == "dtype":
         dtype = parse_dtype(value)
         if dtype is None:
-            raise ValueError(f"param '{name}' is a dtype: pass torch.int64 or 'int64', got {value!r}"
-                             + spelling_hint(value))
+            raise ValueError(
+                f"param '{name}' is a dtype: pass torch.int64 or 'int64', got {value!r}" + spelling_hint(value)
+            )
         return dtype
     ok = {
         "bool": isinstance(value, bool),
@@ -111,8 +112,9 @@ def _live_value(name: str, ptype: str, value: Any) -> Any:
     try:
         return coerce_param(name, ptype, value)
     except ValueError:
-        raise ValueError(f"param '{name}' is {ptype}, its provider returned {type(value).__name__} "
-                         f"{shorten(value)}") from None
+        raise ValueError(
+            f"param '{name}' is {ptype}, its provider returned {type(value).__name__} {shorten(value)}"
+        ) from None
 
 
 def _default_is_expression(ptype: str, default: Any) -> bool:
@@ -120,8 +122,11 @@ def _default_is_expression(ptype: str, default: Any) -> bool:
 
 
 def resolve_params(
-    spec: RegistrySpec, overrides: Optional[Mapping[str, Any]] = None, preset: Optional[str] = None,
-    *, torch_dtypes: bool = True,
+    spec: RegistrySpec,
+    overrides: Optional[Mapping[str, Any]] = None,
+    preset: Optional[str] = None,
+    *,
+    torch_dtypes: bool = True,
 ) -> Dict[str, Any]:
     """Every param's value: explicit override, else preset, else (evaluated) default.
 
@@ -134,8 +139,14 @@ def resolve_params(
     if preset is not None:
         if preset not in spec.presets:
             raise SpecError(
-                [SpecIssue(file, None, f"unknown preset '{preset}' (presets: "
-                           f"{', '.join(sorted(spec.presets)) or 'none'})" + did_you_mean(preset, spec.presets))]
+                [
+                    SpecIssue(
+                        file,
+                        None,
+                        f"unknown preset '{preset}' (presets: "
+                        f"{', '.join(sorted(spec.presets)) or 'none'})" + did_you_mean(preset, spec.presets),
+                    )
+                ]
             )
         explicit.update(spec.presets[preset])
     explicit.update(overrides or {})
@@ -152,8 +163,11 @@ def resolve_params(
         try:
             values[name] = coerce_param(name, spec.params[name].type, value)
         except ValueError as exc:
-            hint = ("; a provider (a callable read at fill time) is only taken by a `live: true` param"
-                    if callable(value) and not isinstance(value, type) else "")
+            hint = (
+                "; a provider (a callable read at fill time) is only taken by a `live: true` param"
+                if callable(value) and not isinstance(value, type)
+                else ""
+            )
             issues.append(SpecIssue(file, spec.param_line(name), str(exc) + hint))
     if issues:
         raise SpecError(issues)
@@ -162,7 +176,7 @@ def resolve_params(
         if name in values:
             return values[name]
         if name in stack:
-            cycle = " -> ".join(stack[stack.index(name):] + (name,))
+            cycle = " -> ".join(stack[stack.index(name) :] + (name,))
             raise SpecError([SpecIssue(file, spec.param_line(name), f"param defaults form a cycle: {cycle}")])
         param = spec.params[name]
         if _default_is_expression(param.type, param.default):
@@ -180,8 +194,10 @@ def resolve_params(
     for name in spec.params:
         evaluate(name, ())
     if torch_dtypes:
-        return {name: torch_dtype(values[name]) if isinstance(values[name], DTypeName) else values[name]
-                for name in spec.params}
+        return {
+            name: torch_dtype(values[name]) if isinstance(values[name], DTypeName) else values[name]
+            for name in spec.params
+        }
     return {name: values[name] for name in spec.params}
 
 
@@ -203,12 +219,21 @@ def depends_on_capacity(extent: Any) -> bool:
 
 def copied_as_rows(slot: SlotSpec) -> bool:
     """See :attr:`ResolvedSlot.rows`."""
-    return (Axis(slot.axis).sliced and slot.slice_dim == 1 and len(slot.shape) == 2 and slot.device != "cpu"
-            and not depends_on_capacity(slot.shape[0]))
+    return (
+        Axis(slot.axis).sliced
+        and slot.slice_dim == 1
+        and len(slot.shape) == 2
+        and slot.device != "cpu"
+        and not depends_on_capacity(slot.shape[0])
+    )
 
 
 def resolve_slot(
-    slot: SlotSpec, params: Mapping[str, Any], max_bs: int, max_num_tokens: int, line: Optional[int] = None,
+    slot: SlotSpec,
+    params: Mapping[str, Any],
+    max_bs: int,
+    max_num_tokens: int,
+    line: Optional[int] = None,
     absent_fields: str = "error",
 ) -> ResolvedSlot:
     """``absent_fields``: the spec's rule; ``skip`` makes every slot copied from its
@@ -257,8 +282,14 @@ def resolve_slots(
     if max_bs < 1 or max_num_tokens < 1:
         raise ValueError(f"max_bs and max_num_tokens must be >= 1, got {max_bs} and {max_num_tokens}")
     live = spec.params
-    key = (id(spec), type(max_bs), int(max_bs), type(max_num_tokens), int(max_num_tokens),
-           tuple((k, type(v), repr(v)) for k, v in params.items() if not (k in live and live[k].live)))
+    key = (
+        id(spec),
+        type(max_bs),
+        int(max_bs),
+        type(max_num_tokens),
+        int(max_num_tokens),
+        tuple((k, type(v), repr(v)) for k, v in params.items() if not (k in live and live[k].live)),
+    )
     cached = _RESOLVED.get(key)
     if cached is not None and cached[0] is spec:
         return list(cached[1])
@@ -280,15 +311,25 @@ def _resolve_slots(
             issues.append(SpecIssue(spec.path, spec.slot_line(i), str(exc), slot.name))
             continue
         if r.enabled and r.pad_value is not None and not value_fits_dtype(r.pad_value, r.dtype_name):
-            issues.append(SpecIssue(spec.path, spec.slot_line(i, "pad_value"),
-                                    f"pad_value {r.pad_value!r} does not fit dtype {r.dtype_name}",
-                                    slot.name))
+            issues.append(
+                SpecIssue(
+                    spec.path,
+                    spec.slot_line(i, "pad_value"),
+                    f"pad_value {r.pad_value!r} does not fit dtype {r.dtype_name}",
+                    slot.name,
+                )
+            )
         bad = [(d, n) for d, n in enumerate(r.shape) if n < 1]
         if r.enabled and bad:
             d, n = bad[0]
-            issues.append(SpecIssue(spec.path, spec.slot_line(i, "shape"),
-                                    f"shape[{d}] = {slot.shape[d]!r} evaluates to {n}; extents must be positive",
-                                    slot.name))
+            issues.append(
+                SpecIssue(
+                    spec.path,
+                    spec.slot_line(i, "shape"),
+                    f"shape[{d}] = {slot.shape[d]!r} evaluates to {n}; extents must be positive",
+                    slot.name,
+                )
+            )
         resolved.append(r)
     if issues:
         raise SpecError(issues)
