@@ -39,6 +39,11 @@ class SpecError(ValueError):
         self.issues = list(issues)
         super().__init__("\n".join(str(i) for i in self.issues))
 
+    @classmethod
+    def at(cls, file: str, line: Optional[int], message: str, slot: Optional[str] = None) -> "SpecError":
+        """A SpecError of one issue."""
+        return cls([SpecIssue(file, line, message, slot)])
+
 
 class SlotError(RuntimeError):
     """A batch does not fit the registry (strict mode, adoption, capacity)."""

@@ -38,10 +38,6 @@ def _cached(key: tuple, make: Callable[[], RegistrySpec]) -> RegistrySpec:
     return spec
 
 
-def _error(source: str, message: str, line: Optional[int] = None) -> SpecError:
-    return SpecError([SpecIssue(source, line, message)])
-
-
 def shipped_spec_names() -> List[str]:
     return sorted(p.stem for p in SHIPPED_DIR.glob("*.yaml"))
 
@@ -73,7 +69,9 @@ def spec_path(name_or_path: Union[str, os.PathLike]) -> Path:
     if not path.is_file():
         names, shipped = project_spec_names(project), shipped_spec_names()
         known = (f"; the project's specs are: {one_of(names)}" if names else "") + "; shipped specs are: "
-        raise _error(text, "no such spec file" + known + one_of(shipped) + did_you_mean(text, names + shipped))
+        raise SpecError.at(
+            text, None, "no such spec file" + known + one_of(shipped) + did_you_mean(text, names + shipped)
+        )
     return path
 
 
@@ -136,7 +134,7 @@ def _plain_copy(data: Any, source: str) -> Dict[str, Any]:
     is a SpecError naming where it sits (``slots[2].shape[0]``). A sequence is read by
     iterating it (never by trusting its ``len``)."""
     if not isinstance(data, Mapping):
-        raise _error(source, f"{_NOT_A_MAPPING}, got {type(data).__name__}")
+        raise SpecError.at(source, None, f"{_NOT_A_MAPPING}, got {type(data).__name__}")
     root: Dict[str, Any] = {}
     stack: List[Tuple[Any, Any, Tuple[Any, ...]]] = [(data, root, ())]
     nodes = 0
@@ -146,7 +144,9 @@ def _plain_copy(data: Any, source: str) -> Dict[str, Any]:
         for key, item in value.items() if mapping else enumerate(value):
             nodes += 1
             if mapping and not isinstance(key, str):
-                raise _error(source, f"{_data_path(path) or 'the spec'}: key {shorten(key)} is not a string")
+                raise SpecError.at(
+                    source, None, f"{_data_path(path) or 'the spec'}: key {shorten(key)} is not a string"
+                )
             key, item = _plain(key), _plain(item)
             problem = None
             if nodes > MAX_YAML_NODES:
@@ -161,7 +161,7 @@ def _plain_copy(data: Any, source: str) -> Dict[str, Any]:
                     "str, int, float, bool and None (a dtype by its name: 'int64')"
                 )
             if problem is not None:
-                raise _error(source, f"{_data_path(path + (key,))}: {problem}")
+                raise SpecError.at(source, None, f"{_data_path(path + (key,))}: {problem}")
             if not mapping:
                 into.append(None)  # the list grows as its items are read
             if type(item) in _SCALARS:
@@ -185,14 +185,14 @@ def read_spec_text(path: Path, source: str) -> str:
     try:
         data = read_bounded(path, MAX_SPEC_BYTES)
     except OSError as exc:
-        raise _error(source, f"cannot read: {exc.strerror or exc}") from None
+        raise SpecError.at(source, None, f"cannot read: {exc.strerror or exc}") from None
     except TooLarge as exc:
-        raise _error(source, f"{exc}; a spec is a few KiB") from None
+        raise SpecError.at(source, None, f"{exc}; a spec is a few KiB") from None
     try:
         return data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as exc:
         message = f"not UTF-8: byte 0x{data[exc.start]:02x} at offset {exc.start} cannot be decoded"
-        raise _error(source, message, data.count(b"\n", 0, exc.start) + 1) from None
+        raise SpecError.at(source, data.count(b"\n", 0, exc.start) + 1, message) from None
 
 
 def parse_spec(
@@ -201,13 +201,13 @@ def parse_spec(
     """Parse and validate spec text; raises SpecError listing every problem, each naming
     ``path`` (the file the text came from, or a label). See :func:`load_spec` for the rest."""
     if not isinstance(text, str):
-        raise _error(path, f"spec text must be a str, got {type(text).__name__}")
+        raise SpecError.at(path, None, f"spec text must be a str, got {type(text).__name__}")
     if len(text) > MAX_SPEC_BYTES:
-        raise _error(path, f"the text is longer than {MAX_SPEC_BYTES} characters; a spec is a few KiB")
+        raise SpecError.at(path, None, f"the text is longer than {MAX_SPEC_BYTES} characters; a spec is a few KiB")
     nul = text.find("\x00")
     if nul >= 0:  # libyaml would stop at it without a word
         message = "YAML syntax error: control characters are not allowed (character #x0000)"
-        raise _error(path, message, line_of_position(text, nul))
+        raise SpecError.at(path, line_of_position(text, nul), message)
     loaded = load_yaml(text, path)
     issues = list(loaded.issues)
     if loaded.fatal:
