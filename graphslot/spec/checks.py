@@ -1,11 +1,6 @@
-"""The rules that relate a spec's keys to each other.
-
-Each check appends :class:`SpecIssue` s instead of raising, so one run reports every
-problem in a file. Checks run on the parts of a spec that passed structural (pydantic)
-validation; a slot with a structural error is not checked twice. The params' and
-presets' checks are :mod:`.param_checks`, a slot's :mod:`.slot_checks`; this module runs
-them all, then the spec's total bytes.
-"""
+"""The rules that relate a spec's keys to each other, run on the parts of a spec that passed
+structural (pydantic) validation: the params' and presets' (:mod:`.param_checks`), each
+slot's (:mod:`.slot_checks`), then the spec's total bytes. Every problem is reported."""
 
 from __future__ import annotations
 
@@ -15,21 +10,11 @@ from .errors import ExprError, SpecIssue, shorten
 from .kinds import CAPACITY_NAMES
 from .model import ParamSpec, SlotSpec
 from .names import char_name, control_character, is_identifier
-from .param_checks import MAX_PARAM_CHAIN, Reporter, check_param_chains, check_params, check_presets, param_value_sets
+from .param_checks import MAX_PARAM_CHAIN as MAX_PARAM_CHAIN
+from .param_checks import Reporter, check_param_chains, check_params, check_presets, param_value_sets
 from .resolve import evaluate_field, slot_dtype
-from .slot_checks import MAX_RANK, RESERVED_SLOT_NAMES, SlotChecker
+from .slot_checks import MAX_RANK as MAX_RANK, RESERVED_SLOT_NAMES as RESERVED_SLOT_NAMES, SlotChecker
 from .yaml_loader import Locations
-
-__all__ = [
-    "DEFAULT_MAX_BYTES",
-    "MAX_PARAM_CHAIN",
-    "MAX_RANK",
-    "RESERVED_SLOT_NAMES",
-    "VALIDATION_CAPACITIES",
-    "check_spec",
-    "control_character",
-    "is_identifier",
-]
 
 # The cap on the bytes a spec may declare, summed over its enabled slots at
 # VALIDATION_CAPACITIES, under the defaults and under each preset. Override per call
@@ -51,38 +36,10 @@ def check_spec(
     max_bytes: Optional[int] = DEFAULT_MAX_BYTES,
     structurally_valid: bool = False,
 ) -> List[SpecIssue]:
-    """All cross-key problems of a spec whose structurally valid parts are given.
-
-    ``import_hooks``: import ``module:function`` hooks and check their signatures; off,
-    only the form of the reference is checked and no user code runs. ``max_bytes``: the
-    cap on the bytes the spec declares at VALIDATION_CAPACITIES (None: no cap); checked
-    only on a ``structurally_valid`` spec without other problems.
-    """
+    """All cross-key problems of a spec whose structurally valid parts are given (see
+    :func:`.load_spec` for ``import_hooks``); ``max_bytes`` (None: no cap) is checked only on
+    a ``structurally_valid`` spec without other problems."""
     report = Reporter(file, locations)
-    _check_texts(name, descriptions, report)
-    types = {n: p.type for n, p in params.items()}
-    check_params(params, types, report)
-    check_presets(params, presets, report)
-    chains_ok = check_param_chains(params, report)
-    default_values = param_value_sets(params, presets, file, locations, report) if chains_ok else []
-    first_line: Dict[str, int] = {}
-    for index, slot in slots:
-        path = ("slots", index)
-        if slot.name in first_line:
-            report.add(
-                path + ("name",),
-                f"duplicate slot name (first at line {first_line[slot.name]})",
-                shorten(slot.name, quote=False),
-            )
-        else:
-            first_line[slot.name] = locations.line(path + ("name",)) or 0
-        SlotChecker(slot, path, params, types, default_values, report, import_hooks).run()
-    if structurally_valid and not report.issues and max_bytes is not None:
-        _check_total_bytes(slots, presets, default_values, max_bytes, report)
-    return report.issues
-
-
-def _check_texts(name: Any, descriptions, report: Reporter) -> None:
     if isinstance(name, str) and not is_identifier(name):
         report.add(
             ("name",),
@@ -92,9 +49,25 @@ def _check_texts(name: Any, descriptions, report: Reporter) -> None:
     for path, text in descriptions:
         bad = control_character(text, allow="\n\t")
         if bad is not None:
-            report.add(
-                path, f"description contains the control character {char_name(bad)}; only newlines and tabs are allowed"
-            )
+            message = f"description contains the control character {char_name(bad)}; only newlines and tabs are allowed"
+            report.add(path, message)
+    types = {n: p.type for n, p in params.items()}
+    check_params(params, types, report)
+    check_presets(params, presets, report)
+    chains_ok = check_param_chains(params, report)
+    default_values = param_value_sets(params, presets, file, locations, report) if chains_ok else []
+    first_line: Dict[str, int] = {}
+    for index, slot in slots:
+        path = ("slots", index)
+        if slot.name in first_line:
+            message = f"duplicate slot name (first at line {first_line[slot.name]})"
+            report.add(path + ("name",), message, shorten(slot.name, quote=False))
+        else:
+            first_line[slot.name] = locations.line(path + ("name",)) or 0
+        SlotChecker(slot, path, params, types, default_values, report, import_hooks).run()
+    if structurally_valid and not report.issues and max_bytes is not None:
+        _check_total_bytes(slots, presets, default_values, max_bytes, report)
+    return report.issues
 
 
 def _check_total_bytes(slots, presets, default_values, max_bytes: int, report: Reporter) -> None:

@@ -1,9 +1,6 @@
-"""The checks of a spec's params and presets: names, defaults, types, chains of
-defaults, preset values; and the reporter and expression check every check uses.
-
-Each check appends :class:`SpecIssue` s to a :class:`Reporter` instead of raising, so one
-run reports every problem in a file.
-"""
+"""The checks of a spec's params and presets (names, defaults, types, chains of defaults,
+preset values), and the reporter and expression check every check uses: each appends
+:class:`SpecIssue` s instead of raising, so one run reports every problem in a file."""
 
 from __future__ import annotations
 
@@ -21,6 +18,13 @@ from .yaml_loader import Locations
 
 # Longest chain of param defaults naming each other (a -> b -> c is 3).
 MAX_PARAM_CHAIN = 64
+KIND_OF = {
+    "int": "an int",
+    "float": "a number",
+    "bool": "true or false",
+    "str": "a string",
+    "dtype": "a torch dtype name",
+}
 
 
 class Reporter:
@@ -70,44 +74,35 @@ def check_param_chains(params: Dict[str, ParamSpec], report: Reporter) -> bool:
     """Report default chains longer than MAX_PARAM_CHAIN (resolving them recurses)."""
     deps: Dict[str, List[str]] = {}
     for name, param in params.items():
-        names: List[str] = []
+        deps[name] = []
         if isinstance(param.default, str) and param.type in ("int", "float", "bool"):
             try:
-                names = sorted(Expr.parse(param.default).names & params.keys())
+                deps[name] = sorted(Expr.parse(param.default).names & params.keys())
             except ExprError:
                 pass
-        deps[name] = names
     depth: Dict[str, int] = {}
+
+    def too_long(name: str, path: Tuple[str, ...]) -> Optional[str]:
+        """The param to report for a chain longer than MAX_PARAM_CHAIN from ``path``, else None
+        (a cycle is reported by resolve_params); at most MAX_PARAM_CHAIN + 1 calls deep."""
+        if len(path) > MAX_PARAM_CHAIN:
+            return path[0]
+        for child in deps[name]:
+            found = None if child in path or child in depth else too_long(child, path + (child,))
+            if found is not None:
+                return found
+        depth[name] = 1 + max((depth.get(c, 0) for c in deps[name]), default=0)
+        return name if depth[name] > MAX_PARAM_CHAIN else None
+
     for start in params:
-        if start in depth:
-            continue
-        stack, on_stack = [(start, iter(deps[start]))], {start}
-        while stack:
-            node, children = stack[-1]
-            if len(stack) > MAX_PARAM_CHAIN:
-                report.add(
-                    ("params", start, "default"),
-                    f"param '{start}': its default depends on a chain of more than {MAX_PARAM_CHAIN} "
-                    "param defaults; a default may name a param whose default names another, but "
-                    "not that deeply",
-                )
-                return False
-            child = next(children, None)
-            if child is None:
-                stack.pop()
-                on_stack.discard(node)
-                depth[node] = 1 + max((depth.get(c, 0) for c in deps[node]), default=0)
-                if depth[node] > MAX_PARAM_CHAIN:
-                    report.add(
-                        ("params", node, "default"),
-                        f"param '{node}': its default depends on a chain of more than {MAX_PARAM_CHAIN} "
-                        "param defaults; a default may name a param whose default names another, but "
-                        "not that deeply",
-                    )
-                    return False
-            elif child not in on_stack and child not in depth:  # a cycle is reported by resolve_params
-                stack.append((child, iter(deps[child])))
-                on_stack.add(child)
+        bad = None if start in depth else too_long(start, (start,))
+        if bad is not None:
+            report.add(
+                ("params", bad, "default"),
+                f"param '{bad}': its default depends on a chain of more than {MAX_PARAM_CHAIN} param defaults; a "
+                "default may name a param whose default names another, but not that deeply",
+            )
+            return False
     return True
 
 
@@ -138,8 +133,8 @@ def check_params(params: Dict[str, ParamSpec], types: Dict[str, str], report: Re
             except ValueError:
                 report.add(
                     path + ("default",),
-                    f"default of param '{name}' must be {kind_of(param.type)}, "
-                    f"got {shorten(default)}" + param_dtype_hint(param.type, default),
+                    f"default of param '{name}' must be {KIND_OF[param.type]}, got {shorten(default)}"
+                    + (dtype_hint(default) if param.type == "dtype" else ""),
                 )
             else:
                 bad = control_character(default) if isinstance(default, str) else None
@@ -206,17 +201,3 @@ def param_value_sets(params, presets, file, locations, report) -> List[Dict[str,
             report.issues.extend(exc.issues)
             return []
     return sets
-
-
-def kind_of(ptype: str) -> str:
-    return {
-        "int": "an int",
-        "float": "a number",
-        "bool": "true or false",
-        "str": "a string",
-        "dtype": "a torch dtype name",
-    }[ptype]
-
-
-def param_dtype_hint(ptype: str, value: Any) -> str:
-    return dtype_hint(value) if ptype == "dtype" else ""

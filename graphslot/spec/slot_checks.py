@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 from .dtypes import dtype_hint, parse_dtype, value_fits_dtype
 from .errors import ExprError, shorten
@@ -21,11 +21,8 @@ RESERVED_SLOT_NAMES = ("batch_size",)
 
 
 class SlotChecker:
-    def __init__(
-        self, slot: SlotSpec, path, params, types, default_values, report: Reporter, import_hooks: bool = False
-    ):
-        self.slot, self.path, self.params, self.report = slot, path, params, report
-        self.import_hooks = import_hooks
+    def __init__(self, slot: SlotSpec, path, params, types, default_values, report: Reporter, import_hooks=False):
+        self.slot, self.path, self.params, self.report, self.import_hooks = slot, path, params, report, import_hooks
         self.shown_name = shorten(slot.name, quote=False)
         self.types, self.default_values = types, default_values
         self.runtime = {n for n, p in params.items() if p.runtime}
@@ -38,6 +35,12 @@ class SlotChecker:
     def run(self) -> None:
         for check in (self.name, self.dtype, self.shape, self.padding, self.pad_value, self.enabled_if, self.hooks):
             check()
+
+    def expr(self, key: str, text: str, types: Dict[str, str], want: Tuple[str, ...], what: str):
+        return check_expr(text, types, want, self.path + (key,), self.report, what, self.slot.name)
+
+    def no_live(self, key: str, text: str, what: str) -> bool:
+        return check_no_live(text, self.params, self.path + (key,), self.report, what, self.shown_name)
 
     def structural_types(self) -> Dict[str, str]:
         """Names a shape, dtype or enabled_if may use: runtime and live params are not baked."""
@@ -78,9 +81,8 @@ class SlotChecker:
             )
 
     def uses_runtime(self, text: str, key: str, what: str) -> bool:
-        """Report (and say whether) an expression that must be baked names a runtime or
-        a live param."""
-        if check_no_live(text, self.params, self.path + (key,), self.report, what, self.shown_name):
+        """Report (and say whether) an expression that must be baked names a runtime or a live param."""
+        if self.no_live(key, text, what):
             return True
         try:
             used = sorted(Expr.parse(text).names & self.runtime)
@@ -101,11 +103,10 @@ class SlotChecker:
             self.add("shape", f"shape has {len(slot.shape)} dimensions; at most {MAX_RANK} are allowed")
             return
         for d, extent in enumerate(slot.shape):
-            where = ("shape",)
             if isinstance(extent, str):
                 if self.uses_runtime(extent, "shape", f"shape[{d}]"):
                     continue
-                expr = check_expr(extent, types, ("int",), self.path + where, self.report, f"shape[{d}]", slot.name)
+                expr = self.expr("shape", extent, types, ("int",), f"shape[{d}]")
                 if expr is None or expr.names & set(CAPACITY_NAMES):
                     continue
                 for values in self.default_values:
@@ -178,22 +179,9 @@ class SlotChecker:
         if slot.pad_value is None or not needs:
             return
         if isinstance(slot.pad_value, str):
-            if check_no_live(
-                slot.pad_value, self.params, self.path + ("pad_value",), self.report, "pad_value", self.shown_name
-            ):
+            if self.no_live("pad_value", slot.pad_value, "pad_value"):
                 return
-            if (
-                check_expr(
-                    slot.pad_value,
-                    self.types,
-                    ("int", "float", "bool"),
-                    self.path + ("pad_value",),
-                    self.report,
-                    "pad_value",
-                    slot.name,
-                )
-                is None
-            ):
+            if self.expr("pad_value", slot.pad_value, self.types, ("int", "float", "bool"), "pad_value") is None:
                 return
         for values in self.default_values:
             dtype = slot_dtype(slot, values)
@@ -213,15 +201,7 @@ class SlotChecker:
     def enabled_if(self) -> None:
         cond = self.slot.enabled_if
         if isinstance(cond, str) and not self.uses_runtime(cond, "enabled_if", "enabled_if"):
-            check_expr(
-                cond,
-                self.structural_types(),
-                ("bool",),
-                self.path + ("enabled_if",),
-                self.report,
-                "enabled_if",
-                self.slot.name,
-            )
+            self.expr("enabled_if", cond, self.structural_types(), ("bool",), "enabled_if")
 
     def hooks(self) -> None:
         slot = self.slot
