@@ -188,19 +188,15 @@ def value_fits_dtype(value: Any, dtype: Any) -> bool:
         return isinstance(value, bool) or (type(value) is int and value in (0, 1))
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False
-    if info.kind == "complex":
+    if info.kind == "complex" or info.kind == "float" and isinstance(value, float) and not math.isfinite(value):
         return True
     if info.kind == "float":
-        if isinstance(value, float) and not math.isfinite(value):
-            return True
-        if info.max is None:  # no known range (packed float4): nothing fits
-            return False
-        try:
-            return abs(float(value)) <= info.max
+        try:  # no known range (packed float4): nothing fits
+            return info.max is not None and abs(float(value)) <= info.max
         except OverflowError:  # an int beyond any float
             return False
     if isinstance(value, float):
-        if not math.isfinite(value) or not value.is_integer():
+        if not value.is_integer():  # nor inf, nor nan
             return False
         value = int(value)
     if info.min is None:  # bits and sub-byte dtypes: only plain ints

@@ -276,7 +276,6 @@ class Expr:
                 raise self._fail(node, f"branches have different types {a} and {b}")
             case ast.Call(args=args):
                 return self._call_type(node, [self._infer(a, types) for a in args])
-        raise AssertionError(f"unchecked node {ast.dump(node)}")  # _check_syntax let it through
 
     def _eval(self, node: ast.AST, env: Mapping[str, Any]) -> Any:
         typ = python_type_name
@@ -334,7 +333,6 @@ class Expr:
                 values = [self._eval(a, env) for a in args]
                 self._call_type(node, [typ(v) for v in values])
                 return _FUNCS[fn](*values)
-        raise AssertionError(f"unchecked node {ast.dump(node)}")
 
     def _fold(self, node: ast.AST, env: Mapping[str, Any], keep: Mapping[str, str]) -> Any:
         """The value of a sub-expression without kept names, else _NOT_CONSTANT."""
@@ -400,4 +398,3 @@ class Expr:
                 return src, _P_IF
             case ast.Call(func=ast.Name(id=fn), args=args):
                 return f"{fn}({', '.join(sub(a, _P_IF) for a in args)})", _P_ATOM
-        raise AssertionError(f"unchecked node {ast.dump(node)}")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Mapping, Optional
 
 from .errors import SlotError, did_you_mean, shorten
-from .live import Live, LiveParamError, at_slot
+from .live import Live, naming_slot
 
 # How each kind of hook is called; a user hook must accept these arguments.
 HOOK_SIGNATURES = {
@@ -193,16 +193,10 @@ def _attn_tp_shard(params, slot_name):
         fixed = _shard(params.get, HookError)
         return lambda ctx: fixed
 
-    def fail(message):
-        return SlotError(f"slot '{slot_name}': {message}")
-
     def shard(ctx):
-        try:
-            return _shard(ctx.params.get, fail)
-        except LiveParamError as exc:
-            raise at_slot(exc, slot_name) from exc.__cause__
+        return _shard(ctx.params.get, lambda message: SlotError(f"slot '{slot_name}': {message}"))
 
-    return shard
+    return naming_slot(shard, slot_name)
 
 
 def _count(value: Any, field: str, slot_name: str) -> int:

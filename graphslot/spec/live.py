@@ -66,10 +66,9 @@ class LiveParams(Mapping):
         provider = self._providers.get(name)
         if provider is None:
             return self._values[name]
-        evaluated = self._evaluated
-        value = evaluated.get(name, _UNREAD)
+        value = self._evaluated.get(name, _UNREAD)
         if value is _UNREAD:
-            value = evaluated[name] = self._evaluate(name, provider)
+            value = self._evaluated[name] = self._evaluate(name, provider)
         elif value is _READING:
             raise LiveParamError(
                 f"live param '{name}': its provider reads ctx.params['{name}'] itself (a provider "
@@ -89,10 +88,8 @@ class LiveParams(Mapping):
             ) from exc
         finally:
             self._evaluated.pop(name)
-        if provider.check is None:
-            return value
         try:
-            return provider.check(value)
+            return value if provider.check is None else provider.check(value)
         except ValueError as exc:
             raise LiveParamError(f"live {exc}") from None
 
