@@ -1,23 +1,68 @@
-"""The checks of one slot: name, dtype, shape, padding, pad value, enabled_if, hooks."""
+"""The checks of one slot (name, dtype, shape, padding, pad value, enabled_if, hooks), and the
+reporter and expression checks every check uses: each appends a :class:`SpecIssue` instead of
+raising, so one run reports every problem in a file."""
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from .dtypes import dtype_hint, parse_dtype, value_fits_dtype
-from .errors import ExprError, shorten
+from .errors import ExprError, SpecIssue, shorten
 from .expr import Expr, python_type_name
 from .hooks import HOOK_SIGNATURES, HookError, check_reference, is_import_reference
 from .kinds import CAPACITY_NAMES, Axis, Padding
-from .model import SlotSpec
+from .model import ParamSpec, SlotSpec
 from .names import DOTTED, IMPORT_REFERENCE, is_identifier
-from .param_checks import Reporter, check_expr, check_no_live
 from .resolve import evaluate_field, slot_dtype
+from .yaml_loader import Locations
 
 # Most dimensions a slot's shape may have.
 MAX_RANK = 16
 # Attributes extract sets besides the slots' own.
 RESERVED_SLOT_NAMES = ("batch_size",)
+
+
+class Reporter:
+    def __init__(self, file: str, locations: Locations):
+        self.file, self.locations, self.issues = file, locations, []
+
+    def add(self, path: Tuple[Any, ...], message: str, slot: Optional[str] = None) -> None:
+        self.issues.append(SpecIssue(self.file, self.locations.line(path), message, slot))
+
+
+def check_expr(
+    text: str, types: Dict[str, str], want: Tuple[str, ...], path, report, what: str, slot: Optional[str] = None
+) -> Optional[Expr]:
+    try:
+        expr = Expr.parse(text)
+        got = expr.infer_type(types)
+    except ExprError as exc:
+        report.add(path, f"{what}: {exc}", slot)
+        return None
+    if got not in want and not (got == "int" and "float" in want):
+        report.add(path, f"{what} must be {' or '.join(want)}, but '{shorten(text, quote=False)}' is {got}", slot)
+        return None
+    return expr
+
+
+def check_no_live(
+    text: str, params: Dict[str, ParamSpec], path, report: Reporter, what: str, slot: Optional[str] = None
+) -> bool:
+    """Report (and say whether) an expression names a live param: live params are
+    evaluated at fill time, and only hooks may read them."""
+    try:
+        used = sorted(n for n in Expr.parse(text).names if n in params and params[n].live)
+    except ExprError:
+        return False  # the syntax is reported where the expression is checked
+    if used:
+        report.add(
+            path,
+            f"{what} uses live param '{used[0]}': live params are evaluated at fill time by the "
+            "hooks that read them (ctx.params), so shapes, dtypes, enabled_if, pad values and "
+            "other params' defaults cannot use them",
+            slot,
+        )
+    return bool(used)
 
 
 class SlotChecker:
