@@ -60,6 +60,7 @@ HookFactory = Callable[[Mapping[str, Any], str], Optional[Callable]]
 class BuiltinHook:
     kind: str
     factory: HookFactory
+    doc: str
     #: For a ``post_fill`` hook that only fills its whole buffer with one of the step's
     #: counts (``"raw_num_tokens"``, ``"padded_num_tokens"``): generated code writes that
     #: value through the step's grouped copy instead of calling the hook.
@@ -73,7 +74,9 @@ def builtin_hook(kind: str, fills: Optional[str] = None):
     """Registers a factory as the built-in hook of its name (less the leading ``_``); its docstring says what it does."""
 
     def register(factory: HookFactory) -> HookFactory:
-        BUILTIN_HOOKS[factory.__name__.lstrip("_")] = BuiltinHook(kind, factory, fills)
+        BUILTIN_HOOKS[factory.__name__.lstrip("_")] = BuiltinHook(
+            kind, factory, " ".join(factory.__doc__.split()), fills
+        )
         return factory
 
     return register
