@@ -173,14 +173,11 @@ class RegistrySpec(_Strict):
         Keys added after specs had identities leave it while they hold their default, so a
         spec that does not use them keeps its identity (and its generated modules stay current)."""
         data = _lists(self.model_dump(mode="python", exclude=NOT_MEANING))
-        for part, unused in (([data], UNUSED_DEFAULTS["spec"]), (data["params"].values(), UNUSED_DEFAULTS["param"])):
-            for item in part:
-                for key, default in unused.items():
+        for kind, items in (("spec", [data]), ("param", data["params"].values()), ("slot", data["slots"])):
+            for item in items:
+                for key, default in UNUSED_DEFAULTS[kind].items():
                     if item.get(key) == default:
                         item.pop(key)
-        for slot in data["slots"]:
-            if slot.get("adopt") == UNUSED_DEFAULTS["slot"]["adopt"]:
-                slot.pop("adopt")
         return data
 
     def canonical_json(self) -> str:
