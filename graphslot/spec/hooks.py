@@ -18,11 +18,7 @@ from .errors import SlotError, did_you_mean, shorten
 from .live import Live, naming_slot
 
 # How each kind of hook is called; a user hook must accept these arguments.
-HOOK_SIGNATURES = {
-    "post_fill": ("buffer", "fb", "ctx"),
-    "source": ("fb", "ctx"),
-    "pre_capture": ("buffer", "ctx"),
-}
+HOOK_SIGNATURES = {"post_fill": ("buffer", "fb", "ctx"), "source": ("fb", "ctx"), "pre_capture": ("buffer", "ctx")}
 
 
 @dataclass(frozen=True)

@@ -95,7 +95,7 @@ class SlotSpec(_Strict, SlotKind):
     )
     shape: Tuple[Union[StrictInt, str], ...] = Field(
         description="Extents: ints or expressions over max_bs, max_num_tokens and params; [] for a 0-d "
-        "slot (axis none).",
+        "slot (axis none)."
     )
     dtype: str = Field(description="A torch dtype name (int64, bfloat16, …) or a dtype-typed param.")
     axis: AxisName = Field(description="bs: sliced by batch size; tokens: by token count; none: never sliced.")

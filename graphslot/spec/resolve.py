@@ -38,15 +38,12 @@ class ResolvedSlot(SlotKind):
     source: Optional[str]
     pre_capture: Optional[str]
     line: Optional[int]
-    #: Copied as rows: a ``[L, capacity]`` device slot sliced along dim 1 with ``L`` fixed
-    #: by params; both modes copy its head and tail as L 1-D row slices (``copy_`` then
-    #: judges overlapping sources per row, alike), so the rows can join the device's
-    #: grouped copy.
+    #: Copied as rows: a ``[L, capacity]`` device slot sliced along dim 1 (``L`` fixed by params)
+    #: is copied as L 1-D row slices in both modes, so the rows can join the grouped copy.
     rows: bool = False
     #: False for ``adopt: never``: allocated (or pooled) even when ``adopt=`` is given.
     adopt: bool = True
-    #: The spec's ``absent_fields: skip`` on a slot copied from its batch field: a field
-    #: that is missing, None or not a tensor is no copy (the slot is also ``optional``).
+    #: ``absent_fields: skip`` on a copied slot: a field missing, None or not a tensor is no copy.
     skip_absent: bool = False
 
     @property
