@@ -38,8 +38,9 @@ class ResolvedSlot(SlotKind):
     source: Optional[str]
     pre_capture: Optional[str]
     line: Optional[int]
-    #: Copied as rows: a ``[L, capacity]`` device slot sliced along dim 1 (``L`` fixed by params)
-    #: is copied as L 1-D row slices in both modes, so the rows can join the grouped copy.
+    #: Copied as rows: a ``[L, capacity]`` device slot sliced along dim 1 (``L`` fixed by params) is
+    #: copied as L 1-D row slices in both modes (``copy_`` judges overlapping sources per row, alike),
+    #: so the rows can join the device's grouped copy.
     rows: bool = False
     #: False for ``adopt: never``: allocated (or pooled) even when ``adopt=`` is given.
     adopt: bool = True
