@@ -273,24 +273,16 @@ def _local_num_token_non_padded_cpu(params, slot_name):
 @builtin_hook("post_fill", fills="raw_num_tokens")
 def _count_non_padded_tokens(params, slot_name):
     """Write the raw token count of the step (tokens of the padded bucket that are real)."""
-
-    def post_fill(buffer, fb, ctx):
-        buffer.fill_(ctx.raw_num_tokens)
-
-    return post_fill
+    return lambda buffer, fb, ctx: buffer.fill_(ctx.raw_num_tokens)
 
 
 @builtin_hook("post_fill", fills="padded_num_tokens")
 def _global_num_tokens(params, slot_name):
     """With gathered (DP) buffers, every rank runs the padded token count: fill it. Without,
     the buffer is left as initialised (param: require_gathered_buffer)."""
-    if not params.get("require_gathered_buffer"):
-        return None
-
-    def post_fill(buffer, fb, ctx):
-        buffer.fill_(ctx.padded_num_tokens)
-
-    return post_fill
+    if params.get("require_gathered_buffer"):
+        return lambda buffer, fb, ctx: buffer.fill_(ctx.padded_num_tokens)
+    return None
 
 
 @builtin_hook("source")
