@@ -92,9 +92,10 @@ def load_spec(
 
     try:
         stat = path.stat()
+        key = ("file", str(path.resolve()), stat.st_mtime_ns, stat.st_size, source, import_hooks, max_bytes)
     except OSError:
         return make()  # read_spec_text says why it cannot be read
-    return _cached(("file", str(path.resolve()), stat.st_mtime_ns, stat.st_size, source, import_hooks, max_bytes), make)
+    return _cached(key, make)
 
 
 def spec_from_dict(
