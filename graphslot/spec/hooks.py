@@ -67,7 +67,7 @@ BUILTIN_HOOKS: Dict[str, BuiltinHook] = {}
 
 
 def builtin_hook(kind: str, fills: Optional[str] = None):
-    """Registers a factory as the built-in hook of its name (less the leading ``_``); its docstring says what it does."""
+    """Registers a factory as the built-in hook of its name (less the leading ``_``), documented by its docstring."""
 
     def register(factory: HookFactory) -> HookFactory:
         BUILTIN_HOOKS[factory.__name__.lstrip("_")] = BuiltinHook(
