@@ -70,9 +70,8 @@ def builtin_hook(kind: str, fills: Optional[str] = None):
     """Registers a factory as the built-in hook of its name (less the leading ``_``), documented by its docstring."""
 
     def register(factory: HookFactory) -> HookFactory:
-        BUILTIN_HOOKS[factory.__name__.lstrip("_")] = BuiltinHook(
-            kind, factory, " ".join(factory.__doc__.split()), fills
-        )
+        doc = " ".join((factory.__doc__ or "").split())  # None under python -OO
+        BUILTIN_HOOKS[factory.__name__.lstrip("_")] = BuiltinHook(kind, factory, doc, fills)
         return factory
 
     return register
