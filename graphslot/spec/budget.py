@@ -1,14 +1,8 @@
-"""Byte budgets: what a registry may allocate, decided before anything is.
-
-Static input buffers are small (a few MiB for a real ``max_bs`` / ``max_num_tokens``),
-so a registry whose buffers would take more than a cap is a wrong argument -- a
-``max_bs=10**9`` typed for ``10**3`` -- and is refused with a :class:`BufferBudgetError`
-naming the total, the largest slot and how to raise the cap, before a byte is
-zero-filled. The cap is ``max_bytes=`` where given (``build_registry``, the runner
-configs), else the environment variable ``GRAPHSLOT_MAX_BUFFER_BYTES``, else
-:data:`DEFAULT_MAX_BUFFER_BYTES`. A buffer torch cannot size at all (2**63 bytes or
-more) is refused whatever the cap, naming its slot. Torch-free.
-"""
+"""Byte budgets: what a registry may allocate, decided before anything is. Buffers are
+small, so a total over the cap is a wrong argument (``max_bs=10**9`` typed for ``10**3``),
+refused with a :class:`BufferBudgetError` before a byte is zero-filled. The cap is
+``max_bytes=``, else ``GRAPHSLOT_MAX_BUFFER_BYTES``, else :data:`DEFAULT_MAX_BUFFER_BYTES`;
+a buffer torch cannot size (2**63 bytes or more) is refused whatever the cap. Torch-free."""
 
 from __future__ import annotations
 
@@ -48,35 +42,33 @@ def format_bytes(n: int) -> str:
     return f"{n} bytes" if n < 1024 else f"{n} bytes ({human_bytes(n)})"
 
 
-def byte_cap(max_bytes: Optional[int], env: str, default: Optional[int],
-             default_origin: str = "the default") -> Tuple[Optional[int], str]:
-    """The cap and where it came from: ``max_bytes`` when given, else the byte-count
-    environment variable named ``env`` (declared in :mod:`graphslot.env`) when set, else
-    ``default`` (None: no cap)."""
+def byte_cap(
+    max_bytes: Optional[int], env: str, default: Optional[int], default_origin: str = "the default"
+) -> Tuple[Optional[int], str]:
+    """The cap and where it came from: ``max_bytes``, else the environment variable ``env``
+    (declared in :mod:`graphslot.env`), else ``default`` (None: no cap)."""
     if max_bytes is not None:
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
             raise ValueError(f"max_bytes must be a positive int (a number of bytes), got {shorten(max_bytes)}")
         return max_bytes, "max_bytes"
     from_env = variable(env).read()
-    if from_env is not None:
-        return from_env, env
-    return default, default_origin
+    return (default, default_origin) if from_env is None else (from_env, env)
 
 
-def check_buffer_bytes(spec_name: str, sized: Iterable[Tuple[str, int]], where: str,
-                       max_bytes: Optional[int] = None) -> int:
-    """The total of ``sized`` (``(slot name, bytes)`` pairs), or a BufferBudgetError.
-
-    ``where`` says at which capacities (``max_bs=…, max_num_tokens=…``). Refused: any
-    buffer of 2**63 bytes or more (named), and a total over the cap.
-    """
+def check_buffer_bytes(
+    spec_name: str, sized: Iterable[Tuple[str, int]], where: str, max_bytes: Optional[int] = None
+) -> int:
+    """The total of ``sized`` (``(slot name, bytes)`` pairs) at the capacities ``where`` says,
+    or a BufferBudgetError: any buffer of 2**63 bytes or more (named), or a total over the cap."""
     cap, origin = byte_cap(max_bytes, MAX_BUFFER_BYTES_ENV, DEFAULT_MAX_BUFFER_BYTES)
     total, largest = 0, (0, "")
     for name, nbytes in sized:
         if nbytes >= TORCH_MAX_BYTES:
-            raise BufferBudgetError(f"spec '{spec_name}', slot '{name}': its buffer would take {nbytes} bytes at "
-                                    f"{where}, beyond what torch can allocate (under 2**63 bytes); lower the "
-                                    "capacities or the params its shape is made of")
+            raise BufferBudgetError(
+                f"spec '{spec_name}', slot '{name}': its buffer would take {nbytes} bytes at "
+                f"{where}, beyond what torch can allocate (under 2**63 bytes); lower the "
+                "capacities or the params its shape is made of"
+            )
         total += nbytes
         largest = max(largest, (nbytes, name))
     if total > cap:
@@ -84,5 +76,6 @@ def check_buffer_bytes(spec_name: str, sized: Iterable[Tuple[str, int]], where: 
             f"spec '{spec_name}': its buffers would take {format_bytes(total)} at {where}, over the cap of "
             f"{format_bytes(cap)} ({origin}); the largest is slot '{largest[1]}', {format_bytes(largest[0])}. "
             f"Nothing was allocated. Lower the capacities, or raise the cap: max_bytes=N (the runner "
-            f"configs) or the environment variable {MAX_BUFFER_BYTES_ENV}=N")
+            f"configs) or the environment variable {MAX_BUFFER_BYTES_ENV}=N"
+        )
     return total

@@ -1,12 +1,6 @@
-"""Dtype names as specs spell them (``int64``, ``bfloat16``, ``bool``), without torch.
-
-The spec toolchain (``validate``, ``show``, ``schema``, ``generate``) never imports
-torch: there a dtype is a :class:`DTypeName` (a ``str``: ``"int64"``) and what the checks
-need to know about it — its kind, itemsize and value range — comes from the table below.
-``torch.dtype`` objects are made only where tensors are (registries, buffers), by
-:func:`torch_dtype`. The table is torch 2.13's dtypes; tests/test_torch_free.py holds it
-to the installed torch.
-"""
+"""Dtype names as specs spell them (``int64``), without torch: the spec toolchain never
+imports it, and takes a dtype's kind, itemsize and range from the table below (torch
+2.13's dtypes; tests/test_torch_free.py holds it to the installed torch)."""
 
 from __future__ import annotations
 
@@ -29,63 +23,55 @@ class DTypeInfo:
     max: Union[int, float, None] = None  # float dtypes: torch.finfo(...).max; None where it has none
 
 
-def _int(name: str, itemsize: int, lo: Optional[int] = None, hi: Optional[int] = None) -> DTypeInfo:
-    return DTypeInfo(name, "int", itemsize, lo, hi)
+def _ints(names: str, itemsize: int, signed: Optional[bool] = None) -> list:
+    """Int dtypes of ``itemsize`` bytes: the signed or unsigned range of their size, or (None) no known range."""
+    bits = 8 * itemsize
+    lo, hi = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if signed else (0, 2**bits - 1)
+    if signed is None:
+        lo, hi = None, None
+    return [DTypeInfo(name, "int", itemsize, lo, hi) for name in names.split()]
 
 
-def _float(name: str, itemsize: int, fmax: Optional[float]) -> DTypeInfo:
-    return DTypeInfo(name, "float", itemsize, None, fmax)
-
-
+_FLOATS = {"float16": (2, 65504.0), "float32": (4, 3.4028234663852886e38), "float64": (8, 1.7976931348623157e308)}
+_FLOATS.update(bfloat16=(2, 3.3895313892515355e38), float8_e5m2=(1, 57344.0), float8_e4m3fn=(1, 448.0))
+_FLOATS.update(float8_e5m2fnuz=(1, 57344.0), float8_e4m3fnuz=(1, 240.0), float8_e8m0fnu=(1, 1.7014118346046923e38))
+_FLOATS.update(float4_e2m1fn_x2=(1, None))  # packed pairs: torch.finfo has no range for it
 _CANONICAL = [
-    _int("uint8", 1, 0, 255),
-    _int("int8", 1, -128, 127),
-    _int("int16", 2, -(2**15), 2**15 - 1),
-    _int("int32", 4, -(2**31), 2**31 - 1),
-    _int("int64", 8, -(2**63), 2**63 - 1),
-    _float("float16", 2, 65504.0),
-    _float("float32", 4, 3.4028234663852886e38),
-    _float("float64", 8, 1.7976931348623157e308),
-    DTypeInfo("complex32", "complex", 4),
-    DTypeInfo("complex64", "complex", 8),
-    DTypeInfo("complex128", "complex", 16),
+    *_ints("int8 qint8", 1, True),
+    *_ints("uint8 quint8 quint4x2 quint2x4", 1, False),
+    *_ints("int16", 2, True),
+    *_ints("uint16", 2, False),
+    *_ints("int32 qint32", 4, True),
+    *_ints("uint32", 4, False),
+    *_ints("int64", 8, True),
+    *_ints("uint64", 8, False),
+    *_ints("bits1x8 bits2x4 bits4x2 bits8 " + " ".join(f"uint{n} int{n}" for n in range(1, 8)), 1),
+    *_ints("bits16", 2),
+    *(DTypeInfo(name, "float", size, None, fmax) for name, (size, fmax) in _FLOATS.items()),
+    *(DTypeInfo(f"complex{8 * size}", "complex", size) for size in (4, 8, 16)),
     DTypeInfo("bool", "bool", 1),
-    _int("qint8", 1, -128, 127),
-    _int("quint8", 1, 0, 255),
-    _int("qint32", 4, -(2**31), 2**31 - 1),
-    _float("bfloat16", 2, 3.3895313892515355e38),
-    _int("quint4x2", 1, 0, 255),
-    _int("quint2x4", 1, 0, 255),
-    _int("bits1x8", 1),
-    _int("bits2x4", 1),
-    _int("bits4x2", 1),
-    _int("bits8", 1),
-    _int("bits16", 2),
-    _float("float8_e5m2", 1, 57344.0),
-    _float("float8_e4m3fn", 1, 448.0),
-    _float("float8_e5m2fnuz", 1, 57344.0),
-    _float("float8_e4m3fnuz", 1, 240.0),
-    _int("uint16", 2, 0, 2**16 - 1),
-    _int("uint32", 4, 0, 2**32 - 1),
-    _int("uint64", 8, 0, 2**64 - 1),
-    *(_int(f"uint{n}", 1) for n in range(1, 8)),
-    *(_int(f"int{n}", 1) for n in range(1, 8)),
-    _float("float8_e8m0fnu", 1, 1.7014118346046923e38),
-    _float("float4_e2m1fn_x2", 1, None),  # packed pairs: torch.finfo has no range for it
 ]
 
 # torch's other names for the same dtypes (torch.long is torch.int64).
-_ALIASES = {"short": "int16", "int": "int32", "long": "int64", "half": "float16", "float": "float32",
-            "double": "float64", "chalf": "complex32", "cfloat": "complex64", "cdouble": "complex128",
-            "bit": "uint1"}
+_ALIASES = dict(
+    pair.split("=")
+    for pair in (
+        "short=int16 int=int32 long=int64 half=float16 float=float32 double=float64 chalf=complex32 "
+        "cfloat=complex64 cdouble=complex128 bit=uint1 "
+    ).split()
+)
 
 # Spellings other tools use (numpy, JAX, model configs), never accepted -- a spec names
 # torch's dtypes -- but answered with the name meant: "fp32" gets "did you mean 'float32'".
-SPELLINGS = {"fp64": "float64", "f64": "float64", "fp32": "float32", "f32": "float32", "fp16": "float16",
-             "f16": "float16", "bf16": "bfloat16", "bfloat": "bfloat16", "i8": "int8", "i16": "int16",
-             "i32": "int32", "i64": "int64", "u8": "uint8", "u16": "uint16", "u32": "uint32", "u64": "uint64",
-             "uint": "uint32", "boolean": "bool", "b8": "bool", "c64": "complex64", "c128": "complex128",
-             "fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
+SPELLINGS = dict(
+    pair.split("=")
+    for pair in (
+        "fp64=float64 f64=float64 fp32=float32 f32=float32 fp16=float16 f16=float16 bf16=bfloat16 "
+        "bfloat=bfloat16 i8=int8 i16=int16 i32=int32 i64=int64 u8=uint8 u16=uint16 u32=uint32 u64=uint64 "
+        "uint=uint32 boolean=bool b8=bool c64=complex64 c128=complex128 fp8=float8_e4m3fn "
+        "fp8_e4m3=float8_e4m3fn fp8_e5m2=float8_e5m2 "
+    ).split()
+)
 
 _BY_CANONICAL = {info.name: info for info in _CANONICAL}
 # Every name a spec may write, aliases included → its dtype's facts.
@@ -93,11 +79,8 @@ DTYPES: Dict[str, DTypeInfo] = {**_BY_CANONICAL, **{a: _BY_CANONICAL[c] for a, c
 
 
 class DTypeName(str):
-    """A dtype in the spec layer: its canonical name (``"int64"``), with its facts.
-
-    A ``str``, so it prints, compares and hashes as the name; expressions still type it
-    as ``dtype`` and generated code writes it as ``torch.<name>``.
-    """
+    """A dtype in the spec layer: its canonical name (a ``str``: prints, compares and hashes
+    as ``"int64"``), with its facts; generated code writes it as ``torch.<name>``."""
 
     __slots__ = ()
 
@@ -137,15 +120,13 @@ def parse_dtype(value: Any) -> Optional[DTypeName]:
 
 
 def dtype_hint(value: Any, others: Iterable[str] = ()) -> str:
-    """A ``; did you mean 'float32'?`` suffix for a name that is not a dtype: the name
-    another tool's spelling stands for (``fp32``, ``bf16``, ``i64``), else the closest
-    dtype name or one of ``others`` (dtype params); empty when nothing is close."""
+    """A ``; did you mean 'float32'?`` suffix for a name that is not a dtype: for another tool's
+    spelling (``fp32``), else the closest dtype name or one of ``others`` (dtype params)."""
     return spelling_hint(value) or (did_you_mean(value, [*DTYPES, *others]) if isinstance(value, str) else "")
 
 
 def spelling_hint(value: Any) -> str:
-    """``; did you mean 'float32'?`` for another tool's spelling of a dtype (``fp32``),
-    else an empty string."""
+    """``; did you mean 'float32'?`` for another tool's spelling of a dtype (``fp32``), else ``""``."""
     meant = SPELLINGS.get(value.removeprefix("torch.").lower()) if isinstance(value, str) else None
     return "" if meant is None else f"; did you mean '{meant}'?"
 
@@ -156,14 +137,15 @@ def dtype_name(dtype: Any) -> str:
     return str(parsed) if parsed is not None else str(dtype).removeprefix("torch.")
 
 
-TORCH_MISSING = ("graphslot's runtime needs torch, which is not installed here: install your engine's torch "
-                 "build, or pip install 'graphslot[torch]' (validate, show, schema and generate run without it)")
+TORCH_MISSING = (
+    "graphslot's runtime needs torch, which is not installed here: install your engine's torch "
+    "build, or pip install 'graphslot[torch]' (validate, show, schema and generate run without it)"
+)
 
 
 def import_torch() -> Any:
-    """torch, imported where graphslot first makes tensors. A torch without NumPy beside it
-    warns on import; graphslot never uses NumPy, so that one message is silenced (the
-    warning filters are restored afterwards)."""
+    """torch, imported where graphslot first makes tensors; its warning about a missing
+    NumPy (which graphslot never uses) silenced."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
         try:
@@ -179,13 +161,11 @@ _TORCH_DTYPES: Dict[str, Any] = {}
 
 
 def torch_dtype(dtype: Any) -> Any:
-    """The ``torch.dtype`` for a name (or a torch dtype): the runtime boundary, which
-    imports torch."""
+    """The ``torch.dtype`` for a name (or a torch dtype): the runtime boundary, which imports torch."""
     if is_torch_dtype(dtype):
         return dtype
-    cached = _TORCH_DTYPES.get(dtype)
-    if cached is not None:
-        return cached
+    if dtype in _TORCH_DTYPES:
+        return _TORCH_DTYPES[dtype]
     name = parse_dtype(dtype)
     if name is None:
         raise ValueError(f"not a dtype: {dtype!r}")
@@ -199,15 +179,7 @@ def torch_dtype(dtype: Any) -> Any:
 
 def value_fits_dtype(value: Any, dtype: Any) -> bool:
     """Whether a pad value can be stored in ``dtype`` (a name or a torch dtype) exactly as
-    meant: no wrap-around, no overflow, no truncation.
-
-    * ``bool``: ``true``/``false``, or the ints ``0``/``1``;
-    * integer dtypes: an int (not a bool) in the dtype's range, or a float with an
-      integral value in range (``2.0``); ``1.5``, inf and nan do not fit;
-    * floating dtypes: an int or float (not a bool) whose magnitude the dtype can hold
-      (``±inf`` and nan are kept as such; a finite value must not become inf);
-    * complex dtypes: an int or float.
-    """
+    meant: no wrap-around, no overflow (a finite value must not become inf), no truncation."""
     parsed = parse_dtype(dtype)
     if parsed is None:
         raise ValueError(f"not a dtype: {dtype!r}")
@@ -216,19 +188,15 @@ def value_fits_dtype(value: Any, dtype: Any) -> bool:
         return isinstance(value, bool) or (type(value) is int and value in (0, 1))
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False
-    if info.kind == "complex":
+    if info.kind == "complex" or info.kind == "float" and isinstance(value, float) and not math.isfinite(value):
         return True
     if info.kind == "float":
-        if isinstance(value, float) and not math.isfinite(value):
-            return True
-        if info.max is None:  # no known range (packed float4): nothing fits
-            return False
-        try:
-            return abs(float(value)) <= info.max
+        try:  # no known range (packed float4): nothing fits
+            return info.max is not None and abs(float(value)) <= info.max
         except OverflowError:  # an int beyond any float
             return False
     if isinstance(value, float):
-        if not math.isfinite(value) or not value.is_integer():
+        if not value.is_integer():  # nor inf, nor nan
             return False
         value = int(value)
     if info.min is None:  # bits and sub-byte dtypes: only plain ints

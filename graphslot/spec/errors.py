@@ -1,9 +1,6 @@
-"""Errors a user of graphslot sees.
-
-Every spec problem is a :class:`SpecError` carrying one :class:`SpecIssue` per problem
-found (a file is checked completely, not only up to its first error). Every per-step
-mismatch between a batch and the registry is a :class:`SlotError`.
-"""
+"""Errors a user of graphslot sees: a :class:`SpecError` carries one :class:`SpecIssue` per
+problem (a file is checked completely, not up to its first error); a per-step mismatch
+between a batch and the registry is a :class:`SlotError`."""
 
 from __future__ import annotations
 
@@ -28,16 +25,18 @@ class SpecIssue:
 
 
 class SpecError(ValueError):
-    """A spec (or the params it was built with) is invalid.
-
-    ``str(err)`` is one ``file:line: slot 'x': message`` line per problem.
-    """
+    """A spec (or the params it was built with) is invalid: one ``file:line: slot 'x': message`` line per problem."""
 
     def __init__(self, issues: Sequence[SpecIssue]):
         if not issues:
             raise ValueError("SpecError needs at least one issue")
         self.issues = list(issues)
         super().__init__("\n".join(str(i) for i in self.issues))
+
+    @classmethod
+    def at(cls, file: str, line: Optional[int], message: str, slot: Optional[str] = None) -> "SpecError":
+        """A SpecError of one issue."""
+        return cls([SpecIssue(file, line, message, slot)])
 
 
 class SlotError(RuntimeError):
@@ -58,8 +57,9 @@ def did_you_mean(word: str, candidates: Iterable[str]) -> str:
     # difflib is quadratic in the lengths: a hint is for typos, not for hostile input.
     if len(word) > MAX_HINT_WORD or len(candidates) > MAX_HINT_CANDIDATES:
         return ""
-    close = difflib.get_close_matches(word, sorted(c for c in candidates if len(c) <= 2 * MAX_HINT_WORD),
-                                      n=1, cutoff=0.6)
+    close = difflib.get_close_matches(
+        word, sorted(c for c in candidates if len(c) <= 2 * MAX_HINT_WORD), n=1, cutoff=0.6
+    )
     return f"; did you mean '{close[0]}'?" if close else ""
 
 
@@ -73,26 +73,17 @@ MAX_SHOWN = 80
 MAX_MESSAGE = 2000
 
 
-def _escape_controls(text: str) -> str:
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
 def shorten(value: object, limit: int = MAX_SHOWN, quote: bool = True, *, ascii_only: bool = False) -> str:
-    """``repr(value)`` (or ``str`` with ``quote=False``), control characters escaped, cut
-    to ``limit`` characters with an ellipsis: untrusted values never make long lines.
-    ``ascii_only``: every non-ASCII character escaped too (``ascii()``), where a look-alike
-    letter must show (a name that has to be an ASCII identifier)."""
+    """``repr(value)`` (or ``str`` with ``quote=False``), control characters escaped, cut to
+    ``limit`` characters with an ellipsis: untrusted values never make long lines.
+    ``ascii_only``: every non-ASCII character escaped too, where a look-alike letter must show."""
     if isinstance(value, str) and len(value) > 4 * limit:
         value = value[: 4 * limit]  # repr and escaping of the rest would be thrown away
-        text = _shown_text(value, quote, ascii_only)
-        return text[: limit - 1] + "…"
-    text = _shown_text(value, quote, ascii_only)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _shown_text(value: object, quote: bool, ascii_only: bool) -> str:
     if ascii_only:
-        return ascii(value) if quote else ascii(str(value))[1:-1]
-    return repr(value) if quote else _escape_controls(str(value))
+        text = ascii(value) if quote else ascii(str(value))[1:-1]
+    elif quote:
+        text = repr(value)
+    else:
+        text = str(value)
+        text = text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return text if len(text) <= limit else text[: limit - 1] + "…"

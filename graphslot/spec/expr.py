@@ -1,10 +1,6 @@
-"""Small expressions in slot specs: shapes, pad values, ``enabled_if``, param defaults.
-
-The text is parsed with :func:`ast.parse` and then walked by the methods of
-:class:`Expr`. User text is never given to ``eval``/``compile``: a spec can compute a
-number from params, it cannot run code. Every construct outside the small language is
-rejected when the expression is parsed, so a bad spec fails on load, not on first use.
-"""
+"""Small expressions in slot specs (shapes, pad values, ``enabled_if``, param defaults),
+parsed with :func:`ast.parse` and walked by :class:`Expr`: never given to ``eval``, so a spec
+computes numbers, it cannot run code. Anything outside the language fails on load."""
 
 from __future__ import annotations
 
@@ -32,11 +28,16 @@ INT_LIMIT = 2**63
 # YAML people write true/false; they read as the bools, never as params.
 _BOOL_NAMES = {"true": True, "false": False}
 _FUNCS = {"max": max, "min": min}
-_UNARY = {ast.USub: ("-", operator.neg), ast.UAdd: ("+", operator.pos), ast.Not: ("not", operator.not_)}
-_BINOPS = {ast.Add: ("+", operator.add), ast.Sub: ("-", operator.sub), ast.Mult: ("*", operator.mul),
-           ast.FloorDiv: ("//", operator.floordiv), ast.Mod: ("%", operator.mod)}
-_COMPARE = {ast.Eq: ("==", operator.eq), ast.NotEq: ("!=", operator.ne), ast.Lt: ("<", operator.lt),
-            ast.LtE: ("<=", operator.le), ast.Gt: (">", operator.gt), ast.GtE: (">=", operator.ge)}
+
+
+def _table(rows: str) -> Dict[type, tuple]:
+    """``"Add + add, ..."`` → ``{ast.Add: ("+", operator.add), ...}``: ast node, symbol, operator."""
+    return {getattr(ast, node): (sym, getattr(operator, fn)) for node, sym, fn in map(str.split, rows.split(","))}
+
+
+_UNARY = _table("USub - neg, UAdd + pos, Not not not_")
+_BINOPS = _table("Add + add, Sub - sub, Mult * mul, FloorDiv // floordiv, Mod % mod")
+_COMPARE = _table("Eq == eq, NotEq != ne, Lt < lt, LtE <= le, Gt > gt, GtE >= ge")
 
 # Python's precedence levels, lowest first: to_python adds only the parentheses needed.
 _P_IF, _P_OR, _P_AND, _P_NOT, _P_CMP, _P_ADD, _P_MUL, _P_UNARY, _P_ATOM = range(9)
@@ -72,10 +73,8 @@ def _free_names(node: ast.AST) -> frozenset[str]:
 
 
 def python_literal(value: Any) -> str:
-    """Python source for a spec value (bool, int, float, str): ``repr``, except that a
-    non-finite float, whose repr (``inf``, ``nan``) is no Python source, is written
-    ``float('inf')``, ``float('-inf')``, ``float('nan')`` or ``float('-nan')`` — the
-    NaN's sign kept, as YAML's ``.nan`` has it set and a buffer stores it."""
+    """Python source for a spec value: ``repr``, a non-finite float as ``float('-inf')`` and the
+    like (a NaN's sign kept: YAML's ``.nan`` has it set and a buffer stores it)."""
     if isinstance(value, float) and not math.isfinite(value):
         sign = "-" if math.copysign(1.0, value) < 0 else ""
         return f"float('{sign}{abs(value)}')"
@@ -104,8 +103,10 @@ class Expr:
         self._shown = shorten(text, quote=False)  # how messages quote it
         self._source = text.strip()  # YAML may leave spaces around it; ast rejects a leading one
         if len(self._source) > MAX_EXPR_LENGTH:
-            raise ExprError(f"expression '{self._shown}' is {len(self._source)} characters long; "
-                            f"at most {MAX_EXPR_LENGTH} are allowed")
+            raise ExprError(
+                f"expression '{self._shown}' is {len(self._source)} characters long; "
+                f"at most {MAX_EXPR_LENGTH} are allowed"
+            )
         try:
             self._tree = ast.parse(self._source, mode="eval").body
         except (SyntaxError, ValueError) as e:  # ValueError: e.g. a NUL byte
@@ -118,8 +119,7 @@ class Expr:
 
     @classmethod
     def parse(cls, text: str) -> "Expr":
-        """The parsed expression, kept per text (an Expr never changes): a registry built
-        again parses none of its spec's expressions twice."""
+        """The parsed expression, kept per text (an Expr never changes): nothing is parsed twice."""
         expr = _PARSED.get(text) if isinstance(text, str) else None
         if expr is None:
             expr = cls(text)
@@ -145,9 +145,8 @@ class Expr:
         return self._eval(self._tree, env)
 
     def to_python(self, env: Mapping[str, Any], keep: Collection[str] = ()) -> str:
-        """Python source for the expression: names in ``keep`` stay names, every other
-        name is replaced by its value in ``env``, and what is then constant is folded.
-        A mapping ``keep`` also renames: ``{"device": "rt_device"}`` emits ``rt_device``."""
+        """Python source: names in ``keep`` stay names (a mapping renames them), the others
+        take their value in ``env``, and what is then constant is folded."""
         keep = dict(keep) if isinstance(keep, Mapping) else {name: name for name in keep}
         if not self.names & keep.keys():
             return _literal(self.evaluate(env))[0]
@@ -162,22 +161,26 @@ class Expr:
         return ExprError(f"'{self._fragment(node)}' in expression '{self._shown}': {reason}")
 
     def _unsupported(self, node: ast.AST, allowed: str) -> ExprError:
-        fragment = self._fragment(node)
-        return ExprError(f"unsupported syntax '{fragment}' in expression '{self._shown}': {allowed}")
+        return ExprError(f"unsupported syntax '{self._fragment(node)}' in expression '{self._shown}': {allowed}")
 
     def _unknown(self, name: str, known: Collection[str]) -> ExprError:
-        return ExprError(f"unknown name '{shorten(name, quote=False)}' in expression '{self._shown}'"
-                         f"{did_you_mean(name, known)}")
+        return ExprError(
+            f"unknown name '{shorten(name, quote=False)}' in expression '{self._shown}'{did_you_mean(name, known)}"
+        )
 
     def _too_deep(self) -> ExprError:
-        return ExprError(f"expression '{self._shown}' nests deeper than {MAX_EXPR_DEPTH} levels "
-                         "(a sum of n terms nests n deep)")
+        return ExprError(
+            f"expression '{self._shown}' nests deeper than {MAX_EXPR_DEPTH} levels (a sum of n terms nests n deep)"
+        )
 
     def _bounded(self, node: ast.AST, value: Any) -> Any:
         """``value``, unless it is an int outside the signed 64-bit range."""
         if type(value) is int and not -INT_LIMIT < value < INT_LIMIT:
-            raise self._fail(node, f"integer overflow: the value has {value.bit_length()} bits, "
-                                   "beyond the signed 64-bit range (|value| < 2**63)")
+            raise self._fail(
+                node,
+                f"integer overflow: the value has {value.bit_length()} bits, "
+                "beyond the signed 64-bit range (|value| < 2**63)",
+            )
         return value
 
     # -- syntax -----------------------------------------------------------------
@@ -273,7 +276,6 @@ class Expr:
                 raise self._fail(node, f"branches have different types {a} and {b}")
             case ast.Call(args=args):
                 return self._call_type(node, [self._infer(a, types) for a in args])
-        raise AssertionError(f"unchecked node {ast.dump(node)}")  # _check_syntax let it through
 
     def _eval(self, node: ast.AST, env: Mapping[str, Any]) -> Any:
         typ = python_type_name
@@ -331,7 +333,6 @@ class Expr:
                 values = [self._eval(a, env) for a in args]
                 self._call_type(node, [typ(v) for v in values])
                 return _FUNCS[fn](*values)
-        raise AssertionError(f"unchecked node {ast.dump(node)}")
 
     def _fold(self, node: ast.AST, env: Mapping[str, Any], keep: Mapping[str, str]) -> Any:
         """The value of a sub-expression without kept names, else _NOT_CONSTANT."""
@@ -397,4 +398,3 @@ class Expr:
                 return src, _P_IF
             case ast.Call(func=ast.Name(id=fn), args=args):
                 return f"{fn}({', '.join(sub(a, _P_IF) for a in args)})", _P_ATOM
-        raise AssertionError(f"unchecked node {ast.dump(node)}")

@@ -1,17 +1,9 @@
-"""Hooks: the code a spec names for what plain copying cannot express.
-
-A slot names a hook by one of three kinds of reference:
-
-* a name passed to ``build_registry(hooks={...})``,
-* a built-in hook name (below),
-* ``package.module:function``.
+"""Hooks: the code a spec names for what plain copying cannot express, by a
+``build_registry(hooks={...})`` name, a built-in name (below) or ``package.module:function``.
 
 Built-in hooks are *factories*: given the resolved params and the slot they return the
-callable to run, or ``None`` when, with these params, the hook has nothing to do. That
-is how generated code leaves out a hook call that could never do anything (the global
-token counts of a non-DP deployment, say) while the interpreter runs exactly the same
-callables.
-"""
+callable to run, or ``None`` when with these params it has nothing to do, so generated
+code leaves the call out while the interpreter runs exactly the same callables."""
 
 from __future__ import annotations
 
@@ -23,14 +15,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Mapping, Optional
 
 from .errors import SlotError, did_you_mean, shorten
-from .live import Live, LiveParamError, at_slot
+from .live import Live, naming_slot
 
 # How each kind of hook is called; a user hook must accept these arguments.
-HOOK_SIGNATURES = {
-    "post_fill": ("buffer", "fb", "ctx"),
-    "source": ("fb", "ctx"),
-    "pre_capture": ("buffer", "ctx"),
-}
+HOOK_SIGNATURES = {"post_fill": ("buffer", "fb", "ctx"), "source": ("fb", "ctx"), "pre_capture": ("buffer", "ctx")}
 
 
 @dataclass(frozen=True)
@@ -56,9 +44,7 @@ class CaptureContext:
 
 
 def _is_tensor(value: Any) -> bool:
-    """``isinstance(value, torch.Tensor)`` without importing torch: the spec layer (which
-    calls factories to see which hooks have work) runs without it, and no tensor exists
-    before torch is imported."""
+    """``isinstance(value, torch.Tensor)`` without importing torch (the spec layer runs factories without it)."""
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(value, torch.Tensor)
 
@@ -80,9 +66,12 @@ class BuiltinHook:
 BUILTIN_HOOKS: Dict[str, BuiltinHook] = {}
 
 
-def builtin_hook(name: str, kind: str, doc: str, fills: Optional[str] = None):
+def builtin_hook(kind: str, fills: Optional[str] = None):
+    """Registers a factory as the built-in hook of its name (less the leading ``_``), documented by its docstring."""
+
     def register(factory: HookFactory) -> HookFactory:
-        BUILTIN_HOOKS[name] = BuiltinHook(kind, factory, doc, fills)
+        doc = " ".join((factory.__doc__ or "").split())  # None under python -OO
+        BUILTIN_HOOKS[factory.__name__.lstrip("_")] = BuiltinHook(kind, factory, doc, fills)
         return factory
 
     return register
@@ -97,9 +86,11 @@ def is_import_reference(ref: str) -> bool:
 
 
 #: What to do when a hook's module is not installed where it is being checked (validate).
-NOT_INSTALLED = ("; install it (and what it imports) into this environment -- for a pre-commit hook, list it under "
-                 "additional_dependencies or use a `repo: local` hook -- or check hooks here without importing them "
-                 "(no --import-hooks, import_hooks = false)")
+NOT_INSTALLED = (
+    "; install it (and what it imports) into this environment -- for a pre-commit hook, list it under "
+    "additional_dependencies or use a `repo: local` hook -- or check hooks here without importing them "
+    "(no --import-hooks, import_hooks = false)"
+)
 
 
 def import_hook(ref: str, when_missing: str = "") -> Callable:
@@ -110,16 +101,17 @@ def import_hook(ref: str, when_missing: str = "") -> Callable:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         missing = exc.name or module_name
-        raise HookError(f"cannot import module '{module_name}' for hook '{ref}': no module named '{missing}' in "
-                        f"this Python environment ({sys.executable}){when_missing}") from None
+        raise HookError(
+            f"cannot import module '{module_name}' for hook '{ref}': no module named '{missing}' in "
+            f"this Python environment ({sys.executable}){when_missing}"
+        ) from None
     except ImportError as exc:
         raise HookError(f"cannot import module '{module_name}' for hook '{ref}': {exc}") from None
     target: Any = module
     for part in attr.split("."):
         if not hasattr(target, part):
             raise HookError(
-                f"module '{module_name}' has no attribute '{attr}' (hook '{ref}')"
-                + did_you_mean(part, dir(target))
+                f"module '{module_name}' has no attribute '{attr}' (hook '{ref}')" + did_you_mean(part, dir(target))
             )
         target = getattr(target, part)
     if not callable(target):
@@ -137,40 +129,22 @@ def check_signature(fn: Callable, kind: str, ref: str) -> None:
         signature.bind(*params)
     except TypeError:
         raise HookError(
-            f"{kind} hook '{ref}' has signature {signature}, but {kind} hooks are "
-            f"called as ({', '.join(params)})"
+            f"{kind} hook '{ref}' has signature {signature}, but {kind} hooks are called as ({', '.join(params)})"
         ) from None
 
 
 def check_reference(ref: str, kind: str) -> None:
-    """What can be checked without the user's ``hooks=``: builtins and imports.
-
-    A plain name that is not built in is left to ``build_registry``, which is where
-    user hooks arrive.
-    """
+    """What can be checked without the user's ``hooks=`` (other plain names are left to ``build_registry``)."""
     if is_import_reference(ref):
         check_signature(import_hook(ref, NOT_INSTALLED), kind, ref)
     elif ref in BUILTIN_HOOKS and BUILTIN_HOOKS[ref].kind != kind:
-        raise HookError(
-            f"built-in hook '{ref}' is a {BUILTIN_HOOKS[ref].kind} hook and cannot be "
-            f"used as {kind}"
-        )
+        raise HookError(f"built-in hook '{ref}' is a {BUILTIN_HOOKS[ref].kind} hook and cannot be used as {kind}")
 
 
-def bind_hook(
-    ref: str,
-    kind: str,
-    slot_name: str,
-    params: Mapping[str, Any],
-    user_hooks: Mapping[str, Callable],
-) -> Optional[Callable]:
+def bind_hook(ref: str, kind: str, slot_name: str, params: Mapping[str, Any], user_hooks: Mapping[str, Callable]):
     """The callable a reference stands for with these params (None: nothing to do)."""
-    if ref in user_hooks:
-        fn = user_hooks[ref]
-        check_signature(fn, kind, ref)
-        return fn
-    if is_import_reference(ref):
-        fn = import_hook(ref)
+    if ref in user_hooks or is_import_reference(ref):
+        fn = user_hooks[ref] if ref in user_hooks else import_hook(ref)
         check_signature(fn, kind, ref)
         return fn
     if ref in BUILTIN_HOOKS:
@@ -190,16 +164,10 @@ SHARD_PARAMS = ("attn_tp_sharded", "attn_tp_rank", "attn_tp_size")
 
 
 def _shard(get, fail):
-    """``(sharded, rank, size)``: whether this rank's share of the padded tokens is a
-    slice of them (sglang's ``not enable_prefill_cp and attn_tp_sharded_fn(n)``).
-
-    ``get(name, default)`` reads a param; ``attn_tp_sharded`` is read only without
-    ``enable_prefill_cp``, and rank and size only when sharded (as sglang reads its
-    runtime context only then). ``attn_tp_sharded`` stands for sglang's per-bucket
-    predicate, whose default (``ModelRunner.attn_tp_sequence_sharded``) is
-    ``require_gathered_buffer()`` for every bucket; a spec without the param falls
-    back to ``require_gathered_buffer``.
-    """
+    """``(sharded, rank, size)``: whether this rank's share of the padded tokens is a slice
+    of them (sglang's ``not enable_prefill_cp and attn_tp_sharded_fn(n)``, whose default is
+    ``require_gathered_buffer()``). Params are read as sglang reads its runtime context: rank
+    and size only when sharded."""
     if get("enable_prefill_cp", False):
         return False, 0, 1
     sharded = get("attn_tp_sharded", None)
@@ -209,8 +177,10 @@ def _shard(get, fail):
         return False, 0, 1
     rank, size = int(get("attn_tp_rank", 0)), int(get("attn_tp_size", 1))
     if not (size >= 1 and 0 <= rank < size):
-        raise fail(f"attn_tp_rank={rank} must lie in [0, attn_tp_size={size}) when the "
-                   "non-padded count is sharded (attn_tp_sharded)")
+        raise fail(
+            f"attn_tp_rank={rank} must lie in [0, attn_tp_size={size}) when the "
+            "non-padded count is sharded (attn_tp_sharded)"
+        )
     return True, rank, size
 
 
@@ -221,47 +191,37 @@ def _attn_tp_shard(params, slot_name):
         fixed = _shard(params.get, HookError)
         return lambda ctx: fixed
 
-    def fail(message):
-        return SlotError(f"slot '{slot_name}': {message}")
-
     def shard(ctx):
-        try:
-            return _shard(ctx.params.get, fail)
-        except LiveParamError as exc:
-            raise at_slot(exc, slot_name) from exc.__cause__
+        return _shard(ctx.params.get, lambda message: SlotError(f"slot '{slot_name}': {message}"))
 
-    return shard
+    return naming_slot(shard, slot_name)
 
 
 def _count(value: Any, field: str, slot_name: str) -> int:
-    """A host count read off the batch as an int (an int, a numpy int; not a float, a
-    str or a list), else a SlotError naming the slot and the field."""
+    """A host count read off the batch as an int (an int, a numpy int), else a SlotError naming slot and field."""
     try:
         return operator.index(value)
     except TypeError:
-        raise SlotError(f"slot '{slot_name}': fb.{field} is {type(value).__name__} {shorten(value)}; a count is an "
-                        "int or a tensor") from None
+        raise SlotError(
+            f"slot '{slot_name}': fb.{field} is {type(value).__name__} {shorten(value)}; a count is an int or a tensor"
+        ) from None
 
 
 def _local_bounds(sharded, rank, size, padded_num_tokens):
-    """``(tokens_per_rank, rank_offset)`` of this rank's contiguous slice of the padded
-    bucket; a replicated forward owns the whole bucket."""
+    """``(tokens_per_rank, rank_offset)`` of this rank's slice of the padded bucket (all of it when replicated)."""
     if not sharded:
         return padded_num_tokens, 0
     per_rank = padded_num_tokens // size
     return per_rank, per_rank * rank
 
 
-@builtin_hook(
-    "local_num_token_non_padded",
-    "post_fill",
-    "Real tokens of the step, from the batch: fb.global_num_token_non_padded (a tensor) "
-    "clamped to this attention-TP rank's slice of the padded tokens when sharded "
-    "(params: attn_tp_sharded, enable_prefill_cp, attn_tp_rank, attn_tp_size), else to "
-    "the padded count; without it fb.num_token_non_padded is copied; without both the "
-    "buffer is left as it is.",
-)
+@builtin_hook("post_fill")
 def _local_num_token_non_padded(params, slot_name):
+    """Real tokens of the step, from the batch: fb.global_num_token_non_padded (a tensor)
+    clamped to this attention-TP rank's slice of the padded tokens when sharded (params:
+    attn_tp_sharded, enable_prefill_cp, attn_tp_rank, attn_tp_size), else to the padded
+    count; without it fb.num_token_non_padded is copied; without both the buffer is left as
+    it is."""
     shard = _attn_tp_shard(params, slot_name)
 
     def post_fill(buffer, fb, ctx):
@@ -289,15 +249,12 @@ def _local_num_token_non_padded(params, slot_name):
     return post_fill
 
 
-@builtin_hook(
-    "local_num_token_non_padded_cpu",
-    "post_fill",
-    "Real tokens of the padded bucket, from the host int fb.global_num_token_non_padded_cpu "
-    "clamped to this attention-TP rank's slice of the bucket when sharded (params: "
-    "attn_tp_sharded, enable_prefill_cp, attn_tp_rank, attn_tp_size), else to the "
-    "bucket; without it, the raw token count of the step.",
-)
+@builtin_hook("post_fill")
 def _local_num_token_non_padded_cpu(params, slot_name):
+    """Real tokens of the padded bucket, from the host int fb.global_num_token_non_padded_cpu
+    clamped to this attention-TP rank's slice of the bucket when sharded (params:
+    attn_tp_sharded, enable_prefill_cp, attn_tp_rank, attn_tp_size), else to the bucket;
+    without it, the raw token count of the step."""
     shard = _attn_tp_shard(params, slot_name)
 
     def post_fill(buffer, fb, ctx):
@@ -312,43 +269,25 @@ def _local_num_token_non_padded_cpu(params, slot_name):
     return post_fill
 
 
-@builtin_hook(
-    "count_non_padded_tokens",
-    "post_fill",
-    "Write the raw token count of the step (tokens of the padded bucket that are real).",
-    fills="raw_num_tokens",
-)
+@builtin_hook("post_fill", fills="raw_num_tokens")
 def _count_non_padded_tokens(params, slot_name):
-    def post_fill(buffer, fb, ctx):
-        buffer.fill_(ctx.raw_num_tokens)
-
-    return post_fill
+    """Write the raw token count of the step (tokens of the padded bucket that are real)."""
+    return lambda buffer, fb, ctx: buffer.fill_(ctx.raw_num_tokens)
 
 
-@builtin_hook(
-    "global_num_tokens",
-    "post_fill",
-    "With gathered (DP) buffers, every rank runs the padded token count: fill it. "
-    "Without, the buffer is left as initialised (param: require_gathered_buffer).",
-    fills="padded_num_tokens",
-)
+@builtin_hook("post_fill", fills="padded_num_tokens")
 def _global_num_tokens(params, slot_name):
-    if not params.get("require_gathered_buffer"):
-        return None
-
-    def post_fill(buffer, fb, ctx):
-        buffer.fill_(ctx.padded_num_tokens)
-
-    return post_fill
+    """With gathered (DP) buffers, every rank runs the padded token count: fill it. Without,
+    the buffer is left as initialised (param: require_gathered_buffer)."""
+    if params.get("require_gathered_buffer"):
+        return lambda buffer, fb, ctx: buffer.fill_(ctx.padded_num_tokens)
+    return None
 
 
-@builtin_hook(
-    "dotted_field",
-    "source",
-    "Read a structured slot's dotted name off the batch (`a.b` → fb.a.b); None when any "
-    "part is missing.",
-)
+@builtin_hook("source")
 def _dotted_field(params, slot_name):
+    """Read a structured slot's dotted name off the batch (`a.b` → fb.a.b); None when any part
+    is missing."""
     parts = slot_name.split(".")
 
     def source(fb, ctx):
@@ -362,14 +301,12 @@ def _dotted_field(params, slot_name):
     return source
 
 
-@builtin_hook(
-    "register_swa_out_cache_loc",
-    "pre_capture",
-    "Register the static out_cache_loc_swa buffer with the KV pool "
-    "(side_inputs['token_to_kv_pool'].register_out_cache_loc_swa) so the capture "
-    "records the fast path that writes into it.",
-)
+@builtin_hook("pre_capture")
 def _register_swa_out_cache_loc(params, slot_name):
+    """Register the static out_cache_loc_swa buffer with the KV pool
+    (side_inputs['token_to_kv_pool'].register_out_cache_loc_swa) so the capture records the
+    fast path that writes into it."""
+
     def pre_capture(buffer, ctx):
         side = ctx.side_inputs or {}
         pool = side.get("token_to_kv_pool") if isinstance(side, Mapping) else None

@@ -1,11 +1,6 @@
-"""The spec's closed vocabularies, defined once: a slot's axis and its padding policy, and
-what kind of slot it is (structured, computed).
-
-``Axis`` and ``Padding`` are ``str`` enums: a member *is* its string (``Axis.BS == "bs"``,
-it hashes as ``"bs"``, prints as ``bs`` and dumps to JSON as ``"bs"``), so code that
-compares or looks up the plain strings keeps working, and the model's ``Literal`` types
-and the JSON Schema are made from them. Torch-free.
-"""
+"""The spec's closed vocabularies, defined once: a slot's axis, its padding policy, and what
+kind of slot it is. ``Axis`` and ``Padding`` are ``str`` enums (``Axis.BS == "bs"``, hashes,
+prints and dumps as ``"bs"``): code comparing plain strings keeps working. Torch-free."""
 
 from __future__ import annotations
 
@@ -14,9 +9,8 @@ from typing import Optional, Tuple
 
 
 class _StrEnum(str, Enum):
-    """A ``str`` enum that prints, formats and reprs as its value on every Python (3.10
-    has no ``enum.StrEnum``, and 3.11 formats a mixed-in member as ``Class.NAME``): code
-    that renders a value (generated source, names made from it) sees the string."""
+    """Prints, formats and reprs as its value on every Python (3.10 has no ``enum.StrEnum``, 3.11
+    formats a mixed-in member as ``Class.NAME``): generated source sees the string."""
 
     __str__ = str.__str__
     __format__ = str.__format__
@@ -49,8 +43,7 @@ class Axis(_StrEnum):
         return self is not Axis.NONE
 
     def select(self, bs: int, num_tokens: int) -> Optional[int]:
-        """The rows of the sliced dimension a step of ``bs`` requests, ``num_tokens``
-        tokens uses (None: the whole buffer)."""
+        """The rows of the sliced dimension a step uses (None: the whole buffer)."""
         return bs if self is Axis.BS else num_tokens if self is Axis.TOKENS else None
 
 
@@ -86,8 +79,7 @@ class Padding(_StrEnum):
 
 
 class SlotKind:
-    """What kind of slot this is, from the fields a declared slot (``SlotSpec``) and a
-    resolved one (``ResolvedSlot``) both have: ``name``, ``post_fill``, ``copy_from_fb``."""
+    """What kind of slot this is, for ``SlotSpec`` and ``ResolvedSlot`` alike."""
 
     __slots__ = ()
 

@@ -1,24 +1,15 @@
-"""``live: true`` params: values a hook reads at fill time through ``ctx.params``,
-given at build as providers ``(ctx) -> value`` and evaluated only when read.
-
-An engine's attention-TP rank, or whether a bucket is sequence sharded, may only be
-known (or only be cheap to ask) at the step itself: a provider is called the first time
-a hook reads the param during a fill, at most once per fill, and never when no hook
-reads it. Shapes, dtypes, ``enabled_if`` and pad values cannot use live params (the
-spec check says so), so generated code never bakes one. A provider that raises, returns
-a value of another type than the param's, or reads its own param is a
-:class:`LiveParamError` (a SlotError, never a KeyError that ``ctx.params.get`` would
-read as "absent"); the hook that read it names its slot (:func:`at_slot`). Torch-free.
-"""
+"""``live: true`` params: values a hook reads at fill time through ``ctx.params``, given
+at build as providers ``(ctx) -> value``, called on a hook's first read in a fill (at most
+once per fill, never when no hook reads it). Shapes, dtypes, ``enabled_if`` and pad values
+cannot use them, so generated code never bakes one. A provider that raises, returns another
+type or reads its own param is a :class:`LiveParamError` (a SlotError, never a KeyError that
+``ctx.params.get`` would read as "absent"). Torch-free."""
 
 from __future__ import annotations
 
 from typing import Any, Callable, Iterator, Mapping, Optional
 
 from .errors import SlotError, shorten
-
-__all__ = ["ContextFactory", "Live", "LiveParamError", "LiveParams", "at_slot", "context_factory", "live_view",
-           "naming_slot"]
 
 
 class LiveParamError(SlotError):
@@ -34,6 +25,7 @@ def at_slot(exc: LiveParamError, slot: str) -> SlotError:
 
 def naming_slot(hook: Callable, slot: str) -> Callable:
     """``hook``, whose live-param failures name ``slot``."""
+
     def named(*args):
         try:
             return hook(*args)
@@ -44,12 +36,8 @@ def naming_slot(hook: Callable, slot: str) -> Callable:
 
 
 class Live:
-    """A ``live: true`` param's provider: ``fn(ctx) -> value``, evaluated when a hook
-    reads ``ctx.params[name]`` during a fill (at most once per fill), never before.
-
-    ``build_registry(params={"attn_tp_rank": lambda ctx: group.rank()})`` wraps a
-    callable given for a live param in one; a plain value is just the value.
-    """
+    """A ``live: true`` param's provider ``fn(ctx) -> value``: ``build_registry(params={"attn_tp_rank":
+    lambda ctx: group.rank()})`` wraps a callable given for a live param in one."""
 
     __slots__ = ("fn", "check")
 
@@ -78,13 +66,14 @@ class LiveParams(Mapping):
         provider = self._providers.get(name)
         if provider is None:
             return self._values[name]
-        evaluated = self._evaluated
-        value = evaluated.get(name, _UNREAD)
+        value = self._evaluated.get(name, _UNREAD)
         if value is _UNREAD:
-            value = evaluated[name] = self._evaluate(name, provider)
+            value = self._evaluated[name] = self._evaluate(name, provider)
         elif value is _READING:
-            raise LiveParamError(f"live param '{name}': its provider reads ctx.params['{name}'] itself (a provider "
-                                 "computes the value; it cannot read it)")
+            raise LiveParamError(
+                f"live param '{name}': its provider reads ctx.params['{name}'] itself (a provider "
+                "computes the value; it cannot read it)"
+            )
         return value
 
     def _evaluate(self, name: str, provider: "Live") -> Any:
@@ -94,14 +83,13 @@ class LiveParams(Mapping):
         except LiveParamError:
             raise
         except Exception as exc:
-            raise LiveParamError(f"live param '{name}': its provider raised {type(exc).__name__}: "
-                                 f"{shorten(str(exc), quote=False)}") from exc
+            raise LiveParamError(
+                f"live param '{name}': its provider raised {type(exc).__name__}: {shorten(str(exc), quote=False)}"
+            ) from exc
         finally:
             self._evaluated.pop(name)
-        if provider.check is None:
-            return value
         try:
-            return provider.check(value)
+            return value if provider.check is None else provider.check(value)
         except ValueError as exc:
             raise LiveParamError(f"live {exc}") from None
 

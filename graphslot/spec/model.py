@@ -1,10 +1,6 @@
-"""The typed model of a slot spec file (pydantic).
-
-This layer only knows the *shape* of a spec: which keys exist and which kinds of value
-they take. Rules that relate keys to each other (a policy that needs a ``pad_value``, an
-index slot that must pad with zeros, …) live in :mod:`.checks`, so that every problem in
-a file is reported at once with its line.
-"""
+"""The typed model of a slot spec file (pydantic): only the *shape* of a spec (which keys,
+which kinds of value). Rules relating keys to each other live in :mod:`.checks`, so every
+problem in a file is reported at once with its line."""
 
 from __future__ import annotations
 
@@ -13,7 +9,8 @@ import json
 import math
 from typing import Annotated, Any, Dict, Literal, Optional, Tuple, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictFloat, StrictInt, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictFloat, StrictInt
+from pydantic import model_validator
 
 from .kinds import Axis, Padding, SlotKind
 from .yaml_loader import Locations
@@ -21,12 +18,10 @@ from .yaml_loader import Locations
 AXES = Axis.values()
 PADDINGS = Padding.values()
 PARAM_TYPES = ("int", "float", "bool", "dtype", "str")
-HOOK_FIELDS = ("post_fill", "source", "pre_capture")
 
 # Free text, not meaning: left out of a spec's canonical form (a param or preset *named*
 # "description" is kept: only these keys of the spec, its params and its slots go).
-NOT_MEANING = {"description": True, "params": {"__all__": {"description"}},
-               "slots": {"__all__": {"description"}}}
+NOT_MEANING = {"description": True, "params": {"__all__": {"description"}}, "slots": {"__all__": {"description"}}}
 
 # Counts a spec may declare. Validation evaluates every preset against the params and
 # the slots, so these keep it fast on hostile input; real specs use a few dozen.
@@ -40,7 +35,7 @@ AxisName = Literal[AXES]  # type: ignore[valid-type]
 PaddingName = Literal[PADDINGS]  # type: ignore[valid-type]
 Adopt = Literal["allowed", "never"]
 AbsentFields = Literal["error", "skip"]
-ParamType = Literal["int", "float", "bool", "dtype", "str"]
+ParamType = Literal[PARAM_TYPES]  # type: ignore[valid-type]
 
 
 def one_nan(value: Any) -> Any:
@@ -60,9 +55,8 @@ class _Strict(BaseModel):
 
 
 class FrozenDict(dict):
-    """A dict that cannot be changed: a spec's ``params`` and ``presets``. Specs are
-    shared (a process-wide cache hands out the same one), so nothing in them may change;
-    a dict subclass, so pydantic dumps it as the dict it is."""
+    """A spec's ``params`` and ``presets``: specs are shared (a process-wide cache), so they
+    cannot change; a dict subclass, so pydantic dumps it as the dict it is."""
 
     __slots__ = ()
 
@@ -77,9 +71,7 @@ class FrozenDict(dict):
 
 class ParamSpec(_Strict):
     type: ParamType = Field(description="Value type of the param.")
-    default: Scalar = Field(
-        description="A literal, or an expression over other params (int/float/bool params)."
-    )
+    default: Scalar = Field(description="A literal, or an expression over other params (int/float/bool params).")
     description: str = ""
     runtime: StrictBool = Field(
         False,
@@ -103,7 +95,7 @@ class SlotSpec(_Strict, SlotKind):
     )
     shape: Tuple[Union[StrictInt, str], ...] = Field(
         description="Extents: ints or expressions over max_bs, max_num_tokens and params; [] for a 0-d "
-                    "slot (axis none).",
+        "slot (axis none)."
     )
     dtype: str = Field(description="A torch dtype name (int64, bfloat16, …) or a dtype-typed param.")
     axis: AxisName = Field(description="bs: sliced by batch size; tokens: by token count; none: never sliced.")
@@ -126,9 +118,7 @@ class SlotSpec(_Strict, SlotKind):
     enabled_if: Optional[Union[StrictBool, str]] = Field(
         None, description="Boolean expression over params; a disabled slot is not allocated."
     )
-    copy_from_fb: StrictBool = Field(
-        True, description="False for computed or reset-only slots."
-    )
+    copy_from_fb: StrictBool = Field(True, description="False for computed or reset-only slots.")
     post_fill: Optional[str] = Field(None, description="Hook (buffer, fb, ctx) run after the copies.")
     source: Optional[str] = Field(None, description="Hook (fb, ctx) -> tensor or None: the copy source.")
     pre_capture: Optional[str] = Field(None, description="Hook (buffer, ctx) run before graph capture.")
@@ -144,9 +134,7 @@ class RegistrySpec(_Strict):
     name: str
     description: str = ""
     params: Dict[str, ParamSpec] = Field(default_factory=dict)
-    presets: Dict[str, Dict[str, Any]] = Field(
-        default_factory=dict, description="Named param sets, e.g. `eager`."
-    )
+    presets: Dict[str, Dict[str, Any]] = Field(default_factory=dict, description="Named param sets, e.g. `eager`.")
     absent_fields: AbsentFields = Field(
         "error",
         description=(
@@ -165,9 +153,9 @@ class RegistrySpec(_Strict):
     @model_validator(mode="after")
     def _freeze(self) -> "RegistrySpec":
         # Shared specs never change (slots and shapes are tuples): an identity computed once stays true.
+        presets = {k: FrozenDict((n, one_nan(v)) for n, v in values.items()) for k, values in self.presets.items()}
         object.__setattr__(self, "params", FrozenDict(self.params))
-        object.__setattr__(self, "presets", FrozenDict(
-            (k, FrozenDict((name, one_nan(value)) for name, value in v.items())) for k, v in self.presets.items()))
+        object.__setattr__(self, "presets", FrozenDict(presets))
         return self
 
     @property
@@ -180,31 +168,31 @@ class RegistrySpec(_Strict):
         return self._text
 
     def canonical(self) -> dict[str, Any]:
-        """The spec's meaning as plain data (dicts, lists, str, int, float, bool, None):
-        the validated model with every default filled in and every ``description``
-        dropped. Comments, line endings, key order, quoting and descriptions of the
-        file do not reach it; any name, shape, dtype, axis, policy, pad value, hook,
-        ``enabled_if``, flag, param type or default, preset or slot order does."""
+        """The spec's meaning as plain data: the validated model with every default filled in
+        and every ``description`` dropped (comments, key order, quoting never reach it).
+        Keys added after specs had identities leave it while they hold their default, so a
+        spec that does not use them keeps its identity (and its generated modules stay current)."""
         data = _lists(self.model_dump(mode="python", exclude=NOT_MEANING))
-        _drop_unused_keys(data)
+        for kind, items in (("spec", [data]), ("param", data["params"].values()), ("slot", data["slots"])):
+            for item in items:
+                for key, default in UNUSED_DEFAULTS[kind].items():
+                    if item.get(key) == default:
+                        item.pop(key)
         return data
 
     def canonical_json(self) -> str:
         """:meth:`canonical` as one line of ASCII JSON with sorted keys (non-finite
         floats as ``NaN``/``Infinity``): the same text for the same meaning."""
-        return json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"), ensure_ascii=True,
-                          allow_nan=True)
+        return json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=True)
 
     def to_dict(self) -> Dict[str, Any]:
-        """The spec as plain data, the form :func:`graphslot.spec_from_dict` takes (keys
-        holding their defaults left out, descriptions kept): derive a spec from a
-        shipped one in code, ``d = load_spec("decode").to_dict(); d["slots"].append(...)``."""
+        """The spec as plain data for :func:`graphslot.spec_from_dict` (defaults left out):
+        ``d = load_spec("decode").to_dict(); d["slots"].append(...)``."""
         return _lists(self.model_dump(mode="python", exclude_defaults=True))
 
     @property
     def identity(self) -> str:
-        """The sha256 hex digest of :meth:`canonical_json`: what a generated module
-        records of the spec it was generated from (``SPEC_IDENTITY``)."""
+        """The sha256 of :meth:`canonical_json`: a generated module's ``SPEC_IDENTITY``."""
         if self._identity is None:  # a spec never changes (frozen): computed once
             self._identity = hashlib.sha256(self.canonical_json().encode("ascii")).hexdigest()
         return self._identity
@@ -215,10 +203,8 @@ class RegistrySpec(_Strict):
 
     def slot_spec(self, name: str) -> SlotSpec:
         if self._by_name is None or self._by_name[0] is not self.slots:  # made once (a copy's slots: again)
-            by_name: Dict[str, SlotSpec] = {}
-            for slot in self.slots:
-                by_name.setdefault(slot.name, slot)  # the first of a name, as a search finds
-            self._by_name = (self.slots, by_name)
+            # the first of a name, as a search finds
+            self._by_name = (self.slots, {slot.name: slot for slot in reversed(self.slots)})
         return self._by_name[1][name]
 
     def slot_line(self, index: int, key: Optional[str] = None) -> Optional[int]:
@@ -238,24 +224,7 @@ def _lists(data: Any) -> Any:
     return data
 
 
-def _drop_unused_keys(data: Dict[str, Any]) -> None:
-    """Keys added after specs had identities leave the canonical form while they hold
-    their default, so a spec that does not use them keeps its identity (and its
-    generated modules stay current)."""
-    for key, default in UNUSED_DEFAULTS["spec"].items():
-        if data.get(key) == default:
-            data.pop(key)
-    for param in data.get("params", {}).values():
-        for key, default in UNUSED_DEFAULTS["param"].items():
-            if param.get(key) == default:
-                param.pop(key)
-    for slot in data.get("slots", ()):
-        for key, default in UNUSED_DEFAULTS["slot"].items():
-            if slot.get(key) == default:
-                slot.pop(key)
-
-
-# Keys (and defaults) left out of the canonical form when unused: see _drop_unused_keys.
+# Keys (and defaults) left out of the canonical form when unused: see canonical.
 UNUSED_DEFAULTS = {"spec": {"absent_fields": "error"}, "param": {"live": False}, "slot": {"adopt": "allowed"}}
 
 SLOT_KEYS = tuple(SlotSpec.model_fields)

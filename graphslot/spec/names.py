@@ -1,7 +1,5 @@
-"""Names and text in untrusted input, defined once: what an identifier is (slot, param,
-spec and generated module names), a dotted name, a ``module:function`` reference, and
-which characters make text read differently from what it is. Torch-free.
-"""
+"""Names and text in untrusted input, defined once: identifiers, dotted names, ``module:function``
+references, and the characters that make text read differently from what it is. Torch-free."""
 
 from __future__ import annotations
 

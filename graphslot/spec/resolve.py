@@ -1,10 +1,6 @@
-"""From a validated spec and a param set to concrete slots.
-
-``resolve_params`` turns defaults, a preset and explicit overrides into one value per
-param; ``resolve_slots`` evaluates every shape, dtype, pad value and ``enabled_if``
-against them. Both the interpreter and the code generator start from the result, so
-they cannot disagree about what a spec means.
-"""
+"""From a validated spec and a param set to concrete slots: ``resolve_params`` (defaults,
+a preset, overrides) then ``resolve_slots`` (every expression evaluated). The interpreter
+and the code generator both start from the result, so they cannot disagree on a spec."""
 
 from __future__ import annotations
 
@@ -23,11 +19,8 @@ from .model import RegistrySpec, SlotSpec, one_nan
 
 @dataclass(frozen=True)
 class ResolvedSlot(SlotKind):
-    """One slot with every expression evaluated for a param set and capacities.
-
-    The dtype is kept as its name (no torch needed to resolve a spec); ``dtype`` is the
-    ``torch.dtype``, made (and torch imported) on first use.
-    """
+    """One slot with every expression evaluated for a param set and capacities; the dtype
+    kept as its name (no torch needed), ``dtype`` the ``torch.dtype`` made on first use."""
 
     name: str
     shape: Tuple[int, ...]
@@ -45,15 +38,13 @@ class ResolvedSlot(SlotKind):
     source: Optional[str]
     pre_capture: Optional[str]
     line: Optional[int]
-    #: Copied as rows: a ``[L, capacity]`` device slot sliced along dim 1 with ``L`` fixed
-    #: by params; both modes copy its head and tail as L 1-D row slices (``copy_`` then
-    #: judges overlapping sources per row, alike), so the rows can join the device's
-    #: grouped copy.
+    #: Copied as rows: a ``[L, capacity]`` device slot sliced along dim 1 (``L`` fixed by params) is
+    #: copied as L 1-D row slices in both modes (``copy_`` judges overlapping sources per row, alike),
+    #: so the rows can join the device's grouped copy.
     rows: bool = False
     #: False for ``adopt: never``: allocated (or pooled) even when ``adopt=`` is given.
     adopt: bool = True
-    #: The spec's ``absent_fields: skip`` on a slot copied from its batch field: a field
-    #: that is missing, None or not a tensor is no copy (the slot is also ``optional``).
+    #: ``absent_fields: skip`` on a copied slot: a field missing, None or not a tensor is no copy.
     skip_absent: bool = False
 
     @property
@@ -84,15 +75,13 @@ class ResolvedSlot(SlotKind):
 
 
 def coerce_param(name: str, ptype: str, value: Any) -> Any:
-    """``value`` as a ``ptype`` param, or raise ValueError saying what was expected.
-
-    A dtype comes back as its name (a :class:`DTypeName`), whatever form it came in.
-    """
+    """``value`` as a ``ptype`` param (a dtype as its :class:`DTypeName`), else ValueError saying what was expected."""
     if ptype == "dtype":
         dtype = parse_dtype(value)
         if dtype is None:
-            raise ValueError(f"param '{name}' is a dtype: pass torch.int64 or 'int64', got {value!r}"
-                             + spelling_hint(value))
+            raise ValueError(
+                f"param '{name}' is a dtype: pass torch.int64 or 'int64', got {value!r}" + spelling_hint(value)
+            )
         return dtype
     ok = {
         "bool": isinstance(value, bool),
@@ -111,31 +100,27 @@ def _live_value(name: str, ptype: str, value: Any) -> Any:
     try:
         return coerce_param(name, ptype, value)
     except ValueError:
-        raise ValueError(f"param '{name}' is {ptype}, its provider returned {type(value).__name__} "
-                         f"{shorten(value)}") from None
-
-
-def _default_is_expression(ptype: str, default: Any) -> bool:
-    return isinstance(default, str) and ptype in ("int", "float", "bool")
+        raise ValueError(
+            f"param '{name}' is {ptype}, its provider returned {type(value).__name__} {shorten(value)}"
+        ) from None
 
 
 def resolve_params(
-    spec: RegistrySpec, overrides: Optional[Mapping[str, Any]] = None, preset: Optional[str] = None,
-    *, torch_dtypes: bool = True,
+    spec: RegistrySpec,
+    overrides: Optional[Mapping[str, Any]] = None,
+    preset: Optional[str] = None,
+    *,
+    torch_dtypes: bool = True,
 ) -> Dict[str, Any]:
-    """Every param's value: explicit override, else preset, else (evaluated) default.
-
-    Dtype params come back as ``torch.dtype`` (what registries and hooks see), or with
-    ``torch_dtypes=False`` as names (:class:`DTypeName`), which needs no torch: the
-    spec toolchain's view.
-    """
+    """Every param's value: explicit override, else preset, else (evaluated) default. Dtype
+    params come back as ``torch.dtype``, or with ``torch_dtypes=False`` as names (no torch)."""
     file, issues = spec.path, []
     explicit: Dict[str, Any] = {}
     if preset is not None:
         if preset not in spec.presets:
-            raise SpecError(
-                [SpecIssue(file, None, f"unknown preset '{preset}' (presets: "
-                           f"{', '.join(sorted(spec.presets)) or 'none'})" + did_you_mean(preset, spec.presets))]
+            known = ", ".join(sorted(spec.presets)) or "none"
+            raise SpecError.at(
+                file, None, f"unknown preset '{preset}' (presets: {known})" + did_you_mean(preset, spec.presets)
             )
         explicit.update(spec.presets[preset])
     explicit.update(overrides or {})
@@ -152,8 +137,8 @@ def resolve_params(
         try:
             values[name] = coerce_param(name, spec.params[name].type, value)
         except ValueError as exc:
-            hint = ("; a provider (a callable read at fill time) is only taken by a `live: true` param"
-                    if callable(value) and not isinstance(value, type) else "")
+            hint = "; a provider (a callable read at fill time) is only taken by a `live: true` param"
+            hint = hint if callable(value) and not isinstance(value, type) else ""
             issues.append(SpecIssue(file, spec.param_line(name), str(exc) + hint))
     if issues:
         raise SpecError(issues)
@@ -162,16 +147,16 @@ def resolve_params(
         if name in values:
             return values[name]
         if name in stack:
-            cycle = " -> ".join(stack[stack.index(name):] + (name,))
-            raise SpecError([SpecIssue(file, spec.param_line(name), f"param defaults form a cycle: {cycle}")])
+            cycle = " -> ".join(stack[stack.index(name) :] + (name,))
+            raise SpecError.at(file, spec.param_line(name), f"param defaults form a cycle: {cycle}")
         param = spec.params[name]
-        if _default_is_expression(param.type, param.default):
+        if isinstance(param.default, str) and param.type in ("int", "float", "bool"):
             expr = Expr.parse(param.default)
             env = {dep: evaluate(dep, stack + (name,)) for dep in expr.names if dep in spec.params}
             try:
                 value = expr.evaluate(env)
             except ExprError as exc:
-                raise SpecError([SpecIssue(file, spec.param_line(name), f"param '{name}': {exc}")]) from None
+                raise SpecError.at(file, spec.param_line(name), f"param '{name}': {exc}") from None
         else:
             value = param.default
         values[name] = coerce_param(name, param.type, value)
@@ -179,10 +164,10 @@ def resolve_params(
 
     for name in spec.params:
         evaluate(name, ())
-    if torch_dtypes:
-        return {name: torch_dtype(values[name]) if isinstance(values[name], DTypeName) else values[name]
-                for name in spec.params}
-    return {name: values[name] for name in spec.params}
+    return {
+        n: torch_dtype(values[n]) if torch_dtypes and isinstance(values[n], DTypeName) else values[n]
+        for n in spec.params
+    }
 
 
 def evaluate_field(value: Any, env: Mapping[str, Any]) -> Any:
@@ -191,8 +176,7 @@ def evaluate_field(value: Any, env: Mapping[str, Any]) -> Any:
 
 
 def slot_dtype(slot: SlotSpec, params: Mapping[str, Any]) -> Optional[DTypeName]:
-    """A slot's dtype name: its dtype param's value (a name or a torch dtype), or the name
-    it spells."""
+    """A slot's dtype name: its dtype param's value (a name or a torch dtype), or the name it spells."""
     return parse_dtype(params[slot.dtype] if slot.dtype in params else slot.dtype)
 
 
@@ -203,12 +187,16 @@ def depends_on_capacity(extent: Any) -> bool:
 
 def copied_as_rows(slot: SlotSpec) -> bool:
     """See :attr:`ResolvedSlot.rows`."""
-    return (Axis(slot.axis).sliced and slot.slice_dim == 1 and len(slot.shape) == 2 and slot.device != "cpu"
-            and not depends_on_capacity(slot.shape[0]))
+    sliced_rows = Axis(slot.axis).sliced and slot.slice_dim == 1 and len(slot.shape) == 2
+    return sliced_rows and slot.device != "cpu" and not depends_on_capacity(slot.shape[0])
 
 
 def resolve_slot(
-    slot: SlotSpec, params: Mapping[str, Any], max_bs: int, max_num_tokens: int, line: Optional[int] = None,
+    slot: SlotSpec,
+    params: Mapping[str, Any],
+    max_bs: int,
+    max_num_tokens: int,
+    line: Optional[int] = None,
     absent_fields: str = "error",
 ) -> ResolvedSlot:
     """``absent_fields``: the spec's rule; ``skip`` makes every slot copied from its
@@ -217,22 +205,20 @@ def resolve_slot(
     skip_absent = absent_fields == "skip" and slot.copy_from_fb and slot.source is None
     enabled = True if slot.enabled_if is None else bool(evaluate_field(slot.enabled_if, params))
     pad_value = None if slot.pad_value is None else evaluate_field(slot.pad_value, params)
+    same = {
+        k: getattr(slot, k)
+        for k in ("name", "slice_dim", "index", "copy_from_fb", "post_fill", "source", "pre_capture")
+    }
     return ResolvedSlot(
-        name=slot.name,
+        **same,
         shape=tuple(int(evaluate_field(extent, env)) for extent in slot.shape),
         dtype_name=slot_dtype(slot, params),
         axis=Axis(slot.axis),
-        slice_dim=slot.slice_dim,
         host=slot.device == "cpu",
         padding=Padding.of(slot.padding),
         pad_value=pad_value,
-        index=slot.index,
         optional=slot.optional or skip_absent,
         enabled=enabled,
-        copy_from_fb=slot.copy_from_fb,
-        post_fill=slot.post_fill,
-        source=slot.source,
-        pre_capture=slot.pre_capture,
         rows=copied_as_rows(slot),
         line=line,
         adopt=slot.adopt != "never",
@@ -256,9 +242,8 @@ def resolve_slots(
             raise ValueError(f"{name} must be an int, got {type(value).__name__} {shorten(value)}")
     if max_bs < 1 or max_num_tokens < 1:
         raise ValueError(f"max_bs and max_num_tokens must be >= 1, got {max_bs} and {max_num_tokens}")
-    live = spec.params
-    key = (id(spec), type(max_bs), int(max_bs), type(max_num_tokens), int(max_num_tokens),
-           tuple((k, type(v), repr(v)) for k, v in params.items() if not (k in live and live[k].live)))
+    fixed = tuple((k, type(v), repr(v)) for k, v in params.items() if not (k in spec.params and spec.params[k].live))
+    key = (id(spec), type(max_bs), int(max_bs), type(max_num_tokens), int(max_num_tokens), fixed)
     cached = _RESOLVED.get(key)
     if cached is not None and cached[0] is spec:
         return list(cached[1])
@@ -274,21 +259,21 @@ def _resolve_slots(
 ) -> List[ResolvedSlot]:
     resolved, issues = [], []
     for i, slot in enumerate(spec.slots):
+
+        def add(key: Optional[str], message: str) -> None:
+            issues.append(SpecIssue(spec.path, spec.slot_line(i, key), message, slot.name))
+
         try:
             r = resolve_slot(slot, params, max_bs, max_num_tokens, spec.slot_line(i), spec.absent_fields)
         except ExprError as exc:  # division by zero or overflow with these values
-            issues.append(SpecIssue(spec.path, spec.slot_line(i), str(exc), slot.name))
+            add(None, str(exc))
             continue
         if r.enabled and r.pad_value is not None and not value_fits_dtype(r.pad_value, r.dtype_name):
-            issues.append(SpecIssue(spec.path, spec.slot_line(i, "pad_value"),
-                                    f"pad_value {r.pad_value!r} does not fit dtype {r.dtype_name}",
-                                    slot.name))
+            add("pad_value", f"pad_value {r.pad_value!r} does not fit dtype {r.dtype_name}")
         bad = [(d, n) for d, n in enumerate(r.shape) if n < 1]
         if r.enabled and bad:
             d, n = bad[0]
-            issues.append(SpecIssue(spec.path, spec.slot_line(i, "shape"),
-                                    f"shape[{d}] = {slot.shape[d]!r} evaluates to {n}; extents must be positive",
-                                    slot.name))
+            add("shape", f"shape[{d}] = {slot.shape[d]!r} evaluates to {n}; extents must be positive")
         resolved.append(r)
     if issues:
         raise SpecError(issues)

@@ -1,10 +1,6 @@
-"""The JSON Schema of the spec format, generated from the pydantic model.
-
-Editors (the YAML language server) use the checked-in copy,
-``slot_specs/graphslot.schema.json``, to flag unknown keys and bad choices as a spec is
-typed. It only knows the shape of a file; ``graphslot validate`` also runs the cross-key
-checks. The output is deterministic so the checked-in copy can be compared in CI.
-"""
+"""The JSON Schema of the spec format, generated from the pydantic model. Editors use the
+checked-in copy, ``slot_specs/graphslot.schema.json``, to flag unknown keys and bad choices as
+a spec is typed (``graphslot validate`` also runs the cross-key checks); CI compares it."""
 
 from __future__ import annotations
 
@@ -14,24 +10,14 @@ from typing import Any, Dict
 from .expr import ALLOWED
 from .model import RegistrySpec
 
-SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 SCHEMA_FILE_NAME = "graphslot.schema.json"
-TITLE = "graphslot slot spec"
-
-
-def _sorted(node: Any) -> Any:
-    if isinstance(node, dict):
-        return {key: _sorted(node[key]) for key in sorted(node)}
-    if isinstance(node, list):
-        return [_sorted(item) for item in node]
-    return node
 
 
 def spec_json_schema() -> Dict[str, Any]:
     """The JSON Schema (draft 2020-12) of a spec file."""
     schema = RegistrySpec.model_json_schema()
-    schema["$schema"] = SCHEMA_DIALECT
-    schema["title"] = TITLE
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "graphslot slot spec"
     # Expression strings are only checked by `graphslot validate`; say so where editors show it.
     schema["description"] = (
         "A graphslot spec: one registry of static input buffers. Strings in shape, pad_value, "
@@ -39,9 +25,9 @@ def spec_json_schema() -> Dict[str, Any]:
         "max_num_tokens. Run `graphslot validate` for the cross-key checks."
     )
     schema.pop("$id", None)
-    return _sorted(schema)
+    return schema
 
 
 def schema_text() -> str:
-    """The schema as the checked-in file holds it."""
+    """The schema as the checked-in file holds it (keys sorted: the same text every time)."""
     return json.dumps(spec_json_schema(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"

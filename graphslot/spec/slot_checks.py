@@ -1,18 +1,20 @@
-"""The checks of one slot: name, dtype, shape, padding, pad value, enabled_if, hooks."""
+"""The checks of one slot (name, dtype, shape, padding, pad value, enabled_if, hooks), and the
+reporter and expression checks every check uses: each appends a :class:`SpecIssue` instead of
+raising, so one run reports every problem in a file."""
 
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from .dtypes import dtype_hint, parse_dtype, value_fits_dtype
-from .errors import ExprError, shorten
+from .errors import ExprError, SpecIssue, shorten
 from .expr import Expr, python_type_name
 from .hooks import HOOK_SIGNATURES, HookError, check_reference, is_import_reference
 from .kinds import CAPACITY_NAMES, Axis, Padding
-from .model import SlotSpec
+from .model import ParamSpec, SlotSpec
 from .names import DOTTED, IMPORT_REFERENCE, is_identifier
-from .param_checks import Reporter, check_expr, check_no_live
 from .resolve import evaluate_field, slot_dtype
+from .yaml_loader import Locations
 
 # Most dimensions a slot's shape may have.
 MAX_RANK = 16
@@ -20,11 +22,52 @@ MAX_RANK = 16
 RESERVED_SLOT_NAMES = ("batch_size",)
 
 
+class Reporter:
+    def __init__(self, file: str, locations: Locations):
+        self.file, self.locations, self.issues = file, locations, []
+
+    def add(self, path: Tuple[Any, ...], message: str, slot: Optional[str] = None) -> None:
+        self.issues.append(SpecIssue(self.file, self.locations.line(path), message, slot))
+
+
+def check_expr(
+    text: str, types: Dict[str, str], want: Tuple[str, ...], path, report, what: str, slot: Optional[str] = None
+) -> Optional[Expr]:
+    try:
+        expr = Expr.parse(text)
+        got = expr.infer_type(types)
+    except ExprError as exc:
+        report.add(path, f"{what}: {exc}", slot)
+        return None
+    if got not in want and not (got == "int" and "float" in want):
+        report.add(path, f"{what} must be {' or '.join(want)}, but '{shorten(text, quote=False)}' is {got}", slot)
+        return None
+    return expr
+
+
+def check_no_live(
+    text: str, params: Dict[str, ParamSpec], path, report: Reporter, what: str, slot: Optional[str] = None
+) -> bool:
+    """Report (and say whether) an expression names a live param: live params are
+    evaluated at fill time, and only hooks may read them."""
+    try:
+        used = sorted(n for n in Expr.parse(text).names if n in params and params[n].live)
+    except ExprError:
+        return False  # the syntax is reported where the expression is checked
+    if used:
+        report.add(
+            path,
+            f"{what} uses live param '{used[0]}': live params are evaluated at fill time by the "
+            "hooks that read them (ctx.params), so shapes, dtypes, enabled_if, pad values and "
+            "other params' defaults cannot use them",
+            slot,
+        )
+    return bool(used)
+
+
 class SlotChecker:
-    def __init__(self, slot: SlotSpec, path, params, types, default_values, report: Reporter,
-                 import_hooks: bool = False):
-        self.slot, self.path, self.params, self.report = slot, path, params, report
-        self.import_hooks = import_hooks
+    def __init__(self, slot: SlotSpec, path, params, types, default_values, report: Reporter, import_hooks=False):
+        self.slot, self.path, self.params, self.report, self.import_hooks = slot, path, params, report, import_hooks
         self.shown_name = shorten(slot.name, quote=False)
         self.types, self.default_values = types, default_values
         self.runtime = {n for n, p in params.items() if p.runtime}
@@ -35,9 +78,14 @@ class SlotChecker:
         self.report.add(path, message, self.shown_name)
 
     def run(self) -> None:
-        for check in (self.name, self.dtype, self.shape, self.padding, self.pad_value,
-                      self.enabled_if, self.hooks):
+        for check in (self.name, self.dtype, self.shape, self.padding, self.pad_value, self.enabled_if, self.hooks):
             check()
+
+    def expr(self, key: str, text: str, types: Dict[str, str], want: Tuple[str, ...], what: str):
+        return check_expr(text, types, want, self.path + (key,), self.report, what, self.slot.name)
+
+    def no_live(self, key: str, text: str, what: str) -> bool:
+        return check_no_live(text, self.params, self.path + (key,), self.report, what, self.shown_name)
 
     def structural_types(self) -> Dict[str, str]:
         """Names a shape, dtype or enabled_if may use: runtime and live params are not baked."""
@@ -49,15 +97,20 @@ class SlotChecker:
         if not all(is_identifier(part) for part in parts):
             self.add("name", "slot names are identifiers, or dotted identifiers for structured slots")
         elif slot.name in RESERVED_SLOT_NAMES:
-            self.add("name", f"slot name '{slot.name}' is reserved: extract sets it on the view to the padded "
-                             "batch size")
+            self.add(
+                "name", f"slot name '{slot.name}' is reserved: extract sets it on the view to the padded batch size"
+            )
         elif any(part.startswith("__") for part in parts):
-            self.add("name", "slot names may not start with '__': extract sets the slot's attribute on the "
-                             "view, and '__class__' or '__dict__' would replace the view's type or storage "
-                             "(and generated code keeps '__' names for itself)")
+            self.add(
+                "name",
+                "slot names may not start with '__': extract sets the slot's attribute on the "
+                "view, and '__class__' or '__dict__' would replace the view's type or storage "
+                "(and generated code keeps '__' names for itself)",
+            )
         if slot.is_structured and slot.source is None:
-            self.add("name", "a dotted (structured) slot needs a 'source' hook to read its value, "
-                             "e.g. source: dotted_field")
+            self.add(
+                "name", "a dotted (structured) slot needs a 'source' hook to read its value, e.g. source: dotted_field"
+            )
 
     def dtype(self) -> None:
         dtype = self.slot.dtype
@@ -66,21 +119,26 @@ class SlotChecker:
                 self.add("dtype", f"param '{dtype}' is {self.params[dtype].type}, not a dtype")
         elif parse_dtype(dtype) is None:
             dtype_params = [n for n, p in self.params.items() if p.type == "dtype"]
-            self.add("dtype", f"unknown dtype '{shorten(dtype, quote=False)}': use a torch dtype name (int64, int32, bool, "
-                              f"float32, bfloat16, …) or a dtype param" + dtype_hint(dtype, dtype_params))
+            self.add(
+                "dtype",
+                f"unknown dtype '{shorten(dtype, quote=False)}': use a torch dtype name (int64, int32, bool, "
+                f"float32, bfloat16, …) or a dtype param" + dtype_hint(dtype, dtype_params),
+            )
 
     def uses_runtime(self, text: str, key: str, what: str) -> bool:
-        """Report (and say whether) an expression that must be baked names a runtime or
-        a live param."""
-        if check_no_live(text, self.params, self.path + (key,), self.report, what, self.shown_name):
+        """Report (and say whether) an expression that must be baked names a runtime or a live param."""
+        if self.no_live(key, text, what):
             return True
         try:
             used = sorted(Expr.parse(text).names & self.runtime)
         except ExprError:
             return False  # check_expr reports the syntax
         if used:
-            self.add(key, f"{what} uses runtime param '{used[0]}': runtime params are passed at fill time, "
-                          "so only pad values may use them")
+            self.add(
+                key,
+                f"{what} uses runtime param '{used[0]}': runtime params are passed at fill time, "
+                "so only pad values may use them",
+            )
         return bool(used)
 
     def shape(self) -> None:
@@ -90,12 +148,10 @@ class SlotChecker:
             self.add("shape", f"shape has {len(slot.shape)} dimensions; at most {MAX_RANK} are allowed")
             return
         for d, extent in enumerate(slot.shape):
-            where = ("shape",)
             if isinstance(extent, str):
                 if self.uses_runtime(extent, "shape", f"shape[{d}]"):
                     continue
-                expr = check_expr(extent, types, ("int",), self.path + where, self.report,
-                                   f"shape[{d}]", slot.name)
+                expr = self.expr("shape", extent, types, ("int",), f"shape[{d}]")
                 if expr is None or expr.names & set(CAPACITY_NAMES):
                     continue
                 for values in self.default_values:
@@ -111,32 +167,48 @@ class SlotChecker:
                 self.add("shape", f"shape[{d}] is {extent}; extents must be positive")
         if not slot.shape:  # 0-d: a scalar buffer, the view is the buffer
             if Axis(slot.axis).sliced:
-                self.add("shape", f"a 0-d slot (shape: []) has no dimension to slice: use axis 'none', not "
-                                  f"'{slot.axis}'")
+                self.add(
+                    "shape", f"a 0-d slot (shape: []) has no dimension to slice: use axis 'none', not '{slot.axis}'"
+                )
             elif slot.slice_dim != 0:
                 self.add("slice_dim", "a 0-d slot (shape: []) has no dimension to slice; remove slice_dim")
         elif not 0 <= slot.slice_dim < len(slot.shape):
-            self.add("slice_dim", f"slice_dim {slot.slice_dim} is beyond the shape {list(slot.shape)} "
-                                  f"(it has {len(slot.shape)} dimension(s))")
+            self.add(
+                "slice_dim",
+                f"slice_dim {slot.slice_dim} is beyond the shape {list(slot.shape)} "
+                f"(it has {len(slot.shape)} dimension(s))",
+            )
         elif Axis(slot.axis).sliced:
             capacity = Axis(slot.axis).capacity
             extent = slot.shape[slot.slice_dim]
             if not (isinstance(extent, str) and extent.strip() == capacity):
-                self.add("shape", f"axis '{slot.axis}' slices dimension {slot.slice_dim}, so that extent "
-                                  f"must be '{capacity}' (the buffer's capacity), got {shorten(extent)}")
+                self.add(
+                    "shape",
+                    f"axis '{slot.axis}' slices dimension {slot.slice_dim}, so that extent "
+                    f"must be '{capacity}' (the buffer's capacity), got {shorten(extent)}",
+                )
 
     def padding(self) -> None:
         slot, padding = self.slot, Padding.of(self.slot.padding)
         if not Axis(slot.axis).sliced:
             if padding.resets_tail:
-                self.add("padding", f"axis 'none' is never sliced, so padding '{slot.padding}' would never "
-                                    "reset anything; use keep_pad, or fill_once to initialise the buffer")
+                self.add(
+                    "padding",
+                    f"axis 'none' is never sliced, so padding '{slot.padding}' would never "
+                    "reset anything; use keep_pad, or fill_once to initialise the buffer",
+                )
         elif slot.padding is None:
-            self.add(None, f"missing 'padding': a '{slot.axis}'-axis slot must say how its padded tail is "
-                           f"made safe (one of {', '.join(Padding.values())})")
+            self.add(
+                None,
+                f"missing 'padding': a '{slot.axis}'-axis slot must say how its padded tail is "
+                f"made safe (one of {', '.join(Padding.values())})",
+            )
         if slot.index and padding is not Padding.ZERO:
-            self.add("index", f"index slots must use padding 'zero' (got '{padding}'): "
-                              "a stale or sentinel tail would index out of the pool")
+            self.add(
+                "index",
+                f"index slots must use padding 'zero' (got '{padding}'): "
+                "a stale or sentinel tail would index out of the pool",
+            )
 
     def pad_value(self) -> None:
         slot, padding = self.slot, Padding.of(self.slot.padding)
@@ -144,16 +216,17 @@ class SlotChecker:
         if needs and slot.pad_value is None:
             self.add(None, f"padding '{slot.padding}' needs a 'pad_value'")
         elif not needs and slot.pad_value is not None:
-            self.add("pad_value", f"pad_value is only used by fill_sentinel and fill_once, not "
-                                  f"'{padding}'; remove it or change the padding")
+            self.add(
+                "pad_value",
+                f"pad_value is only used by fill_sentinel and fill_once, not "
+                f"'{padding}'; remove it or change the padding",
+            )
         if slot.pad_value is None or not needs:
             return
         if isinstance(slot.pad_value, str):
-            if check_no_live(slot.pad_value, self.params, self.path + ("pad_value",), self.report, "pad_value",
-                             self.shown_name):
+            if self.no_live("pad_value", slot.pad_value, "pad_value"):
                 return
-            if check_expr(slot.pad_value, self.types, ("int", "float", "bool"), self.path + ("pad_value",),
-                           self.report, "pad_value", slot.name) is None:
+            if self.expr("pad_value", slot.pad_value, self.types, ("int", "float", "bool"), "pad_value") is None:
                 return
         for values in self.default_values:
             dtype = slot_dtype(slot, values)
@@ -165,15 +238,15 @@ class SlotChecker:
                 self.add("pad_value", f"pad_value: {exc}")
                 return
             if not value_fits_dtype(value, dtype):
-                self.add("pad_value", f"pad_value {shorten(value)} ({python_type_name(value)}) does not fit dtype "
-                                      f"{dtype}")
+                self.add(
+                    "pad_value", f"pad_value {shorten(value)} ({python_type_name(value)}) does not fit dtype {dtype}"
+                )
                 return
 
     def enabled_if(self) -> None:
         cond = self.slot.enabled_if
         if isinstance(cond, str) and not self.uses_runtime(cond, "enabled_if", "enabled_if"):
-            check_expr(cond, self.structural_types(), ("bool",), self.path + ("enabled_if",), self.report,
-                        "enabled_if", self.slot.name)
+            self.expr("enabled_if", cond, self.structural_types(), ("bool",), "enabled_if")
 
     def hooks(self) -> None:
         slot = self.slot
@@ -183,21 +256,28 @@ class SlotChecker:
                 continue
             if is_import_reference(ref):
                 if not IMPORT_REFERENCE.fullmatch(ref):
-                    self.add(kind, f"malformed hook reference {shorten(ref)}: write 'package.module:function' "
-                                   "(a dotted module path of identifiers, ':', a function name)")
+                    self.add(
+                        kind,
+                        f"malformed hook reference {shorten(ref)}: write 'package.module:function' "
+                        "(a dotted module path of identifiers, ':', a function name)",
+                    )
                     continue
                 if not self.import_hooks:
                     continue  # the CLI says it was not checked; build_registry imports it
             elif not DOTTED.fullmatch(ref):
-                self.add(kind, f"hook name {shorten(ref)} is not an identifier (dots allowed): name a built-in "
-                               "hook or a build_registry(hooks=...) key, or write 'package.module:function'")
+                self.add(
+                    kind,
+                    f"hook name {shorten(ref)} is not an identifier (dots allowed): name a built-in "
+                    "hook or a build_registry(hooks=...) key, or write 'package.module:function'",
+                )
                 continue
             try:
                 check_reference(ref, kind)
             except HookError as exc:
                 self.add(kind, str(exc))
             except (Exception, SystemExit) as exc:  # user code ran: anything can come out of it
-                self.add(kind, f"importing hook '{ref}' failed: {type(exc).__name__}: "
-                               f"{shorten(str(exc), 200, quote=False)}")
+                self.add(
+                    kind, f"importing hook '{ref}' failed: {type(exc).__name__}: {shorten(str(exc), 200, quote=False)}"
+                )
         if slot.source is not None and not slot.copy_from_fb:
             self.add("source", "a source hook only feeds the copy, and copy_from_fb is false; remove one")
