@@ -35,9 +35,15 @@ def bind_slot_hooks(
     With live params, a hook not built in names its slot when a provider it reads fails."""
     bound: Dict[str, Dict[str, Callable]] = {}
     live = any(isinstance(value, Live) for value in params.values())
-    issues = [SpecIssue("<hooks=>", None, f"hook name '{name}' passed in build_registry(hooks=...) is the name "
-                        f"of a built-in hook; rename yours (e.g. 'my_{name}') and use that name in the spec")
-              for name in sorted(set(user_hooks) & set(BUILTIN_HOOKS))]
+    issues = [
+        SpecIssue(
+            "<hooks=>",
+            None,
+            f"hook name '{name}' passed in build_registry(hooks=...) is the name "
+            f"of a built-in hook; rename yours (e.g. 'my_{name}') and use that name in the spec",
+        )
+        for name in sorted(set(user_hooks) & set(BUILTIN_HOOKS))
+    ]
     for index, slot in enumerate(slots):
         if not slot.enabled:
             continue
@@ -91,8 +97,17 @@ def build_registry(
     ``GRAPHSLOT_MAX_BUFFER_BYTES`` (:mod:`graphslot.env`).
     """
     pool = buffers if callable(getattr(buffers, "share", None)) else None
-    return build(spec, device=device, max_bs=max_bs, max_num_tokens=max_num_tokens, params=params, hooks=hooks,
-                 impl=impl, pool=pool, adopt=None if pool is not None else buffers)
+    return build(
+        spec,
+        device=device,
+        max_bs=max_bs,
+        max_num_tokens=max_num_tokens,
+        params=params,
+        hooks=hooks,
+        impl=impl,
+        pool=pool,
+        adopt=None if pool is not None else buffers,
+    )
 
 
 def build(
@@ -128,19 +143,32 @@ def build(
         if isinstance(impl, str) and impl == "generated":
             impl = module
     elif not isinstance(spec, (RegistrySpec, str, os.PathLike)):
-        raise TypeError(f"build_registry: spec must be a RegistrySpec, a spec name or path, or a generated module, "
-                        f"got {type(spec).__name__}")
+        raise TypeError(
+            f"build_registry: spec must be a RegistrySpec, a spec name or path, or a generated module, "
+            f"got {type(spec).__name__}"
+        )
     if not isinstance(spec, RegistrySpec):
         spec = load_spec(spec)
     resolved_params = resolve_params(spec, params, preset)
     slots = resolve_slots(spec, resolved_params, max_bs, max_num_tokens)
-    check_buffer_bytes(spec.name, ((s.name, s.nbytes) for s in slots if s.enabled),
-                       f"max_bs={max_bs}, max_num_tokens={max_num_tokens}", max_bytes)
+    check_buffer_bytes(
+        spec.name,
+        ((s.name, s.nbytes) for s in slots if s.enabled),
+        f"max_bs={max_bs}, max_num_tokens={max_num_tokens}",
+        max_bytes,
+    )
     bound = bind_slot_hooks(spec, slots, resolved_params, hooks or {})
     if bind is not None:
         bind = check_given_buffers(spec.name, slots, bind, torch.device(device))
-    kwargs = dict(max_bs=max_bs, max_num_tokens=max_num_tokens, device=torch.device(device), pool=pool,
-                  strict=strict or strict_from_env(), buffers=bind, context=context)
+    kwargs = dict(
+        max_bs=max_bs,
+        max_num_tokens=max_num_tokens,
+        device=torch.device(device),
+        pool=pool,
+        strict=strict or strict_from_env(),
+        buffers=bind,
+        context=context,
+    )
     if impl == "interpreted":
         return InterpretedRegistry(spec, slots, bound, resolved_params, adopt=adopt, **kwargs)
     from .codegen.inprocess import build_generated_registry

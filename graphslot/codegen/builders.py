@@ -18,8 +18,22 @@ from ..spec.dtypes import DTypeName, dtype_name, is_torch_dtype
 from ..spec.expr import python_literal
 from .groups import Copies, foreach
 from .embedded import canonical_parts
-from .layout import (Chain, Item, assign, call, concatenated, condition, dict_of, layout, method, normalise, py_str,
-                     subscript, tuple_of, unpack)
+from .layout import (
+    Chain,
+    Item,
+    assign,
+    call,
+    concatenated,
+    condition,
+    dict_of,
+    layout,
+    method,
+    normalise,
+    py_str,
+    subscript,
+    tuple_of,
+    unpack,
+)
 from .names import SlotNames, dtype_src, runtime_local, shape_name, shape_src, unique
 
 if TYPE_CHECKING:
@@ -50,12 +64,18 @@ def constant_lines(em: "Emitter") -> List[str]:
     """SPEC_NAME, SPEC_IDENTITY, GRAPHSLOT_VERSION, PARAMS, RUNTIME_PARAMS, SLOTS, and the
     embedded spec: SPEC_SOURCE, SPEC_JSON (:mod:`.embedded`)."""
     baked = [(py_str(k), value_literal(v)) for k, v in sorted(em.baked.items())]
-    return ([f"SPEC_NAME = {py_str(em.spec.name)}", f"SPEC_IDENTITY = {py_str(em.spec.identity)}",
-             f"GRAPHSLOT_VERSION = {py_str(em.version)}"]
-            + assign("PARAMS", dict_of(baked), 0)
-            + assign("RUNTIME_PARAMS", tuple_of([py_str(n) for n in em.runtime]), 0)
-            + assign("SLOTS", tuple_of([py_str(n.slot.name) for n in em.names]), 0)
-            + [f"SPEC_SOURCE = {py_str(em.source_label)}"] + concatenated("SPEC_JSON", canonical_parts(em.spec)))
+    return (
+        [
+            f"SPEC_NAME = {py_str(em.spec.name)}",
+            f"SPEC_IDENTITY = {py_str(em.spec.identity)}",
+            f"GRAPHSLOT_VERSION = {py_str(em.version)}",
+        ]
+        + assign("PARAMS", dict_of(baked), 0)
+        + assign("RUNTIME_PARAMS", tuple_of([py_str(n) for n in em.runtime]), 0)
+        + assign("SLOTS", tuple_of([py_str(n.slot.name) for n in em.names]), 0)
+        + [f"SPEC_SOURCE = {py_str(em.source_label)}"]
+        + concatenated("SPEC_JSON", canonical_parts(em.spec))
+    )
 
 
 _NAME = re.compile(r"(?<![\w\"'])[^\W\d]\w*(?![\w\"'])")
@@ -81,9 +101,20 @@ def allocate_lines(em: "Emitter") -> List[str]:
         s = n.slot
         init = [em.pad_src(s)] if s.fills_at_allocation else []
         adopt = [] if s.adopt else ["adopt=False"]  # `adopt: never`: registry-owned whatever adopt= holds
-        entries.append((py_str(s.name), call("new_buffer", py_str(s.name), shape_src(em.extents(s)),
-                                             dtype_src(s.dtype_name), py_str("cpu") if s.host else "device", *init,
-                                             *adopt)))
+        entries.append(
+            (
+                py_str(s.name),
+                call(
+                    "new_buffer",
+                    py_str(s.name),
+                    shape_src(em.extents(s)),
+                    dtype_src(s.dtype_name),
+                    py_str("cpu") if s.host else "device",
+                    *init,
+                    *adopt,
+                ),
+            )
+        )
     body = layout(dict_of(entries), BODY, "return ")
     return _runtime_binds(em, body) + body
 
@@ -141,8 +172,11 @@ def bind_lines(em: "Emitter", copies: Copies, shapes: Shapes, others: List[str])
         where = py_str("cpu") if c.host else "device"
         full = call("torch.full", f"({c.length},)", c.value, f"dtype={dtype_src(c.dtype)}", f"device={where}")
         lines += assign(c.name, full, BODY)
-    lines += [" " * BODY + f"padval_{n.ident} = {em.pad_src(n.slot)}" for n in copies.separate_resets
-              if n.slot.padding == "fill_sentinel"]
+    lines += [
+        " " * BODY + f"padval_{n.ident} = {em.pad_src(n.slot)}"
+        for n in copies.separate_resets
+        if n.slot.padding == "fill_sentinel"
+    ]
     lines += [" " * BODY + f"dt_{d} = {dtype_src(d)}" for d in copies.dev.dtypes_named()]
     if copies.dev.dtypes_named():  # one copy kernel for every dtype: worth the views where kernels launch
         lines += [" " * BODY + 'dt_carrier = device.type == "cuda"']
@@ -229,8 +263,11 @@ def _copy_fields(em: "Emitter", copies: Copies, shapes: Shapes, hooked: List[Slo
         else:
             body += layout(copy, COPY)
     pad = " " * FILL
-    return [pad + "try:"] + body + [pad + "except Exception as exc:",
-                                    pad + "    __gs_check.diagnose(fb, raw_bs, raw_num_tokens, exc)"]
+    return (
+        [pad + "try:"]
+        + body
+        + [pad + "except Exception as exc:", pad + "    __gs_check.diagnose(fb, raw_bs, raw_num_tokens, exc)"]
+    )
 
 
 def fill_lines(em: "Emitter", copies: Copies, shapes: Shapes) -> List[str]:
@@ -248,8 +285,11 @@ def fill_lines(em: "Emitter", copies: Copies, shapes: Shapes) -> List[str]:
             lines += foreach(f"dsts_{g.name}", f"pads_{g.name}", FILL) if g.tails else []
         lines += copies.dev.fill_lines(FILL)
     for n in copies.separate_resets:
-        reset = call(f"tail_{n.ident}.zero_") if n.slot.padding == "zero" else call(
-            f"tail_{n.ident}.fill_", f"padval_{n.ident}")
+        reset = (
+            call(f"tail_{n.ident}.zero_")
+            if n.slot.padding == "zero"
+            else call(f"tail_{n.ident}.fill_", f"padval_{n.ident}")
+        )
         lines += [f"{pad}if tail_{n.ident} is not None:"] + layout(reset, FILL + 4)
     for n in hooked:  # a source gives any row count up to the capacity (a 0-d slot: its one value)
         d = n.slot.slice_dim
@@ -283,6 +323,6 @@ def extract_lines(em: "Emitter") -> List[str]:
     lines += assign("fields", dict_of(entries), CLOSURE)
     pad = " " * CLOSURE
     for n in sometimes:  # optional fields: set only when the batch has them
-        lines += condition("if", f'getattr(fb, {py_str(n.slot.name)}, None) is not None', CLOSURE)
+        lines += condition("if", f"getattr(fb, {py_str(n.slot.name)}, None) is not None", CLOSURE)
         lines += assign(f"fields[{py_str(n.slot.name)}]", f"view_{n.ident}", CLOSURE + 4)
     return lines + [f"{pad}return make_view(fb, fields)"]

@@ -28,8 +28,16 @@ from ..spec.loading import is_shipped
 from ..spec.model import RegistrySpec
 from ..spec.yaml_loader import Locations
 
-__all__ = ["GENERATED_RECORDS", "SHIPPED_LABEL", "canonical_parts", "module_name", "module_params", "module_spec",
-           "refuse_foreign", "same_spec_file"]
+__all__ = [
+    "GENERATED_RECORDS",
+    "SHIPPED_LABEL",
+    "canonical_parts",
+    "module_name",
+    "module_params",
+    "module_spec",
+    "refuse_foreign",
+    "same_spec_file",
+]
 
 #: How a module generated from a shipped spec by name labels it (``graphslot generate``).
 SHIPPED_LABEL = "graphslot:slot_specs/{}.yaml"
@@ -88,10 +96,18 @@ def refuse_foreign(module: Any, source: str, instead: str) -> None:
     """SpecError when ``module`` is not a graphslot-generated module at all, saying what
     to pass ``instead``."""
     if not any(hasattr(module, record) for record in GENERATED_RECORDS):
-        raise SpecError([SpecIssue(source, None, f"module '{module_name(module)}' is not a graphslot-generated "
-                                                 f"module (it has no {', '.join(GENERATED_RECORDS[:-1])} or "
-                                                 f"{GENERATED_RECORDS[-1]}): pass {instead} or a module "
-                                                 "`graphslot generate` wrote")])
+        raise SpecError(
+            [
+                SpecIssue(
+                    source,
+                    None,
+                    f"module '{module_name(module)}' is not a graphslot-generated "
+                    f"module (it has no {', '.join(GENERATED_RECORDS[:-1])} or "
+                    f"{GENERATED_RECORDS[-1]}): pass {instead} or a module "
+                    "`graphslot generate` wrote",
+                )
+            ]
+        )
 
 
 def module_spec(module: Any) -> RegistrySpec:
@@ -99,26 +115,45 @@ def module_spec(module: Any) -> RegistrySpec:
     carries none or one that is not what its SPEC_IDENTITY says (the handshake already
     refused formats from before the spec was embedded)."""
     name = module_name(module)
-    refuse_foreign(module, f"<module {name}>",
-                   "build_registry a spec (a RegistrySpec, a spec name or a YAML path)")
+    refuse_foreign(module, f"<module {name}>", "build_registry a spec (a RegistrySpec, a spec name or a YAML path)")
     label = getattr(module, "SPEC_SOURCE", None)
     source = f"{shorten(label, quote=False) if isinstance(label, str) else '<unknown spec>'} (embedded in {name})"
     text, identity = getattr(module, "SPEC_JSON", None), getattr(module, "SPEC_IDENTITY", None)
-    if not isinstance(text, str) or len(text) > MAX_SPEC_JSON or not text.isascii() or \
-            hashlib.sha256(text.encode("ascii")).hexdigest() != identity:
-        raise _refuse(module, source, "carries a spec that is not the one its SPEC_IDENTITY names; the module was "
-                                      "edited or damaged: regenerate it (graphslot generate)")
+    if (
+        not isinstance(text, str)
+        or len(text) > MAX_SPEC_JSON
+        or not text.isascii()
+        or hashlib.sha256(text.encode("ascii")).hexdigest() != identity
+    ):
+        raise _refuse(
+            module,
+            source,
+            "carries a spec that is not the one its SPEC_IDENTITY names; the module was "
+            "edited or damaged: regenerate it (graphslot generate)",
+        )
     try:
         data = json.loads(text)
         spec = RegistrySpec.model_validate(data)
     except (ValueError, RecursionError) as exc:  # ValidationError is a ValueError
-        detail = (exc.errors()[0]["msg"] if isinstance(exc, ValidationError) and exc.errors() else str(exc))
-        raise _refuse(module, source, f"carries a spec this graphslot cannot read "
-                                      f"({shorten(detail, 200, quote=False)}): regenerate it "
-                                      "(graphslot generate)") from None
+        detail = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) and exc.errors() else str(exc)
+        raise _refuse(
+            module,
+            source,
+            f"carries a spec this graphslot cannot read "
+            f"({shorten(detail, 200, quote=False)}): regenerate it "
+            "(graphslot generate)",
+        ) from None
     locations = Locations(source)
-    issues = check_spec(spec.params, spec.presets, list(enumerate(spec.slots)), source, locations, name=spec.name,
-                        max_bytes=None, structurally_valid=True)
+    issues = check_spec(
+        spec.params,
+        spec.presets,
+        list(enumerate(spec.slots)),
+        source,
+        locations,
+        name=spec.name,
+        max_bytes=None,
+        structurally_valid=True,
+    )
     if issues:
         raise SpecError(issues)
     spec._source, spec._locations = source, locations
@@ -133,9 +168,9 @@ def same_spec_file(label: Any, source: str) -> Optional[bool]:
         return None
     prefix = SHIPPED_LABEL.split("{}")[0]
     if label.startswith(prefix):
-        return is_shipped(source) and Path(source).name == label[len(prefix):]
+        return is_shipped(source) and Path(source).name == label[len(prefix) :]
     parts = PurePosixPath(label).parts
     path = Path(source)
     if not parts or ".." in parts or PurePosixPath(label).is_absolute() or not path.is_file():
         return None
-    return path.resolve().parts[-len(parts):] == parts
+    return path.resolve().parts[-len(parts) :] == parts

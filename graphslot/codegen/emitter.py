@@ -24,8 +24,15 @@ from .names import CAPACITY, RUNTIME_HELPERS, TEMPLATE_HELPERS, SlotNames, runti
 
 PLAN_CACHE_LIMIT = 4096  # distinct step sizes kept; a server sees ~one per captured size
 
-__all__ = ["PLAN_CACHE_LIMIT", "RUNTIME_HELPERS", "Emission", "Emitter", "params_literal", "runtime_local",
-           "structural_params"]
+__all__ = [
+    "PLAN_CACHE_LIMIT",
+    "RUNTIME_HELPERS",
+    "Emission",
+    "Emitter",
+    "params_literal",
+    "runtime_local",
+    "structural_params",
+]
 
 
 def structural_params(spec: RegistrySpec, params: Mapping[str, Any]) -> Dict[str, Any]:
@@ -38,8 +45,10 @@ def params_literal(params: Mapping[str, Any]) -> str:
     """Byte-stable one-line source for a params dict (dtypes by name, keys sorted,
     non-finite floats as ``float('inf')``): the key of a compiled module and of the
     comparison of a module's params with a registry's."""
-    items = (f"{k!r}: {dtype_name(v)!r}" if isinstance(v, DTypeName) or is_torch_dtype(v)
-             else f"{k!r}: {python_literal(v)}" for k, v in sorted(params.items()))
+    items = (
+        f"{k!r}: {dtype_name(v)!r}" if isinstance(v, DTypeName) or is_torch_dtype(v) else f"{k!r}: {python_literal(v)}"
+        for k, v in sorted(params.items())
+    )
     return "{" + ", ".join(items) + "}"
 
 
@@ -69,8 +78,14 @@ class Emission:
 
 
 class Emitter:
-    def __init__(self, spec: RegistrySpec, params: Mapping[str, Any], version: str, source_label: str,
-                 skip: AbstractSet[str] = frozenset()):
+    def __init__(
+        self,
+        spec: RegistrySpec,
+        params: Mapping[str, Any],
+        version: str,
+        source_label: str,
+        skip: AbstractSet[str] = frozenset(),
+    ):
         self.spec, self.params, self.version, self.source_label = spec, dict(params), version, source_label
         # sorted: the order of a spec's params is no part of its meaning (RegistrySpec.identity)
         self.runtime = sorted(n for n, p in spec.params.items() if p.runtime)
@@ -150,14 +165,24 @@ class Emitter:
         }
         pieces["bind_lines"] = builders.bind_lines(self, copies, shapes, sum(pieces.values(), []))
         emitted = [line for lines in pieces.values() for line in lines]
-        imports = sorted((helper, alias) for helper, alias in RUNTIME_HELPERS
-                         if alias in TEMPLATE_HELPERS or any(alias in line for line in emitted))
+        imports = sorted(
+            (helper, alias)
+            for helper, alias in RUNTIME_HELPERS
+            if alias in TEMPLATE_HELPERS or any(alias in line for line in emitted)
+        )
         used = self.used_runtime_params()
         return Emission(
-            spec_name=self.spec.name, spec_source=self.source_label, spec_identity=self.spec.identity,
-            version=self.version, params=self.baked, runtime_params=self.runtime,
+            spec_name=self.spec.name,
+            spec_source=self.source_label,
+            spec_identity=self.spec.identity,
+            version=self.version,
+            params=self.baked,
+            runtime_params=self.runtime,
             live_params=sorted(n for n, p in self.spec.params.items() if p.live),
-            used_runtime_params=[(runtime_local(n), n) for n in used], slot_names=[n.slot.name for n in self.names],
-            runtime_imports=imports, helper_lines=builders.helper_lines(imports),
-            constant_lines=builders.constant_lines(self), **pieces,
+            used_runtime_params=[(runtime_local(n), n) for n in used],
+            slot_names=[n.slot.name for n in self.names],
+            runtime_imports=imports,
+            helper_lines=builders.helper_lines(imports),
+            constant_lines=builders.constant_lines(self),
+            **pieces,
         )

@@ -37,8 +37,9 @@ def foreach(dsts: str, srcs: str, indent: int) -> List[str]:
 OptionalHead = Tuple[str, Callable[[int], List[str]]]
 
 
-def _copy_lines(dsts: str, pads: Optional[str], tails: str, sources: List[Item], optional: List[OptionalHead],
-                indent: int) -> List[str]:
+def _copy_lines(
+    dsts: str, pads: Optional[str], tails: str, sources: List[Item], optional: List[OptionalHead], indent: int
+) -> List[str]:
     """One ``_foreach_copy_`` over the plan's ``dsts`` (then ``tails``) from ``sources``
     (then ``pads``, None when there are none), and the ``optional`` heads present."""
     pad = " " * indent
@@ -94,8 +95,14 @@ class CopyGroup:
 
     def copy_lines(self, indent: int) -> List[str]:
         optional = [(n.src, lambda i, n=n: self._add(n, i)) for n in self.optional_heads]
-        return _copy_lines(f"dsts_{self.name}", f"pads_{self.name}" if self.tails else None, f"tails_{self.name}",
-                           [n.src for n in self.heads], optional, indent)
+        return _copy_lines(
+            f"dsts_{self.name}",
+            f"pads_{self.name}" if self.tails else None,
+            f"tails_{self.name}",
+            [n.src for n in self.heads],
+            optional,
+            indent,
+        )
 
 
 @dataclass
@@ -176,14 +183,23 @@ class DeviceGroup:
     def _add(self, n: SlotNames, p: str, viewed: bool, indent: int) -> List[str]:
         """An optional head's destinations (rows) and source, added to the step's lists."""
         src = self._view(n, n.src, viewed)
-        added = (assign("srcs", method(src, "unbind", "0"), indent, "+=") if n.split is not None
-                 else layout(call("srcs.append", src), indent))
+        added = (
+            assign("srcs", method(src, "unbind", "0"), indent, "+=")
+            if n.split is not None
+            else layout(call("srcs.append", src), indent)
+        )
         return assign("dsts", f"{p}head_{n.ident}", indent, "+=") + added
 
     def _block(self, p: str, viewed: bool, indent: int) -> List[str]:
         optional = [(n.src, lambda i, n=n: self._add(n, p, viewed, i)) for n in self.optional_heads]
-        return _copy_lines(f"{p}dsts_dev", f"{p}pads_dev" if self.tails or self.values else None, f"{p}tails_dev",
-                           [self._source(n, viewed) for n in self.heads], optional, indent)
+        return _copy_lines(
+            f"{p}dsts_dev",
+            f"{p}pads_dev" if self.tails or self.values else None,
+            f"{p}tails_dev",
+            [self._source(n, viewed) for n in self.heads],
+            optional,
+            indent,
+        )
 
     def _viewable(self) -> List[Operand]:
         """The condition for reinterpreting this step's sources: each is of its slot's
@@ -207,10 +223,12 @@ class DeviceGroup:
         if not operands:
             return self._block("", True, indent)
         pad = " " * indent
-        return (condition("if", Chain("and", ("dt_carrier",) + tuple(operands)), indent)
-                + self._block("", True, indent + 4)
-                + [f"{pad}else:", f"{pad}    # the CPU, another dtype or layout: typed copies, cast as copy_ casts"]
-                + self._block("t", False, indent + 4))
+        return (
+            condition("if", Chain("and", ("dt_carrier",) + tuple(operands)), indent)
+            + self._block("", True, indent + 4)
+            + [f"{pad}else:", f"{pad}    # the CPU, another dtype or layout: typed copies, cast as copy_ casts"]
+            + self._block("t", False, indent + 4)
+        )
 
 
 @dataclass
@@ -246,8 +264,14 @@ def fused_value(em: "Emitter", n: SlotNames) -> Optional[str]:
     that fills the whole buffer with it (so the device group can write it), else None."""
     s = n.slot
     ref = s.post_fill
-    if (s.host or s.copy_from_fb or s.resets_tail or em.hooks[s.name] != ["post_fill"]
-            or ref not in BUILTIN_HOOKS or is_import_reference(ref)):
+    if (
+        s.host
+        or s.copy_from_fb
+        or s.resets_tail
+        or em.hooks[s.name] != ["post_fill"]
+        or ref not in BUILTIN_HOOKS
+        or is_import_reference(ref)
+    ):
         return None
     return BUILTIN_HOOKS[ref].fills
 

@@ -27,20 +27,64 @@ CAPACITY = {"bs": "max_bs", "tokens": "max_num_tokens"}
 # bound (allocate, bind and the closures bind returns). A runtime param named like one
 # of them (or like a generated prefix) is bound to ``rt_<name>`` instead, so it can
 # neither shadow them nor be shadowed; so is one pycodestyle finds ambiguous (E741).
-_MODULE_NAMES = frozenset({
-    "torch", "max_bs", "max_num_tokens", "device", "params", "pool", "source", "buffers", "hooks",
-    "plans", "views", "make_plan", "fill_from", "make_views", "extract", "allocate", "bind",
-    "make_view", "fields", "exc", "grad", "plan", "entry", "new_buffer", "l", "O", "I",
-}) | frozenset(dir(builtins))
-_GENERATED_PREFIXES = ("rt_", "buf_", "hook_", "pad", "src", "shape_", "val_", "dt_", "head_", "tail_", "dsts",
-                       "view_", "__gs_")
+_MODULE_NAMES = frozenset(
+    {
+        "torch",
+        "max_bs",
+        "max_num_tokens",
+        "device",
+        "params",
+        "pool",
+        "source",
+        "buffers",
+        "hooks",
+        "plans",
+        "views",
+        "make_plan",
+        "fill_from",
+        "make_views",
+        "extract",
+        "allocate",
+        "bind",
+        "make_view",
+        "fields",
+        "exc",
+        "grad",
+        "plan",
+        "entry",
+        "new_buffer",
+        "l",
+        "O",
+        "I",
+    }
+) | frozenset(dir(builtins))
+_GENERATED_PREFIXES = (
+    "rt_",
+    "buf_",
+    "hook_",
+    "pad",
+    "src",
+    "shape_",
+    "val_",
+    "dt_",
+    "head_",
+    "tail_",
+    "dsts",
+    "view_",
+    "__gs_",
+)
 
 # graphslot.codegen.runtime helpers a module may use, with the mangled names it binds
 # them under. The template itself always uses the last four.
-RUNTIME_HELPERS = (("SourceMismatch", "__gs_Mismatch"),
-                   ("foreach_copy", "__gs_foreach_copy"), ("hook", "__gs_hook"),
-                   ("allocate_buffer", "__gs_allocate"), ("ViewMaker", "__gs_ViewMaker"),
-                   ("grad_enabled", "__gs_grad_enabled"), ("set_grad_enabled", "__gs_set_grad_enabled"))
+RUNTIME_HELPERS = (
+    ("SourceMismatch", "__gs_Mismatch"),
+    ("foreach_copy", "__gs_foreach_copy"),
+    ("hook", "__gs_hook"),
+    ("allocate_buffer", "__gs_allocate"),
+    ("ViewMaker", "__gs_ViewMaker"),
+    ("grad_enabled", "__gs_grad_enabled"),
+    ("set_grad_enabled", "__gs_set_grad_enabled"),
+)
 TEMPLATE_HELPERS = frozenset({"__gs_allocate", "__gs_ViewMaker", "__gs_grad_enabled", "__gs_set_grad_enabled"})
 
 
@@ -68,11 +112,22 @@ def _ident(name: str) -> str:
 # Tags of the extents and counts generated code names things by; each is a fixed word,
 # digits, or ``x`` and a digest, so a joined tag reads back one way only.
 _EXTENT_TAGS = {"raw_bs": "bs", "raw_num_tokens": "tokens", "max_bs": "max_bs", "max_num_tokens": "max_tokens"}
-_COUNT_TAGS = {"raw_bs": "raw_bs", "padded_bs": "padded_bs", "raw_num_tokens": "raw_tokens",
-               "padded_num_tokens": "padded_tokens"}
+_COUNT_TAGS = {
+    "raw_bs": "raw_bs",
+    "padded_bs": "padded_bs",
+    "raw_num_tokens": "raw_tokens",
+    "padded_num_tokens": "padded_tokens",
+}
 _NUMBER = re.compile(r"(-?)([0-9]+)(?:\.([0-9]+))?(?:e(-?)([0-9]+))?")
-_SPECIAL = {"0": "zero", "True": "true", "False": "false", 'float("inf")': "inf", 'float("-inf")': "neginf",
-            'float("nan")': "nan", 'float("-nan")': "negnan"}
+_SPECIAL = {
+    "0": "zero",
+    "True": "true",
+    "False": "false",
+    'float("inf")': "inf",
+    'float("-inf")': "neginf",
+    'float("nan")': "nan",
+    'float("-nan")': "negnan",
+}
 _RESERVED_TAG = re.compile(r"zero|true|false|inf|neginf|nan|negnan|neg[0-9].*|x[0-9a-f]{10}")
 
 
@@ -118,8 +173,9 @@ def unique(names: Dict[str, str], name: str, key: str) -> str:
     """``name`` recorded for ``key`` in ``names`` (name -> key); two keys may not share a
     name (a digest collision): refused rather than emitted wrong."""
     if names.setdefault(name, key) != key:
-        raise RuntimeError(f"graphslot internal error: generated name {name!r} stands for both "
-                           f"{names[name]!r} and {key!r}")
+        raise RuntimeError(
+            f"graphslot internal error: generated name {name!r} stands for both {names[name]!r} and {key!r}"
+        )
     return name
 
 
@@ -215,8 +271,10 @@ class SlotNames:
         name = self.slot.name
         if self.slot.skip_absent:  # absent_fields: skip: anything but a tensor is no copy
             read = assign(self.src, call("getattr", "fb", py_str(name), "None"), indent)
-            return read + [" " * indent + f"if not isinstance({self.src}, torch.Tensor):",
-                           " " * (indent + 4) + f"{self.src} = None"]
+            return read + [
+                " " * indent + f"if not isinstance({self.src}, torch.Tensor):",
+                " " * (indent + 4) + f"{self.src} = None",
+            ]
         if self.slot.optional:
             return assign(self.src, call("getattr", "fb", py_str(name), "None"), indent)
         if keyword.iskeyword(name):

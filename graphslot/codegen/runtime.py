@@ -20,8 +20,20 @@ foreach_copy = torch._foreach_copy_
 grad_enabled = torch.is_grad_enabled
 set_grad_enabled = torch._C._set_grad_enabled
 
-__all__ = ["MODULE_FORMAT", "torch", "FillContext", "GeneratedModuleMismatch", "SourceMismatch", "ViewMaker",
-           "allocate_buffer", "foreach_copy", "grad_enabled", "hook", "require", "set_grad_enabled"]
+__all__ = [
+    "MODULE_FORMAT",
+    "torch",
+    "FillContext",
+    "GeneratedModuleMismatch",
+    "SourceMismatch",
+    "ViewMaker",
+    "allocate_buffer",
+    "foreach_copy",
+    "grad_enabled",
+    "hook",
+    "require",
+    "set_grad_enabled",
+]
 
 
 class SourceMismatch(Exception):

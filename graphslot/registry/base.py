@@ -78,9 +78,11 @@ class ViewMaker:
         plain = self._plain.get(cls)
         if plain is None:
             plain = self._plain[cls] = (
-                not hasattr(cls, "__slots__") and cls.__reduce_ex__ is object.__reduce_ex__
+                not hasattr(cls, "__slots__")
+                and cls.__reduce_ex__ is object.__reduce_ex__
                 and not hasattr(cls, "__copy__")
-                and not any(hasattr(getattr(cls, name, None), "__set__") for name in self.names))
+                and not any(hasattr(getattr(cls, name, None), "__set__") for name in self.names)
+            )
         return plain
 
     def __call__(self, batch: Any, fields: Dict[str, Any]) -> Any:
@@ -96,9 +98,11 @@ class ViewMaker:
             try:
                 object.__setattr__(new, name, value)
             except (AttributeError, TypeError) as exc:
-                raise SlotError(f"spec {self.spec_name!r}: extract cannot set '{name}' on a copy of "
-                                f"{cls.__name__} ({exc}); a batch type with __slots__ must declare every "
-                                f"field a view sets: {', '.join(self.names)}") from None
+                raise SlotError(
+                    f"spec {self.spec_name!r}: extract cannot set '{name}' on a copy of "
+                    f"{cls.__name__} ({exc}); a batch type with __slots__ must declare every "
+                    f"field a view sets: {', '.join(self.names)}"
+                ) from None
         return new
 
 
@@ -214,5 +218,7 @@ class SlotRegistry:
         return ("batch_size",) + tuple(s.name for s in self.active if not s.resolved.structured)
 
     def __repr__(self) -> str:
-        return (f"<{type(self).__name__} {self.spec.name} impl={self.impl} max_bs={self.max_bs} "
-                f"max_num_tokens={self.max_num_tokens} slots={self.slot_names()}>")
+        return (
+            f"<{type(self).__name__} {self.spec.name} impl={self.impl} max_bs={self.max_bs} "
+            f"max_num_tokens={self.max_num_tokens} slots={self.slot_names()}>"
+        )

@@ -34,8 +34,10 @@ def refuse_strided(where: str, how: str, tensor: torch.Tensor) -> None:
     (one copy kernel a step), which needs that layout (``is_contiguous()`` alone does not
     promise the unit stride of a last dimension of size 1)."""
     if not tensor.is_contiguous() or (tensor.dim() and tensor.stride(-1) != 1):
-        raise SlotError(f"{where}: {how}= holds a non-contiguous tensor (shape {list(tensor.shape)}, strides "
-                        f"{list(tensor.stride())}); pass a contiguous tensor (.contiguous() gives one)")
+        raise SlotError(
+            f"{where}: {how}= holds a non-contiguous tensor (shape {list(tensor.shape)}, strides "
+            f"{list(tensor.stride())}); pass a contiguous tensor (.contiguous() gives one)"
+        )
 
 
 def allocate_buffer(
@@ -53,21 +55,26 @@ def allocate_buffer(
     if adopt is not None:
         tensor = adoptable(adopt, name)
         if tensor is _MISSING:
-            raise SlotError(f"slot '{name}': buffers= has no tensor '{name}' to adopt; "
-                            "give it one, or declare the slot `adopt: never`")
+            raise SlotError(
+                f"slot '{name}': buffers= has no tensor '{name}' to adopt; "
+                "give it one, or declare the slot `adopt: never`"
+            )
         if not isinstance(tensor, torch.Tensor):
             raise SlotError(f"slot '{name}': buffers= holds {type(tensor).__name__}, expected a torch.Tensor")
         if tuple(tensor.shape) != tuple(shape) or tensor.dtype != dtype:
-            raise SlotError(f"slot '{name}': cannot adopt the tensor: expected shape "
-                            f"{list(shape)} dtype {dtype}, got shape {list(tensor.shape)} "
-                            f"dtype {tensor.dtype}")
+            raise SlotError(
+                f"slot '{name}': cannot adopt the tensor: expected shape "
+                f"{list(shape)} dtype {dtype}, got shape {list(tensor.shape)} "
+                f"dtype {tensor.dtype}"
+            )
         refuse_strided(f"slot '{name}'", "buffers", tensor)
         return tensor  # adopted tensors are already initialised by their owner
     try:
         buffer = torch.zeros(shape, dtype=dtype, device=device)
     except (RuntimeError, MemoryError) as exc:  # out of memory: the type stays, the slot is named
-        exc.add_note(f"graphslot: while allocating the buffer of slot '{name}' (shape {list(shape)}, {dtype}, "
-                     f"on {device})")
+        exc.add_note(
+            f"graphslot: while allocating the buffer of slot '{name}' (shape {list(shape)}, {dtype}, on {device})"
+        )
         raise
     fresh = True
     if pool is not None:
@@ -79,8 +86,13 @@ def allocate_buffer(
 
 def allocate_slot_buffer(slot: ResolvedSlot, device: torch.device, pool=None, adopt=None) -> torch.Tensor:
     return allocate_buffer(
-        slot.name, slot.shape, slot.dtype, "cpu" if slot.host else device,
-        slot.pad_value if slot.fills_at_allocation else None, pool, adopt if slot.adopt else None,
+        slot.name,
+        slot.shape,
+        slot.dtype,
+        "cpu" if slot.host else device,
+        slot.pad_value if slot.fills_at_allocation else None,
+        pool,
+        adopt if slot.adopt else None,
     )
 
 
@@ -89,8 +101,7 @@ def check_given_buffers(spec_name: str, slots, buffers: Any, device: torch.devic
     for every enabled slot, bound as it is (nothing allocated, pooled or adopted);
     SlotError naming the first slot that does not fit."""
     if not isinstance(buffers, Mapping):
-        raise SlotError(f"spec '{spec_name}': buffers= must map slot names to tensors, got "
-                        f"{type(buffers).__name__}")
+        raise SlotError(f"spec '{spec_name}': buffers= must map slot names to tensors, got {type(buffers).__name__}")
     given = {}
     for slot in slots:
         if not slot.enabled:
@@ -98,11 +109,15 @@ def check_given_buffers(spec_name: str, slots, buffers: Any, device: torch.devic
         tensor = buffers.get(slot.name)
         where = torch.device("cpu") if slot.host else device
         if not isinstance(tensor, torch.Tensor):
-            raise SlotError(f"spec '{spec_name}', slot '{slot.name}': buffers= has "
-                            f"{'no tensor' if tensor is None else type(tensor).__name__} for it")
+            raise SlotError(
+                f"spec '{spec_name}', slot '{slot.name}': buffers= has "
+                f"{'no tensor' if tensor is None else type(tensor).__name__} for it"
+            )
         if tuple(tensor.shape) != slot.shape or tensor.dtype != slot.dtype or not _same_device(tensor.device, where):
-            raise SlotError(f"spec '{spec_name}', slot '{slot.name}': buffers= holds shape {list(tensor.shape)} "
-                            f"{tensor.dtype} on {tensor.device}, expected {list(slot.shape)} {slot.dtype} on {where}")
+            raise SlotError(
+                f"spec '{spec_name}', slot '{slot.name}': buffers= holds shape {list(tensor.shape)} "
+                f"{tensor.dtype} on {tensor.device}, expected {list(slot.shape)} {slot.dtype} on {where}"
+            )
         refuse_strided(f"spec '{spec_name}', slot '{slot.name}'", "bind", tensor)
         given[slot.name] = tensor
     return given

@@ -34,8 +34,9 @@ class InterpretedRegistry(SlotRegistry):
 
     def _fill(self, fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs, skip) -> None:
         check = self.checker
-        raw_bs, padded_bs, raw_num_tokens, padded_num_tokens = check.step(raw_bs, padded_bs, raw_num_tokens,
-                                                                          padded_num_tokens)
+        raw_bs, padded_bs, raw_num_tokens, padded_num_tokens = check.step(
+            raw_bs, padded_bs, raw_num_tokens, padded_num_tokens
+        )
         ctx = self.fill_context(raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs)
         active = [slot for slot in self.active if slot.name not in skip] if skip else self.active
 

@@ -35,8 +35,7 @@ class SharePool(Protocol):
     after sharing). :class:`BufferPool` is graphslot's; an engine may bring its own
     (``graphslot.integrations.sglang`` delegates to sglang's pool)."""
 
-    def share(self, name: str, tensor: torch.Tensor, init_value: Any = None) -> Tuple[torch.Tensor, bool]:
-        ...
+    def share(self, name: str, tensor: torch.Tensor, init_value: Any = None) -> Tuple[torch.Tensor, bool]: ...
 
 
 class BufferPool:
@@ -63,9 +62,11 @@ class BufferPool:
                 return tensor, True
             first = self._init[key]
         if first != init:
-            raise SlotError(f"slot '{name}': shared buffer ({tensor.numel()} x {tensor.dtype} on {tensor.device}) "
-                            f"was first registered with initial value {first!r}, this registry needs {init!r}; "
-                            "give both the same pad value, or build one without share_pool")
+            raise SlotError(
+                f"slot '{name}': shared buffer ({tensor.numel()} x {tensor.dtype} on {tensor.device}) "
+                f"was first registered with initial value {first!r}, this registry needs {init!r}; "
+                "give both the same pad value, or build one without share_pool"
+            )
         return canonical.view(tensor.shape), False
 
     def __len__(self) -> int:
@@ -73,5 +74,3 @@ class BufferPool:
 
     def __bool__(self) -> bool:
         return True  # an empty pool is still a pool (``share_pool=BufferPool()`` must share)
-
-

@@ -72,14 +72,19 @@ class StepChecker:
     # -- counts ----------------------------------------------------------------------
     def counts(self, raw_bs: Any, padded_bs: Any, raw_num_tokens: Any, padded_num_tokens: Any) -> None:
         """Raise unless ``0 <= raw <= padded <= capacity`` for both axes, all ints."""
-        for axis, raw, padded, capacity in ((Axis.BS, raw_bs, padded_bs, self.max_bs),
-                                            (Axis.TOKENS, raw_num_tokens, padded_num_tokens, self.max_num_tokens)):
+        for axis, raw, padded, capacity in (
+            (Axis.BS, raw_bs, padded_bs, self.max_bs),
+            (Axis.TOKENS, raw_num_tokens, padded_num_tokens, self.max_num_tokens),
+        ):
             for what, n in (("raw", raw), ("padded", padded)):
                 if type(n) is not int:
                     raise self.fail(None, f"{what} {axis} count must be an int, got {describe(n)}")
             if not 0 <= raw <= padded <= capacity:
-                raise self.fail(None, f"{axis} counts must satisfy 0 <= raw <= padded <= capacity, got "
-                                      f"raw={raw}, padded={padded}, capacity={capacity}")
+                raise self.fail(
+                    None,
+                    f"{axis} counts must satisfy 0 <= raw <= padded <= capacity, got "
+                    f"raw={raw}, padded={padded}, capacity={capacity}",
+                )
 
     def view_counts(self, padded_bs: Any, padded_num_tokens: Any) -> None:
         """``extract``'s counts: ints within ``0 <= padded <= capacity``."""
@@ -92,8 +97,9 @@ class StepChecker:
             if type(raw) is not int:
                 raise self.fail(None, f"raw {axis} count must be an int, got {describe(raw)}")
             if not 0 <= raw <= capacity:
-                raise self.fail(None, f"{axis} counts must satisfy 0 <= raw <= capacity, got raw={raw}, "
-                                      f"capacity={capacity}")
+                raise self.fail(
+                    None, f"{axis} counts must satisfy 0 <= raw <= capacity, got raw={raw}, capacity={capacity}"
+                )
 
     def sources(self, fb: Any, raw_bs: Any, raw_num_tokens: Any) -> None:
         """Raise the SlotError a fill of ``fb`` at these raw counts would raise for its
@@ -105,7 +111,8 @@ class StepChecker:
             if len(self._seen_raw) >= SIZE_MEMO_LIMIT:
                 self._seen_raw.clear()
             shapes = self._seen_raw[raw_bs, raw_num_tokens] = tuple(
-                (slot, self.expected_shape(slot, raw_bs, raw_num_tokens)) for slot in self.plain)
+                (slot, self.expected_shape(slot, raw_bs, raw_num_tokens)) for slot in self.plain
+            )
         for slot, shape in shapes:
             src = getattr(fb, slot.name, None)
             if self.strict or not (isinstance(src, torch.Tensor) and src.shape == shape):
@@ -146,13 +153,16 @@ class StepChecker:
             if slot.resolved.optional:
                 return None
             what = f"the batch has no field '{slot.name}'" if src is _MISSING else "the batch field is None"
-            raise self.fail(slot.name, f"{what}, but the slot is not optional; set it on the batch, or declare "
-                                       "`optional: true` in the spec")
+            raise self.fail(
+                slot.name,
+                f"{what}, but the slot is not optional; set it on the batch, or declare `optional: true` in the spec",
+            )
         self._tensor(slot, src)
         expected = self.expected_shape(slot, raw_bs, raw_num_tokens)
         if src.shape != expected:
-            raise self.fail(slot.name, f"expected shape {list(expected)}, got {list(src.shape)} (copy_ would "
-                                       "broadcast or fail)")
+            raise self.fail(
+                slot.name, f"expected shape {list(expected)}, got {list(src.shape)} (copy_ would broadcast or fail)"
+            )
         if self.strict:
             self._strict(slot, src, head=slot.head(slot.count(raw_bs, raw_num_tokens)))
         return src
@@ -205,14 +215,16 @@ class StepChecker:
             return  # exactly its own head, however it was made: copies onto itself
         owner = self._extents.overlapping(src)
         if owner is not None:
-            raise self.fail(slot.name, f"the source aliases the buffer of slot '{owner}' (a view of a static "
-                                       "buffer other than this slot's own head); copy it first, or pass the "
-                                       "batch's own tensor")
+            raise self.fail(
+                slot.name,
+                f"the source aliases the buffer of slot '{owner}' (a view of a static "
+                "buffer other than this slot's own head); copy it first, or pass the "
+                "batch's own tensor",
+            )
 
 
 def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return (a.device == b.device and a.data_ptr() == b.data_ptr() and a.shape == b.shape
-            and a.stride() == b.stride())
+    return a.device == b.device and a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
 
 
 def byte_extent(t: torch.Tensor) -> Tuple[int, int]:
@@ -262,4 +274,3 @@ class BufferExtents:
         if end > start and i and reach[i - 1][0] > start:
             return reach[i - 1][1]
         return None
-
