@@ -1,21 +1,12 @@
 """The structure check of a generated module, run before it is compiled or written.
 
-Spec files are untrusted, so :func:`check_module_structure` compares the rendered text
-with the expected skeleton and refuses anything else (an injection that still parses
-included) with a :class:`GeneratedCodeError`. The top level must be, in order:
-
-1. the module docstring (fixed text);
-2. ``from graphslot.codegen import runtime as __gs_rt``;
-3. the handshake ``__gs_rt.require(__name__, version=<literal>, format=MODULE_FORMAT)``;
-4. ``torch = __gs_rt.torch``, then one or more ``<alias> = __gs_rt.<helper>`` of known
-   helpers under their mangled names (no import follows a statement: ruff's E402 has
-   nothing to say, and no helper is reached before the handshake);
-5. the constants SPEC_NAME … SPEC_JSON, each a literal (with ``expected``, that value);
-6. ``def allocate`` and ``def bind``, in which nothing imports, declares globals,
-   defines classes, or reaches for ``eval``-like names or any dunder.
-
-No library does this: linters (ruff, bandit) flag risky patterns, none says a module is
-exactly an expected skeleton with only literals where spec text may land.
+Spec files are untrusted, so :func:`check_module_structure` refuses any text whose top
+level is not exactly: the fixed docstring, the runtime import, the handshake, ``torch``
+and known helpers bound from the runtime, the constants SPEC_NAME … SPEC_JSON as
+literals, then ``def allocate`` and ``def bind`` (in which nothing imports, declares
+globals, defines classes or reaches for ``eval``-like names or any dunder). Linters flag
+risky patterns; none says a module is exactly a skeleton with only literals where spec
+text may land.
 """
 
 from __future__ import annotations
@@ -31,114 +22,52 @@ from .handshake import MODULE_FORMAT
 from .names import RUNTIME_HELPERS
 
 DOCSTRING = "Specialised fill_from / extract for one slot spec: see SPEC_NAME and the banner."
-
-# The top level of every generated module, in order (after the docstring and imports).
-CONSTANTS = (
-    "SPEC_NAME",
-    "SPEC_IDENTITY",
-    "GRAPHSLOT_VERSION",
-    "PARAMS",
-    "RUNTIME_PARAMS",
-    "SLOTS",
-    "SPEC_SOURCE",
-    "SPEC_JSON",
-)
-FUNCTIONS = ("allocate", "bind")
-RUNTIME_PACKAGE, RUNTIME_NAME, RUNTIME_ALIAS = "graphslot.codegen", "runtime", "__gs_rt"
+CONSTANTS = ("SPEC_NAME", "SPEC_IDENTITY", "GRAPHSLOT_VERSION", "PARAMS", "RUNTIME_PARAMS", "SLOTS", "SPEC_SOURCE")
+CONSTANTS += ("SPEC_JSON",)
+RUNTIME_ALIAS, RUNTIME_IMPORT = "__gs_rt", "from graphslot.codegen import runtime as __gs_rt"
 HELPER_ALIASES = dict(RUNTIME_HELPERS)
 
-# Inside the functions generated code never imports, declares globals, defines classes
-# or reaches for these names or any dunder attribute; so even a piece of spec text that
-# slipped into an expression can do nothing but arithmetic and tensor calls.
+# Inside the functions: so even spec text that slipped into an expression could do nothing
+# but arithmetic and tensor calls.
 _FORBIDDEN_NAMES = frozenset(
-    {
-        "__import__",
-        "__builtins__",
-        "__loader__",
-        "__spec__",
-        "eval",
-        "exec",
-        "compile",
-        "open",
-        "globals",
-        "locals",
-        "vars",
-        "breakpoint",
-        "input",
-        "help",
-        "exit",
-        "quit",
-        "delattr",
-        "memoryview",
-        "classmethod",
-        "staticmethod",
-        "property",
-        "super",
-        "type",
-        "object",
-    }
+    "__import__ __builtins__ __loader__ __spec__ eval exec compile open globals locals vars breakpoint input help "
+    "exit quit delattr memoryview classmethod staticmethod property super type object".split()
 )
-_FORBIDDEN_NODES = (
-    ast.Import,
-    ast.ImportFrom,
-    ast.Global,
-    ast.Nonlocal,
-    ast.ClassDef,
-    ast.AsyncFunctionDef,
-    ast.Await,
-    ast.Yield,
-    ast.YieldFrom,
-    ast.With,
-    ast.AsyncWith,
-    ast.AsyncFor,
-    ast.Delete,
+_FORBIDDEN_NODES = tuple(
+    getattr(ast, n)
+    for n in "Import ImportFrom Global Nonlocal ClassDef AsyncFunctionDef Await Yield YieldFrom With AsyncWith "
+    "AsyncFor Delete".split()
 )
-# The values a constant may hold that have no Python literal: non-finite floats.
-_NON_FINITE = ("inf", "-inf", "nan", "-nan")
+# The constant values with no Python literal: non-finite floats, written as calls.
+_NON_FINITE = {ast.dump(ast.parse(f'float("{v}")', mode="eval").body): float(v) for v in ("inf", "-inf", "nan", "-nan")}
 
 
 class GeneratedCodeError(SpecError):
-    """The generated source is not the expected skeleton: spec text would have become
-    code (or a generator bug). Nothing is compiled or written."""
+    """The generated source is not the expected skeleton: nothing is compiled or written."""
 
 
 def refuse(spec: RegistrySpec, message: str) -> GeneratedCodeError:
-    return GeneratedCodeError(
-        [SpecIssue(spec.path, None, f"refusing to generate code for spec {ascii(str(spec.name))}: {message}")]
-    )
+    message = f"refusing to generate code for spec {ascii(str(spec.name))}: {message}"
+    return GeneratedCodeError([SpecIssue(spec.path, None, message)])
 
 
 def _describe(node: ast.AST) -> str:
-    text = ast.unparse(node).splitlines()[0] if not isinstance(node, ast.Module) else ""
-    return f"line {getattr(node, 'lineno', '?')}: {ascii(text[:80])}"
+    return f"line {node.lineno}: {ascii(ast.unparse(node).splitlines()[0][:80])}"
 
 
 class _NonFinite(ast.NodeTransformer):
-    """``float('inf')``, ``float('-inf')``, ``float('nan')``, ``float('-nan')`` -> the constant, so
-    :func:`ast.literal_eval` reads them; any other call stays and is refused."""
-
     def visit_Call(self, node: ast.Call) -> ast.AST:
-        if (
-            isinstance(node.func, ast.Name)
-            and node.func.id == "float"
-            and not node.keywords
-            and len(node.args) == 1
-            and isinstance(node.args[0], ast.Constant)
-            and node.args[0].value in _NON_FINITE
-        ):
-            return ast.Constant(float(node.args[0].value))
-        return node
+        value = _NON_FINITE.get(ast.dump(node))
+        return node if value is None else ast.Constant(value)
 
 
 def literal(node: ast.AST) -> Any:
-    """The value of a literal, non-finite floats (``float("inf")``) included;
-    ValueError for anything else."""
+    """The value of a literal, non-finite floats (``float("inf")``) included; ValueError for anything else."""
     return ast.literal_eval(_NonFinite().visit(copy.deepcopy(node)))
 
 
 def _same(a: Any, b: Any) -> bool:
-    """Equal values of the same types, containers element by element; floats by their
-    repr and sign, so nan matches nan of its sign and -0.0 only -0.0."""
+    """Equal values of the same types; floats by repr and sign (nan matches nan, -0.0 only -0.0)."""
     if type(a) is not type(b):
         return False
     if isinstance(a, dict):
@@ -150,89 +79,37 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
+def _is(node: ast.stmt, text: str) -> bool:
+    """``node`` is the one statement ``text`` parses to."""
+    return ast.dump(node) == ast.dump(ast.parse(text).body[0])
+
+
 def _is_handshake(node: ast.stmt, version: Optional[str]) -> bool:
-    """``__gs_rt.require(__name__, version=<literal>, format=MODULE_FORMAT)``; with
-    ``version``, that very version."""
-    call = node.value if isinstance(node, ast.Expr) else None
-    if not (
-        isinstance(call, ast.Call)
-        and isinstance(call.func, ast.Attribute)
-        and call.func.attr == "require"
-        and isinstance(call.func.value, ast.Name)
-        and call.func.value.id == RUNTIME_ALIAS
-        and len(call.args) == 1
-        and isinstance(call.args[0], ast.Name)
-        and call.args[0].id == "__name__"
-        and [k.arg for k in call.keywords] == ["version", "format"]
-        and all(isinstance(k.value, ast.Constant) for k in call.keywords)
-    ):
+    """``__gs_rt.require(__name__, version=<str literal>, format=MODULE_FORMAT)``; with ``version``, that one."""
+    try:
+        got = node.value.keywords[0].value.value
+    except (AttributeError, IndexError):
         return False
-    got_version, got_format = (k.value.value for k in call.keywords)
     return (
-        isinstance(got_version, str)
-        and (version is None or got_version == version)
-        and type(got_format) is int
-        and got_format == MODULE_FORMAT
+        isinstance(got, str)
+        and version in (None, got)
+        and _is(node, f"{RUNTIME_ALIAS}.require(__name__, version={got!r}, format={MODULE_FORMAT})")
     )
 
 
 def _bound_from_runtime(node: ast.stmt) -> Optional[Tuple[str, str]]:
     """(name, attribute) of ``name = __gs_rt.attribute``, else None."""
-    if (
-        isinstance(node, ast.Assign)
-        and len(node.targets) == 1
-        and isinstance(node.targets[0], ast.Name)
-        and isinstance(node.value, ast.Attribute)
-        and isinstance(node.value.value, ast.Name)
-        and node.value.value.id == RUNTIME_ALIAS
-    ):
-        return node.targets[0].id, node.value.attr
+    target, value = getattr(node, "targets", [None]), getattr(node, "value", None)
+    if isinstance(node, ast.Assign) and len(target) == 1 and isinstance(target[0], ast.Name):
+        if isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name) and value.value.id == RUNTIME_ALIAS:
+            return target[0].id, value.attr
     return None
 
 
-class _Reader:
-    """Takes the module's top-level statements one by one, noting the first misfit."""
-
-    def __init__(self, body: List[ast.stmt]):
-        self.body, self.problems = list(body), []
-
-    def take(self, kind: str, test: Callable[[ast.stmt], bool]) -> Optional[ast.stmt]:
-        if self.problems:
-            return None
-        node = self.body.pop(0) if self.body else None
-        if node is None or not test(node):
-            found = _describe(node) if node is not None else "the end of the module"
-            self.problems.append(f"expected {kind}, found {found}")
-            return None
-        return node
-
-    def take_helpers(self) -> None:
-        """One or more known helpers, each bound once, up to the first constant."""
-        seen = set()
-        kind = f"`<helper> = {RUNTIME_ALIAS}.<helper>` of a known helper"
-
-        def helper(n: ast.stmt) -> bool:
-            bound = _bound_from_runtime(n)
-            if bound is None or HELPER_ALIASES.get(bound[1]) != bound[0] or bound in seen:
-                return False
-            seen.add(bound)
-            return True
-
-        self.take(kind, helper)
-        while self.body and not self.problems and _bound_from_runtime(self.body[0]) is not None:
-            self.take(kind, helper)
-
-
-def _constant_test(
-    spec: RegistrySpec, expected: Optional[Sequence[Tuple[str, Any]]], position: int, name: str
-) -> Callable[[ast.stmt], bool]:
+def _constant_test(spec: RegistrySpec, expected: Optional[Sequence[Tuple[str, Any]]], position: int, name: str):
     def constant(n: ast.stmt) -> bool:
-        if not (
-            isinstance(n, ast.Assign)
-            and len(n.targets) == 1
-            and isinstance(n.targets[0], ast.Name)
-            and n.targets[0].id == name
-        ):
+        targets = getattr(n, "targets", None)
+        if not (isinstance(n, ast.Assign) and len(targets) == 1 and getattr(targets[0], "id", None) == name):
             return False
         try:
             value = literal(n.value)
@@ -249,80 +126,75 @@ def _constant_test(
 def check_module_structure(text: str, spec: RegistrySpec, expected: Optional[Sequence[Tuple[str, Any]]] = None) -> None:
     """Refuse ``text`` unless its top level is exactly the generated skeleton.
 
-    ``expected``: (name, value) of every constant, in order; without it SPEC_NAME and
-    SPEC_IDENTITY are checked against ``spec`` and the others only for being literals.
-    Raises :class:`GeneratedCodeError` naming the first statement that does not fit.
+    ``expected``: (name, value) of every constant, in order; without it SPEC_NAME, SPEC_IDENTITY and
+    SPEC_JSON are checked against ``spec``, the others only for being literals.
     """
     if not text.replace("\n", "").isprintable():  # one pass in C; the loop only to name the character
         bad = next(c for c in text if c != "\n" and not c.isprintable())
         raise refuse(spec, f"the source would contain the control character {ascii(bad)}")
     try:
-        tree = ast.parse(text)
+        body = ast.parse(text).body
     except SyntaxError as exc:  # spec text broke the syntax (or a generator bug): never write it
-        raise refuse(
-            spec,
-            f"the generated source does not parse (line {exc.lineno}: {exc.msg}); spec text would have become code",
-        ) from None
-    reader = _Reader(tree.body)
-    reader.take(
-        "the module docstring",
-        lambda n: isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant) and n.value.value == DOCSTRING,
-    )
-    reader.take(
-        f"`from {RUNTIME_PACKAGE} import {RUNTIME_NAME} as {RUNTIME_ALIAS}`",
-        lambda n: (
-            isinstance(n, ast.ImportFrom)
-            and n.module == RUNTIME_PACKAGE
-            and n.level == 0
-            and [(a.name, a.asname) for a in n.names] == [(RUNTIME_NAME, RUNTIME_ALIAS)]
-        ),
-    )
+        message = f"the generated source does not parse (line {exc.lineno}: {exc.msg})"
+        raise refuse(spec, f"{message}; spec text would have become code") from None
+    problems: List[str] = []
+
+    def take(kind: str, test: Callable[[ast.stmt], bool]) -> Optional[ast.stmt]:
+        node = body.pop(0) if body and not problems else None
+        if node is not None and test(node):
+            return node
+        if not problems:
+            problems.append(f"expected {kind}, found {_describe(node) if node else 'the end of the module'}")
+        return None
+
+    take("the module docstring", lambda n: _is(n, repr(DOCSTRING)))
+    take(f"`{RUNTIME_IMPORT}`", lambda n: _is(n, RUNTIME_IMPORT))
     version = dict(expected or {}).get("GRAPHSLOT_VERSION")
-    reader.take(
-        f"the handshake `{RUNTIME_ALIAS}.require(__name__, version=..., format={MODULE_FORMAT})`",
-        lambda n: _is_handshake(n, version),
-    )
-    reader.take(f"`torch = {RUNTIME_ALIAS}.torch`", lambda n: _bound_from_runtime(n) == ("torch", "torch"))
-    if not reader.problems:
-        reader.take_helpers()
+    handshake = f"the handshake `{RUNTIME_ALIAS}.require(__name__, version=..., format={MODULE_FORMAT})`"
+    take(handshake, lambda n: _is_handshake(n, version))
+    take(f"`torch = {RUNTIME_ALIAS}.torch`", lambda n: _bound_from_runtime(n) == ("torch", "torch"))
+    seen = set()
+
+    def helper(n: ast.stmt) -> bool:
+        bound = _bound_from_runtime(n)
+        known = bound is not None and bound not in seen and HELPER_ALIASES.get(bound[1]) == bound[0]
+        seen.add(bound)
+        return known
+
+    take(f"`<helper> = {RUNTIME_ALIAS}.<helper>` of a known helper", helper)  # one or more, each bound once
+    while not problems and body and _bound_from_runtime(body[0]):
+        take(f"`<helper> = {RUNTIME_ALIAS}.<helper>` of a known helper", helper)
     for position, name in enumerate(CONSTANTS):
-        reader.take(f"the constant {name} = <its literal value>", _constant_test(spec, expected, position, name))
-    for name in FUNCTIONS:
-        node = reader.take(
+        take(f"the constant {name} = <its literal value>", _constant_test(spec, expected, position, name))
+    for name in ("allocate", "bind"):
+        node = take(
             f"`def {name}(...)`",
             lambda n, name=name: (
                 isinstance(n, ast.FunctionDef) and n.name == name and not n.decorator_list and n.returns is None
             ),
         )
-        if node is not None:
-            reader.problems += _function_problems(node)
-    if not reader.problems and reader.body:
-        reader.problems.append(f"unexpected statement after `def bind`, {_describe(reader.body[0])}")
-    if reader.problems:
-        raise refuse(
-            spec,
-            f"the generated module is not the expected skeleton ({reader.problems[0]}); spec "
-            "text would have become code",
-        )
+        problems += _function_problems(node) if node else []
+    if not problems and body:
+        problems.append(f"unexpected statement after `def bind`, {_describe(body[0])}")
+    if problems:
+        message = f"the generated module is not the expected skeleton ({problems[0]})"
+        raise refuse(spec, f"{message}; spec text would have become code")
 
 
 def _function_problems(function: ast.FunctionDef) -> List[str]:
-    problems = []
+    problems, where = [], f"in `def {function.name}`"
     for node in ast.walk(function):
         if isinstance(node, _FORBIDDEN_NODES):
-            problems.append(f"`{type(node).__name__}` in `def {function.name}`, {_describe(node)}")
-        elif isinstance(node, ast.Name) and (
-            node.id in _FORBIDDEN_NAMES or (node.id.startswith("__") and node.id.endswith("__"))
-        ):
-            problems.append(f"the name {node.id!r} in `def {function.name}`, {_describe(node)}")
-        elif isinstance(node, ast.Attribute) and node.attr.startswith("__") and node.attr.endswith("__"):
-            problems.append(f"the attribute {node.attr!r} in `def {function.name}`, {_describe(node)}")
+            problems.append(f"`{type(node).__name__}` {where}, {_describe(node)}")
+        elif isinstance(node, ast.Name) and (node.id in _FORBIDDEN_NAMES or node.id[:2] == node.id[-2:] == "__"):
+            problems.append(f"the name {node.id!r} {where}, {_describe(node)}")
+        elif isinstance(node, ast.Attribute) and node.attr[:2] == node.attr[-2:] == "__":
+            problems.append(f"the attribute {node.attr!r} {where}, {_describe(node)}")
         elif isinstance(node, ast.arguments):
             defaults = node.defaults + [d for d in node.kw_defaults if d is not None]
-            if any(not isinstance(d, ast.Constant) for d in defaults) or any(
-                a.annotation is not None for a in node.args + node.posonlyargs + node.kwonlyargs
-            ):
-                problems.append(f"a non-literal default or an annotation in `def {function.name}`")
+            arguments = node.args + node.posonlyargs + node.kwonlyargs
+            if any(not isinstance(d, ast.Constant) for d in defaults) or any(a.annotation for a in arguments):
+                problems.append(f"a non-literal default or an annotation {where}")
         elif isinstance(node, ast.FunctionDef) and node.decorator_list:
-            problems.append(f"a decorator in `def {function.name}`, {_describe(node)}")
+            problems.append(f"a decorator {where}, {_describe(node)}")
     return problems
