@@ -1,11 +1,7 @@
-"""One builder per piece of a generated module (torchgen's ``dest/`` style).
+"""One builder per piece of a generated module: its lines, at the indentation the template places them.
 
-Each function returns the lines of one piece, laid out by :mod:`.layout` at the
-indentation the template places it at; the template (``registry_module.py.j2``) holds
-the fixed statements and puts the pieces in order. Per step the generated
-``fill_from`` looks its step size up in a plan cache (``make_plan``: every slice and
-view computed once per size), reads and checks every field, then issues the copy
-groups' ``_foreach_copy_`` calls (:mod:`.groups`).
+Per step the generated ``fill_from`` looks its step size up in a plan cache (``make_plan``: every slice
+computed once per size), reads and checks every field, then issues the copy groups' ``_foreach_copy_``.
 """
 
 from __future__ import annotations
@@ -18,29 +14,14 @@ from ..spec.dtypes import DTypeName, dtype_name, is_torch_dtype
 from ..spec.expr import python_literal
 from .groups import Copies, foreach
 from .embedded import canonical_parts
-from .layout import (
-    Chain,
-    Item,
-    assign,
-    call,
-    concatenated,
-    condition,
-    dict_of,
-    layout,
-    method,
-    normalise,
-    py_str,
-    subscript,
-    tuple_of,
-    unpack,
-)
+from .layout import Chain, Item, assign, call, concatenated, condition, dict_of, layout, method, normalise
+from .layout import py_str, subscript, tuple_of, unpack
 from .names import SlotNames, dtype_src, runtime_local, shape_name, shape_src, unique
 
 if TYPE_CHECKING:
     from .emitter import Emitter
 
-# Where the template places each piece: a function's body, a closure's, the fill's try
-# block, the inner try block that reads and copies the fields.
+# Indentations: a function's body, a closure's, the fill's try block, the inner try that reads and copies.
 BODY, CLOSURE, FILL, COPY = 4, 8, 12, 16
 STEP_COUNTS = "raw_bs, padded_bs, raw_num_tokens, padded_num_tokens"
 
@@ -52,38 +33,26 @@ def value_literal(value: Any) -> str:
     return normalise(python_literal(value))
 
 
-# --- module level ---------------------------------------------------------------------------
-
-
 def helper_lines(imports: List[Tuple[str, str]]) -> List[str]:
     """torch and the runtime helpers the module uses, bound after the handshake."""
     return ["torch = __gs_rt.torch"] + [f"{alias} = __gs_rt.{helper}" for helper, alias in imports]
 
 
 def constant_lines(em: "Emitter") -> List[str]:
-    """SPEC_NAME, SPEC_IDENTITY, GRAPHSLOT_VERSION, PARAMS, RUNTIME_PARAMS, SLOTS, and the
-    embedded spec: SPEC_SOURCE, SPEC_JSON (:mod:`.embedded`)."""
-    baked = [(py_str(k), value_literal(v)) for k, v in sorted(em.baked.items())]
-    return (
-        [
-            f"SPEC_NAME = {py_str(em.spec.name)}",
-            f"SPEC_IDENTITY = {py_str(em.spec.identity)}",
-            f"GRAPHSLOT_VERSION = {py_str(em.version)}",
-        ]
-        + assign("PARAMS", dict_of(baked), 0)
-        + assign("RUNTIME_PARAMS", tuple_of([py_str(n) for n in em.runtime]), 0)
-        + assign("SLOTS", tuple_of([py_str(n.slot.name) for n in em.names]), 0)
-        + [f"SPEC_SOURCE = {py_str(em.source_label)}"]
-        + concatenated("SPEC_JSON", canonical_parts(em.spec))
-    )
+    """The constants, SPEC_NAME to the embedded spec (SPEC_SOURCE, SPEC_JSON)."""
+    lines = [f"{k} = {py_str(v)}" for k, v in (("SPEC_NAME", em.spec.name), ("SPEC_IDENTITY", em.spec.identity))]
+    lines += [f"GRAPHSLOT_VERSION = {py_str(em.version)}"]
+    lines += assign("PARAMS", dict_of([(py_str(k), value_literal(v)) for k, v in sorted(em.baked.items())]), 0)
+    lines += assign("RUNTIME_PARAMS", tuple_of([py_str(n) for n in em.runtime]), 0)
+    lines += assign("SLOTS", tuple_of([py_str(n.slot.name) for n in em.names]), 0)
+    return lines + [f"SPEC_SOURCE = {py_str(em.source_label)}"] + concatenated("SPEC_JSON", canonical_parts(em.spec))
 
 
 _NAME = re.compile(r"(?<![\w\"'])[^\W\d]\w*(?![\w\"'])")
 
 
 def _used_names(lines: List[str]) -> Set[str]:
-    """The names ``lines`` use (not those merely in a string, nor parts of longer names):
-    one pass over the text, asked once per local."""
+    """The names ``lines`` use (not in a string, nor parts of longer names), in one pass."""
     return set(_NAME.findall("\n".join(lines)))
 
 
@@ -94,38 +63,25 @@ def _runtime_binds(em: "Emitter", body: List[str]) -> List[str]:
 
 
 def allocate_lines(em: "Emitter") -> List[str]:
-    """``allocate`` after its ``new_buffer``: the runtime params pad values read, then
-    one buffer per slot."""
+    """``allocate`` after its ``new_buffer``: the runtime params pad values read, one buffer per slot."""
     entries = []
-    for n in em.names:
-        s = n.slot
-        init = [em.pad_src(s)] if s.fills_at_allocation else []
-        adopt = [] if s.adopt else ["adopt=False"]  # `adopt: never`: registry-owned whatever adopt= holds
-        entries.append(
-            (
-                py_str(s.name),
-                call(
-                    "new_buffer",
-                    py_str(s.name),
-                    shape_src(em.extents(s)),
-                    dtype_src(s.dtype_name),
-                    py_str("cpu") if s.host else "device",
-                    *init,
-                    *adopt,
-                ),
-            )
-        )
+    for s in (n.slot for n in em.names):
+        args = [
+            py_str(s.name),
+            shape_src(em.extents(s)),
+            dtype_src(s.dtype_name),
+            py_str("cpu") if s.host else "device",
+        ]
+        args += [em.pad_src(s)] if s.fills_at_allocation else []
+        args += [] if s.adopt else ["adopt=False"]  # `adopt: never`: registry-owned whatever adopt= holds
+        entries.append((py_str(s.name), call("new_buffer", *args)))
     body = layout(dict_of(entries), BODY, "return ")
     return _runtime_binds(em, body) + body
 
 
-# --- bind: what every step size shares --------------------------------------------------------
-
-
 @dataclass
 class Shapes:
-    """The expected shape of every copied field, one local per distinct shape, named by
-    it: in the plan when it depends on the step's counts, else once in bind."""
+    """One local per distinct expected shape of a copied field: in the plan when it depends on the counts."""
 
     of: Dict[str, str] = field(default_factory=dict)  # slot ident -> local
     in_plan: List[Tuple[str, List[str]]] = field(default_factory=list)  # (local, extents)
@@ -161,8 +117,7 @@ def _hook_binds(em: "Emitter") -> List[str]:
 
 
 def bind_lines(em: "Emitter", copies: Copies, shapes: Shapes, others: List[str]) -> List[str]:
-    """``bind``'s own statements: runtime params, the buffers ``others`` (the rest of
-    the module) use, hooks, pad constants and values, dtypes, shapes, the view maker."""
+    """``bind``'s own statements: runtime params, the buffers ``others`` use, hooks, constants, the view maker."""
     lines, used = [], _used_names(others)
     for n in em.names:
         if n.buf in used:
@@ -172,11 +127,8 @@ def bind_lines(em: "Emitter", copies: Copies, shapes: Shapes, others: List[str])
         where = py_str("cpu") if c.host else "device"
         full = call("torch.full", f"({c.length},)", c.value, f"dtype={dtype_src(c.dtype)}", f"device={where}")
         lines += assign(c.name, full, BODY)
-    lines += [
-        " " * BODY + f"padval_{n.ident} = {em.pad_src(n.slot)}"
-        for n in copies.separate_resets
-        if n.slot.padding == "fill_sentinel"
-    ]
+    sentinels = [n for n in copies.separate_resets if n.slot.padding == "fill_sentinel"]
+    lines += [" " * BODY + f"padval_{n.ident} = {em.pad_src(n.slot)}" for n in sentinels]
     lines += [" " * BODY + f"dt_{d} = {dtype_src(d)}" for d in copies.dev.dtypes_named()]
     if copies.dev.dtypes_named():  # one copy kernel for every dtype: worth the views where kernels launch
         lines += [" " * BODY + 'dt_carrier = device.type == "cuda"']
@@ -188,12 +140,8 @@ def bind_lines(em: "Emitter", copies: Copies, shapes: Shapes, others: List[str])
     return _runtime_binds(em, lines) + lines
 
 
-# --- make_plan: every slice a step size needs, once -------------------------------------------
-
-
 def plan_fields(copies: Copies, shapes: Shapes) -> List[Tuple[str, Item]]:
-    """(name, value) of everything a plan holds, in order: the copy groups' lists, the
-    heads and tails no group takes, the expected shapes."""
+    """(name, value) of everything a plan holds: the groups' lists, other heads and tails, the shapes."""
     fields = [f for g in copies.host_groups for f in g.plan_fields()]
     fields += [f for p in copies.dev.prefixes() for f in copies.dev.plan_fields(p)]
     fields += [(f"head_{n.ident}", n.head()) for n in copies.separate_copies]
@@ -202,8 +150,7 @@ def plan_fields(copies: Copies, shapes: Shapes) -> List[Tuple[str, Item]]:
 
 
 def plan_lines(copies: Copies, shapes: Shapes) -> List[str]:
-    """``make_plan``'s body up to the cache: the counts checked, the values computed
-    slots are filled with, every field, then ``plan``."""
+    """``make_plan``'s body up to the cache: the counts checked, computed values, every field, ``plan``."""
     lines = [" " * CLOSURE + f"__gs_check.counts({STEP_COUNTS})"]
     for name, extents, dtype, count in copies.values:
         value = call("torch.full", shape_src(extents), count, f"dtype={dtype_src(dtype)}", "device=device")
@@ -219,12 +166,8 @@ def plan_lines(copies: Copies, shapes: Shapes) -> List[str]:
     return lines + assign("plan", tuple_of([name for name, _ in plan_fields(copies, shapes)]), CLOSURE)
 
 
-# --- fill_from ----------------------------------------------------------------------------------
-
-
 def _shape_checks(copied: List[SlotNames], shapes: Shapes) -> List[str]:
-    """One condition over the required fields, one per optional field: the happy path
-    pays one shape comparison per field; a mismatch is diagnosed slot by slot."""
+    """The happy path pays one shape comparison per field; a mismatch is diagnosed slot by slot."""
     required = [n for n in copied if not n.slot.optional]
     raises = " " * (COPY + 4) + "raise __gs_Mismatch"
     lines = []
@@ -247,8 +190,7 @@ def _hook_reads(em: "Emitter", hooked: List[SlotNames], indent: int) -> List[str
 
 
 def _copy_fields(em: "Emitter", copies: Copies, shapes: Shapes, hooked: List[SlotNames]) -> List[str]:
-    """Read and check every field, then copy; anything that fails is diagnosed slot by
-    slot in the except branch, as the interpreter reports it."""
+    """Read and check every field, then copy; a failure is diagnosed in the except branch, as interpreted."""
     copied = copies.copied(em.fill_names)
     body = [line for n in copied for line in n.read_source(COPY)] + _shape_checks(copied, shapes)
     body += _hook_reads(em, hooked, COPY)  # after the fields, as the interpreter reads them
@@ -263,11 +205,8 @@ def _copy_fields(em: "Emitter", copies: Copies, shapes: Shapes, hooked: List[Slo
         else:
             body += layout(copy, COPY)
     pad = " " * FILL
-    return (
-        [pad + "try:"]
-        + body
-        + [pad + "except Exception as exc:", pad + "    __gs_check.diagnose(fb, raw_bs, raw_num_tokens, exc)"]
-    )
+    diagnose = [pad + "except Exception as exc:", pad + "    __gs_check.diagnose(fb, raw_bs, raw_num_tokens, exc)"]
+    return [pad + "try:"] + body + diagnose
 
 
 def fill_lines(em: "Emitter", copies: Copies, shapes: Shapes) -> List[str]:
@@ -285,11 +224,8 @@ def fill_lines(em: "Emitter", copies: Copies, shapes: Shapes) -> List[str]:
             lines += foreach(f"dsts_{g.name}", f"pads_{g.name}", FILL) if g.tails else []
         lines += copies.dev.fill_lines(FILL)
     for n in copies.separate_resets:
-        reset = (
-            call(f"tail_{n.ident}.zero_")
-            if n.slot.padding == "zero"
-            else call(f"tail_{n.ident}.fill_", f"padval_{n.ident}")
-        )
+        zero = n.slot.padding == "zero"
+        reset = call(f"tail_{n.ident}.zero_") if zero else call(f"tail_{n.ident}.fill_", f"padval_{n.ident}")
         lines += [f"{pad}if tail_{n.ident} is not None:"] + layout(reset, FILL + 4)
     for n in hooked:  # a source gives any row count up to the capacity (a 0-d slot: its one value)
         d = n.slot.slice_dim
@@ -299,9 +235,6 @@ def fill_lines(em: "Emitter", copies: Copies, shapes: Shapes) -> List[str]:
         if "post_fill" in em.hooks[n.slot.name]:
             lines += layout(call(f"hook_post_fill_{n.ident}", n.buf, "fb", "ctx"), FILL)
     return lines
-
-
-# --- extract ------------------------------------------------------------------------------------
 
 
 def _viewed(em: "Emitter") -> List[SlotNames]:
