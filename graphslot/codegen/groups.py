@@ -1,17 +1,6 @@
-"""Which copies share one ``_foreach_copy_``: the copy groups of one (spec, params).
-
-Per step, generated code issues
-
-* one ``_foreach_copy_`` for everything written on the device (:class:`DeviceGroup`):
-  dense heads (2-D ones as rows), tail resets whose source is a slice of a constant pad
-  tensor, and step-count hooks; mixed dtypes ride as byte-reinterpreted views of one
-  integer *carrier* dtype, with a typed fallback when a source's dtype or layout is off;
-* one per dtype for the host-side (CPU) slots (:class:`CopyGroup`);
-* a ``copy_`` / ``fill_`` for what no group can take (a wide tail, a strided head).
-
-:func:`plan_copies` sorts the slots into groups; the groups build their own plan
-fields and fill statements (lists of lines, laid out by :mod:`.layout`).
-"""
+"""Which copies share one ``_foreach_copy_``: one for everything on the device (:class:`DeviceGroup`), one per
+dtype for host-side slots (:class:`CopyGroup`), a ``copy_`` / ``fill_`` for what no group takes (a wide tail,
+a strided head). :func:`plan_copies` sorts the slots; the groups write their plan fields and fill lines."""
 
 from __future__ import annotations
 
@@ -32,16 +21,14 @@ def foreach(dsts: str, srcs: str, indent: int) -> List[str]:
     return layout(call("__gs_foreach_copy", dsts, srcs), indent)
 
 
-# A head whose field may be None: its source local, and the statements (at an
-# indentation) adding its destinations and sources to the step's lists.
+# A head whose field may be None: its source local, and the lines (at an indentation) adding it to the lists.
 OptionalHead = Tuple[str, Callable[[int], List[str]]]
 
 
 def _copy_lines(
     dsts: str, pads: Optional[str], tails: str, sources: List[Item], optional: List[OptionalHead], indent: int
 ) -> List[str]:
-    """One ``_foreach_copy_`` over the plan's ``dsts`` (then ``tails``) from ``sources``
-    (then ``pads``, None when there are none), and the ``optional`` heads present."""
+    """One ``_foreach_copy_``: ``dsts`` (then ``tails``) from ``sources`` (then ``pads``), and optional heads."""
     pad = " " * indent
     if not optional:
         if not sources:
@@ -95,29 +82,17 @@ class CopyGroup:
 
     def copy_lines(self, indent: int) -> List[str]:
         optional = [(n.src, lambda i, n=n: self._add(n, i)) for n in self.optional_heads]
-        return _copy_lines(
-            f"dsts_{self.name}",
-            f"pads_{self.name}" if self.tails else None,
-            f"tails_{self.name}",
-            [n.src for n in self.heads],
-            optional,
-            indent,
-        )
+        pads, sources = f"pads_{self.name}" if self.tails else None, [n.src for n in self.heads]
+        return _copy_lines(f"dsts_{self.name}", pads, f"tails_{self.name}", sources, optional, indent)
 
 
 @dataclass
 class DeviceGroup:
-    """Everything one step writes on the registry's device, as ONE ``_foreach_copy_``:
-    heads (2-D ``[L, capacity]`` ones as L rows), tails copied from constant pads, and
-    computed slots whose built-in hook fills them with a step count (a constant per
-    step size). CUDA's foreach copy is one kernel for a list of dense tensor pairs of
-    one dtype; when the slots have several dtypes, every tensor is reinterpreted as the
-    integer dtype of the smallest itemsize among them (the *carrier*): destination and
-    pad views are made once per step size, a source's view per step, and only after its
-    dtype was found to be the slot's and its layout contiguous with a unit last stride,
-    and on CUDA only (``dt_carrier``: a CPU's foreach copy is a loop of copies, which the
-    views would only slow down) — otherwise the step takes the typed lists, where
-    ``copy_`` casts as the contract says (more kernels, same bytes)."""
+    """Everything a step writes on the device as ONE ``_foreach_copy_``: heads (``[L, capacity]`` ones as L
+    rows), tails from constant pads, computed slots a built-in fills with a step count. CUDA's foreach copy is
+    one kernel per dtype, so mixed dtypes are reinterpreted as the integer *carrier* of the smallest itemsize,
+    on CUDA only (a CPU's foreach is a loop of copies the views only slow) and only for sources of the slot's
+    dtype with a unit last stride; else the typed lists, where ``copy_`` casts as the contract says."""
 
     heads: List[SlotNames] = field(default_factory=list)
     optional_heads: List[SlotNames] = field(default_factory=list)
@@ -140,8 +115,7 @@ class DeviceGroup:
     def mixed(self) -> bool:
         return len(set(self._dtypes())) > 1
 
-    def dtypes_named(self) -> List[str]:
-        """dtypes generated code binds as ``dt_<name>`` locals."""
+    def dtypes_named(self) -> List[str]:  # bound as ``dt_<name>`` locals
         if not self.mixed:
             return []
         return sorted({str(self.carrier)} | {str(n.slot.dtype_name) for n in self.heads + self.optional_heads})
@@ -153,8 +127,7 @@ class DeviceGroup:
         return ["", "t"] if self.mixed else [""]
 
     def _view(self, n: SlotNames, expr: Item, viewed: bool) -> Item:
-        """``expr``, reinterpreted as the carrier dtype where ``viewed`` asks for it (a
-        0-d tensor first as one element: another itemsize needs a dimension)."""
+        """``expr`` as the carrier dtype where ``viewed`` (a 0-d tensor first as 1-D: itemsizes need a dim)."""
         if not viewed or n.slot.dtype_name == self.carrier:
             return expr
         return method(method(expr, "view", "1") if not n.slot.shape else expr, "view", f"dt_{self.carrier}")
@@ -181,30 +154,22 @@ class DeviceGroup:
         return f"*{flat(src)}.unbind(0)" if n.split is not None else src
 
     def _add(self, n: SlotNames, p: str, viewed: bool, indent: int) -> List[str]:
-        """An optional head's destinations (rows) and source, added to the step's lists."""
-        src = self._view(n, n.src, viewed)
-        added = (
-            assign("srcs", method(src, "unbind", "0"), indent, "+=")
-            if n.split is not None
-            else layout(call("srcs.append", src), indent)
-        )
-        return assign("dsts", f"{p}head_{n.ident}", indent, "+=") + added
+        src, dsts = self._view(n, n.src, viewed), assign("dsts", f"{p}head_{n.ident}", indent, "+=")
+        if n.split is not None:
+            return dsts + assign("srcs", method(src, "unbind", "0"), indent, "+=")
+        return dsts + layout(call("srcs.append", src), indent)
 
     def _block(self, p: str, viewed: bool, indent: int) -> List[str]:
         optional = [(n.src, lambda i, n=n: self._add(n, p, viewed, i)) for n in self.optional_heads]
-        return _copy_lines(
-            f"{p}dsts_dev",
+        pads, sources = (
             f"{p}pads_dev" if self.tails or self.values else None,
-            f"{p}tails_dev",
             [self._source(n, viewed) for n in self.heads],
-            optional,
-            indent,
         )
+        return _copy_lines(f"{p}dsts_dev", pads, f"{p}tails_dev", sources, optional, indent)
 
     def _viewable(self) -> List[Operand]:
-        """The condition for reinterpreting this step's sources: each is of its slot's
-        dtype and has a unit last stride (view(dtype) needs one, which is_contiguous()
-        does not promise for a last dimension of size 1, an expanded [n, 1] say)."""
+        """Each source of its slot's dtype with a unit last stride (view(dtype) needs one; is_contiguous() does
+        not promise it for a last dimension of size 1, an expanded [n, 1] say)."""
         operands: List[Operand] = []
         for n in self.heads + self.optional_heads:
             if n.slot.dtype_name == self.carrier:
@@ -222,13 +187,10 @@ class DeviceGroup:
         operands = self._viewable()
         if not operands:
             return self._block("", True, indent)
-        pad = " " * indent
-        return (
-            condition("if", Chain("and", ("dt_carrier",) + tuple(operands)), indent)
-            + self._block("", True, indent + 4)
-            + [f"{pad}else:", f"{pad}    # the CPU, another dtype or layout: typed copies, cast as copy_ casts"]
-            + self._block("t", False, indent + 4)
-        )
+        pad, lines = " " * indent, condition("if", Chain("and", ("dt_carrier",) + tuple(operands)), indent)
+        lines += self._block("", True, indent + 4)
+        lines += [f"{pad}else:", f"{pad}    # the CPU, another dtype or layout: typed copies, cast as copy_ casts"]
+        return lines + self._block("t", False, indent + 4)
 
 
 @dataclass
@@ -260,46 +222,24 @@ def _pad_for(em: "Emitter", n: SlotNames, constants: Dict[str, PadConstant], nam
 
 
 def fused_value(em: "Emitter", n: SlotNames) -> Optional[str]:
-    """The step count a computed slot is filled with when its only hook is a built-in
-    that fills the whole buffer with it (so the device group can write it), else None."""
-    s = n.slot
-    ref = s.post_fill
-    if (
-        s.host
-        or s.copy_from_fb
-        or s.resets_tail
-        or em.hooks[s.name] != ["post_fill"]
-        or ref not in BUILTIN_HOOKS
-        or is_import_reference(ref)
-    ):
+    """The step count a computed slot's only hook, a built-in, fills it with (the device group writes it)."""
+    s, ref = n.slot, n.slot.post_fill
+    if s.host or s.copy_from_fb or s.resets_tail or em.hooks[s.name] != ["post_fill"]:
         return None
-    return BUILTIN_HOOKS[ref].fills
+    return None if ref not in BUILTIN_HOOKS or is_import_reference(ref) else BUILTIN_HOOKS[ref].fills
 
 
 def plan_copies(em: "Emitter") -> Copies:
-    """Sort the slots into copy groups. A computed slot the device group fills drops its
-    hook from ``em.hooks`` (nothing is left to call)."""
+    """Sort the slots into copy groups; a computed slot the device group fills drops its hook from ``em.hooks``."""
     host: Dict[str, CopyGroup] = {}
     dev, constants, names = DeviceGroup(), {}, {}
     values: Dict[str, Tuple[str, Tuple[str, ...], str, str]] = {}
     resets, copies, sourced = [], [], []
     for n in em.fill_names:
         s = n.slot
-        if s.host:
-            group = host.setdefault(s.dtype_name, CopyGroup(s.dtype_name))
-            if s.resets_tail and len(s.shape) == 1:
-                group.tails.append((n, _pad_for(em, n, constants, names)))
-            elif s.resets_tail:
-                resets.append(n)
-            if s.copy_from_fb and s.source is not None:
-                sourced.append(n)
-            elif s.copy_from_fb and n.dense_narrow:
-                (group.optional_heads if s.optional else group.heads).append(n)
-            elif s.copy_from_fb:
-                copies.append(n)
-            continue
-        if s.resets_tail and n.tail_rows() is not None:
-            dev.tails.append((n, _pad_for(em, n, constants, names)))
+        group = host.setdefault(s.dtype_name, CopyGroup(s.dtype_name)) if s.host else dev
+        if s.resets_tail and (len(s.shape) == 1 if s.host else n.tail_rows() is not None):
+            group.tails.append((n, _pad_for(em, n, constants, names)))
         elif s.resets_tail:
             resets.append(n)
         count = fused_value(em, n)
@@ -313,8 +253,8 @@ def plan_copies(em: "Emitter") -> Copies:
             continue
         if s.source is not None:
             sourced.append(n)
-        elif n.head_rows() is not None:
-            (dev.optional_heads if s.optional else dev.heads).append(n)
+        elif n.dense_narrow if s.host else n.head_rows() is not None:
+            (group.optional_heads if s.optional else group.heads).append(n)
         else:
             copies.append(n)
     dev.choose_carrier()
