@@ -27,7 +27,7 @@ from .._version import __version__
 from ..spec.dtypes import DTypeName, dtype_name, is_torch_dtype
 from ..spec.expr import python_literal
 from ..spec.model import RegistrySpec
-from .emitter import PLAN_CACHE_LIMIT, Emission, Emitter, params_literal
+from .emitter import PLAN_CACHE_LIMIT, Emitter, params_literal
 from .handshake import MODULE_FORMAT
 from .layout import py_str
 from .skeleton import DOCSTRING, HELPER_ALIASES, GeneratedCodeError, check_module_structure, literal, refuse
@@ -96,7 +96,7 @@ def _listing(label: str, items: List[str]) -> List[str]:
     return [f"# {label if i == 0 else ' ' * len(label)}{item}" for i, item in enumerate(items)]
 
 
-def banner_lines(e: Emission, regenerate: str) -> List[str]:
+def banner_lines(e: Any, regenerate: str) -> List[str]:
     """The banner: where the module comes from, one param a line (a changed param
     changes one line)."""
     params = [f"{comment_name(k)}={comment_value(v)}" for k, v in sorted(e.params.items())]
@@ -119,7 +119,7 @@ def banner_lines(e: Emission, regenerate: str) -> List[str]:
 # --- rendering ----------------------------------------------------------------------------
 
 
-def _expected_constants(spec: RegistrySpec, e: Emission) -> List[Tuple[str, Any]]:
+def _expected_constants(spec: RegistrySpec, e: Any) -> List[Tuple[str, Any]]:
     params = literal(ast.parse(params_literal(e.params), mode="eval").body)
     return [
         ("SPEC_NAME", e.spec_name),
@@ -133,7 +133,7 @@ def _expected_constants(spec: RegistrySpec, e: Emission) -> List[Tuple[str, Any]
     ]
 
 
-def _check_emission(spec: RegistrySpec, e: Emission) -> None:
+def _check_emission(spec: RegistrySpec, e: Any) -> None:
     """The few emitted values the template places as code rather than as literals."""
     if not _VERSION.fullmatch(e.version):
         raise refuse(spec, f"graphslot version {comment_text(e.version)} is not a plain version")
