@@ -1,10 +1,5 @@
-"""Slot registries: one full-capacity buffer per enabled slot, and the questions a runner
-asks about them.
-
-``SlotRegistry`` holds the buffers; its ``fill_from`` / ``extract`` are supplied either by
-the interpreter (:mod:`.interpreter`, ``mode="interpreted"``) or by generated code
-(:mod:`graphslot.codegen.inprocess`).
-"""
+"""Slot registries: one full-capacity buffer per enabled slot, and the questions a runner asks about them;
+``fill_from`` / ``extract`` come from the interpreter (:mod:`.interpreter`) or generated code."""
 
 from __future__ import annotations
 
@@ -24,8 +19,7 @@ from .stepcheck import StepChecker
 
 
 class Slot:
-    """One slot of a registry: its resolved declaration (:attr:`resolved`) and, when
-    enabled, its buffer."""
+    """One slot of a registry: its resolved declaration and, when enabled, its buffer."""
 
     __slots__ = ("resolved", "buffer", "hooks")
 
@@ -60,14 +54,9 @@ class Slot:
 
 
 class ViewMaker:
-    """Makes ``extract``'s view: a shallow copy of the batch with some fields replaced.
-
-    The template batch is never modified, and the batch type needs no cooperation:
-    plain objects and dataclasses, frozen ones included, get the fields written into the
-    copy's ``__dict__`` (no ``__setattr__`` runs); other types (``__slots__``, custom
-    copying, a property among ``names``) go through ``copy.copy`` and
-    ``object.__setattr__``. The choice is made once per batch type.
-    """
+    """Makes ``extract``'s view: a shallow copy of the batch with some fields replaced. Plain objects and
+    dataclasses (frozen ones too) get them written into the copy's ``__dict__``; other types (``__slots__``,
+    custom copying, a property among ``names``) go through ``copy.copy`` and ``object.__setattr__``."""
 
     __slots__ = ("names", "spec_name", "_plain")
 
@@ -98,11 +87,9 @@ class ViewMaker:
             try:
                 object.__setattr__(new, name, value)
             except (AttributeError, TypeError) as exc:
-                raise SlotError(
-                    f"spec {self.spec_name!r}: extract cannot set '{name}' on a copy of "
-                    f"{cls.__name__} ({exc}); a batch type with __slots__ must declare every "
-                    f"field a view sets: {', '.join(self.names)}"
-                ) from None
+                where = f"spec {self.spec_name!r}: extract cannot set '{name}' on a copy of {cls.__name__} ({exc})"
+                fix = f"a batch type with __slots__ must declare every field a view sets: {', '.join(self.names)}"
+                raise SlotError(f"{where}; {fix}") from None
         return new
 
 
@@ -130,7 +117,7 @@ class SlotRegistry:
         self.spec, self.params = spec, dict(params)
         self.max_bs, self.max_num_tokens, self.device = max_bs, max_num_tokens, torch.device(device)
         self.strict = strict
-        #: Makes each fill's hook context (FillContext, or ``context``) with live params resolved.
+        # Makes each fill's hook context (FillContext, or ``context``) with live params resolved.
         self.make_context = context_factory(context or FillContext, self.params)
         self._skipping: Dict[frozenset, Callable[..., None]] = {}
         self._slots: Dict[str, Slot] = {}
@@ -145,7 +132,6 @@ class SlotRegistry:
         self.checker = StepChecker(spec.name, self.active, max_bs, max_num_tokens, strict)
         self.make_view = ViewMaker(self.view_names(), spec.name)
 
-    # -- introspection -------------------------------------------------------------
     def slot(self, name: str) -> Slot:
         try:
             return self._slots[name]
@@ -175,10 +161,8 @@ class SlotRegistry:
         return frozenset(names) & frozenset(s.name for s in self.active)
 
     def fill_from_skipping(self, names: AbstractSet[str]) -> Callable[..., None]:
-        """A fill callable with ``fill_from``'s signature that leaves the slots
-        ``names`` alone: no reset, copy or hook (their content was staged by the
-        engine). Made once per set and kept; ``fill_from`` itself is untouched, and is
-        what an empty set (or one naming no enabled slot) gets."""
+        """A fill like ``fill_from`` that leaves the slots ``names`` alone (the engine staged them): no reset,
+        copy or hook. Made once per set; a set naming no enabled slot gets ``fill_from`` itself."""
         skip = self.skip_set(names)
         if not skip:
             return self.fill_from
@@ -188,17 +172,11 @@ class SlotRegistry:
         return fill
 
     def _fill_skipping(self, skip: frozenset) -> Callable[..., None]:
-        """The fill of :meth:`fill_from_skipping` for a non-empty set of enabled slots."""
         raise NotImplementedError
 
     def check_step(self, fb: Any, *, raw_bs: int, raw_num_tokens: int) -> None:
-        """Raise the :class:`SlotError` that ``fill_from(fb, raw_bs=raw_bs, padded_bs=...,
-        raw_num_tokens=raw_num_tokens, ...)`` would raise for the raw counts or a batch
-        field (missing, not a tensor, wrong shape; strict mode: dtype, device, aliasing),
-        for any padded counts from raw to capacity; write nothing. For a caller that must
-        know a batch fits before it commits to a step, its padded size not yet known (the
-        DP runner, before its exchange). ``source`` and ``post_fill`` hooks are not run:
-        what they raise, the fill raises."""
+        """Raise the :class:`SlotError` a fill at these raw counts would raise for them or a batch field, for
+        any padded counts; write nothing (the DP runner asks before its exchange). Hooks are not run."""
         self.checker.sources(fb, raw_bs, raw_num_tokens)
 
     def run_pre_capture(self, bs: int, num_tokens: int, side_inputs: Any = None) -> None:
@@ -213,12 +191,9 @@ class SlotRegistry:
                 hook(slot.buffer, ctx)
 
     def view_names(self) -> Tuple[str, ...]:
-        """What ``extract`` may set on the view: ``batch_size`` and every enabled
-        top-level slot (dotted slots are never set)."""
+        """What ``extract`` may set: ``batch_size`` and every enabled top-level (undotted) slot."""
         return ("batch_size",) + tuple(s.name for s in self.active if not s.resolved.structured)
 
     def __repr__(self) -> str:
-        return (
-            f"<{type(self).__name__} {self.spec.name} impl={self.impl} max_bs={self.max_bs} "
-            f"max_num_tokens={self.max_num_tokens} slots={self.slot_names()}>"
-        )
+        sizes = f"max_bs={self.max_bs} max_num_tokens={self.max_num_tokens}"
+        return f"<{type(self).__name__} {self.spec.name} impl={self.impl} {sizes} slots={self.slot_names()}>"
