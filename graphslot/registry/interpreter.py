@@ -1,7 +1,5 @@
-"""The interpreter: the executable definition of the slot semantics
-(``graphslot/slot_specs/README.md``, "Slot semantics"). Written for clarity, not speed:
-it is what generated code is proven equal to.
-"""
+"""The interpreter: the executable definition of the slot semantics (``graphslot/slot_specs/README.md``),
+written for clarity, not speed: what generated code is proven equal to."""
 
 from __future__ import annotations
 
@@ -14,8 +12,7 @@ from .base import SlotRegistry
 
 
 class InterpretedRegistry(SlotRegistry):
-    """The reference semantics, slot by slot (``graphslot/slot_specs/README.md``,
-    "Slot semantics")."""
+    """The reference semantics, slot by slot."""
 
     impl = "interpreted"
 
