@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Set, Tuple
 
 from ..spec.dtypes import DTypeName, dtype_name, is_torch_dtype
 from ..spec.expr import python_literal
-from .groups import Copies, foreach
+from .groups import Copies
 from .embedded import canonical_parts
 from .layout import Chain, Item, assign, call, concatenated, condition, dict_of, layout, method, normalise
 from .layout import py_str, subscript, tuple_of, unpack
@@ -142,8 +142,7 @@ def bind_lines(em: "Emitter", copies: Copies, shapes: Shapes, others: List[str])
 
 def plan_fields(copies: Copies, shapes: Shapes) -> List[Tuple[str, Item]]:
     """(name, value) of everything a plan holds: the groups' lists, other heads and tails, the shapes."""
-    fields = [f for g in copies.host_groups for f in g.plan_fields()]
-    fields += [f for p in copies.dev.prefixes() for f in copies.dev.plan_fields(p)]
+    fields = [f for g in copies.groups for p in g.prefixes() for f in g.plan_fields(p)]
     fields += [(f"head_{n.ident}", n.head()) for n in copies.separate_copies]
     fields += [(f"tail_{n.ident}", n.tail()) for n in copies.separate_resets]
     return fields + [(name, _size(extents)) for name, extents in shapes.in_plan]
@@ -194,9 +193,8 @@ def _copy_fields(em: "Emitter", copies: Copies, shapes: Shapes, hooked: List[Slo
     copied = copies.copied(em.fill_names)
     body = [line for n in copied for line in n.read_source(COPY)] + _shape_checks(copied, shapes)
     body += _hook_reads(em, hooked, COPY)  # after the fields, as the interpreter reads them
-    for g in copies.host_groups:
-        body += g.copy_lines(COPY)
-    body += copies.dev.fill_lines(COPY)
+    for g in copies.groups:
+        body += g.fill_lines(COPY)
     pad = " " * COPY
     for n in copies.separate_copies:
         copy = call(f"head_{n.ident}.copy_", n.src)
@@ -220,9 +218,8 @@ def fill_lines(em: "Emitter", copies: Copies, shapes: Shapes) -> List[str]:
         lines += _copy_fields(em, copies, shapes, hooked)
     else:  # tails (and computed values) only
         lines += _hook_reads(em, hooked, FILL)
-        for g in copies.host_groups:
-            lines += foreach(f"dsts_{g.name}", f"pads_{g.name}", FILL) if g.tails else []
-        lines += copies.dev.fill_lines(FILL)
+        for g in copies.groups:
+            lines += g.fill_lines(FILL)
     for n in copies.separate_resets:
         zero = n.slot.padding == "zero"
         reset = call(f"tail_{n.ident}.zero_") if zero else call(f"tail_{n.ident}.fill_", f"padval_{n.ident}")

@@ -1,6 +1,6 @@
-"""Which copies share one ``_foreach_copy_``: one for everything on the device (:class:`DeviceGroup`), one per
-dtype for host-side slots (:class:`CopyGroup`), a ``copy_`` / ``fill_`` for what no group takes (a wide tail,
-a strided head). :func:`plan_copies` sorts the slots; the groups write their plan fields and fill lines."""
+"""Which copies share one ``_foreach_copy_`` (:class:`CopyGroup`): one for everything on the device, one per
+dtype for host-side slots; a ``copy_`` / ``fill_`` for what no group takes (a wide tail, a strided head).
+:func:`plan_copies` sorts the slots; the groups write their plan fields and fill lines."""
 
 from __future__ import annotations
 
@@ -55,45 +55,13 @@ class PadConstant:
 
 @dataclass
 class CopyGroup:
-    """The host-side slots of one dtype: heads then 1-D tails, one ``_foreach_copy_``."""
-
-    dtype: str
-    heads: List[SlotNames] = field(default_factory=list)
-    optional_heads: List[SlotNames] = field(default_factory=list)
-    tails: List[Tuple[SlotNames, str]] = field(default_factory=list)  # (slot, pad constant)
-
-    @property
-    def name(self) -> str:
-        return f"host_{self.dtype}"
-
-    def plan_fields(self) -> List[Tuple[str, Item]]:
-        heads, tails = [n.head() for n in self.heads], [n.tail() for n, _ in self.tails]
-        if self.optional_heads:  # heads whose presence varies go between the others and the tails
-            fields = [(f"dsts_{self.name}", list_of(heads)), (f"tails_{self.name}", list_of(tails))]
-        else:
-            fields = [(f"dsts_{self.name}", list_of(heads + tails))]
-        if self.tails:
-            fields.append((f"pads_{self.name}", list_of([n.pad_slice(c) for n, c in self.tails])))
-        return fields + [(f"head_{n.ident}", n.head()) for n in self.optional_heads]
-
-    @staticmethod
-    def _add(n: SlotNames, indent: int) -> List[str]:
-        return layout(call("dsts.append", f"head_{n.ident}"), indent) + layout(call("srcs.append", n.src), indent)
-
-    def copy_lines(self, indent: int) -> List[str]:
-        optional = [(n.src, lambda i, n=n: self._add(n, i)) for n in self.optional_heads]
-        pads, sources = f"pads_{self.name}" if self.tails else None, [n.src for n in self.heads]
-        return _copy_lines(f"dsts_{self.name}", pads, f"tails_{self.name}", sources, optional, indent)
-
-
-@dataclass
-class DeviceGroup:
-    """Everything a step writes on the device as ONE ``_foreach_copy_``: heads (``[L, capacity]`` ones as L
+    """What a step writes on the device (or host-side, one group per dtype) as ONE ``_foreach_copy_``: heads (``[L, capacity]`` ones as L
     rows), tails from constant pads, computed slots a built-in fills with a step count. CUDA's foreach copy is
     one kernel per dtype, so mixed dtypes are reinterpreted as the integer *carrier* of the smallest itemsize,
     on CUDA only (a CPU's foreach is a loop of copies the views only slow) and only for sources of the slot's
     dtype with a unit last stride; else the typed lists, where ``copy_`` casts as the contract says."""
 
+    name: str = "dev"
     heads: List[SlotNames] = field(default_factory=list)
     optional_heads: List[SlotNames] = field(default_factory=list)
     tails: List[Tuple[SlotNames, str]] = field(default_factory=list)  # (slot, pad constant)
@@ -140,11 +108,11 @@ class DeviceGroup:
         pads = [self._view(n, n.pad_slice(c), viewed) for n, c in self.tails for _ in n.tail_rows()]
         pads += [self._view(n, c, viewed) for n, c in self.values]
         if self.optional_heads:
-            fields = [(f"{p}dsts_dev", list_of(heads)), (f"{p}tails_dev", list_of(tails))]
+            fields = [(f"{p}dsts_{self.name}", list_of(heads)), (f"{p}tails_{self.name}", list_of(tails))]
         else:
-            fields = [(f"{p}dsts_dev", list_of(heads + tails))]
+            fields = [(f"{p}dsts_{self.name}", list_of(heads + tails))]
         if pads:
-            fields.append((f"{p}pads_dev", list_of(pads)))
+            fields.append((f"{p}pads_{self.name}", list_of(pads)))
         for n in self.optional_heads:
             fields.append((f"{p}head_{n.ident}", list_of([self._view(n, d, viewed) for d in n.head_rows()])))
         return fields
@@ -161,11 +129,9 @@ class DeviceGroup:
 
     def _block(self, p: str, viewed: bool, indent: int) -> List[str]:
         optional = [(n.src, lambda i, n=n: self._add(n, p, viewed, i)) for n in self.optional_heads]
-        pads, sources = (
-            f"{p}pads_dev" if self.tails or self.values else None,
-            [self._source(n, viewed) for n in self.heads],
-        )
-        return _copy_lines(f"{p}dsts_dev", pads, f"{p}tails_dev", sources, optional, indent)
+        pads = f"{p}pads_{self.name}" if self.tails or self.values else None
+        sources = [self._source(n, viewed) for n in self.heads]
+        return _copy_lines(f"{p}dsts_{self.name}", pads, f"{p}tails_{self.name}", sources, optional, indent)
 
     def _viewable(self) -> List[Operand]:
         """Each source of its slot's dtype with a unit last stride (view(dtype) needs one; is_contiguous() does
@@ -197,8 +163,8 @@ class DeviceGroup:
 class Copies:
     """How one step writes every slot."""
 
-    host_groups: List[CopyGroup]
-    dev: DeviceGroup
+    groups: List[CopyGroup]  # the host-side ones, then the device's
+    dev: CopyGroup
     constants: List[PadConstant]
     values: List[Tuple[str, Tuple[str, ...], str, str]]  # (name, shape extents, dtype, count)
     separate_resets: List[SlotNames]  # tails no group takes: their own fill_
@@ -207,8 +173,7 @@ class Copies:
 
     def copied(self, order: List[SlotNames]) -> List[SlotNames]:
         """The slots whose batch field is read and checked, in slot order."""
-        heads = [n for g in self.host_groups for n in g.heads + g.optional_heads]
-        heads += self.dev.heads + self.dev.optional_heads + self.separate_copies
+        heads = [n for g in self.groups for n in g.heads + g.optional_heads] + self.separate_copies
         position = {n.slot.name: i for i, n in enumerate(order)}  # not order.index: linear in slots
         return sorted(heads, key=lambda n: position[n.slot.name])
 
@@ -232,13 +197,13 @@ def fused_value(em: "Emitter", n: SlotNames) -> Optional[str]:
 def plan_copies(em: "Emitter") -> Copies:
     """Sort the slots into copy groups; a computed slot the device group fills drops its hook from ``em.hooks``."""
     host: Dict[str, CopyGroup] = {}
-    dev, constants, names = DeviceGroup(), {}, {}
+    dev, constants, names = CopyGroup(), {}, {}
     values: Dict[str, Tuple[str, Tuple[str, ...], str, str]] = {}
     resets, copies, sourced = [], [], []
     for n in em.fill_names:
         s = n.slot
-        group = host.setdefault(s.dtype_name, CopyGroup(s.dtype_name)) if s.host else dev
-        if s.resets_tail and (len(s.shape) == 1 if s.host else n.tail_rows() is not None):
+        group = host.setdefault(s.dtype_name, CopyGroup(f"host_{s.dtype_name}")) if s.host else dev
+        if s.resets_tail and n.tail_rows() is not None:
             group.tails.append((n, _pad_for(em, n, constants, names)))
         elif s.resets_tail:
             resets.append(n)
@@ -253,10 +218,11 @@ def plan_copies(em: "Emitter") -> Copies:
             continue
         if s.source is not None:
             sourced.append(n)
-        elif n.dense_narrow if s.host else n.head_rows() is not None:
+        elif n.head_rows() is not None:
             (group.optional_heads if s.optional else group.heads).append(n)
         else:
             copies.append(n)
-    dev.choose_carrier()
-    groups = [g for g in host.values() if g.heads or g.optional_heads or g.tails]
+    groups = [g for g in host.values() if g.heads or g.optional_heads or g.tails] + [dev]
+    for g in groups:
+        g.choose_carrier()
     return Copies(groups, dev, list(constants.values()), list(values.values()), resets, copies, sourced)
