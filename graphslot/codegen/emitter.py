@@ -1,24 +1,34 @@
-"""Decide what generated code does for one (spec, params): :class:`Emitter` resolves the slots (capacities
-left symbolic), names them, sorts them into copy groups and has the builders write each piece's lines; the
-template only lays the pieces out."""
+"""Decide what generated code does for one (spec, params) and write it: :class:`Emitter` resolves the slots
+(capacities left symbolic), names them, sorts them into copy groups, and one builder per piece writes its
+lines at the indentation the template places them (the template only lays them out). Per step the generated
+``fill_from`` looks its step size up in a plan cache (``make_plan``: every slice computed once per size),
+reads and checks every field, then issues the copy groups' ``_foreach_copy_``.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import re
+from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any, Dict, List, Mapping, Sequence
+from typing import Any, Dict, List, Mapping, Sequence, Set, Tuple
 
 from ..spec.dtypes import DTypeName, dtype_name, is_torch_dtype
 from ..spec.expr import Expr, python_literal
 from ..spec.hooks import BUILTIN_HOOKS, HOOK_SIGNATURES, is_import_reference
 from ..spec.model import RegistrySpec
 from ..spec.resolve import ResolvedSlot, copied_as_rows, depends_on_capacity, resolve_slot
-from . import builders
-from .groups import plan_copies
-from .layout import normalise
-from .names import CAPACITY, RUNTIME_HELPERS, TEMPLATE_HELPERS, SlotNames, runtime_local, slot_idents
+from .embedded import canonical_parts
+from .groups import Copies, plan_copies
+from .layout import Chain, Item, assign, call, concatenated, condition, dict_of, layout, method, normalise
+from .layout import py_str, subscript, tuple_of, unpack
+from .names import CAPACITY, RUNTIME_HELPERS, TEMPLATE_HELPERS, SlotNames, dtype_src, runtime_local, shape_name
+from .names import shape_src, slot_idents, unique
 
 PLAN_CACHE_LIMIT = 4096  # distinct step sizes kept; a server sees ~one per captured size
+# Indentations: a function's body, a closure's, the fill's try block, the inner try that reads and copies.
+BODY, CLOSURE, FILL, COPY = 4, 8, 12, 16
+STEP_COUNTS = "raw_bs, padded_bs, raw_num_tokens, padded_num_tokens"
 
 
 def structural_params(spec: RegistrySpec, params: Mapping[str, Any]) -> Dict[str, Any]:
@@ -95,15 +105,15 @@ class Emitter:
     def emit(self) -> SimpleNamespace:
         """Every piece the template lays out, and the metadata the banner and the checks read."""
         copies = plan_copies(self)  # before any builder: it takes the hooks it fuses away
-        shapes = builders.expected_shapes(self, copies)
+        shapes = expected_shapes(self, copies)
         pieces = {
-            "allocate_lines": builders.allocate_lines(self),
-            "plan_lines": builders.plan_lines(copies, shapes),
-            "fill_lines": builders.fill_lines(self, copies, shapes),
-            "view_lines": builders.view_lines(self),
-            "extract_lines": builders.extract_lines(self),
+            "allocate_lines": allocate_lines(self),
+            "plan_lines": plan_lines(copies, shapes),
+            "fill_lines": fill_lines(self, copies, shapes),
+            "view_lines": view_lines(self),
+            "extract_lines": extract_lines(self),
         }
-        pieces["bind_lines"] = builders.bind_lines(self, copies, shapes, sum(pieces.values(), []))
+        pieces["bind_lines"] = bind_lines(self, copies, shapes, sum(pieces.values(), []))
         emitted = "\n".join(line for lines in pieces.values() for line in lines)
         used = [(helper, alias) for helper, alias in RUNTIME_HELPERS if alias in TEMPLATE_HELPERS or alias in emitted]
         imports = sorted(used)
@@ -118,7 +128,239 @@ class Emitter:
             used_runtime_params=[(runtime_local(n), n) for n in self.used_runtime_params()],
             slot_names=[n.slot.name for n in self.names],
             runtime_imports=imports,
-            helper_lines=builders.helper_lines(imports),
-            constant_lines=builders.constant_lines(self),
+            helper_lines=helper_lines(imports),
+            constant_lines=constant_lines(self),
             **pieces,
         )
+
+
+def value_literal(value: Any) -> str:
+    """A param value as source: dtypes by name, non-finite floats as ``float("inf")``."""
+    if isinstance(value, DTypeName) or is_torch_dtype(value):
+        return py_str(dtype_name(value))
+    return normalise(python_literal(value))
+
+
+def helper_lines(imports: List[Tuple[str, str]]) -> List[str]:
+    """torch and the runtime helpers the module uses, bound after the handshake."""
+    return ["torch = __gs_rt.torch"] + [f"{alias} = __gs_rt.{helper}" for helper, alias in imports]
+
+
+def constant_lines(em: Emitter) -> List[str]:
+    """The constants, SPEC_NAME to the embedded spec (SPEC_SOURCE, SPEC_JSON)."""
+    lines = [f"{k} = {py_str(v)}" for k, v in (("SPEC_NAME", em.spec.name), ("SPEC_IDENTITY", em.spec.identity))]
+    lines += [f"GRAPHSLOT_VERSION = {py_str(em.version)}"]
+    lines += assign("PARAMS", dict_of([(py_str(k), value_literal(v)) for k, v in sorted(em.baked.items())]), 0)
+    lines += assign("RUNTIME_PARAMS", tuple_of([py_str(n) for n in em.runtime]), 0)
+    lines += assign("SLOTS", tuple_of([py_str(n.slot.name) for n in em.names]), 0)
+    return lines + [f"SPEC_SOURCE = {py_str(em.source_label)}"] + concatenated("SPEC_JSON", canonical_parts(em.spec))
+
+
+_NAME = re.compile(r"(?<![\w\"'])[^\W\d]\w*(?![\w\"'])")
+
+
+def _used_names(lines: List[str]) -> Set[str]:
+    """The names ``lines`` use (not in a string, nor parts of longer names), in one pass."""
+    return set(_NAME.findall("\n".join(lines)))
+
+
+def _runtime_binds(em: Emitter, body: List[str]) -> List[str]:
+    """The runtime params ``body`` reads (pad values), from ``params``."""
+    used, names = [(runtime_local(n), n) for n in em.used_runtime_params()], _used_names(body)
+    return [" " * BODY + f"{local} = params[{py_str(n)}]" for local, n in used if local in names]
+
+
+def allocate_lines(em: Emitter) -> List[str]:
+    """``allocate`` after its ``new_buffer``: the runtime params pad values read, one buffer per slot."""
+    entries = []
+    for s in (n.slot for n in em.names):
+        args = [
+            py_str(s.name),
+            shape_src(em.extents(s)),
+            dtype_src(s.dtype_name),
+            py_str("cpu") if s.host else "device",
+        ]
+        args += [em.pad_src(s)] if s.fills_at_allocation else []
+        args += [] if s.adopt else ["adopt=False"]  # `adopt: never`: registry-owned whatever adopt= holds
+        entries.append((py_str(s.name), call("new_buffer", *args)))
+    body = layout(dict_of(entries), BODY, "return ")
+    return _runtime_binds(em, body) + body
+
+
+@dataclass
+class Shapes:
+    """One local per distinct expected shape of a copied field: in the plan when it depends on the counts."""
+
+    of: Dict[str, str] = field(default_factory=dict)  # slot ident -> local
+    in_plan: List[Tuple[str, List[str]]] = field(default_factory=list)  # (local, extents)
+    in_bind: List[Tuple[str, List[str]]] = field(default_factory=list)
+
+
+def expected_shapes(em: Emitter, copies: Copies) -> Shapes:
+    shapes, names = Shapes(), {}
+    for n in copies.copied(em.fill_names):
+        extents = n.expected_extents(em.extents(n.slot))
+        name = unique(names, shape_name(extents), repr(extents))
+        if name not in shapes.of.values():
+            (shapes.in_bind if n.counts is None else shapes.in_plan).append((name, extents))
+        shapes.of[n.ident] = name
+    return shapes
+
+
+def _size(extents: List[str]) -> Item:
+    return call("torch.Size", shape_src(extents))
+
+
+def _hook_binds(em: Emitter) -> List[str]:
+    lines = []
+    filled = {id(n) for n in em.fill_names}
+    for n in em.names:
+        for kind in em.hooks[n.slot.name]:
+            hook = call("__gs_hook", "hooks", py_str(n.slot.name), py_str(kind))
+            if kind == "pre_capture":  # run by the runner at capture: only checked to be bound here
+                lines += layout(hook, BODY)
+            elif id(n) in filled:
+                lines += assign(f"hook_{kind}_{n.ident}", hook, BODY)
+    return lines
+
+
+def bind_lines(em: Emitter, copies: Copies, shapes: Shapes, others: List[str]) -> List[str]:
+    """``bind``'s own statements: runtime params, the buffers ``others`` use, hooks, constants, the view maker."""
+    lines, used = [], _used_names(others)
+    for n in em.names:
+        if n.buf in used:
+            lines += assign(n.buf, subscript("buffers", py_str(n.slot.name)), BODY)
+    lines += _hook_binds(em)
+    for c in copies.constants:
+        where = py_str("cpu") if c.host else "device"
+        full = call("torch.full", f"({c.length},)", c.value, f"dtype={dtype_src(c.dtype)}", f"device={where}")
+        lines += assign(c.name, full, BODY)
+    sentinels = [n for n in copies.separate_resets if n.slot.padding == "fill_sentinel"]
+    lines += [" " * BODY + f"padval_{n.ident} = {em.pad_src(n.slot)}" for n in sentinels]
+    lines += [" " * BODY + f"dt_{d} = {dtype_src(d)}" for d in copies.dev.dtypes_named()]
+    if copies.dev.dtypes_named():  # one copy kernel for every dtype: worth the views where kernels launch
+        lines += [" " * BODY + 'dt_carrier = device.type == "cuda"']
+    for name, extents in shapes.in_bind:
+        lines += assign(name, _size(extents), BODY)
+    view_names = ["batch_size"] + [n.slot.name for n in em.names if not n.slot.structured]
+    maker = call("__gs_ViewMaker", tuple_of([py_str(v) for v in view_names]), py_str(em.spec.name))
+    lines += assign("make_view", maker, BODY)
+    return _runtime_binds(em, lines) + lines
+
+
+def plan_fields(copies: Copies, shapes: Shapes) -> List[Tuple[str, Item]]:
+    """(name, value) of everything a plan holds: the groups' lists, other heads and tails, the shapes."""
+    fields = [f for g in copies.groups for p in g.prefixes() for f in g.plan_fields(p)]
+    fields += [(f"head_{n.ident}", n.head()) for n in copies.separate_copies]
+    fields += [(f"tail_{n.ident}", n.tail()) for n in copies.separate_resets]
+    return fields + [(name, _size(extents)) for name, extents in shapes.in_plan]
+
+
+def plan_lines(copies: Copies, shapes: Shapes) -> List[str]:
+    """``make_plan``'s body up to the cache: the counts checked, computed values, every field, ``plan``."""
+    lines = [" " * CLOSURE + f"__gs_check.counts({STEP_COUNTS})"]
+    for name, extents, dtype, count in copies.values:
+        value = call("torch.full", shape_src(extents), count, f"dtype={dtype_src(dtype)}", "device=device")
+        lines += assign(name, value, CLOSURE)
+    resets = {f"tail_{n.ident}": n.counts for n in copies.separate_resets}
+    for name, value in plan_fields(copies, shapes):
+        if name in resets:  # None when the step has no tail, so the fill skips it
+            raw, padded = resets[name]
+            lines += [" " * CLOSURE + f"{name} = None", " " * CLOSURE + f"if {raw} < {padded}:"]
+            lines += assign(name, value, CLOSURE + 4)
+        else:
+            lines += assign(name, value, CLOSURE)
+    return lines + assign("plan", tuple_of([name for name, _ in plan_fields(copies, shapes)]), CLOSURE)
+
+
+def _shape_checks(copied: List[SlotNames], shapes: Shapes) -> List[str]:
+    """The happy path pays one shape comparison per field; a mismatch is diagnosed slot by slot."""
+    required = [n for n in copied if not n.slot.optional]
+    raises = " " * (COPY + 4) + "raise __gs_Mismatch"
+    lines = []
+    if required:
+        checks = tuple(f"{n.src}.shape != {shapes.of[n.ident]}" for n in required)
+        lines += condition("if", Chain("or", checks), COPY) + [raises]
+    for n in copied:
+        if n.slot.optional:
+            checks = (f"{n.src} is not None", f"{n.src}.shape != {shapes.of[n.ident]}")
+            lines += condition("if", Chain("and", checks), COPY) + [raises]
+    return lines
+
+
+def _hook_reads(em: Emitter, hooked: List[SlotNames], indent: int) -> List[str]:
+    lines = []
+    for n in hooked:
+        read = call("__gs_check.hook_source", py_str(n.slot.name), call(f"hook_source_{n.ident}", "fb", "ctx"))
+        lines += assign(n.src, read, indent)
+    return lines
+
+
+def _copy_fields(em: Emitter, copies: Copies, shapes: Shapes, hooked: List[SlotNames]) -> List[str]:
+    """Read and check every field, then copy; a failure is diagnosed in the except branch, as interpreted."""
+    copied = copies.copied(em.fill_names)
+    body = [line for n in copied for line in n.read_source(COPY)] + _shape_checks(copied, shapes)
+    body += _hook_reads(em, hooked, COPY)  # after the fields, as the interpreter reads them
+    for g in copies.groups:
+        body += g.fill_lines(COPY)
+    pad = " " * COPY
+    for n in copies.separate_copies:
+        copy = call(f"head_{n.ident}.copy_", n.src)
+        if n.slot.optional:
+            body += [f"{pad}if {n.src} is not None:"] + layout(copy, COPY + 4)
+        else:
+            body += layout(copy, COPY)
+    pad = " " * FILL
+    diagnose = [pad + "except Exception as exc:", pad + "    __gs_check.diagnose(fb, raw_bs, raw_num_tokens, exc)"]
+    return [pad + "try:"] + body + diagnose
+
+
+def fill_lines(em: Emitter, copies: Copies, shapes: Shapes) -> List[str]:
+    """``fill_from``'s body after the plan lookup."""
+    pad = " " * FILL
+    lines = unpack([name for name, _ in plan_fields(copies, shapes)], "plan", FILL)
+    if any(set(em.hooks[n.slot.name]) - {"pre_capture"} for n in em.fill_names):
+        lines += assign("ctx", call("__gs_context", *STEP_COUNTS.split(", "), "params", "side_inputs"), FILL)
+    hooked = [n for n in copies.source_copies if "source" in em.hooks[n.slot.name]]
+    if copies.copied(em.fill_names):
+        lines += _copy_fields(em, copies, shapes, hooked)
+    else:  # tails (and computed values) only
+        lines += _hook_reads(em, hooked, FILL)
+        for g in copies.groups:
+            lines += g.fill_lines(FILL)
+    for n in copies.separate_resets:
+        zero = n.slot.padding == "zero"
+        reset = call(f"tail_{n.ident}.zero_") if zero else call(f"tail_{n.ident}.fill_", f"padval_{n.ident}")
+        lines += [f"{pad}if tail_{n.ident} is not None:"] + layout(reset, FILL + 4)
+    for n in hooked:  # a source gives any row count up to the capacity (a 0-d slot: its one value)
+        d = n.slot.slice_dim
+        narrow = call(f"{n.buf}.narrow", str(d), "0", f"{n.src}.shape[{d}]") if n.slot.shape else n.buf
+        lines += [f"{pad}if {n.src} is not None:"] + layout(method(narrow, "copy_", n.src), FILL + 4)
+    for n in em.fill_names:
+        if "post_fill" in em.hooks[n.slot.name]:
+            lines += layout(call(f"hook_post_fill_{n.ident}", n.buf, "fb", "ctx"), FILL)
+    return lines
+
+
+def _viewed(em: Emitter) -> List[SlotNames]:
+    return [n for n in em.names if not n.slot.structured]
+
+
+def view_lines(em: Emitter) -> List[str]:
+    """``make_views``: every slot's view at a padded size, once per size."""
+    return assign("entry", tuple_of([n.padded_view() for n in _viewed(em)]), CLOSURE)
+
+
+def extract_lines(em: Emitter) -> List[str]:
+    """``extract`` after the view lookup: the batch's fields, set on a copy of it."""
+    viewed = _viewed(em)
+    lines = unpack([f"view_{n.ident}" for n in viewed], "entry", CLOSURE)
+    sometimes = [n for n in viewed if n.slot.plain_copy and n.slot.optional]
+    always = [n for n in viewed if not (n.slot.plain_copy and n.slot.optional)]
+    entries = [(py_str("batch_size"), "padded_bs")] + [(py_str(n.slot.name), f"view_{n.ident}") for n in always]
+    lines += assign("fields", dict_of(entries), CLOSURE)
+    pad = " " * CLOSURE
+    for n in sometimes:  # optional fields: set only when the batch has them
+        lines += condition("if", f"getattr(fb, {py_str(n.slot.name)}, None) is not None", CLOSURE)
+        lines += assign(f"fields[{py_str(n.slot.name)}]", f"view_{n.ident}", CLOSURE + 4)
+    return lines + [f"{pad}return make_view(fb, fields)"]
