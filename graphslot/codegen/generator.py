@@ -1,31 +1,215 @@
-"""Render the generated module for one (spec, params), checked before use.
+"""Render the generated module for one (spec, params), and check it before use.
 
 Spec text (and pyproject's) is untrusted: it reaches the banner only as ``ascii()`` literals, code only as
-escaped string literals (:func:`.layout.py_str`), and the source is refused unless it is the expected skeleton
-(:func:`.skeleton.check_module_structure`). It says ``# fmt: off``, so a formatter at any width leaves it be.
+escaped string literals (:func:`.layout.py_str`). Then :func:`check_module_structure` refuses any source whose
+top level is not exactly: the fixed docstring, the runtime import, the handshake, ``torch`` and known helpers
+bound from the runtime, the constants SPEC_NAME … SPEC_JSON as literals, then ``def allocate`` and ``def bind``
+(in which nothing imports, declares globals, defines classes or reaches for ``eval``-like names or any dunder).
+Linters flag risky patterns; none says a module is exactly a skeleton with only literals where spec text may
+land. The module says ``# fmt: off``, so a formatter at any width leaves it be.
 """
 
 from __future__ import annotations
 
 import ast
+import copy
+import math
 import re
 from functools import lru_cache
-from typing import Any, List, Mapping, Tuple
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 
 import jinja2
 
 from .._version import __version__
 from ..spec.dtypes import DTypeName, dtype_name, is_torch_dtype
+from ..spec.errors import SpecError, SpecIssue
 from ..spec.expr import python_literal
 from ..spec.model import RegistrySpec
 from .emitter import PLAN_CACHE_LIMIT, Emitter, params_literal
 from .handshake import MODULE_FORMAT
 from .layout import py_str
-from .skeleton import CONSTANTS, DOCSTRING, HELPER_ALIASES, GeneratedCodeError, check_module_structure, literal
-from .skeleton import refuse
+from .names import RUNTIME_HELPERS
 
-__all__ = ["DOCSTRING", "REGENERATE", "RULE", "Emitter", "GeneratedCodeError", "check_module_structure"]
-__all__ += ["render_module"]
+__all__ = ["REGENERATE", "RULE", "Emitter", "render_module"]
+
+DOCSTRING = "Specialised fill_from / extract for one slot spec: see SPEC_NAME and the banner."
+CONSTANTS = ("SPEC_NAME", "SPEC_IDENTITY", "GRAPHSLOT_VERSION", "PARAMS", "RUNTIME_PARAMS", "SLOTS", "SPEC_SOURCE")
+CONSTANTS += ("SPEC_JSON",)
+RUNTIME_ALIAS, RUNTIME_IMPORT = "__gs_rt", "from graphslot.codegen import runtime as __gs_rt"
+HELPER_ALIASES = dict(RUNTIME_HELPERS)
+
+# Inside the functions: so even spec text that slipped into an expression could do nothing
+# but arithmetic and tensor calls.
+_FORBIDDEN_NAMES = frozenset(
+    "__import__ __builtins__ __loader__ __spec__ eval exec compile open globals locals vars breakpoint input help "
+    "exit quit delattr memoryview classmethod staticmethod property super type object".split()
+)
+_FORBIDDEN_NODES = tuple(
+    getattr(ast, n)
+    for n in "Import ImportFrom Global Nonlocal ClassDef AsyncFunctionDef Await Yield YieldFrom With AsyncWith "
+    "AsyncFor Delete".split()
+)
+# The constant values with no Python literal: non-finite floats, written as calls.
+_NON_FINITE = {ast.dump(ast.parse(f'float("{v}")', mode="eval").body): float(v) for v in ("inf", "-inf", "nan", "-nan")}
+
+
+class GeneratedCodeError(SpecError):
+    """The generated source is not the expected skeleton: nothing is compiled or written."""
+
+
+def refuse(spec: RegistrySpec, message: str) -> GeneratedCodeError:
+    message = f"refusing to generate code for spec {ascii(str(spec.name))}: {message}"
+    return GeneratedCodeError([SpecIssue(spec.path, None, message)])
+
+
+def _describe(node: ast.AST) -> str:
+    return f"line {node.lineno}: {ascii(ast.unparse(node).splitlines()[0][:80])}"
+
+
+class _NonFinite(ast.NodeTransformer):
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        value = _NON_FINITE.get(ast.dump(node))
+        return node if value is None else ast.Constant(value)
+
+
+def literal(node: ast.AST) -> Any:
+    """The value of a literal, non-finite floats (``float("inf")``) included; ValueError for anything else."""
+    return ast.literal_eval(_NonFinite().visit(copy.deepcopy(node)))
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal values of the same types; floats by repr and sign (nan matches nan, -0.0 only -0.0)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (tuple, list)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float):
+        return repr(a) == repr(b) and math.copysign(1.0, a) == math.copysign(1.0, b)
+    return a == b
+
+
+def _is(node: ast.stmt, text: str) -> bool:
+    """``node`` is the one statement ``text`` parses to."""
+    return ast.dump(node) == ast.dump(ast.parse(text).body[0])
+
+
+def _is_handshake(node: ast.stmt, version: Optional[str]) -> bool:
+    """``__gs_rt.require(__name__, version=<str literal>, format=MODULE_FORMAT)``; with ``version``, that one."""
+    try:
+        got = node.value.keywords[0].value.value
+    except (AttributeError, IndexError):
+        return False
+    return (
+        isinstance(got, str)
+        and version in (None, got)
+        and _is(node, f"{RUNTIME_ALIAS}.require(__name__, version={got!r}, format={MODULE_FORMAT})")
+    )
+
+
+def _bound_from_runtime(node: ast.stmt) -> Optional[Tuple[str, str]]:
+    """(name, attribute) of ``name = __gs_rt.attribute``, else None."""
+    target, value = getattr(node, "targets", [None]), getattr(node, "value", None)
+    if isinstance(node, ast.Assign) and len(target) == 1 and isinstance(target[0], ast.Name):
+        if isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name) and value.value.id == RUNTIME_ALIAS:
+            return target[0].id, value.attr
+    return None
+
+
+def _constant_test(spec: RegistrySpec, expected: Optional[Sequence[Tuple[str, Any]]], position: int, name: str):
+    def constant(n: ast.stmt) -> bool:
+        targets = getattr(n, "targets", None)
+        if not (isinstance(n, ast.Assign) and len(targets) == 1 and getattr(targets[0], "id", None) == name):
+            return False
+        try:
+            value = literal(n.value)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            return False
+        if expected is None:  # the spec's own identity, at least
+            known = {"SPEC_NAME": spec.name, "SPEC_IDENTITY": spec.identity, "SPEC_JSON": spec.canonical_json()}
+            return name not in known or value == known[name]
+        return expected[position][0] == name and _same(expected[position][1], value)
+
+    return constant
+
+
+def check_module_structure(text: str, spec: RegistrySpec, expected: Optional[Sequence[Tuple[str, Any]]] = None) -> None:
+    """Refuse ``text`` unless its top level is exactly the generated skeleton.
+
+    ``expected``: (name, value) of every constant, in order; without it SPEC_NAME, SPEC_IDENTITY and
+    SPEC_JSON are checked against ``spec``, the others only for being literals.
+    """
+    if not text.replace("\n", "").isprintable():  # one pass in C; the loop only to name the character
+        bad = next(c for c in text if c != "\n" and not c.isprintable())
+        raise refuse(spec, f"the source would contain the control character {ascii(bad)}")
+    try:
+        body = ast.parse(text).body
+    except SyntaxError as exc:  # spec text broke the syntax (or a generator bug): never write it
+        message = f"the generated source does not parse (line {exc.lineno}: {exc.msg})"
+        raise refuse(spec, f"{message}; spec text would have become code") from None
+    problems: List[str] = []
+
+    def take(kind: str, test: Callable[[ast.stmt], bool]) -> Optional[ast.stmt]:
+        node = body.pop(0) if body and not problems else None
+        if node is not None and test(node):
+            return node
+        if not problems:
+            problems.append(f"expected {kind}, found {_describe(node) if node else 'the end of the module'}")
+        return None
+
+    take("the module docstring", lambda n: _is(n, repr(DOCSTRING)))
+    take(f"`{RUNTIME_IMPORT}`", lambda n: _is(n, RUNTIME_IMPORT))
+    version = dict(expected or {}).get("GRAPHSLOT_VERSION")
+    handshake = f"the handshake `{RUNTIME_ALIAS}.require(__name__, version=..., format={MODULE_FORMAT})`"
+    take(handshake, lambda n: _is_handshake(n, version))
+    take(f"`torch = {RUNTIME_ALIAS}.torch`", lambda n: _bound_from_runtime(n) == ("torch", "torch"))
+    seen = set()
+
+    def helper(n: ast.stmt) -> bool:
+        bound = _bound_from_runtime(n)
+        known = bound is not None and bound not in seen and HELPER_ALIASES.get(bound[1]) == bound[0]
+        seen.add(bound)
+        return known
+
+    take(f"`<helper> = {RUNTIME_ALIAS}.<helper>` of a known helper", helper)  # one or more, each bound once
+    while not problems and body and _bound_from_runtime(body[0]):
+        take(f"`<helper> = {RUNTIME_ALIAS}.<helper>` of a known helper", helper)
+    for position, name in enumerate(CONSTANTS):
+        take(f"the constant {name} = <its literal value>", _constant_test(spec, expected, position, name))
+    for name in ("allocate", "bind"):
+        node = take(
+            f"`def {name}(...)`",
+            lambda n, name=name: (
+                isinstance(n, ast.FunctionDef) and n.name == name and not n.decorator_list and n.returns is None
+            ),
+        )
+        problems += _function_problems(node) if node else []
+    if not problems and body:
+        problems.append(f"unexpected statement after `def bind`, {_describe(body[0])}")
+    if problems:
+        message = f"the generated module is not the expected skeleton ({problems[0]})"
+        raise refuse(spec, f"{message}; spec text would have become code")
+
+
+def _function_problems(function: ast.FunctionDef) -> List[str]:
+    problems, where = [], f"in `def {function.name}`"
+    for node in ast.walk(function):
+        if isinstance(node, _FORBIDDEN_NODES):
+            problems.append(f"`{type(node).__name__}` {where}, {_describe(node)}")
+        elif isinstance(node, ast.Name) and (node.id in _FORBIDDEN_NAMES or node.id[:2] == node.id[-2:] == "__"):
+            problems.append(f"the name {node.id!r} {where}, {_describe(node)}")
+        elif isinstance(node, ast.Attribute) and node.attr[:2] == node.attr[-2:] == "__":
+            problems.append(f"the attribute {node.attr!r} {where}, {_describe(node)}")
+        elif isinstance(node, ast.arguments):
+            defaults = node.defaults + [d for d in node.kw_defaults if d is not None]
+            arguments = node.args + node.posonlyargs + node.kwonlyargs
+            if any(not isinstance(d, ast.Constant) for d in defaults) or any(a.annotation for a in arguments):
+                problems.append(f"a non-literal default or an annotation {where}")
+        elif isinstance(node, ast.FunctionDef) and node.decorator_list:
+            problems.append(f"a decorator {where}, {_describe(node)}")
+    return problems
+
 
 REGENERATE = "graphslot generate"
 RULE = "-" * 86
