@@ -4,6 +4,7 @@ dtype for host-side slots; a ``copy_`` / ``fill_`` for what no group takes (a wi
 
 from __future__ import annotations
 
+from collections import namedtuple
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
@@ -42,21 +43,15 @@ def _copy_lines(
     return lines + [f"{pad}if dsts:"] + foreach("dsts", "srcs", indent + 4)
 
 
-@dataclass
-class PadConstant:
-    """A constant tensor tails are copied from, as long as its axis' capacity."""
-
-    name: str
-    host: bool
-    dtype: str
-    value: str  # source of the value (a literal or a runtime param's local)
-    length: str  # the capacity
+# A constant tensor tails are copied from: its value's source (a literal or a runtime param's local), as long
+# as its axis' capacity.
+PadConstant = namedtuple("PadConstant", "name host dtype value length")
 
 
 @dataclass
 class CopyGroup:
-    """What a step writes on the device (or host-side, one group per dtype) as ONE ``_foreach_copy_``: heads (``[L, capacity]`` ones as L
-    rows), tails from constant pads, computed slots a built-in fills with a step count. CUDA's foreach copy is
+    """What a step writes on the device (host-side: per dtype) as ONE ``_foreach_copy_``: heads (``[L, capacity]``
+    ones as L rows), tails from constant pads, computed slots a built-in fills with a step count. CUDA's foreach is
     one kernel per dtype, so mixed dtypes are reinterpreted as the integer *carrier* of the smallest itemsize,
     on CUDA only (a CPU's foreach is a loop of copies the views only slow) and only for sources of the slot's
     dtype with a unit last stride; else the typed lists, where ``copy_`` casts as the contract says."""

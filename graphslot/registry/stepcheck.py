@@ -82,14 +82,7 @@ class StepChecker:
         """Raise the SlotError a fill of ``fb`` at these raw counts would raise for its
         counts or batch fields, whatever padded counts it gets; write nothing
         (``SlotRegistry.check_step``). Source hooks are not run: the fill checks them."""
-        shapes = None if self.strict else self._seen_raw.get((raw_bs, raw_num_tokens))
-        if shapes is None:  # as generated fills: checked once per size, then one shape comparison per field
-            self.raw_counts(raw_bs, raw_num_tokens)
-            if len(self._seen_raw) >= SIZE_MEMO_LIMIT:
-                self._seen_raw.clear()
-            shapes = self._seen_raw[raw_bs, raw_num_tokens] = tuple(
-                (slot, self.expected_shape(slot, raw_bs, raw_num_tokens)) for slot in self.plain
-            )
+        shapes = self._once(self._seen_raw, (raw_bs, raw_num_tokens), self._raw_shapes)  # as generated fills
         for slot, shape in shapes:
             src = getattr(fb, slot.name, None)
             if self.strict or not (isinstance(src, torch.Tensor) and src.shape == shape):
@@ -97,19 +90,24 @@ class StepChecker:
 
     def step(self, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens) -> Tuple[int, int, int, int]:
         """The interpreter's count check, once per step size as generated plans'; the sizes as checked."""
-        return self._once(self._seen_steps, (raw_bs, padded_bs, raw_num_tokens, padded_num_tokens), self.counts)
+        key = (raw_bs, padded_bs, raw_num_tokens, padded_num_tokens)
+        return self._once(self._seen_steps, key, lambda *k: self.counts(*k) or k)
 
     def view(self, padded_bs, padded_num_tokens) -> Tuple[int, int]:
-        return self._once(self._seen_views, (padded_bs, padded_num_tokens), self.view_counts)
+        return self._once(self._seen_views, (padded_bs, padded_num_tokens), lambda *k: self.view_counts(*k) or k)
 
-    def _once(self, seen: dict, key: tuple, check) -> tuple:
-        checked = None if self.strict else seen.get(key)
-        if checked is None:
-            check(*key)
+    def _raw_shapes(self, raw_bs: Any, raw_num_tokens: Any) -> tuple:
+        self.raw_counts(raw_bs, raw_num_tokens)
+        return tuple((slot, self.expected_shape(slot, raw_bs, raw_num_tokens)) for slot in self.plain)
+
+    def _once(self, seen: dict, key: tuple, make) -> Any:
+        """``make(*key)``, remembered per key (strict mode: made on every call)."""
+        value = None if self.strict else seen.get(key)
+        if value is None:
             if len(seen) >= SIZE_MEMO_LIMIT:
                 seen.clear()
-            checked = seen[key] = key
-        return checked
+            value = seen[key] = make(*key)
+        return value
 
     def expected_shape(self, slot, raw_bs: int, raw_num_tokens: int) -> Tuple[int, ...]:
         shape = list(slot.buffer.shape)
