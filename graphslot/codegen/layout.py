@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 import io
 import tokenize
-from dataclasses import dataclass
+from collections import namedtuple
 from typing import List, Sequence, Tuple, Union
 
 LINE_WIDTH = 88
@@ -20,41 +20,12 @@ STEP = 4
 CALL, SUBSCRIPT, DISPLAY = "call", "subscript", "display"
 
 
-@dataclass(frozen=True)
-class Seq:
-    """A call (``head`` the callee), a subscript (one index) or a display (``head`` empty)."""
-
-    head: str
-    items: Tuple["Item", ...]
-    brackets: str = "()"
-    kind: str = CALL
-    magic: bool = False  # one item per line even when it fits
-
-
-@dataclass(frozen=True)
-class Keyed:
-    """A dict entry, ``key: value``."""
-
-    key: str
-    value: "Item"
-
-
-@dataclass(frozen=True)
-class Chained:
-    """``then`` (a ``.method(...)`` call) on the result of ``first``."""
-
-    first: Seq
-    then: Seq
-
-
-@dataclass(frozen=True)
-class Chain:
-    """Operands joined by ``op`` (``and`` / ``or``); a Chain operand is parenthesized."""
-
-    op: str
-    operands: Tuple["Operand", ...]
-
-
+# A call (``head`` the callee), a subscript (one index) or a display (``head`` empty); ``magic``: one item per
+# line even when it fits.
+Seq = namedtuple("Seq", "head items brackets kind magic", defaults=("()", CALL, False))
+Keyed = namedtuple("Keyed", "key value")  # a dict entry, ``key: value``
+Chained = namedtuple("Chained", "first then")  # ``then`` (a ``.method(...)`` call) on the result of ``first``
+Chain = namedtuple("Chain", "op operands")  # operands joined by ``and`` / ``or``; a Chain operand in parentheses
 Item = Union[str, Seq, Keyed, Chained]
 Operand = Union[str, Chain]
 
