@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any, Dict, List, Mapping, Sequence, Set, Tuple
 
 from ..spec.dtypes import DTypeName, dtype_name, is_torch_dtype
@@ -102,36 +101,19 @@ class Emitter:
                 used |= Expr.parse(pad_value).names
         return [name for name in self.runtime if name in used]
 
-    def emit(self) -> SimpleNamespace:
-        """Every piece the template lays out, and the metadata the banner and the checks read."""
+    def emit(self) -> "Emitter":
+        """Write every piece the template lays out (the ``*_lines``) and pick the runtime helpers; returns self."""
         copies = plan_copies(self)  # before any builder: it takes the hooks it fuses away
         shapes = expected_shapes(self, copies)
-        pieces = {
-            "allocate_lines": allocate_lines(self),
-            "plan_lines": plan_lines(copies, shapes),
-            "fill_lines": fill_lines(self, copies, shapes),
-            "view_lines": view_lines(self),
-            "extract_lines": extract_lines(self),
-        }
-        pieces["bind_lines"] = bind_lines(self, copies, shapes, sum(pieces.values(), []))
-        emitted = "\n".join(line for lines in pieces.values() for line in lines)
-        used = [(helper, alias) for helper, alias in RUNTIME_HELPERS if alias in TEMPLATE_HELPERS or alias in emitted]
-        imports = sorted(used)
-        return SimpleNamespace(
-            spec_name=self.spec.name,
-            spec_source=self.source_label,
-            spec_identity=self.spec.identity,
-            version=self.version,
-            params=self.baked,
-            runtime_params=self.runtime,
-            live_params=sorted(n for n, p in self.spec.params.items() if p.live),
-            used_runtime_params=[(runtime_local(n), n) for n in self.used_runtime_params()],
-            slot_names=[n.slot.name for n in self.names],
-            runtime_imports=imports,
-            helper_lines=helper_lines(imports),
-            constant_lines=constant_lines(self),
-            **pieces,
-        )
+        self.allocate_lines, self.plan_lines = allocate_lines(self), plan_lines(copies, shapes)
+        self.fill_lines, self.view_lines = fill_lines(self, copies, shapes), view_lines(self)
+        self.extract_lines = extract_lines(self)
+        others = self.allocate_lines + self.plan_lines + self.fill_lines + self.view_lines + self.extract_lines
+        self.bind_lines = bind_lines(self, copies, shapes, others)
+        emitted = "\n".join(others + self.bind_lines)
+        self.runtime_imports = sorted(h for h in RUNTIME_HELPERS if h[1] in TEMPLATE_HELPERS or h[1] in emitted)
+        self.helper_lines, self.constant_lines = helper_lines(self.runtime_imports), constant_lines(self)
+        return self
 
 
 def value_literal(value: Any) -> str:
