@@ -15,8 +15,7 @@ from .spec.hooks import BUILTIN_HOOKS, HOOK_SIGNATURES, HookError, bind_hook
 from .spec.live import Live, naming_slot
 from .spec.loading import load_spec
 from .spec.model import RegistrySpec
-from .registry.buffers import check_given_buffers
-from .registry.pool import SharePool
+from .registry.buffers import SharePool, check_given_buffers
 from .registry.base import SlotRegistry
 from .registry.interpreter import InterpretedRegistry
 from .spec.resolve import resolve_params, resolve_slots
@@ -65,26 +64,15 @@ def build_registry(
     hooks: Optional[Mapping[str, Callable]] = None,
     impl: Any = "generated",
 ) -> SlotRegistry:
-    """Allocate (or take) a registry's static buffers and bind its ``fill_from`` /
-    ``extract``.
+    """Allocate (or take) a registry's static buffers and bind its ``fill_from`` / ``extract`` (docs/api.md).
 
-    ``spec``: a RegistrySpec, a spec name (the project's spec of that name, then the
-    shipped one), a YAML path, or a generated module (which carries its spec and,
-    unless ``params`` say otherwise, the params it was generated for). ``params``: spec
-    params (a preset is a mapping too: ``{**spec.presets["eager"], ...}``).
-
-    ``buffers`` says where the static tensors come from: ``None`` allocates each enabled
-    slot's buffer once, at full capacity; a pool (an object with ``share(name, tensor,
-    init_value) -> (tensor, fresh)``, :class:`~graphslot.BufferPool`) shares them across
-    registries; anything else is adopted: a mapping or object whose tensors, found by
-    slot name (key, attribute or dotted path), become the slots' buffers, each checked
-    for shape, dtype, device and contiguity (a slot not found there, or an ``adopt:
-    never`` one, is allocated).
-
-    ``impl``: ``"generated"`` (compiled in process, once per spec and params),
-    ``"interpreted"`` (the reference semantics), or a checked-in generated module.
-    Strict checks and the byte cap are per process: ``GRAPHSLOT_STRICT``,
-    ``GRAPHSLOT_MAX_BUFFER_BYTES`` (:mod:`graphslot.env`).
+    ``spec``: a RegistrySpec, a spec name (the project's, then the shipped one), a YAML path, or a generated
+    module (its embedded spec and, unless ``params`` say otherwise, its params). ``buffers``: ``None``
+    allocates each enabled slot's buffer at full capacity; a pool (``share(name, tensor, init_value) ->
+    (tensor, fresh)``, :class:`~graphslot.BufferPool`) shares them; anything else is adopted from (tensors
+    found by slot name: key, attribute or dotted path; checked; a slot not found or ``adopt: never`` is
+    allocated). ``impl``: ``"generated"`` (compiled once per spec and params), ``"interpreted"``, or a
+    checked-in generated module. Strict checks and the byte cap are per process (:mod:`graphslot.env`).
     """
     pool = buffers if callable(getattr(buffers, "share", None)) else None
     options = dict(device=device, max_bs=max_bs, max_num_tokens=max_num_tokens, params=params, hooks=hooks, impl=impl)

@@ -13,8 +13,7 @@ from ..spec.hooks import CaptureContext, FillContext
 from ..spec.live import context_factory, live_view
 from ..spec.model import RegistrySpec
 from ..spec.resolve import ResolvedSlot
-from .buffers import allocate_slot_buffer
-from .pool import SharePool
+from .buffers import SharePool, allocate_slot_buffer
 from .stepcheck import StepChecker
 
 
