@@ -7,7 +7,6 @@ import builtins
 import hashlib
 import keyword
 import re
-from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..spec.dtypes import dtype_name
@@ -124,24 +123,15 @@ def slot_idents(slots: Sequence[ResolvedSlot]) -> List[str]:
     return idents
 
 
-@dataclass
 class SlotNames:
     """One slot's generated identifiers and slices (prefixed: no slot name can be a local like ``plan``)."""
 
-    slot: ResolvedSlot
-    ident: str
-
-    @property
-    def buf(self) -> str:
-        return f"buf_{self.ident}"
-
-    @property
-    def src(self) -> str:
-        return f"src_{self.ident}"
-
-    @property
-    def counts(self) -> Optional[Tuple[str, str]]:
-        return COUNTS.get(self.slot.axis)
+    def __init__(self, slot: ResolvedSlot, ident: str):
+        self.slot, self.ident, self.buf, self.src = slot, ident, f"buf_{ident}", f"src_{ident}"
+        self.counts: Optional[Tuple[str, str]] = COUNTS.get(slot.axis)
+        self.split = slot.shape[0] if slot.rows else None  # L for a slot copied as rows (``mrope_positions``)
+        # A head is dense (as ``_foreach_copy_``'s fast path needs) only when sliced on the outermost dimension.
+        self.dense_narrow = all(n == 1 for n in slot.shape[: slot.slice_dim])
 
     def narrow(self, start: Optional[str], stop: str, row: Optional[int] = None) -> Item:
         """The buffer sliced along its sliced dimension (in row ``row`` of a slot copied as rows)."""
@@ -156,16 +146,6 @@ class SlotNames:
 
     def padded_view(self) -> Item:
         return self.buf if self.counts is None else self.narrow(None, self.counts[1])
-
-    @property
-    def dense_narrow(self) -> bool:
-        """A head is dense (as ``_foreach_copy_``'s fast path needs) only when sliced on the outermost dimension."""
-        return all(n == 1 for n in self.slot.shape[: self.slot.slice_dim])
-
-    @property
-    def split(self) -> Optional[int]:
-        """L for a slot copied as rows (``mrope_positions``), else None."""
-        return self.slot.shape[0] if self.slot.rows else None
 
     def head_rows(self) -> Optional[List[Item]]:
         """The dense destinations of the head, or None where it has none."""
@@ -184,15 +164,12 @@ class SlotNames:
 
     def read_source(self, indent: int) -> List[str]:
         """``src_<slot> = fb.<slot>``; getattr where the field may be absent or is a keyword."""
-        name = self.slot.name
-        if self.slot.skip_absent:  # absent_fields: skip: anything but a tensor is no copy
+        name, pad = self.slot.name, " " * indent
+        if self.slot.skip_absent or self.slot.optional:
             read = assign(self.src, call("getattr", "fb", py_str(name), "None"), indent)
-            return read + [
-                " " * indent + f"if not isinstance({self.src}, torch.Tensor):",
-                " " * (indent + 4) + f"{self.src} = None",
-            ]
-        if self.slot.optional:
-            return assign(self.src, call("getattr", "fb", py_str(name), "None"), indent)
+            if self.slot.skip_absent:  # absent_fields: skip: anything but a tensor is no copy
+                read += [f"{pad}if not isinstance({self.src}, torch.Tensor):", f"{pad}    {self.src} = None"]
+            return read
         if keyword.iskeyword(name):
             return assign(self.src, call("getattr", "fb", py_str(name)), indent)
         return assign(self.src, f"fb.{name}", indent)
