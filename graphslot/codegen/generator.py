@@ -117,21 +117,16 @@ def _bound_from_runtime(node: ast.stmt) -> Optional[Tuple[str, str]]:
     return None
 
 
-def _constant_test(spec: RegistrySpec, expected: Optional[Sequence[Tuple[str, Any]]], position: int, name: str):
-    def constant(n: ast.stmt) -> bool:
-        targets = getattr(n, "targets", None)
-        if not (isinstance(n, ast.Assign) and len(targets) == 1 and getattr(targets[0], "id", None) == name):
-            return False
-        try:
-            value = literal(n.value)
-        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-            return False
-        if expected is None:  # the spec's own identity, at least
-            known = {"SPEC_NAME": spec.name, "SPEC_IDENTITY": spec.identity, "SPEC_JSON": spec.canonical_json()}
-            return name not in known or value == known[name]
-        return expected[position][0] == name and _same(expected[position][1], value)
-
-    return constant
+def _constant(node: ast.stmt, name: str, known: Mapping[str, Any]) -> bool:
+    """``name = <a literal>``, of the value ``known`` holds for it if any."""
+    targets = getattr(node, "targets", None)
+    if not (isinstance(node, ast.Assign) and len(targets) == 1 and getattr(targets[0], "id", None) == name):
+        return False
+    try:
+        value = literal(node.value)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False
+    return name not in known or _same(known[name], value)
 
 
 def check_module_structure(text: str, spec: RegistrySpec, expected: Optional[Sequence[Tuple[str, Any]]] = None) -> None:
@@ -160,7 +155,8 @@ def check_module_structure(text: str, spec: RegistrySpec, expected: Optional[Seq
 
     take("the module docstring", lambda n: _is(n, repr(DOCSTRING)))
     take(f"`{RUNTIME_IMPORT}`", lambda n: _is(n, RUNTIME_IMPORT))
-    version = dict(expected or {}).get("GRAPHSLOT_VERSION")
+    own = {"SPEC_NAME": spec.name, "SPEC_IDENTITY": spec.identity, "SPEC_JSON": spec.canonical_json()}
+    known, version = dict(expected or own), dict(expected or {}).get("GRAPHSLOT_VERSION")
     handshake = f"the handshake `{RUNTIME_ALIAS}.require(__name__, version=..., format={MODULE_FORMAT})`"
     take(handshake, lambda n: _is_handshake(n, version))
     take(f"`torch = {RUNTIME_ALIAS}.torch`", lambda n: _bound_from_runtime(n) == ("torch", "torch"))
@@ -168,15 +164,15 @@ def check_module_structure(text: str, spec: RegistrySpec, expected: Optional[Seq
 
     def helper(n: ast.stmt) -> bool:
         bound = _bound_from_runtime(n)
-        known = bound is not None and bound not in seen and HELPER_ALIASES.get(bound[1]) == bound[0]
+        ok = bound is not None and bound not in seen and HELPER_ALIASES.get(bound[1]) == bound[0]
         seen.add(bound)
-        return known
+        return ok
 
     take(f"`<helper> = {RUNTIME_ALIAS}.<helper>` of a known helper", helper)  # one or more, each bound once
     while not problems and body and _bound_from_runtime(body[0]):
         take(f"`<helper> = {RUNTIME_ALIAS}.<helper>` of a known helper", helper)
-    for position, name in enumerate(CONSTANTS):
-        take(f"the constant {name} = <its literal value>", _constant_test(spec, expected, position, name))
+    for name in CONSTANTS:  # without ``expected``, the spec's own identity at least
+        take(f"the constant {name} = <its literal value>", lambda n, name=name: _constant(n, name, known))
     for name in ("allocate", "bind"):
         node = take(
             f"`def {name}(...)`",
