@@ -58,11 +58,11 @@ def check_module(module: Any, spec: RegistrySpec, params: Mapping[str, Any]) -> 
         problems.append(f"generated module '{name}' {old}; run `graphslot generate`")
     elif module.SPEC_IDENTITY != spec.identity:
         problems.append(_other_spec(module, spec))
-    expected = {k: params_literal({k: v}) for k, v in structural_params(spec, params).items()}
-    got = {k: params_literal({k: v}) for k, v in module_params(module).items()}
+    expected, got = _sources(structural_params(spec, params)), _sources(module_params(module))
     differing = sorted(k for k in expected.keys() | got.keys() if expected.get(k) != got.get(k))
     if differing:
-        shown = ", ".join(f"{k} (module: {_value(got, k)}, registry: {_value(expected, k)})" for k in differing)
+        shown = [f"{k} (module: {got.get(k, 'absent')}, registry: {expected.get(k, 'absent')})" for k in differing]
+        shown = ", ".join(shown)
         fix = "declare an output with these params and run `graphslot generate`"
         problems.append(f"generated module '{name}' was generated for other params: {shown}; {fix}")
     if problems:
@@ -76,20 +76,14 @@ def _other_spec(module: Any, spec: RegistrySpec) -> str:
     name, theirs, ours = module_name(module), str(module.SPEC_IDENTITY)[:12], spec.identity[:12]
     same = same_spec_file(label, spec.path)
     if same:
-        return (
-            f"generated module '{name}' was generated from another version of {spec.path} (identity "
-            f"{theirs}…, the spec is now {ours}…); run `graphslot generate`"
-        )
+        version = f"another version of {spec.path} (identity {theirs}…, the spec is now {ours}…)"
+        return f"generated module '{name}' was generated from {version}; run `graphslot generate`"
     given = f"graphslot's shipped spec {spec.path}" if is_shipped(spec.path) else spec.path
-    head = (
-        f"generated module '{name}' was generated from "
-        f"{shorten(label, quote=False) if isinstance(label, str) else 'another spec'} (identity {theirs}…), "
-        f"this registry's spec is {given} (identity {ours}…)"
-    )
-    own = (
-        "build the registry from the module's own spec -- build_registry(module) uses the spec embedded in "
-        "it -- or pass the spec file it was generated from"
-    )
+    source = shorten(label, quote=False) if isinstance(label, str) else "another spec"
+    head = f"generated module '{name}' was generated from {source} (identity {theirs}…), this registry's spec is "
+    head += f"{given} (identity {ours}…)"
+    own = "build the registry from the module's own spec -- build_registry(module) uses the spec embedded in it -- "
+    own += "or pass the spec file it was generated from"
     if same is False:
         return f"{head}: {own}"
     return f"{head}: if that is the module's spec file and it changed, run `graphslot generate`; else {own}"
@@ -111,8 +105,9 @@ def _bound(module: Any, spec: RegistrySpec, bound: Any) -> tuple:
     raise _damaged(module, spec, "bind", got, "(fill_from, extract), two callables")
 
 
-def _value(literals: Mapping[str, str], key: str) -> str:
-    return literals[key].split(": ", 1)[1].rstrip("}") if key in literals else "absent"
+def _sources(params: Mapping[str, Any]) -> Dict[str, str]:
+    """Each param's value as the byte-stable source :func:`params_literal` writes."""
+    return {k: params_literal({k: v})[1:-1].split(": ", 1)[1] for k, v in params.items()}
 
 
 class GeneratedRegistry(SlotRegistry):
