@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from dataclasses import dataclass, field
+from collections import namedtuple
 from typing import Any, Dict, List, Mapping, Sequence, Set, Tuple
 
 from ..spec.dtypes import DTypeName, dtype_name, is_torch_dtype
@@ -156,12 +156,8 @@ def allocate_lines(em: Emitter) -> List[str]:
     """``allocate`` after its ``new_buffer``: the runtime params pad values read, one buffer per slot."""
     entries = []
     for s in (n.slot for n in em.names):
-        args = [
-            py_str(s.name),
-            shape_src(em.extents(s)),
-            dtype_src(s.dtype_name),
-            py_str("cpu") if s.host else "device",
-        ]
+        where = py_str("cpu") if s.host else "device"
+        args = [py_str(s.name), shape_src(em.extents(s)), dtype_src(s.dtype_name), where]
         args += [em.pad_src(s)] if s.fills_at_allocation else []
         args += [] if s.adopt else ["adopt=False"]  # `adopt: never`: registry-owned whatever adopt= holds
         entries.append((py_str(s.name), call("new_buffer", *args)))
@@ -169,17 +165,13 @@ def allocate_lines(em: Emitter) -> List[str]:
     return _runtime_binds(em, body) + body
 
 
-@dataclass
-class Shapes:
-    """One local per distinct expected shape of a copied field: in the plan when it depends on the counts."""
-
-    of: Dict[str, str] = field(default_factory=dict)  # slot ident -> local
-    in_plan: List[Tuple[str, List[str]]] = field(default_factory=list)  # (local, extents)
-    in_bind: List[Tuple[str, List[str]]] = field(default_factory=list)
+# One local per distinct expected shape of a copied field (``of``: slot ident -> local), made in the plan when
+# it depends on the counts, else in bind (``in_plan``, ``in_bind``: (local, extents)).
+Shapes = namedtuple("Shapes", "of in_plan in_bind")
 
 
 def expected_shapes(em: Emitter, copies: Copies) -> Shapes:
-    shapes, names = Shapes(), {}
+    shapes, names = Shapes({}, [], []), {}
     for n in copies.copied(em.fill_names):
         extents = n.expected_extents(em.extents(n.slot))
         name = unique(names, shape_name(extents), repr(extents))
