@@ -52,6 +52,7 @@ class Emitter:
         self.baked = structural_params(spec, self.params)  # folded into the code (not runtime, not live)
         self.slots = [s for s in self._symbolic_slots() if s.enabled]
         self.names = [SlotNames(s, i) for s, i in zip(self.slots, slot_idents(self.slots))]
+        self.viewed = [n for n in self.names if not n.slot.structured]  # what extract sets (dotted slots: never)
         # fill_from writes all but ``skip`` (fill_from_skipping's variant); allocate and extract cover all.
         self.fill_names = [n for n in self.names if n.slot.name not in skip]
         self.hooks = {n.slot.name: self._expected_hooks(n.slot) for n in self.names}
@@ -216,8 +217,8 @@ def bind_lines(em: Emitter, copies: Copies, shapes: Shapes, others: List[str]) -
         lines += [" " * BODY + 'dt_carrier = device.type == "cuda"']
     for name, extents in shapes.in_bind:
         lines += assign(name, _size(extents), BODY)
-    view_names = ["batch_size"] + [n.slot.name for n in em.names if not n.slot.structured]
-    maker = call("__gs_ViewMaker", tuple_of([py_str(v) for v in view_names]), py_str(em.spec.name))
+    view_names = [py_str("batch_size")] + [py_str(n.slot.name) for n in em.viewed]
+    maker = call("__gs_ViewMaker", tuple_of(view_names), py_str(em.spec.name))
     lines += assign("make_view", maker, BODY)
     return _runtime_binds(em, lines) + lines
 
@@ -316,21 +317,16 @@ def fill_lines(em: Emitter, copies: Copies, shapes: Shapes) -> List[str]:
     return lines
 
 
-def _viewed(em: Emitter) -> List[SlotNames]:
-    return [n for n in em.names if not n.slot.structured]
-
-
 def view_lines(em: Emitter) -> List[str]:
     """``make_views``: every slot's view at a padded size, once per size."""
-    return assign("entry", tuple_of([n.padded_view() for n in _viewed(em)]), CLOSURE)
+    return assign("entry", tuple_of([n.padded_view() for n in em.viewed]), CLOSURE)
 
 
 def extract_lines(em: Emitter) -> List[str]:
     """``extract`` after the view lookup: the batch's fields, set on a copy of it."""
-    viewed = _viewed(em)
-    lines = unpack([f"view_{n.ident}" for n in viewed], "entry", CLOSURE)
-    sometimes = [n for n in viewed if n.slot.plain_copy and n.slot.optional]
-    always = [n for n in viewed if not (n.slot.plain_copy and n.slot.optional)]
+    lines = unpack([f"view_{n.ident}" for n in em.viewed], "entry", CLOSURE)
+    sometimes = [n for n in em.viewed if n.slot.plain_copy and n.slot.optional]
+    always = [n for n in em.viewed if n not in sometimes]
     entries = [(py_str("batch_size"), "padded_bs")] + [(py_str(n.slot.name), f"view_{n.ident}") for n in always]
     lines += assign("fields", dict_of(entries), CLOSURE)
     pad = " " * CLOSURE
