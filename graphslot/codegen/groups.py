@@ -62,21 +62,14 @@ class CopyGroup:
     tails: List[Tuple[SlotNames, str]] = field(default_factory=list)  # (slot, pad constant)
     values: List[Tuple[SlotNames, str]] = field(default_factory=list)  # (slot, plan constant)
     carrier: Optional[str] = None
-
-    def _dtypes(self) -> List[str]:
-        members = self.heads + self.optional_heads + [n for n, _ in self.tails] + [n for n, _ in self.values]
-        return [n.slot.dtype_name for n in members]
+    mixed: bool = False
 
     def choose_carrier(self) -> None:
-        dtypes = set(self._dtypes())
-        if len(dtypes) == 1:
-            self.carrier = dtypes.pop()
-        elif dtypes:  # an integer dtype (copied bit for bit, unlike bool) of the smallest itemsize
-            self.carrier = _CARRIERS[min(d.itemsize for d in dtypes)]
-
-    @property
-    def mixed(self) -> bool:
-        return len(set(self._dtypes())) > 1
+        """One dtype: itself; several: an integer dtype (copied bit for bit, unlike bool) of the smallest itemsize."""
+        members = self.heads + self.optional_heads + [n for n, _ in self.tails + self.values]
+        dtypes = {n.slot.dtype_name for n in members}
+        self.mixed = len(dtypes) > 1
+        self.carrier = _CARRIERS[min(d.itemsize for d in dtypes)] if self.mixed else next(iter(dtypes), None)
 
     def dtypes_named(self) -> List[str]:  # bound as ``dt_<name>`` locals
         if not self.mixed:
