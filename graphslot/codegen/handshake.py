@@ -44,27 +44,19 @@ def version_incompatibility(generated_by: Any, runtime: Optional[str] = None) ->
     if gen is None or run is None:
         return f"{shorten(generated_by)} is not a graphslot version; {regenerate}"
     if series(gen) != series(run):
-        return (
-            f"a module runs only on the release series that generated it ({series(gen)}; same major version, "
-            f"while 0.x the same minor) at that release or later; {regenerate}, or install graphslot "
-            f"{shown} or a later {series(gen)}"
-        )
-    if run < gen:
-        return (
-            f"this graphslot is older than the one that generated the module; upgrade graphslot to "
-            f"{shown} or later ({series(gen)}), or {regenerate}"
-        )
-    return None
+        policy = f"the release series that generated it ({series(gen)}; same major version, while 0.x the same minor)"
+        fix = f"{regenerate}, or install graphslot {shown} or a later {series(gen)}"
+        return f"a module runs only on {policy} at that release or later; {fix}"
+    older = "this graphslot is older than the one that generated the module; upgrade graphslot to"
+    return f"{older} {shown} or later ({series(gen)}), or {regenerate}" if run < gen else None
 
 
 def incompatibility(generated_by: Any, module_format: Any, runtime: Optional[str] = None) -> Optional[str]:
     """:func:`version_incompatibility`, then the module format (None when it can run)."""
     why = version_incompatibility(generated_by, runtime)
     if why is None and (type(module_format) is not int or not OLDEST_MODULE_FORMAT <= module_format <= MODULE_FORMAT):
-        why = (
-            f"this graphslot runs module formats {OLDEST_MODULE_FORMAT} to {MODULE_FORMAT}; regenerate it "
-            "with this graphslot (`graphslot generate`)"
-        )
+        formats = f"this graphslot runs module formats {OLDEST_MODULE_FORMAT} to {MODULE_FORMAT}"
+        why = f"{formats}; regenerate it with this graphslot (`graphslot generate`)"
     return why
 
 
