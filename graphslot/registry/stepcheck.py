@@ -178,20 +178,17 @@ class StepChecker:
             raise self.fail(slot.name, f"expected dtype {buffer.dtype}, got {src.dtype} (copy_ would cast silently)")
         if src.device != buffer.device:
             raise self.fail(slot.name, f"expected device {buffer.device}, got {src.device}")
-        if _same_view(src, head):
+        if _view_of(src) == _view_of(head):
             return  # exactly its own head, however it was made: copies onto itself
         owner = self._extents.overlapping(src)
         if owner is not None:
-            raise self.fail(
-                slot.name,
-                f"the source aliases the buffer of slot '{owner}' (a view of a static "
-                "buffer other than this slot's own head); copy it first, or pass the "
-                "batch's own tensor",
-            )
+            view = "(a view of a static buffer other than this slot's own head)"
+            fix = "copy it first, or pass the batch's own tensor"
+            raise self.fail(slot.name, f"the source aliases the buffer of slot '{owner}' {view}; {fix}")
 
 
-def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.device == b.device and a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
+def _view_of(t: torch.Tensor) -> tuple:
+    return t.device, t.data_ptr(), t.shape, t.stride()
 
 
 def byte_extent(t: torch.Tensor) -> Tuple[int, int]:
