@@ -113,19 +113,16 @@ class SlotRegistry:
         strict: bool = False,
         context: Optional[Callable[..., Any]] = None,
     ):
-        self.spec, self.params = spec, dict(params)
+        self.spec, self.params, self.strict = spec, dict(params), strict
         self.max_bs, self.max_num_tokens, self.device = max_bs, max_num_tokens, torch.device(device)
-        self.strict = strict
         # Makes each fill's hook context (FillContext, or ``context``) with live params resolved.
         self.make_context = context_factory(context or FillContext, self.params)
         self._skipping: Dict[frozenset, Callable[..., None]] = {}
         self._slots: Dict[str, Slot] = {}
         for resolved in slots:
-            buffer = None
-            if resolved.enabled:
-                buffer = (buffers or {}).get(resolved.name)
-                if buffer is None:
-                    buffer = allocate_slot_buffer(resolved, self.device, pool, adopt)
+            buffer = (buffers or {}).get(resolved.name) if resolved.enabled else None
+            if resolved.enabled and buffer is None:
+                buffer = allocate_slot_buffer(resolved, self.device, pool, adopt)
             self._slots[resolved.name] = Slot(resolved, buffer, hooks.get(resolved.name, {}))
         self.active: Tuple[Slot, ...] = tuple(s for s in self._slots.values() if s.enabled)
         self.checker = StepChecker(spec.name, self.active, max_bs, max_num_tokens, strict)
@@ -151,9 +148,6 @@ class SlotRegistry:
     @property
     def nbytes(self) -> int:
         return sum(s.buffer.numel() * s.buffer.element_size() for s in self.active)
-
-    def fill_context(self, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs=None) -> Any:
-        return self.make_context(raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, self.params, side_inputs)
 
     def skip_set(self, names: AbstractSet[str]) -> frozenset:
         """The enabled slots among ``names`` (others are ignored, as sglang ignores them)."""

@@ -34,7 +34,7 @@ class InterpretedRegistry(SlotRegistry):
         raw_bs, padded_bs, raw_num_tokens, padded_num_tokens = check.step(
             raw_bs, padded_bs, raw_num_tokens, padded_num_tokens
         )
-        ctx = self.fill_context(raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs)
+        ctx = self.make_context(raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, self.params, side_inputs)
         active = [slot for slot in self.active if slot.name not in skip] if skip else self.active
 
         # 0. every source (batch fields, source hooks) is read and checked before
