@@ -22,9 +22,7 @@ from .spec.resolve import resolve_params, resolve_slots
 from . import env
 
 
-def bind_slot_hooks(
-    spec: RegistrySpec, slots: list, params: Mapping[str, Any], user_hooks: Mapping[str, Callable]
-) -> Dict[str, Dict[str, Callable]]:
+def bind_slot_hooks(spec: RegistrySpec, slots: list, params: Mapping[str, Any], user_hooks: Mapping[str, Callable]):
     """Each enabled slot's hooks as callables (one with nothing to do left out); with live params, a hook not
     built in names its slot when a provider it reads fails."""
     bound: Dict[str, Dict[str, Callable]] = {}
