@@ -116,9 +116,7 @@ def assign(target: str, value: Item, indent: int, op: str = "=") -> List[str]:
 
 def unpack(targets: Sequence[str], value: str, indent: int) -> List[str]:
     """``targets = value``: several targets one per line (magic), one as ``(x,)``."""
-    if not targets:
-        return []
-    return layout(tuple_of(targets), indent, "", f" = {value}")
+    return layout(tuple_of(targets), indent, "", f" = {value}") if targets else []
 
 
 def concatenated(target: str, groups: Sequence[str], indent: int = 0) -> List[str]:

@@ -56,8 +56,7 @@ def _ident(name: str) -> str:
 
 # Tags are a fixed word, digits, or ``x`` and a digest, so a joined tag reads back one way only.
 _EXTENT_TAGS = {"raw_bs": "bs", "raw_num_tokens": "tokens", "max_bs": "max_bs", "max_num_tokens": "max_tokens"}
-_COUNT_TAGS = {"raw_bs": "raw_bs", "padded_bs": "padded_bs", "raw_num_tokens": "raw_tokens"}
-_COUNT_TAGS["padded_num_tokens"] = "padded_tokens"
+_COUNT_TAGS = {c: c.replace("num_", "") for c in ("raw_bs", "padded_bs", "raw_num_tokens", "padded_num_tokens")}
 _NUMBER = re.compile(r"(-?)([0-9]+)(?:\.([0-9]+))?(?:e(-?)([0-9]+))?")
 _SPECIAL = {"0": "zero", "True": "true", "False": "false"}
 _SPECIAL.update({f'float("{v}")': v.replace("-", "neg") for v in ("inf", "-inf", "nan", "-nan")})

@@ -29,7 +29,6 @@ def hook(hooks: Dict[str, Dict[str, Callable]], slot: str, kind: str) -> Callabl
     try:
         return hooks[slot][kind]
     except KeyError:
-        raise RuntimeError(
-            f"slot '{slot}': the generated code expects a {kind} hook, but none was bound; the "
-            "module was generated for other params or hooks — regenerate it (graphslot generate)"
-        ) from None
+        expects = f"slot '{slot}': the generated code expects a {kind} hook, but none was bound"
+        fix = "the module was generated for other params or hooks — regenerate it (graphslot generate)"
+        raise RuntimeError(f"{expects}; {fix}") from None

@@ -65,12 +65,9 @@ class ViewMaker:
     def _is_plain(self, cls: type) -> bool:
         plain = self._plain.get(cls)
         if plain is None:
-            plain = self._plain[cls] = (
-                not hasattr(cls, "__slots__")
-                and cls.__reduce_ex__ is object.__reduce_ex__
-                and not hasattr(cls, "__copy__")
-                and not any(hasattr(getattr(cls, name, None), "__set__") for name in self.names)
-            )
+            copying = hasattr(cls, "__copy__") or cls.__reduce_ex__ is not object.__reduce_ex__
+            setters = any(hasattr(getattr(cls, n, None), "__set__") for n in self.names)
+            plain = self._plain[cls] = not (hasattr(cls, "__slots__") or copying or setters)
         return plain
 
     def __call__(self, batch: Any, fields: Dict[str, Any]) -> Any:

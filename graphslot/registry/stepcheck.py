@@ -54,10 +54,8 @@ class StepChecker:
 
     def counts(self, raw_bs: Any, padded_bs: Any, raw_num_tokens: Any, padded_num_tokens: Any) -> None:
         """Raise unless ``0 <= raw <= padded <= capacity`` for both axes, all ints."""
-        for axis, raw, padded, capacity in (
-            (Axis.BS, raw_bs, padded_bs, self.max_bs),
-            (Axis.TOKENS, raw_num_tokens, padded_num_tokens, self.max_num_tokens),
-        ):
+        bs = (Axis.BS, raw_bs, padded_bs, self.max_bs)
+        for axis, raw, padded, capacity in (bs, (Axis.TOKENS, raw_num_tokens, padded_num_tokens, self.max_num_tokens)):
             for what, n in (("raw", raw), ("padded", padded)):
                 if type(n) is not int:
                     raise self.fail(None, f"{what} {axis} count must be an int, got {describe(n)}")
