@@ -95,10 +95,8 @@ def build(
     context: Optional[Callable[..., Any]] = None,
 ) -> SlotRegistry:
     """:func:`build_registry` with the knobs graphslot's own runners and integrations need (not public API):
-    ``bind`` binds exactly these tensors (checked; nothing allocated), ``preset`` a preset by name, ``strict``
-    on whatever ``GRAPHSLOT_STRICT`` says, ``max_bytes`` the byte cap (default: ``GRAPHSLOT_MAX_BUFFER_BYTES``,
-    else 4 GiB), ``context(raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, params, side_inputs)`` makes
-    each fill's hook context (default :class:`FillContext`)."""
+    ``bind`` exactly these tensors, ``preset`` by name, ``strict`` (or ``GRAPHSLOT_STRICT``), ``max_bytes`` (default
+    ``GRAPHSLOT_MAX_BUFFER_BYTES``, else 4 GiB), ``context(*counts, params, side_inputs)`` (default FillContext)."""
     if isinstance(spec, types.ModuleType):
         from .codegen.embedded import module_params, module_spec
 

@@ -48,13 +48,7 @@ def canonical_parts(spec: RegistrySpec) -> List[str]:
         else:
             parts[-1] += _dump(key) + ":" + _dump(value) + comma
     parts[-1] += "}"
-    if "".join(parts) != spec.canonical_json():  # the same text, in pieces, or all of it at once
-        return [spec.canonical_json()]
-    return parts
-
-
-def _sha256(text: str) -> str:
-    return hashlib.sha256(text.encode("ascii")).hexdigest()
+    return parts if "".join(parts) == spec.canonical_json() else [spec.canonical_json()]  # in pieces, or whole
 
 
 def module_name(module: Any) -> str:
@@ -90,7 +84,8 @@ def module_spec(module: Any) -> RegistrySpec:
     source = f"{shorten(label, quote=False) if isinstance(label, str) else '<unknown spec>'} (embedded in {name})"
     text, identity = getattr(module, "SPEC_JSON", None), getattr(module, "SPEC_IDENTITY", None)
     regenerate = "regenerate it (graphslot generate)"
-    if not (isinstance(text, str) and len(text) <= MAX_SPEC_JSON and text.isascii()) or _sha256(text) != identity:
+    readable = isinstance(text, str) and len(text) <= MAX_SPEC_JSON and text.isascii()
+    if not readable or hashlib.sha256(text.encode("ascii")).hexdigest() != identity:
         message = "carries a spec that is not the one its SPEC_IDENTITY names; the module was edited or damaged"
         raise _refuse(module, source, f"{message}: {regenerate}")
     try:

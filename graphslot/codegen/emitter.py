@@ -326,7 +326,7 @@ def extract_lines(em: Emitter) -> List[str]:
     """``extract`` after the view lookup: the batch's fields, set on a copy of it."""
     lines = unpack([f"view_{n.ident}" for n in em.viewed], "entry", CLOSURE)
     sometimes = [n for n in em.viewed if n.slot.plain_copy and n.slot.optional]
-    always = [n for n in em.viewed if n not in sometimes]
+    always = [n for n in em.viewed if not (n.slot.plain_copy and n.slot.optional)]
     entries = [(py_str("batch_size"), "padded_bs")] + [(py_str(n.slot.name), f"view_{n.ident}") for n in always]
     lines += assign("fields", dict_of(entries), CLOSURE)
     pad = " " * CLOSURE

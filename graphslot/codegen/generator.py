@@ -101,11 +101,8 @@ def _is_handshake(node: ast.stmt, version: Optional[str]) -> bool:
         got = node.value.keywords[0].value.value
     except (AttributeError, IndexError):
         return False
-    return (
-        isinstance(got, str)
-        and version in (None, got)
-        and _is(node, f"{RUNTIME_ALIAS}.require(__name__, version={got!r}, format={MODULE_FORMAT})")
-    )
+    handshake = f"{RUNTIME_ALIAS}.require(__name__, version={got!r}, format={MODULE_FORMAT})"
+    return isinstance(got, str) and version in (None, got) and _is(node, handshake)
 
 
 def _bound_from_runtime(node: ast.stmt) -> Optional[Tuple[str, str]]:

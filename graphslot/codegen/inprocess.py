@@ -143,14 +143,10 @@ class GeneratedRegistry(SlotRegistry):
 
         def strict_fill_from(fb, *, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs=None):
             checker.strict_fill(fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens)
-            fill_from(
-                fb,
-                raw_bs=raw_bs,
-                padded_bs=padded_bs,
-                raw_num_tokens=raw_num_tokens,
-                padded_num_tokens=padded_num_tokens,
-                side_inputs=side_inputs,
+            counts = dict(
+                raw_bs=raw_bs, padded_bs=padded_bs, raw_num_tokens=raw_num_tokens, padded_num_tokens=padded_num_tokens
             )
+            fill_from(fb, **counts, side_inputs=side_inputs)
 
         def strict_extract(fb, *, padded_bs, padded_num_tokens):
             checker.view_counts(padded_bs, padded_num_tokens)
