@@ -25,16 +25,13 @@ from ..spec.dtypes import DTypeName, dtype_name, is_torch_dtype
 from ..spec.errors import SpecError, SpecIssue
 from ..spec.expr import python_literal
 from ..spec.model import RegistrySpec
-from .emitter import PLAN_CACHE_LIMIT, Emitter, params_literal
+from .emitter import PLAN_CACHE_LIMIT, Emitter as Emitter, params_literal
 from .handshake import MODULE_FORMAT
 from .layout import py_str
 from .names import RUNTIME_HELPERS, runtime_local
 
-__all__ = ["REGENERATE", "RULE", "Emitter", "render_module"]
-
 DOCSTRING = "Specialised fill_from / extract for one slot spec: see SPEC_NAME and the banner."
-CONSTANTS = ("SPEC_NAME", "SPEC_IDENTITY", "GRAPHSLOT_VERSION", "PARAMS", "RUNTIME_PARAMS", "SLOTS", "SPEC_SOURCE")
-CONSTANTS += ("SPEC_JSON",)
+CONSTANTS = tuple("SPEC_NAME SPEC_IDENTITY GRAPHSLOT_VERSION PARAMS RUNTIME_PARAMS SLOTS SPEC_SOURCE SPEC_JSON".split())
 RUNTIME_ALIAS, RUNTIME_IMPORT = "__gs_rt", "from graphslot.codegen import runtime as __gs_rt"
 HELPER_ALIASES = dict(RUNTIME_HELPERS)
 
@@ -44,11 +41,8 @@ _FORBIDDEN_NAMES = frozenset(
     "__import__ __builtins__ __loader__ __spec__ eval exec compile open globals locals vars breakpoint input help "
     "exit quit delattr memoryview classmethod staticmethod property super type object".split()
 )
-_FORBIDDEN_NODES = tuple(
-    getattr(ast, n)
-    for n in "Import ImportFrom Global Nonlocal ClassDef AsyncFunctionDef Await Yield YieldFrom With AsyncWith "
-    "AsyncFor Delete".split()
-)
+_FORBIDDEN_NODES = tuple(getattr(ast, n) for n in "Import ImportFrom Global Nonlocal ClassDef AsyncFunctionDef".split())
+_FORBIDDEN_NODES += tuple(getattr(ast, n) for n in "Await Yield YieldFrom With AsyncWith AsyncFor Delete".split())
 # The constant values with no Python literal: non-finite floats, written as calls.
 _NON_FINITE = {ast.dump(ast.parse(f'float("{v}")', mode="eval").body): float(v) for v in ("inf", "-inf", "nan", "-nan")}
 

@@ -26,9 +26,7 @@ _RELEASE = re.compile(r"([0-9]{1,9})\.([0-9]{1,9})(?:\.([0-9]{1,9}))?(?![0-9])")
 def release(version: Any) -> Optional[Tuple[int, int, int]]:
     """``(major, minor, micro)`` of ``"0.2.0"``, ``"1.3"``, ``"0.3.0rc1"``, ``"0.2.0+local"``; else None."""
     match = _RELEASE.match(version) if isinstance(version, str) else None
-    if match is None:
-        return None
-    return int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
+    return (int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)) if match else None
 
 
 def series(version: Tuple[int, int, int]) -> str:
