@@ -242,9 +242,7 @@ def plan_lines(copies: Copies, shapes: Shapes) -> List[str]:
         if name in resets:  # None when the step has no tail, so the fill skips it
             raw, padded = resets[name]
             lines += [" " * CLOSURE + f"{name} = None", " " * CLOSURE + f"if {raw} < {padded}:"]
-            lines += assign(name, value, CLOSURE + 4)
-        else:
-            lines += assign(name, value, CLOSURE)
+        lines += assign(name, value, CLOSURE + 4 if name in resets else CLOSURE)
     return lines + assign("plan", tuple_of([name for name, _ in plan_fields(copies, shapes)]), CLOSURE)
 
 

@@ -72,15 +72,12 @@ class CopyGroup:
         self.carrier = _CARRIERS[min(d.itemsize for d in dtypes)] if self.mixed else next(iter(dtypes), None)
 
     def dtypes_named(self) -> List[str]:  # bound as ``dt_<name>`` locals
-        if not self.mixed:
-            return []
-        return sorted({str(self.carrier)} | {str(n.slot.dtype_name) for n in self.heads + self.optional_heads})
+        named = {str(self.carrier)} | {str(n.slot.dtype_name) for n in self.heads + self.optional_heads}
+        return sorted(named) if self.mixed else []
 
     def prefixes(self) -> List[str]:
         """Plan lists: reinterpreted ('') and, for mixed dtypes, typed ('t')."""
-        if self.carrier is None:
-            return []
-        return ["", "t"] if self.mixed else [""]
+        return [] if self.carrier is None else ["", "t"] if self.mixed else [""]
 
     def _view(self, n: SlotNames, expr: Item, viewed: bool) -> Item:
         """``expr`` as the carrier dtype where ``viewed`` (a 0-d tensor first as 1-D: itemsizes need a dim)."""

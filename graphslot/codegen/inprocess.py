@@ -28,9 +28,8 @@ def compile_module(spec: RegistrySpec, params: Mapping[str, Any], skip: Abstract
     process; its source is in ``linecache``, so tracebacks and pdb show the generated lines."""
     baked = structural_params(spec, params)
     key = (spec.identity, spec.path, params_literal(baked), frozenset(skip))
-    module = _MODULES.get(key)
-    if module is not None:
-        return module
+    if key in _MODULES:
+        return _MODULES[key]
     from .generator import render_module  # jinja2: only when a module is rendered, never for a checked-in one
 
     source = render_module(spec, params, skip=skip)

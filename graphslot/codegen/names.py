@@ -64,9 +64,7 @@ _RESERVED_TAG = re.compile(r"zero|true|false|inf|neginf|nan|negnan|neg[0-9].*|x[
 
 
 def _extent_tag(source: str) -> str:
-    if source in _EXTENT_TAGS:
-        return _EXTENT_TAGS[source]
-    return source if source.isdigit() else "x" + _digest(source)
+    return _EXTENT_TAGS.get(source) or (source if source.isdigit() else "x" + _digest(source))
 
 
 def _value_tag(source: str) -> str:

@@ -108,8 +108,7 @@ class StepChecker:
         return value
 
     def expected_shape(self, slot, raw_bs: int, raw_num_tokens: int) -> Tuple[int, ...]:
-        shape = list(slot.buffer.shape)
-        count = slot.count(raw_bs, raw_num_tokens)
+        shape, count = list(slot.buffer.shape), slot.count(raw_bs, raw_num_tokens)
         if count is not None:
             shape[slot.resolved.slice_dim] = count
         return torch.Size(shape)
