@@ -261,7 +261,7 @@ def _shape_checks(copied: List[SlotNames], shapes: Shapes) -> List[str]:
     return lines
 
 
-def _hook_reads(em: Emitter, hooked: List[SlotNames], indent: int) -> List[str]:
+def _hook_reads(hooked: List[SlotNames], indent: int) -> List[str]:
     lines = []
     for n in hooked:
         read = call("__gs_check.hook_source", py_str(n.slot.name), call(f"hook_source_{n.ident}", "fb", "ctx"))
@@ -273,7 +273,7 @@ def _copy_fields(em: Emitter, copies: Copies, shapes: Shapes, hooked: List[SlotN
     """Read and check every field, then copy; a failure is diagnosed in the except branch, as interpreted."""
     copied = copies.copied(em.fill_names)
     body = [line for n in copied for line in n.read_source(COPY)] + _shape_checks(copied, shapes)
-    body += _hook_reads(em, hooked, COPY)  # after the fields, as the interpreter reads them
+    body += _hook_reads(hooked, COPY)  # after the fields, as the interpreter reads them
     for g in copies.groups:
         body += g.fill_lines(COPY)
     pad = " " * COPY
@@ -298,7 +298,7 @@ def fill_lines(em: Emitter, copies: Copies, shapes: Shapes) -> List[str]:
     if copies.copied(em.fill_names):
         lines += _copy_fields(em, copies, shapes, hooked)
     else:  # tails (and computed values) only
-        lines += _hook_reads(em, hooked, FILL)
+        lines += _hook_reads(hooked, FILL)
         for g in copies.groups:
             lines += g.fill_lines(FILL)
     for n in copies.separate_resets:
@@ -327,8 +327,7 @@ def extract_lines(em: Emitter) -> List[str]:
     always = [n for n in em.viewed if not (n.slot.plain_copy and n.slot.optional)]
     entries = [(py_str("batch_size"), "padded_bs")] + [(py_str(n.slot.name), f"view_{n.ident}") for n in always]
     lines += assign("fields", dict_of(entries), CLOSURE)
-    pad = " " * CLOSURE
     for n in sometimes:  # optional fields: set only when the batch has them
         lines += condition("if", f"getattr(fb, {py_str(n.slot.name)}, None) is not None", CLOSURE)
         lines += assign(f"fields[{py_str(n.slot.name)}]", f"view_{n.ident}", CLOSURE + 4)
-    return lines + [f"{pad}return make_view(fb, fields)"]
+    return lines + [" " * CLOSURE + "return make_view(fb, fields)"]

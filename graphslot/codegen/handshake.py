@@ -29,8 +29,7 @@ def release(version: Any) -> Optional[Tuple[int, int, int]]:
     return (int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)) if match else None
 
 
-def series(version: Tuple[int, int, int]) -> str:
-    """``1.x``, ``0.2.x``."""
+def series(version: Tuple[int, int, int]) -> str:  # the release series, as users write it: 1.x, 0.2.x
     return f"{version[0]}.x" if version[0] else f"0.{version[1]}.x"
 
 

@@ -14,9 +14,7 @@ import tokenize
 from collections import namedtuple
 from typing import List, Sequence, Tuple, Union
 
-LINE_WIDTH = 88
-STEP = 4
-
+LINE_WIDTH, STEP = 88, 4
 CALL, SUBSCRIPT, DISPLAY = "call", "subscript", "display"
 
 

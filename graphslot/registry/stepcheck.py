@@ -37,9 +37,7 @@ class StepChecker:
         self.slots = {slot.name: slot for slot in slots}  # enabled ``Slot`` objects with buffers
         self.plain = tuple(s for s in self.slots.values() if s.resolved.copy_from_fb and s.resolved.source is None)
         self._extents = BufferExtents((s.name, s.buffer) for s in self.slots.values())
-        self._seen_steps: dict = {}
-        self._seen_views: dict = {}
-        self._seen_raw: dict = {}
+        self._seen_steps, self._seen_views, self._seen_raw = {}, {}, {}  # what _once remembers
 
     def without(self, names: AbstractSet[str]) -> "StepChecker":
         """The checker of a fill leaving the slots ``names`` alone; aliasing is still judged on every buffer."""
