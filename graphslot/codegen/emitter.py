@@ -182,10 +182,6 @@ def expected_shapes(em: Emitter, copies: Copies) -> Shapes:
     return shapes
 
 
-def _size(extents: List[str]) -> Item:
-    return call("torch.Size", shape_src(extents))
-
-
 def _hook_binds(em: Emitter) -> List[str]:
     lines = []
     filled = {id(n) for n in em.fill_names}
@@ -216,7 +212,7 @@ def bind_lines(em: Emitter, copies: Copies, shapes: Shapes, others: List[str]) -
     if copies.dev.dtypes_named():  # one copy kernel for every dtype: worth the views where kernels launch
         lines += [" " * BODY + 'dt_carrier = device.type == "cuda"']
     for name, extents in shapes.in_bind:
-        lines += assign(name, _size(extents), BODY)
+        lines += assign(name, call("torch.Size", shape_src(extents)), BODY)
     view_names = [py_str("batch_size")] + [py_str(n.slot.name) for n in em.viewed]
     maker = call("__gs_ViewMaker", tuple_of(view_names), py_str(em.spec.name))
     lines += assign("make_view", maker, BODY)
@@ -228,7 +224,7 @@ def plan_fields(copies: Copies, shapes: Shapes) -> List[Tuple[str, Item]]:
     fields = [f for g in copies.groups for p in g.prefixes() for f in g.plan_fields(p)]
     fields += [(f"head_{n.ident}", n.head()) for n in copies.separate_copies]
     fields += [(f"tail_{n.ident}", n.tail()) for n in copies.separate_resets]
-    return fields + [(name, _size(extents)) for name, extents in shapes.in_plan]
+    return fields + [(name, call("torch.Size", shape_src(extents))) for name, extents in shapes.in_plan]
 
 
 def plan_lines(copies: Copies, shapes: Shapes) -> List[str]:
