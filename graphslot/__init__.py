@@ -29,8 +29,8 @@ _TORCH_FREE = {
 }
 _TORCH = {
     "build_registry": ".api",
-    "BufferPool": ".registry.pool",
-    "SharePool": ".registry.pool",
+    "BufferPool": ".registry.buffers",
+    "SharePool": ".registry.buffers",
     "Slot": ".registry.base",
     "SlotRegistry": ".registry.base",
     "InterpretedRegistry": ".registry.interpreter",

@@ -1,5 +1,5 @@
-"""``build_registry``: from a spec and a param set to a live registry (and ``build``, the
-same with the knobs graphslot's runners and integrations need)."""
+"""``build_registry``: from a spec and params to a live registry (``build``: the same with the knobs
+graphslot's runners and integrations need)."""
 
 from __future__ import annotations
 
@@ -15,29 +15,22 @@ from .spec.hooks import BUILTIN_HOOKS, HOOK_SIGNATURES, HookError, bind_hook
 from .spec.live import Live, naming_slot
 from .spec.loading import load_spec
 from .spec.model import RegistrySpec
-from .registry.buffers import check_given_buffers
-from .registry.pool import SharePool
+from .registry.buffers import SharePool, check_given_buffers
 from .registry.base import SlotRegistry
 from .registry.interpreter import InterpretedRegistry
 from .spec.resolve import resolve_params, resolve_slots
 from . import env
 
 
-def strict_from_env() -> bool:
-    """``GRAPHSLOT_STRICT`` (:mod:`graphslot.env`): on for every registry built."""
-    return env.STRICT.enabled()
-
-
-def bind_slot_hooks(
-    spec: RegistrySpec, slots: list, params: Mapping[str, Any], user_hooks: Mapping[str, Callable]
-) -> Dict[str, Dict[str, Callable]]:
-    """Each enabled slot's hooks as callables; a hook with nothing to do is left out.
-    With live params, a hook not built in names its slot when a provider it reads fails."""
+def bind_slot_hooks(spec: RegistrySpec, slots: list, params: Mapping[str, Any], user_hooks: Mapping[str, Callable]):
+    """Each enabled slot's hooks as callables (one with nothing to do left out); with live params, a hook not
+    built in names its slot when a provider it reads fails."""
     bound: Dict[str, Dict[str, Callable]] = {}
     live = any(isinstance(value, Live) for value in params.values())
-    issues = [SpecIssue("<hooks=>", None, f"hook name '{name}' passed in build_registry(hooks=...) is the name "
-                        f"of a built-in hook; rename yours (e.g. 'my_{name}') and use that name in the spec")
-              for name in sorted(set(user_hooks) & set(BUILTIN_HOOKS))]
+    taken = "passed in build_registry(hooks=...) is the name of a built-in hook"
+    fix = "rename yours (e.g. 'my_{}') and use that name in the spec"
+    names = sorted(set(user_hooks) & set(BUILTIN_HOOKS))
+    issues = [SpecIssue("<hooks=>", None, f"hook name '{name}' {taken}; {fix.format(name)}") for name in names]
     for index, slot in enumerate(slots):
         if not slot.enabled:
             continue
@@ -69,30 +62,19 @@ def build_registry(
     hooks: Optional[Mapping[str, Callable]] = None,
     impl: Any = "generated",
 ) -> SlotRegistry:
-    """Allocate (or take) a registry's static buffers and bind its ``fill_from`` /
-    ``extract``.
+    """Allocate (or take) a registry's static buffers and bind its ``fill_from`` / ``extract`` (docs/api.md).
 
-    ``spec``: a RegistrySpec, a spec name (the project's spec of that name, then the
-    shipped one), a YAML path, or a generated module (which carries its spec and,
-    unless ``params`` say otherwise, the params it was generated for). ``params``: spec
-    params (a preset is a mapping too: ``{**spec.presets["eager"], ...}``).
-
-    ``buffers`` says where the static tensors come from: ``None`` allocates each enabled
-    slot's buffer once, at full capacity; a pool (an object with ``share(name, tensor,
-    init_value) -> (tensor, fresh)``, :class:`~graphslot.BufferPool`) shares them across
-    registries; anything else is adopted: a mapping or object whose tensors, found by
-    slot name (key, attribute or dotted path), become the slots' buffers, each checked
-    for shape, dtype, device and contiguity (a slot not found there, or an ``adopt:
-    never`` one, is allocated).
-
-    ``impl``: ``"generated"`` (compiled in process, once per spec and params),
-    ``"interpreted"`` (the reference semantics), or a checked-in generated module.
-    Strict checks and the byte cap are per process: ``GRAPHSLOT_STRICT``,
-    ``GRAPHSLOT_MAX_BUFFER_BYTES`` (:mod:`graphslot.env`).
+    ``spec``: a RegistrySpec, a spec name (the project's, then the shipped one), a YAML path, or a generated
+    module (its embedded spec and, unless ``params`` say otherwise, its params). ``buffers``: ``None``
+    allocates each enabled slot's buffer at full capacity; a pool (``share(name, tensor, init_value) ->
+    (tensor, fresh)``, :class:`~graphslot.BufferPool`) shares them; anything else is adopted from (tensors
+    found by slot name: key, attribute or dotted path; checked; a slot not found or ``adopt: never`` is
+    allocated). ``impl``: ``"generated"`` (compiled once per spec and params), ``"interpreted"``, or a
+    checked-in generated module. Strict checks and the byte cap are per process (:mod:`graphslot.env`).
     """
     pool = buffers if callable(getattr(buffers, "share", None)) else None
-    return build(spec, device=device, max_bs=max_bs, max_num_tokens=max_num_tokens, params=params, hooks=hooks,
-                 impl=impl, pool=pool, adopt=None if pool is not None else buffers)
+    options = dict(device=device, max_bs=max_bs, max_num_tokens=max_num_tokens, params=params, hooks=hooks, impl=impl)
+    return build(spec, **options, pool=pool, adopt=None if pool is not None else buffers)
 
 
 def build(
@@ -112,13 +94,9 @@ def build(
     max_bytes: Optional[int] = None,
     context: Optional[Callable[..., Any]] = None,
 ) -> SlotRegistry:
-    """:func:`build_registry` with the knobs graphslot's own runners and integrations
-    need (not public API): ``bind`` binds exactly these tensors (one per enabled slot,
-    checked; nothing allocated), ``preset`` a spec preset by name, ``strict`` on
-    whatever ``GRAPHSLOT_STRICT`` says, ``max_bytes`` the byte cap (default:
-    ``GRAPHSLOT_MAX_BUFFER_BYTES``, else 4 GiB), ``context`` makes each fill's hook
-    context, called as ``context(raw_bs, padded_bs, raw_num_tokens, padded_num_tokens,
-    params, side_inputs)`` (default :class:`FillContext`)."""
+    """:func:`build_registry` with the knobs graphslot's own runners and integrations need (not public API):
+    ``bind`` exactly these tensors, ``preset`` by name, ``strict`` (or ``GRAPHSLOT_STRICT``), ``max_bytes`` (default
+    ``GRAPHSLOT_MAX_BUFFER_BYTES``, else 4 GiB), ``context(*counts, params, side_inputs)`` (default FillContext)."""
     if isinstance(spec, types.ModuleType):
         from .codegen.embedded import module_params, module_spec
 
@@ -128,19 +106,19 @@ def build(
         if isinstance(impl, str) and impl == "generated":
             impl = module
     elif not isinstance(spec, (RegistrySpec, str, os.PathLike)):
-        raise TypeError(f"build_registry: spec must be a RegistrySpec, a spec name or path, or a generated module, "
-                        f"got {type(spec).__name__}")
+        kinds = "a RegistrySpec, a spec name or path, or a generated module"
+        raise TypeError(f"build_registry: spec must be {kinds}, got {type(spec).__name__}")
     if not isinstance(spec, RegistrySpec):
         spec = load_spec(spec)
     resolved_params = resolve_params(spec, params, preset)
     slots = resolve_slots(spec, resolved_params, max_bs, max_num_tokens)
-    check_buffer_bytes(spec.name, ((s.name, s.nbytes) for s in slots if s.enabled),
-                       f"max_bs={max_bs}, max_num_tokens={max_num_tokens}", max_bytes)
+    sizes = ((s.name, s.nbytes) for s in slots if s.enabled)
+    check_buffer_bytes(spec.name, sizes, f"max_bs={max_bs}, max_num_tokens={max_num_tokens}", max_bytes)
     bound = bind_slot_hooks(spec, slots, resolved_params, hooks or {})
     if bind is not None:
         bind = check_given_buffers(spec.name, slots, bind, torch.device(device))
-    kwargs = dict(max_bs=max_bs, max_num_tokens=max_num_tokens, device=torch.device(device), pool=pool,
-                  strict=strict or strict_from_env(), buffers=bind, context=context)
+    kwargs = dict(max_bs=max_bs, max_num_tokens=max_num_tokens, device=torch.device(device), pool=pool, buffers=bind)
+    kwargs.update(strict=strict or env.STRICT.enabled(), context=context)  # GRAPHSLOT_STRICT: on for every registry
     if impl == "interpreted":
         return InterpretedRegistry(spec, slots, bound, resolved_params, adopt=adopt, **kwargs)
     from .codegen.inprocess import build_generated_registry

@@ -1,91 +1,64 @@
-"""Decide what generated code does for one (spec, params): the emitter layer.
-
-:class:`Emitter` resolves the spec's slots for the params (capacities left symbolic),
-names them (:mod:`.names`), sorts them into copy groups (:mod:`.groups`) and has one
-builder per emitted piece (:mod:`.builders`) write its lines; the template only lays
-the pieces out. Everything is decided here, so the template holds no logic.
+"""Decide what generated code does for one (spec, params) and write it: :class:`Emitter` resolves the slots
+(capacities left symbolic), names them, sorts them into copy groups, and one builder per piece writes its
+lines at the indentation the template places them (the template only lays them out). Per step the generated
+``fill_from`` looks its step size up in a plan cache (``make_plan``: every slice computed once per size),
+reads and checks every field, then issues the copy groups' ``_foreach_copy_``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from typing import AbstractSet, Any, Dict, List, Mapping, Sequence, Tuple
+import re
+from collections import namedtuple
+from typing import Any, Dict, List, Mapping, Sequence, Set, Tuple
 
 from ..spec.dtypes import DTypeName, dtype_name, is_torch_dtype
 from ..spec.expr import Expr, python_literal
 from ..spec.hooks import BUILTIN_HOOKS, HOOK_SIGNATURES, is_import_reference
 from ..spec.model import RegistrySpec
 from ..spec.resolve import ResolvedSlot, copied_as_rows, depends_on_capacity, resolve_slot
-from . import builders
-from .groups import plan_copies
-from .layout import normalise
-from .names import CAPACITY, RUNTIME_HELPERS, TEMPLATE_HELPERS, SlotNames, runtime_local, slot_idents
+from .embedded import canonical_parts
+from .groups import Copies, plan_copies
+from .layout import Chain, Item, assign, call, concatenated, condition, dict_of, layout, method, normalise
+from .layout import py_str, subscript, tuple_of, unpack
+from .names import CAPACITY, RUNTIME_HELPERS, TEMPLATE_HELPERS, SlotNames, dtype_src, runtime_local, shape_name
+from .names import shape_src, slot_idents, unique
 
 PLAN_CACHE_LIMIT = 4096  # distinct step sizes kept; a server sees ~one per captured size
-
-__all__ = ["PLAN_CACHE_LIMIT", "RUNTIME_HELPERS", "Emission", "Emitter", "params_literal", "runtime_local",
-           "structural_params"]
+# Indentations: a function's body, a closure's, the fill's try block, the inner try that reads and copies.
+BODY, CLOSURE, FILL, COPY = 4, 8, 12, 16
+STEP_COUNTS = "raw_bs, padded_bs, raw_num_tokens, padded_num_tokens"
 
 
 def structural_params(spec: RegistrySpec, params: Mapping[str, Any]) -> Dict[str, Any]:
-    """The params baked into generated code (everything but ``runtime`` and ``live``
-    ones: those are read when bound, or by hooks at fill time)."""
+    """The params baked into generated code: all but ``runtime`` (read when bound) and ``live`` ones."""
     return {k: v for k, v in params.items() if not (spec.params[k].runtime or spec.params[k].live)}
 
 
 def params_literal(params: Mapping[str, Any]) -> str:
-    """Byte-stable one-line source for a params dict (dtypes by name, keys sorted,
-    non-finite floats as ``float('inf')``): the key of a compiled module and of the
-    comparison of a module's params with a registry's."""
-    items = (f"{k!r}: {dtype_name(v)!r}" if isinstance(v, DTypeName) or is_torch_dtype(v)
-             else f"{k!r}: {python_literal(v)}" for k, v in sorted(params.items()))
-    return "{" + ", ".join(items) + "}"
+    """Byte-stable one-line source for params (keys sorted, dtypes by name): a compiled module's cache key."""
 
+    def literal(v: Any) -> str:
+        return repr(dtype_name(v)) if isinstance(v, DTypeName) or is_torch_dtype(v) else python_literal(v)
 
-@dataclass
-class Emission:
-    """Everything the template lays out: the module's metadata and, per piece, its
-    lines, indented where the template places them."""
-
-    spec_name: str
-    spec_source: str
-    spec_identity: str
-    version: str
-    params: Dict[str, Any]
-    runtime_params: List[str]
-    live_params: List[str]
-    used_runtime_params: List[Tuple[str, str]]  # (local, param name)
-    slot_names: List[str]
-    runtime_imports: List[Tuple[str, str]]  # (helper, mangled name), only those used
-    helper_lines: List[str]
-    constant_lines: List[str]
-    allocate_lines: List[str]
-    bind_lines: List[str]
-    plan_lines: List[str]
-    fill_lines: List[str]
-    view_lines: List[str]
-    extract_lines: List[str]
+    return "{" + ", ".join(f"{k!r}: {literal(v)}" for k, v in sorted(params.items())) + "}"
 
 
 class Emitter:
-    def __init__(self, spec: RegistrySpec, params: Mapping[str, Any], version: str, source_label: str,
-                 skip: AbstractSet[str] = frozenset()):
-        self.spec, self.params, self.version, self.source_label = spec, dict(params), version, source_label
+    def __init__(self, spec: RegistrySpec, params: Mapping[str, Any], version: str, source: str, skip=frozenset()):
+        self.spec, self.params, self.version, self.source_label = spec, dict(params), version, source
         # sorted: the order of a spec's params is no part of its meaning (RegistrySpec.identity)
         self.runtime = sorted(n for n, p in spec.params.items() if p.runtime)
         self.baked = structural_params(spec, self.params)  # folded into the code (not runtime, not live)
         self.slots = [s for s in self._symbolic_slots() if s.enabled]
         self.names = [SlotNames(s, i) for s, i in zip(self.slots, slot_idents(self.slots))]
-        #: The slots fill_from writes: all but ``skip`` (a variant for staged slots,
-        #: SlotRegistry.fill_from_skipping); allocate and extract always cover every slot.
+        self.viewed = [n for n in self.names if not n.slot.structured]  # what extract sets (dotted slots: never)
+        # fill_from writes all but ``skip`` (fill_from_skipping's variant); allocate and extract cover all.
         self.fill_names = [n for n in self.names if n.slot.name not in skip]
         self.hooks = {n.slot.name: self._expected_hooks(n.slot) for n in self.names}
 
     def _symbolic_slots(self) -> List[ResolvedSlot]:
-        """The slots resolved for these params with capacities left symbolic (one
-        generated module serves every max_bs): an extent that depends on a capacity
-        is ``None`` here, so any shape the interpreter accepts is accepted."""
+        """The slots resolved with capacities left symbolic (``None``): one module serves every max_bs."""
         slots = []
         for i, spec_slot in enumerate(self.spec.slots):
             fixed = [None if depends_on_capacity(e) else e for e in spec_slot.shape]
@@ -96,29 +69,21 @@ class Emitter:
         return slots
 
     def _expected_hooks(self, slot: ResolvedSlot) -> List[str]:
-        """Hook kinds this slot will have bound; a built-in that has nothing to do
-        with these params is left out of the generated code altogether."""
+        """Hook kinds this slot will have bound (a built-in with nothing to do for these params is left out)."""
         kinds = []
         for kind in HOOK_SIGNATURES:
             ref = getattr(slot, kind)
-            if ref is None:
-                continue
-            if ref in BUILTIN_HOOKS and not is_import_reference(ref):
-                if BUILTIN_HOOKS[ref].factory(self.params, slot.name) is None:
-                    continue
-            kinds.append(kind)
+            builtin = ref in BUILTIN_HOOKS and not is_import_reference(ref)
+            if ref is not None and not (builtin and BUILTIN_HOOKS[ref].factory(self.params, slot.name) is None):
+                kinds.append(kind)
         return kinds
 
-    # -- spec values as source -------------------------------------------------------------
     def spec_expr(self, value: Any, keep: Sequence[str]) -> str:
-        """A spec value (literal or expression) as source: baked params folded in,
-        ``keep`` and runtime params left as names."""
-        if isinstance(value, str):
-            baked = self.baked
-            names = {name: name for name in keep}
-            names.update({name: runtime_local(name) for name in self.runtime})
-            return normalise(Expr.parse(value).to_python(baked, keep=names))
-        return normalise(python_literal(value))
+        """A spec value as source: baked params folded in, ``keep`` and runtime params left as names."""
+        if not isinstance(value, str):
+            return normalise(python_literal(value))
+        names = {**{name: name for name in keep}, **{name: runtime_local(name) for name in self.runtime}}
+        return normalise(Expr.parse(value).to_python(self.baked, keep=names))
 
     def extents(self, slot: ResolvedSlot) -> List[str]:
         return [self.spec_expr(e, CAPACITY.values()) for e in self.spec.slot_spec(slot.name).shape]
@@ -137,27 +102,228 @@ class Emitter:
                 used |= Expr.parse(pad_value).names
         return [name for name in self.runtime if name in used]
 
-    # -- the module ------------------------------------------------------------------------
-    def emit(self) -> Emission:
+    def emit(self) -> "Emitter":
+        """Write every piece the template lays out (the ``*_lines``) and pick the runtime helpers; returns self."""
         copies = plan_copies(self)  # before any builder: it takes the hooks it fuses away
-        shapes = builders.expected_shapes(self, copies)
-        pieces = {
-            "allocate_lines": builders.allocate_lines(self),
-            "plan_lines": builders.plan_lines(copies, shapes),
-            "fill_lines": builders.fill_lines(self, copies, shapes),
-            "view_lines": builders.view_lines(self),
-            "extract_lines": builders.extract_lines(self),
-        }
-        pieces["bind_lines"] = builders.bind_lines(self, copies, shapes, sum(pieces.values(), []))
-        emitted = [line for lines in pieces.values() for line in lines]
-        imports = sorted((helper, alias) for helper, alias in RUNTIME_HELPERS
-                         if alias in TEMPLATE_HELPERS or any(alias in line for line in emitted))
-        used = self.used_runtime_params()
-        return Emission(
-            spec_name=self.spec.name, spec_source=self.source_label, spec_identity=self.spec.identity,
-            version=self.version, params=self.baked, runtime_params=self.runtime,
-            live_params=sorted(n for n, p in self.spec.params.items() if p.live),
-            used_runtime_params=[(runtime_local(n), n) for n in used], slot_names=[n.slot.name for n in self.names],
-            runtime_imports=imports, helper_lines=builders.helper_lines(imports),
-            constant_lines=builders.constant_lines(self), **pieces,
-        )
+        shapes = expected_shapes(self, copies)
+        self.allocate_lines, self.plan_lines = allocate_lines(self), plan_lines(copies, shapes)
+        self.fill_lines, self.view_lines = fill_lines(self, copies, shapes), view_lines(self)
+        self.extract_lines = extract_lines(self)
+        others = self.allocate_lines + self.plan_lines + self.fill_lines + self.view_lines + self.extract_lines
+        self.bind_lines = bind_lines(self, copies, shapes, others)
+        emitted = "\n".join(others + self.bind_lines)
+        self.runtime_imports = sorted(h for h in RUNTIME_HELPERS if h[1] in TEMPLATE_HELPERS or h[1] in emitted)
+        self.helper_lines, self.constant_lines = helper_lines(self.runtime_imports), constant_lines(self)
+        return self
+
+
+def value_literal(value: Any) -> str:
+    """A param value as source: dtypes by name, non-finite floats as ``float("inf")``."""
+    if isinstance(value, DTypeName) or is_torch_dtype(value):
+        return py_str(dtype_name(value))
+    return normalise(python_literal(value))
+
+
+def helper_lines(imports: List[Tuple[str, str]]) -> List[str]:
+    """torch and the runtime helpers the module uses, bound after the handshake."""
+    return ["torch = __gs_rt.torch"] + [f"{alias} = __gs_rt.{helper}" for helper, alias in imports]
+
+
+def constant_lines(em: Emitter) -> List[str]:
+    """The constants, SPEC_NAME to the embedded spec (SPEC_SOURCE, SPEC_JSON)."""
+    lines = [f"{k} = {py_str(v)}" for k, v in (("SPEC_NAME", em.spec.name), ("SPEC_IDENTITY", em.spec.identity))]
+    lines += [f"GRAPHSLOT_VERSION = {py_str(em.version)}"]
+    lines += assign("PARAMS", dict_of([(py_str(k), value_literal(v)) for k, v in sorted(em.baked.items())]), 0)
+    lines += assign("RUNTIME_PARAMS", tuple_of([py_str(n) for n in em.runtime]), 0)
+    lines += assign("SLOTS", tuple_of([py_str(n.slot.name) for n in em.names]), 0)
+    return lines + [f"SPEC_SOURCE = {py_str(em.source_label)}"] + concatenated("SPEC_JSON", canonical_parts(em.spec))
+
+
+_NAME = re.compile(r"(?<![\w\"'])[^\W\d]\w*(?![\w\"'])")
+
+
+def _used_names(lines: List[str]) -> Set[str]:
+    """The names ``lines`` use (not in a string, nor parts of longer names), in one pass."""
+    return set(_NAME.findall("\n".join(lines)))
+
+
+def _runtime_binds(em: Emitter, body: List[str]) -> List[str]:
+    """The runtime params ``body`` reads (pad values), from ``params``."""
+    used, names = [(runtime_local(n), n) for n in em.used_runtime_params()], _used_names(body)
+    return [" " * BODY + f"{local} = params[{py_str(n)}]" for local, n in used if local in names]
+
+
+def allocate_lines(em: Emitter) -> List[str]:
+    """``allocate`` after its ``new_buffer``: the runtime params pad values read, one buffer per slot."""
+    entries = []
+    for s in (n.slot for n in em.names):
+        where = py_str("cpu") if s.host else "device"
+        args = [py_str(s.name), shape_src(em.extents(s)), dtype_src(s.dtype_name), where]
+        args += [em.pad_src(s)] if s.fills_at_allocation else []
+        args += [] if s.adopt else ["adopt=False"]  # `adopt: never`: registry-owned whatever adopt= holds
+        entries.append((py_str(s.name), call("new_buffer", *args)))
+    body = layout(dict_of(entries), BODY, "return ")
+    return _runtime_binds(em, body) + body
+
+
+# One local per distinct expected shape of a copied field (``of``: slot ident -> local), made in the plan when
+# it depends on the counts, else in bind (``in_plan``, ``in_bind``: (local, extents)).
+Shapes = namedtuple("Shapes", "of in_plan in_bind")
+
+
+def expected_shapes(em: Emitter, copies: Copies) -> Shapes:
+    shapes, names = Shapes({}, [], []), {}
+    for n in copies.copied(em.fill_names):
+        extents = n.expected_extents(em.extents(n.slot))
+        name = unique(names, shape_name(extents), repr(extents))
+        if name not in shapes.of.values():
+            (shapes.in_bind if n.counts is None else shapes.in_plan).append((name, extents))
+        shapes.of[n.ident] = name
+    return shapes
+
+
+def _hook_binds(em: Emitter) -> List[str]:
+    lines = []
+    filled = {id(n) for n in em.fill_names}
+    for n in em.names:
+        for kind in em.hooks[n.slot.name]:
+            hook = call("__gs_hook", "hooks", py_str(n.slot.name), py_str(kind))
+            if kind == "pre_capture":  # run by the runner at capture: only checked to be bound here
+                lines += layout(hook, BODY)
+            elif id(n) in filled:
+                lines += assign(f"hook_{kind}_{n.ident}", hook, BODY)
+    return lines
+
+
+def bind_lines(em: Emitter, copies: Copies, shapes: Shapes, others: List[str]) -> List[str]:
+    """``bind``'s own statements: runtime params, the buffers ``others`` use, hooks, constants, the view maker."""
+    lines, used = [], _used_names(others)
+    for n in em.names:
+        if n.buf in used:
+            lines += assign(n.buf, subscript("buffers", py_str(n.slot.name)), BODY)
+    lines += _hook_binds(em)
+    for c in copies.constants:
+        where = py_str("cpu") if c.host else "device"
+        full = call("torch.full", f"({c.length},)", c.value, f"dtype={dtype_src(c.dtype)}", f"device={where}")
+        lines += assign(c.name, full, BODY)
+    sentinels = [n for n in copies.separate_resets if n.slot.padding == "fill_sentinel"]
+    lines += [" " * BODY + f"padval_{n.ident} = {em.pad_src(n.slot)}" for n in sentinels]
+    lines += [" " * BODY + f"dt_{d} = {dtype_src(d)}" for d in copies.dev.dtypes_named()]
+    if copies.dev.dtypes_named():  # one copy kernel for every dtype: worth the views where kernels launch
+        lines += [" " * BODY + 'dt_carrier = device.type == "cuda"']
+    for name, extents in shapes.in_bind:
+        lines += assign(name, call("torch.Size", shape_src(extents)), BODY)
+    view_names = [py_str("batch_size")] + [py_str(n.slot.name) for n in em.viewed]
+    maker = call("__gs_ViewMaker", tuple_of(view_names), py_str(em.spec.name))
+    lines += assign("make_view", maker, BODY)
+    return _runtime_binds(em, lines) + lines
+
+
+def plan_fields(copies: Copies, shapes: Shapes) -> List[Tuple[str, Item]]:
+    """(name, value) of everything a plan holds: the groups' lists, other heads and tails, the shapes."""
+    fields = [f for g in copies.groups for p in g.prefixes() for f in g.plan_fields(p)]
+    fields += [(f"head_{n.ident}", n.head()) for n in copies.separate_copies]
+    fields += [(f"tail_{n.ident}", n.tail()) for n in copies.separate_resets]
+    return fields + [(name, call("torch.Size", shape_src(extents))) for name, extents in shapes.in_plan]
+
+
+def plan_lines(copies: Copies, shapes: Shapes) -> List[str]:
+    """``make_plan``'s body up to the cache: the counts checked, computed values, every field, ``plan``."""
+    lines = [" " * CLOSURE + f"__gs_check.counts({STEP_COUNTS})"]
+    for name, extents, dtype, count in copies.values:
+        value = call("torch.full", shape_src(extents), count, f"dtype={dtype_src(dtype)}", "device=device")
+        lines += assign(name, value, CLOSURE)
+    resets = {f"tail_{n.ident}": n.counts for n in copies.separate_resets}
+    for name, value in plan_fields(copies, shapes):
+        if name in resets:  # None when the step has no tail, so the fill skips it
+            raw, padded = resets[name]
+            lines += [" " * CLOSURE + f"{name} = None", " " * CLOSURE + f"if {raw} < {padded}:"]
+        lines += assign(name, value, CLOSURE + 4 if name in resets else CLOSURE)
+    return lines + assign("plan", tuple_of([name for name, _ in plan_fields(copies, shapes)]), CLOSURE)
+
+
+def _shape_checks(copied: List[SlotNames], shapes: Shapes) -> List[str]:
+    """The happy path pays one shape comparison per field; a mismatch is diagnosed slot by slot."""
+    required = [n for n in copied if not n.slot.optional]
+    raises = " " * (COPY + 4) + "raise __gs_Mismatch"
+    lines = []
+    if required:
+        checks = tuple(f"{n.src}.shape != {shapes.of[n.ident]}" for n in required)
+        lines += condition("if", Chain("or", checks), COPY) + [raises]
+    for n in copied:
+        if n.slot.optional:
+            checks = (f"{n.src} is not None", f"{n.src}.shape != {shapes.of[n.ident]}")
+            lines += condition("if", Chain("and", checks), COPY) + [raises]
+    return lines
+
+
+def _hook_reads(hooked: List[SlotNames], indent: int) -> List[str]:
+    lines = []
+    for n in hooked:
+        read = call("__gs_check.hook_source", py_str(n.slot.name), call(f"hook_source_{n.ident}", "fb", "ctx"))
+        lines += assign(n.src, read, indent)
+    return lines
+
+
+def _copy_fields(em: Emitter, copies: Copies, shapes: Shapes, hooked: List[SlotNames]) -> List[str]:
+    """Read and check every field, then copy; a failure is diagnosed in the except branch, as interpreted."""
+    copied = copies.copied(em.fill_names)
+    body = [line for n in copied for line in n.read_source(COPY)] + _shape_checks(copied, shapes)
+    body += _hook_reads(hooked, COPY)  # after the fields, as the interpreter reads them
+    for g in copies.groups:
+        body += g.fill_lines(COPY)
+    pad = " " * COPY
+    for n in copies.separate_copies:
+        copy = call(f"head_{n.ident}.copy_", n.src)
+        if n.slot.optional:
+            body += [f"{pad}if {n.src} is not None:"] + layout(copy, COPY + 4)
+        else:
+            body += layout(copy, COPY)
+    pad = " " * FILL
+    diagnose = [pad + "except Exception as exc:", pad + "    __gs_check.diagnose(fb, raw_bs, raw_num_tokens, exc)"]
+    return [pad + "try:"] + body + diagnose
+
+
+def fill_lines(em: Emitter, copies: Copies, shapes: Shapes) -> List[str]:
+    """``fill_from``'s body after the plan lookup."""
+    pad = " " * FILL
+    lines = unpack([name for name, _ in plan_fields(copies, shapes)], "plan", FILL)
+    if any(set(em.hooks[n.slot.name]) - {"pre_capture"} for n in em.fill_names):
+        lines += assign("ctx", call("__gs_context", *STEP_COUNTS.split(", "), "params", "side_inputs"), FILL)
+    hooked = [n for n in copies.source_copies if "source" in em.hooks[n.slot.name]]
+    if copies.copied(em.fill_names):
+        lines += _copy_fields(em, copies, shapes, hooked)
+    else:  # tails (and computed values) only
+        lines += _hook_reads(hooked, FILL)
+        for g in copies.groups:
+            lines += g.fill_lines(FILL)
+    for n in copies.separate_resets:
+        zero = n.slot.padding == "zero"
+        reset = call(f"tail_{n.ident}.zero_") if zero else call(f"tail_{n.ident}.fill_", f"padval_{n.ident}")
+        lines += [f"{pad}if tail_{n.ident} is not None:"] + layout(reset, FILL + 4)
+    for n in hooked:  # a source gives any row count up to the capacity (a 0-d slot: its one value)
+        d = n.slot.slice_dim
+        narrow = call(f"{n.buf}.narrow", str(d), "0", f"{n.src}.shape[{d}]") if n.slot.shape else n.buf
+        lines += [f"{pad}if {n.src} is not None:"] + layout(method(narrow, "copy_", n.src), FILL + 4)
+    for n in em.fill_names:
+        if "post_fill" in em.hooks[n.slot.name]:
+            lines += layout(call(f"hook_post_fill_{n.ident}", n.buf, "fb", "ctx"), FILL)
+    return lines
+
+
+def view_lines(em: Emitter) -> List[str]:
+    """``make_views``: every slot's view at a padded size, once per size."""
+    return assign("entry", tuple_of([n.padded_view() for n in em.viewed]), CLOSURE)
+
+
+def extract_lines(em: Emitter) -> List[str]:
+    """``extract`` after the view lookup: the batch's fields, set on a copy of it."""
+    lines = unpack([f"view_{n.ident}" for n in em.viewed], "entry", CLOSURE)
+    sometimes = [n for n in em.viewed if n.slot.plain_copy and n.slot.optional]
+    always = [n for n in em.viewed if not (n.slot.plain_copy and n.slot.optional)]
+    entries = [(py_str("batch_size"), "padded_bs")] + [(py_str(n.slot.name), f"view_{n.ident}") for n in always]
+    lines += assign("fields", dict_of(entries), CLOSURE)
+    for n in sometimes:  # optional fields: set only when the batch has them
+        lines += condition("if", f"getattr(fb, {py_str(n.slot.name)}, None) is not None", CLOSURE)
+        lines += assign(f"fields[{py_str(n.slot.name)}]", f"view_{n.ident}", CLOSURE + 4)
+    return lines + [" " * CLOSURE + "return make_view(fb, fields)"]

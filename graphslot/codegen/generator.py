@@ -1,39 +1,202 @@
-"""Render the generated module for one (spec, params): source text, checked before use.
+"""Render the generated module for one (spec, params), and check it before use.
 
-Spec files (and the pyproject.toml that declares outputs) are untrusted input, so no
-text they hold is ever emitted raw: in the banner it appears only as ``ascii()``
-literals (one line, every control or non-ASCII character escaped), the docstring is
-fixed text, and in code only as escaped string literals (:func:`.layout.py_str`). Then,
-before the source is compiled or written, :func:`.skeleton.check_module_structure`
-compares it with the expected skeleton and refuses anything else with a
-:class:`GeneratedCodeError`.
-
-The module is laid out plainly (:mod:`.layout`), no line longer than 88 columns but a
-banner line quoting a long spec path or param value. It says ``# fmt: off`` after its
-docstring, so a formatter at any width (an engine's 79, 88, 100 or 120 columns) leaves
-it as it is and ``generate --check`` stays clean.
+Spec text (and pyproject's) is untrusted: it reaches the banner only as ``ascii()`` literals, code only as
+escaped string literals (:func:`.layout.py_str`). Then :func:`check_module_structure` refuses any source whose
+top level is not exactly: the fixed docstring, the runtime import, the handshake, ``torch`` and known helpers
+bound from the runtime, the constants SPEC_NAME … SPEC_JSON as literals, then ``def allocate`` and ``def bind``
+(in which nothing imports, declares globals, defines classes or reaches for ``eval``-like names or any dunder).
+Linters flag risky patterns; none says a module is exactly a skeleton with only literals where spec text may
+land. The module says ``# fmt: off``, so a formatter at any width leaves it be.
 """
 
 from __future__ import annotations
 
 import ast
+import copy
+import math
 import re
 from functools import lru_cache
-from typing import AbstractSet, Any, List, Mapping, Optional, Tuple
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 
 import jinja2
 
 from .._version import __version__
 from ..spec.dtypes import DTypeName, dtype_name, is_torch_dtype
+from ..spec.errors import SpecError, SpecIssue
 from ..spec.expr import python_literal
 from ..spec.model import RegistrySpec
-from .emitter import PLAN_CACHE_LIMIT, Emission, Emitter, params_literal
+from .emitter import PLAN_CACHE_LIMIT, Emitter as Emitter, params_literal
 from .handshake import MODULE_FORMAT
 from .layout import py_str
-from .skeleton import DOCSTRING, HELPER_ALIASES, GeneratedCodeError, check_module_structure, literal, refuse
+from .names import RUNTIME_HELPERS, runtime_local
 
-__all__ = ["DOCSTRING", "REGENERATE", "RULE", "Emitter", "GeneratedCodeError", "banner_lines",
-           "check_module_structure", "comment_name", "comment_text", "comment_value", "render_module"]
+DOCSTRING = "Specialised fill_from / extract for one slot spec: see SPEC_NAME and the banner."
+CONSTANTS = tuple("SPEC_NAME SPEC_IDENTITY GRAPHSLOT_VERSION PARAMS RUNTIME_PARAMS SLOTS SPEC_SOURCE SPEC_JSON".split())
+RUNTIME_ALIAS, RUNTIME_IMPORT = "__gs_rt", "from graphslot.codegen import runtime as __gs_rt"
+HELPER_ALIASES = dict(RUNTIME_HELPERS)
+
+# Inside the functions: so even spec text that slipped into an expression could do nothing
+# but arithmetic and tensor calls.
+_FORBIDDEN_NAMES = frozenset(
+    "__import__ __builtins__ __loader__ __spec__ eval exec compile open globals locals vars breakpoint input help "
+    "exit quit delattr memoryview classmethod staticmethod property super type object".split()
+)
+_FORBIDDEN_NODES = tuple(getattr(ast, n) for n in "Import ImportFrom Global Nonlocal ClassDef AsyncFunctionDef".split())
+_FORBIDDEN_NODES += tuple(getattr(ast, n) for n in "Await Yield YieldFrom With AsyncWith AsyncFor Delete".split())
+# The constant values with no Python literal: non-finite floats, written as calls.
+_NON_FINITE = {ast.dump(ast.parse(f'float("{v}")', mode="eval").body): float(v) for v in ("inf", "-inf", "nan", "-nan")}
+
+
+class GeneratedCodeError(SpecError):
+    """The generated source is not the expected skeleton: nothing is compiled or written."""
+
+
+def refuse(spec: RegistrySpec, message: str) -> GeneratedCodeError:
+    message = f"refusing to generate code for spec {ascii(str(spec.name))}: {message}"
+    return GeneratedCodeError([SpecIssue(spec.path, None, message)])
+
+
+def _describe(node: ast.AST) -> str:
+    return f"line {node.lineno}: {ascii(ast.unparse(node).splitlines()[0][:80])}"
+
+
+class _NonFinite(ast.NodeTransformer):
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        value = _NON_FINITE.get(ast.dump(node))
+        return node if value is None else ast.Constant(value)
+
+
+def literal(node: ast.AST) -> Any:
+    """The value of a literal, non-finite floats (``float("inf")``) included; ValueError for anything else."""
+    return ast.literal_eval(_NonFinite().visit(copy.deepcopy(node)))
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal values of the same types; floats by repr and sign (nan matches nan, -0.0 only -0.0)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (tuple, list)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float):
+        return repr(a) == repr(b) and math.copysign(1.0, a) == math.copysign(1.0, b)
+    return a == b
+
+
+def _is(node: ast.stmt, text: str) -> bool:
+    """``node`` is the one statement ``text`` parses to."""
+    return ast.dump(node) == ast.dump(ast.parse(text).body[0])
+
+
+def _is_handshake(node: ast.stmt, version: Optional[str]) -> bool:
+    """``__gs_rt.require(__name__, version=<str literal>, format=MODULE_FORMAT)``; with ``version``, that one."""
+    try:
+        got = node.value.keywords[0].value.value
+    except (AttributeError, IndexError):
+        return False
+    handshake = f"{RUNTIME_ALIAS}.require(__name__, version={got!r}, format={MODULE_FORMAT})"
+    return isinstance(got, str) and version in (None, got) and _is(node, handshake)
+
+
+def _bound_from_runtime(node: ast.stmt) -> Optional[Tuple[str, str]]:
+    """(name, attribute) of ``name = __gs_rt.attribute``, else None."""
+    target, value = getattr(node, "targets", [None]), getattr(node, "value", None)
+    if isinstance(node, ast.Assign) and len(target) == 1 and isinstance(target[0], ast.Name):
+        if isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name) and value.value.id == RUNTIME_ALIAS:
+            return target[0].id, value.attr
+    return None
+
+
+def _constant(node: ast.stmt, name: str, known: Mapping[str, Any]) -> bool:
+    """``name = <a literal>``, of the value ``known`` holds for it if any."""
+    targets = getattr(node, "targets", None)
+    if not (isinstance(node, ast.Assign) and len(targets) == 1 and getattr(targets[0], "id", None) == name):
+        return False
+    try:
+        value = literal(node.value)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False
+    return name not in known or _same(known[name], value)
+
+
+def check_module_structure(text: str, spec: RegistrySpec, expected: Optional[Sequence[Tuple[str, Any]]] = None) -> None:
+    """Refuse ``text`` unless its top level is exactly the generated skeleton.
+
+    ``expected``: (name, value) of every constant, in order; without it SPEC_NAME, SPEC_IDENTITY and
+    SPEC_JSON are checked against ``spec``, the others only for being literals.
+    """
+    if not text.replace("\n", "").isprintable():  # one pass in C; the loop only to name the character
+        bad = next(c for c in text if c != "\n" and not c.isprintable())
+        raise refuse(spec, f"the source would contain the control character {ascii(bad)}")
+    try:
+        body = ast.parse(text).body
+    except SyntaxError as exc:  # spec text broke the syntax (or a generator bug): never write it
+        message = f"the generated source does not parse (line {exc.lineno}: {exc.msg})"
+        raise refuse(spec, f"{message}; spec text would have become code") from None
+    problems: List[str] = []
+
+    def take(kind: str, test: Callable[[ast.stmt], bool]) -> Optional[ast.stmt]:
+        node = body.pop(0) if body and not problems else None
+        if node is not None and test(node):
+            return node
+        if not problems:
+            problems.append(f"expected {kind}, found {_describe(node) if node else 'the end of the module'}")
+        return None
+
+    take("the module docstring", lambda n: _is(n, repr(DOCSTRING)))
+    take(f"`{RUNTIME_IMPORT}`", lambda n: _is(n, RUNTIME_IMPORT))
+    own = {"SPEC_NAME": spec.name, "SPEC_IDENTITY": spec.identity, "SPEC_JSON": spec.canonical_json()}
+    known, version = dict(expected or own), dict(expected or {}).get("GRAPHSLOT_VERSION")
+    handshake = f"the handshake `{RUNTIME_ALIAS}.require(__name__, version=..., format={MODULE_FORMAT})`"
+    take(handshake, lambda n: _is_handshake(n, version))
+    take(f"`torch = {RUNTIME_ALIAS}.torch`", lambda n: _bound_from_runtime(n) == ("torch", "torch"))
+    seen = set()
+
+    def helper(n: ast.stmt) -> bool:
+        bound = _bound_from_runtime(n)
+        ok = bound is not None and bound not in seen and HELPER_ALIASES.get(bound[1]) == bound[0]
+        seen.add(bound)
+        return ok
+
+    take(f"`<helper> = {RUNTIME_ALIAS}.<helper>` of a known helper", helper)  # one or more, each bound once
+    while not problems and body and _bound_from_runtime(body[0]):
+        take(f"`<helper> = {RUNTIME_ALIAS}.<helper>` of a known helper", helper)
+    for name in CONSTANTS:  # without ``expected``, the spec's own identity at least
+        take(f"the constant {name} = <its literal value>", lambda n, name=name: _constant(n, name, known))
+    for name in ("allocate", "bind"):
+        node = take(
+            f"`def {name}(...)`",
+            lambda n, name=name: (
+                isinstance(n, ast.FunctionDef) and n.name == name and not n.decorator_list and n.returns is None
+            ),
+        )
+        problems += _function_problems(node) if node else []
+    if not problems and body:
+        problems.append(f"unexpected statement after `def bind`, {_describe(body[0])}")
+    if problems:
+        message = f"the generated module is not the expected skeleton ({problems[0]})"
+        raise refuse(spec, f"{message}; spec text would have become code")
+
+
+def _function_problems(function: ast.FunctionDef) -> List[str]:
+    problems, where = [], f"in `def {function.name}`"
+    for node in ast.walk(function):
+        if isinstance(node, _FORBIDDEN_NODES):
+            problems.append(f"`{type(node).__name__}` {where}, {_describe(node)}")
+        elif isinstance(node, ast.Name) and (node.id in _FORBIDDEN_NAMES or node.id[:2] == node.id[-2:] == "__"):
+            problems.append(f"the name {node.id!r} {where}, {_describe(node)}")
+        elif isinstance(node, ast.Attribute) and node.attr[:2] == node.attr[-2:] == "__":
+            problems.append(f"the attribute {node.attr!r} {where}, {_describe(node)}")
+        elif isinstance(node, ast.arguments):
+            defaults = node.defaults + [d for d in node.kw_defaults if d is not None]
+            arguments = node.args + node.posonlyargs + node.kwonlyargs
+            if any(not isinstance(d, ast.Constant) for d in defaults) or any(a.annotation for a in arguments):
+                problems.append(f"a non-literal default or an annotation {where}")
+        elif isinstance(node, ast.FunctionDef) and node.decorator_list:
+            problems.append(f"a decorator {where}, {_describe(node)}")
+    return problems
+
 
 REGENERATE = "graphslot generate"
 RULE = "-" * 86
@@ -44,31 +207,19 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 @lru_cache(maxsize=1)
 def _environment() -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.PackageLoader("graphslot.codegen", "templates"),
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-        undefined=jinja2.StrictUndefined,
-        autoescape=False,
-    )
+    loader, options = jinja2.PackageLoader("graphslot.codegen", "templates"), dict(trim_blocks=True, lstrip_blocks=True)
+    env = jinja2.Environment(loader=loader, keep_trailing_newline=True, undefined=jinja2.StrictUndefined, **options)
     env.filters["pystr"] = py_str
     return env
 
 
-# --- the banner: untrusted text, escaped --------------------------------------------------
-
-
 def comment_text(value: Any) -> str:
-    """``value`` as it may appear in a comment: an ``ascii()`` literal — one line of
-    printable ASCII whatever the value holds (newlines, ``\\r``, form feeds, Unicode
-    line separators and bidi controls all escaped)."""
+    """``value`` for a comment: an ``ascii()`` literal, one line of printable ASCII whatever it holds."""
     return ascii(value if isinstance(value, str) else str(value))
 
 
 def comment_name(name: Any) -> str:
-    """A name (param, slot) for a comment: as is when it is a plain ASCII identifier,
-    else quoted and escaped."""
+    """A name for a comment: as is when a plain ASCII identifier, else quoted and escaped."""
     return name if isinstance(name, str) and _SAFE_WORD.fullmatch(name) else comment_text(name)
 
 
@@ -81,43 +232,37 @@ def comment_value(value: Any) -> str:
 
 
 def _listing(label: str, items: List[str]) -> List[str]:
-    """``# label: first`` then one item a line under it."""
     return [f"# {label if i == 0 else ' ' * len(label)}{item}" for i, item in enumerate(items)]
 
 
-def banner_lines(e: Emission, regenerate: str) -> List[str]:
-    """The banner: where the module comes from, one param a line (a changed param
-    changes one line)."""
-    params = [f"{comment_name(k)}={comment_value(v)}" for k, v in sorted(e.params.items())]
-    lines = [f"# {RULE}", f"# Generated by graphslot {e.version} from {comment_text(e.spec_source)}. DO NOT EDIT.",
-             f"# spec:     {comment_text(e.spec_name)}", f"# identity: {e.spec_identity}"]
+def banner_lines(e: Any, regenerate: str) -> List[str]:
+    """Where the module comes from, one param a line (a changed param changes one line)."""
+    lines = [f"# {RULE}", f"# Generated by graphslot {e.version} from {comment_text(e.source_label)}. DO NOT EDIT."]
+    lines += [f"# spec:     {comment_text(e.spec.name)}", f"# identity: {e.spec.identity}"]
+    params = [f"{comment_name(k)}={comment_value(v)}" for k, v in sorted(e.baked.items())]
+    live = sorted(n for n, p in e.spec.params.items() if p.live)
     lines += _listing("params:   ", params or ["(none)"])
-    if e.runtime_params:
-        runtime = [comment_name(n) for n in e.runtime_params]
-        lines += _listing("runtime:  ", runtime + ["(read from params when bound)"])
-    if e.live_params:
-        live = [comment_name(n) for n in e.live_params]
-        lines += _listing("live:     ", live + ["(read by hooks at each fill)"])
+    for label, names, note in (
+        ("runtime:  ", e.runtime, "(read from params when bound)"),
+        ("live:     ", live, "(read by hooks at each fill)"),
+    ):
+        lines += _listing(label, [comment_name(n) for n in names] + [note]) if names else []
     return lines + [f"# Regenerate with: {regenerate}", f"# {RULE}"]
 
 
-# --- rendering ----------------------------------------------------------------------------
+def _expected_constants(spec: RegistrySpec, e: Any) -> List[Tuple[str, Any]]:
+    params = literal(ast.parse(params_literal(e.baked), mode="eval").body)
+    values = (e.spec.name, e.spec.identity, e.version, params, tuple(e.runtime), tuple(n.slot.name for n in e.names))
+    return list(zip(CONSTANTS, values + (e.source_label, spec.canonical_json())))
 
 
-def _expected_constants(spec: RegistrySpec, e: Emission) -> List[Tuple[str, Any]]:
-    params = literal(ast.parse(params_literal(e.params), mode="eval").body)
-    return [("SPEC_NAME", e.spec_name), ("SPEC_IDENTITY", e.spec_identity), ("GRAPHSLOT_VERSION", e.version),
-            ("PARAMS", params), ("RUNTIME_PARAMS", tuple(e.runtime_params)), ("SLOTS", tuple(e.slot_names)),
-            ("SPEC_SOURCE", e.spec_source), ("SPEC_JSON", spec.canonical_json())]
-
-
-def _check_emission(spec: RegistrySpec, e: Emission) -> None:
+def _check_emission(spec: RegistrySpec, e: Any) -> None:
     """The few emitted values the template places as code rather than as literals."""
     if not _VERSION.fullmatch(e.version):
         raise refuse(spec, f"graphslot version {comment_text(e.version)} is not a plain version")
-    if not _SHA256.fullmatch(e.spec_identity):
+    if not _SHA256.fullmatch(e.spec.identity):
         raise refuse(spec, "the spec's identity is not a sha256 hex digest")
-    for local, _ in e.used_runtime_params:
+    for local in map(runtime_local, e.used_runtime_params()):
         if not (local.isidentifier() and local.isascii()):
             raise refuse(spec, f"runtime param {comment_text(local)} is not an identifier")
     for helper, alias in e.runtime_imports:
@@ -125,30 +270,16 @@ def _check_emission(spec: RegistrySpec, e: Emission) -> None:
             raise refuse(spec, f"unknown runtime helper {comment_text(helper)}")
 
 
-def render_module(
-    spec: RegistrySpec,
-    params: Mapping[str, Any],
-    source_label: Optional[str] = None,
-    regenerate: str = REGENERATE,
-    skip: AbstractSet[str] = frozenset(),
-) -> str:
-    """The generated source. Byte-stable: the same inputs give the same bytes.
-
-    ``skip``: slots its ``fill_from`` leaves alone (an in-process variant for
-    ``fill_from_skipping``; never written out).
-    Raises :class:`GeneratedCodeError` (a :class:`SpecError`) when the source is not the
-    expected skeleton; nothing returned has failed that check.
-    """
+def render_module(spec: RegistrySpec, params: Mapping[str, Any], source_label=None, regenerate=REGENERATE, skip=()):
+    """The generated source, byte-stable; :class:`GeneratedCodeError` unless it is the expected skeleton.
+    ``skip``: slots its ``fill_from`` leaves alone (``fill_from_skipping``'s variant; never written out)."""
     emission = Emitter(spec, params, __version__, source_label or spec.path, skip).emit()
     _check_emission(spec, emission)
     if regenerate != REGENERATE and not re.fullmatch(r"[ -~]+", regenerate):
         raise refuse(spec, "the regenerate command must be one line of printable ASCII")
-    text = _environment().get_template("registry_module.py.j2").render(
-        e=emission,
-        banner=banner_lines(emission, regenerate),
-        docstring=DOCSTRING,
-        plan_cache_limit=PLAN_CACHE_LIMIT,
-        module_format=MODULE_FORMAT,
+    template, banner = _environment().get_template("registry_module.py.j2"), banner_lines(emission, regenerate)
+    text = template.render(
+        e=emission, banner=banner, docstring=DOCSTRING, plan_cache_limit=PLAN_CACHE_LIMIT, module_format=MODULE_FORMAT
     )
     check_module_structure(text, spec, _expected_constants(spec, emission))
     return text

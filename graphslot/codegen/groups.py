@@ -1,20 +1,10 @@
-"""Which copies share one ``_foreach_copy_``: the copy groups of one (spec, params).
-
-Per step, generated code issues
-
-* one ``_foreach_copy_`` for everything written on the device (:class:`DeviceGroup`):
-  dense heads (2-D ones as rows), tail resets whose source is a slice of a constant pad
-  tensor, and step-count hooks; mixed dtypes ride as byte-reinterpreted views of one
-  integer *carrier* dtype, with a typed fallback when a source's dtype or layout is off;
-* one per dtype for the host-side (CPU) slots (:class:`CopyGroup`);
-* a ``copy_`` / ``fill_`` for what no group can take (a wide tail, a strided head).
-
-:func:`plan_copies` sorts the slots into groups; the groups build their own plan
-fields and fill statements (lists of lines, laid out by :mod:`.layout`).
-"""
+"""Which copies share one ``_foreach_copy_`` (:class:`CopyGroup`): one for everything on the device, one per
+dtype for host-side slots; a ``copy_`` / ``fill_`` for what no group takes (a wide tail, a strided head).
+:func:`plan_copies` sorts the slots; the groups write their plan fields and fill lines."""
 
 from __future__ import annotations
 
+from collections import namedtuple
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
@@ -32,15 +22,14 @@ def foreach(dsts: str, srcs: str, indent: int) -> List[str]:
     return layout(call("__gs_foreach_copy", dsts, srcs), indent)
 
 
-# A head whose field may be None: its source local, and the statements (at an
-# indentation) adding its destinations and sources to the step's lists.
+# A head whose field may be None: its source local, and the lines (at an indentation) adding it to the lists.
 OptionalHead = Tuple[str, Callable[[int], List[str]]]
 
 
-def _copy_lines(dsts: str, pads: Optional[str], tails: str, sources: List[Item], optional: List[OptionalHead],
-                indent: int) -> List[str]:
-    """One ``_foreach_copy_`` over the plan's ``dsts`` (then ``tails``) from ``sources``
-    (then ``pads``, None when there are none), and the ``optional`` heads present."""
+def _copy_lines(
+    dsts: str, pads: Optional[str], tails: str, sources: List[Item], optional: List[OptionalHead], indent: int
+) -> List[str]:
+    """One ``_foreach_copy_``: ``dsts`` (then ``tails``) from ``sources`` (then ``pads``), and optional heads."""
     pad = " " * indent
     if not optional:
         if not sources:
@@ -54,100 +43,44 @@ def _copy_lines(dsts: str, pads: Optional[str], tails: str, sources: List[Item],
     return lines + [f"{pad}if dsts:"] + foreach("dsts", "srcs", indent + 4)
 
 
-@dataclass
-class PadConstant:
-    """A constant tensor tails are copied from, as long as its axis' capacity."""
-
-    name: str
-    host: bool
-    dtype: str
-    value: str  # source of the value (a literal or a runtime param's local)
-    length: str  # the capacity
+# A constant tensor tails are copied from: its value's source (a literal or a runtime param's local), as long
+# as its axis' capacity.
+PadConstant = namedtuple("PadConstant", "name host dtype value length")
 
 
 @dataclass
 class CopyGroup:
-    """The host-side slots of one dtype: heads then 1-D tails, one ``_foreach_copy_``."""
+    """What a step writes on the device (host-side: per dtype) as ONE ``_foreach_copy_``: heads (``[L, capacity]``
+    ones as L rows), tails from constant pads, computed slots a built-in fills with a step count. CUDA's foreach is
+    one kernel per dtype, so mixed dtypes are reinterpreted as the integer *carrier* of the smallest itemsize,
+    on CUDA only (a CPU's foreach is a loop of copies the views only slow) and only for sources of the slot's
+    dtype with a unit last stride; else the typed lists, where ``copy_`` casts as the contract says."""
 
-    dtype: str
-    heads: List[SlotNames] = field(default_factory=list)
-    optional_heads: List[SlotNames] = field(default_factory=list)
-    tails: List[Tuple[SlotNames, str]] = field(default_factory=list)  # (slot, pad constant)
-
-    @property
-    def name(self) -> str:
-        return f"host_{self.dtype}"
-
-    def plan_fields(self) -> List[Tuple[str, Item]]:
-        heads, tails = [n.head() for n in self.heads], [n.tail() for n, _ in self.tails]
-        if self.optional_heads:  # heads whose presence varies go between the others and the tails
-            fields = [(f"dsts_{self.name}", list_of(heads)), (f"tails_{self.name}", list_of(tails))]
-        else:
-            fields = [(f"dsts_{self.name}", list_of(heads + tails))]
-        if self.tails:
-            fields.append((f"pads_{self.name}", list_of([n.pad_slice(c) for n, c in self.tails])))
-        return fields + [(f"head_{n.ident}", n.head()) for n in self.optional_heads]
-
-    @staticmethod
-    def _add(n: SlotNames, indent: int) -> List[str]:
-        return layout(call("dsts.append", f"head_{n.ident}"), indent) + layout(call("srcs.append", n.src), indent)
-
-    def copy_lines(self, indent: int) -> List[str]:
-        optional = [(n.src, lambda i, n=n: self._add(n, i)) for n in self.optional_heads]
-        return _copy_lines(f"dsts_{self.name}", f"pads_{self.name}" if self.tails else None, f"tails_{self.name}",
-                           [n.src for n in self.heads], optional, indent)
-
-
-@dataclass
-class DeviceGroup:
-    """Everything one step writes on the registry's device, as ONE ``_foreach_copy_``:
-    heads (2-D ``[L, capacity]`` ones as L rows), tails copied from constant pads, and
-    computed slots whose built-in hook fills them with a step count (a constant per
-    step size). CUDA's foreach copy is one kernel for a list of dense tensor pairs of
-    one dtype; when the slots have several dtypes, every tensor is reinterpreted as the
-    integer dtype of the smallest itemsize among them (the *carrier*): destination and
-    pad views are made once per step size, a source's view per step, and only after its
-    dtype was found to be the slot's and its layout contiguous with a unit last stride,
-    and on CUDA only (``dt_carrier``: a CPU's foreach copy is a loop of copies, which the
-    views would only slow down) — otherwise the step takes the typed lists, where
-    ``copy_`` casts as the contract says (more kernels, same bytes)."""
-
+    name: str = "dev"
     heads: List[SlotNames] = field(default_factory=list)
     optional_heads: List[SlotNames] = field(default_factory=list)
     tails: List[Tuple[SlotNames, str]] = field(default_factory=list)  # (slot, pad constant)
     values: List[Tuple[SlotNames, str]] = field(default_factory=list)  # (slot, plan constant)
     carrier: Optional[str] = None
-
-    def _dtypes(self) -> List[str]:
-        members = self.heads + self.optional_heads + [n for n, _ in self.tails] + [n for n, _ in self.values]
-        return [n.slot.dtype_name for n in members]
+    mixed: bool = False
 
     def choose_carrier(self) -> None:
-        dtypes = set(self._dtypes())
-        if len(dtypes) == 1:
-            self.carrier = dtypes.pop()
-        elif dtypes:  # an integer dtype (copied bit for bit, unlike bool) of the smallest itemsize
-            self.carrier = _CARRIERS[min(d.itemsize for d in dtypes)]
+        """One dtype: itself; several: an integer dtype (copied bit for bit, unlike bool) of the smallest itemsize."""
+        members = self.heads + self.optional_heads + [n for n, _ in self.tails + self.values]
+        dtypes = {n.slot.dtype_name for n in members}
+        self.mixed = len(dtypes) > 1
+        self.carrier = _CARRIERS[min(d.itemsize for d in dtypes)] if self.mixed else next(iter(dtypes), None)
 
-    @property
-    def mixed(self) -> bool:
-        return len(set(self._dtypes())) > 1
-
-    def dtypes_named(self) -> List[str]:
-        """dtypes generated code binds as ``dt_<name>`` locals."""
-        if not self.mixed:
-            return []
-        return sorted({str(self.carrier)} | {str(n.slot.dtype_name) for n in self.heads + self.optional_heads})
+    def dtypes_named(self) -> List[str]:  # bound as ``dt_<name>`` locals
+        named = {str(self.carrier)} | {str(n.slot.dtype_name) for n in self.heads + self.optional_heads}
+        return sorted(named) if self.mixed else []
 
     def prefixes(self) -> List[str]:
         """Plan lists: reinterpreted ('') and, for mixed dtypes, typed ('t')."""
-        if self.carrier is None:
-            return []
-        return ["", "t"] if self.mixed else [""]
+        return [] if self.carrier is None else ["", "t"] if self.mixed else [""]
 
     def _view(self, n: SlotNames, expr: Item, viewed: bool) -> Item:
-        """``expr``, reinterpreted as the carrier dtype where ``viewed`` asks for it (a
-        0-d tensor first as one element: another itemsize needs a dimension)."""
+        """``expr`` as the carrier dtype where ``viewed`` (a 0-d tensor first as 1-D: itemsizes need a dim)."""
         if not viewed or n.slot.dtype_name == self.carrier:
             return expr
         return method(method(expr, "view", "1") if not n.slot.shape else expr, "view", f"dt_{self.carrier}")
@@ -160,11 +93,11 @@ class DeviceGroup:
         pads = [self._view(n, n.pad_slice(c), viewed) for n, c in self.tails for _ in n.tail_rows()]
         pads += [self._view(n, c, viewed) for n, c in self.values]
         if self.optional_heads:
-            fields = [(f"{p}dsts_dev", list_of(heads)), (f"{p}tails_dev", list_of(tails))]
+            fields = [(f"{p}dsts_{self.name}", list_of(heads)), (f"{p}tails_{self.name}", list_of(tails))]
         else:
-            fields = [(f"{p}dsts_dev", list_of(heads + tails))]
+            fields = [(f"{p}dsts_{self.name}", list_of(heads + tails))]
         if pads:
-            fields.append((f"{p}pads_dev", list_of(pads)))
+            fields.append((f"{p}pads_{self.name}", list_of(pads)))
         for n in self.optional_heads:
             fields.append((f"{p}head_{n.ident}", list_of([self._view(n, d, viewed) for d in n.head_rows()])))
         return fields
@@ -174,21 +107,20 @@ class DeviceGroup:
         return f"*{flat(src)}.unbind(0)" if n.split is not None else src
 
     def _add(self, n: SlotNames, p: str, viewed: bool, indent: int) -> List[str]:
-        """An optional head's destinations (rows) and source, added to the step's lists."""
-        src = self._view(n, n.src, viewed)
-        added = (assign("srcs", method(src, "unbind", "0"), indent, "+=") if n.split is not None
-                 else layout(call("srcs.append", src), indent))
-        return assign("dsts", f"{p}head_{n.ident}", indent, "+=") + added
+        src, dsts = self._view(n, n.src, viewed), assign("dsts", f"{p}head_{n.ident}", indent, "+=")
+        if n.split is not None:
+            return dsts + assign("srcs", method(src, "unbind", "0"), indent, "+=")
+        return dsts + layout(call("srcs.append", src), indent)
 
     def _block(self, p: str, viewed: bool, indent: int) -> List[str]:
         optional = [(n.src, lambda i, n=n: self._add(n, p, viewed, i)) for n in self.optional_heads]
-        return _copy_lines(f"{p}dsts_dev", f"{p}pads_dev" if self.tails or self.values else None, f"{p}tails_dev",
-                           [self._source(n, viewed) for n in self.heads], optional, indent)
+        pads = f"{p}pads_{self.name}" if self.tails or self.values else None
+        sources = [self._source(n, viewed) for n in self.heads]
+        return _copy_lines(f"{p}dsts_{self.name}", pads, f"{p}tails_{self.name}", sources, optional, indent)
 
     def _viewable(self) -> List[Operand]:
-        """The condition for reinterpreting this step's sources: each is of its slot's
-        dtype and has a unit last stride (view(dtype) needs one, which is_contiguous()
-        does not promise for a last dimension of size 1, an expanded [n, 1] say)."""
+        """Each source of its slot's dtype with a unit last stride (view(dtype) needs one; is_contiguous() does
+        not promise it for a last dimension of size 1, an expanded [n, 1] say)."""
         operands: List[Operand] = []
         for n in self.heads + self.optional_heads:
             if n.slot.dtype_name == self.carrier:
@@ -206,19 +138,18 @@ class DeviceGroup:
         operands = self._viewable()
         if not operands:
             return self._block("", True, indent)
-        pad = " " * indent
-        return (condition("if", Chain("and", ("dt_carrier",) + tuple(operands)), indent)
-                + self._block("", True, indent + 4)
-                + [f"{pad}else:", f"{pad}    # the CPU, another dtype or layout: typed copies, cast as copy_ casts"]
-                + self._block("t", False, indent + 4))
+        pad, lines = " " * indent, condition("if", Chain("and", ("dt_carrier",) + tuple(operands)), indent)
+        lines += self._block("", True, indent + 4)
+        lines += [f"{pad}else:", f"{pad}    # the CPU, another dtype or layout: typed copies, cast as copy_ casts"]
+        return lines + self._block("t", False, indent + 4)
 
 
 @dataclass
 class Copies:
     """How one step writes every slot."""
 
-    host_groups: List[CopyGroup]
-    dev: DeviceGroup
+    groups: List[CopyGroup]  # the host-side ones, then the device's
+    dev: CopyGroup
     constants: List[PadConstant]
     values: List[Tuple[str, Tuple[str, ...], str, str]]  # (name, shape extents, dtype, count)
     separate_resets: List[SlotNames]  # tails no group takes: their own fill_
@@ -227,8 +158,7 @@ class Copies:
 
     def copied(self, order: List[SlotNames]) -> List[SlotNames]:
         """The slots whose batch field is read and checked, in slot order."""
-        heads = [n for g in self.host_groups for n in g.heads + g.optional_heads]
-        heads += self.dev.heads + self.dev.optional_heads + self.separate_copies
+        heads = [n for g in self.groups for n in g.heads + g.optional_heads] + self.separate_copies
         position = {n.slot.name: i for i, n in enumerate(order)}  # not order.index: linear in slots
         return sorted(heads, key=lambda n: position[n.slot.name])
 
@@ -242,40 +172,24 @@ def _pad_for(em: "Emitter", n: SlotNames, constants: Dict[str, PadConstant], nam
 
 
 def fused_value(em: "Emitter", n: SlotNames) -> Optional[str]:
-    """The step count a computed slot is filled with when its only hook is a built-in
-    that fills the whole buffer with it (so the device group can write it), else None."""
-    s = n.slot
-    ref = s.post_fill
-    if (s.host or s.copy_from_fb or s.resets_tail or em.hooks[s.name] != ["post_fill"]
-            or ref not in BUILTIN_HOOKS or is_import_reference(ref)):
+    """The step count a computed slot's only hook, a built-in, fills it with (the device group writes it)."""
+    s, ref = n.slot, n.slot.post_fill
+    if s.host or s.copy_from_fb or s.resets_tail or em.hooks[s.name] != ["post_fill"]:
         return None
-    return BUILTIN_HOOKS[ref].fills
+    return None if ref not in BUILTIN_HOOKS or is_import_reference(ref) else BUILTIN_HOOKS[ref].fills
 
 
 def plan_copies(em: "Emitter") -> Copies:
-    """Sort the slots into copy groups. A computed slot the device group fills drops its
-    hook from ``em.hooks`` (nothing is left to call)."""
+    """Sort the slots into copy groups; a computed slot the device group fills drops its hook from ``em.hooks``."""
     host: Dict[str, CopyGroup] = {}
-    dev, constants, names = DeviceGroup(), {}, {}
+    dev, constants, names = CopyGroup(), {}, {}
     values: Dict[str, Tuple[str, Tuple[str, ...], str, str]] = {}
     resets, copies, sourced = [], [], []
     for n in em.fill_names:
         s = n.slot
-        if s.host:
-            group = host.setdefault(s.dtype_name, CopyGroup(s.dtype_name))
-            if s.resets_tail and len(s.shape) == 1:
-                group.tails.append((n, _pad_for(em, n, constants, names)))
-            elif s.resets_tail:
-                resets.append(n)
-            if s.copy_from_fb and s.source is not None:
-                sourced.append(n)
-            elif s.copy_from_fb and n.dense_narrow:
-                (group.optional_heads if s.optional else group.heads).append(n)
-            elif s.copy_from_fb:
-                copies.append(n)
-            continue
+        group = host.setdefault(s.dtype_name, CopyGroup(f"host_{s.dtype_name}")) if s.host else dev
         if s.resets_tail and n.tail_rows() is not None:
-            dev.tails.append((n, _pad_for(em, n, constants, names)))
+            group.tails.append((n, _pad_for(em, n, constants, names)))
         elif s.resets_tail:
             resets.append(n)
         count = fused_value(em, n)
@@ -290,9 +204,10 @@ def plan_copies(em: "Emitter") -> Copies:
         if s.source is not None:
             sourced.append(n)
         elif n.head_rows() is not None:
-            (dev.optional_heads if s.optional else dev.heads).append(n)
+            (group.optional_heads if s.optional else group.heads).append(n)
         else:
             copies.append(n)
-    dev.choose_carrier()
-    groups = [g for g in host.values() if g.heads or g.optional_heads or g.tails]
+    groups = [g for g in host.values() if g.heads or g.optional_heads or g.tails] + [dev]
+    for g in groups:
+        g.choose_carrier()
     return Copies(groups, dev, list(constants.values()), list(values.values()), resets, copies, sourced)

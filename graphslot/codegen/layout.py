@@ -1,20 +1,9 @@
-"""Lay generated statements out plainly: one line when they fit, else one item a line.
-
-Generated modules say ``# fmt: off`` after their docstring, so formatters leave them
-alone; the layout here only has to be readable and diff-friendly, not any formatter's.
-The builders describe each statement that can grow with the spec as a small tree
-(:class:`Seq` for bracketed, comma-separated items, :class:`Chain` for ``and`` / ``or``
-conditions) and this module prints it:
-
-* a statement that fits in :data:`LINE_WIDTH` columns stays on one line;
-* otherwise its (last) brackets hold its items on one line when they fit there, else
-  one item per line with a trailing comma; a condition goes between parentheses with
-  one operand per line, the operator leading;
-* a collection marked ``magic`` (one item per slot, param or plan field) is one item
-  per line even when it would fit, so adding an item adds a line and rewrites none.
-
-String literals come from :func:`py_str`, a ``repr()`` with double quotes preferred:
-spec text reaches code only as an escaped literal. Nothing here knows about slots.
+"""Lay generated statements out plainly: one line when they fit in :data:`LINE_WIDTH`, else the (last)
+brackets' items on one line, else one item a line with a trailing comma; a long condition goes between
+parentheses, one operand a line, the operator leading. A ``magic`` collection (one item per slot, param or
+plan field) is one item a line even when it fits, so adding an item adds a line and rewrites none.
+Generated modules say ``# fmt: off``: this layout only has to read well and diff well. String literals come
+from :func:`py_str`, so spec text reaches code only as an escaped literal.
 """
 
 from __future__ import annotations
@@ -22,52 +11,19 @@ from __future__ import annotations
 import ast
 import io
 import tokenize
-from dataclasses import dataclass
+from collections import namedtuple
 from typing import List, Sequence, Tuple, Union
 
-LINE_WIDTH = 88
-STEP = 4
-
+LINE_WIDTH, STEP = 88, 4
 CALL, SUBSCRIPT, DISPLAY = "call", "subscript", "display"
 
 
-@dataclass(frozen=True)
-class Seq:
-    """``head`` followed by ``items`` between ``brackets``: a call (``head`` is the
-    callee), a subscript (``head`` the subscripted name, one index) or a display (a
-    list, tuple or dict literal; ``head`` empty)."""
-
-    head: str
-    items: Tuple["Item", ...]
-    brackets: str = "()"
-    kind: str = CALL
-    magic: bool = False  # one item per line even when it fits
-
-
-@dataclass(frozen=True)
-class Keyed:
-    """A dict entry, ``key: value``, whose value may need laying out."""
-
-    key: str
-    value: "Item"
-
-
-@dataclass(frozen=True)
-class Chained:
-    """``then`` (a ``.method(...)`` call) on the result of ``first``."""
-
-    first: Seq
-    then: Seq
-
-
-@dataclass(frozen=True)
-class Chain:
-    """Operands joined by ``op`` (``and`` / ``or``); a Chain operand is parenthesized."""
-
-    op: str
-    operands: Tuple["Operand", ...]
-
-
+# A call (``head`` the callee), a subscript (one index) or a display (``head`` empty); ``magic``: one item per
+# line even when it fits.
+Seq = namedtuple("Seq", "head items brackets kind magic", defaults=("()", CALL, False))
+Keyed = namedtuple("Keyed", "key value")  # a dict entry, ``key: value``
+Chained = namedtuple("Chained", "first then")  # ``then`` (a ``.method(...)`` call) on the result of ``first``
+Chain = namedtuple("Chain", "op operands")  # operands joined by ``and`` / ``or``; a Chain operand in parentheses
 Item = Union[str, Seq, Keyed, Chained]
 Operand = Union[str, Chain]
 
@@ -158,15 +114,11 @@ def assign(target: str, value: Item, indent: int, op: str = "=") -> List[str]:
 
 def unpack(targets: Sequence[str], value: str, indent: int) -> List[str]:
     """``targets = value``: several targets one per line (magic), one as ``(x,)``."""
-    if not targets:
-        return []
-    return layout(tuple_of(targets), indent, "", f" = {value}")
+    return layout(tuple_of(targets), indent, "", f" = {value}") if targets else []
 
 
 def concatenated(target: str, groups: Sequence[str], indent: int = 0) -> List[str]:
-    """``target = <the string of groups joined>``: one literal where it fits on the
-    line, else implicitly concatenated literals between parentheses, each group
-    starting a line and cut to fit the columns, before a comma where one is near."""
+    """``target = "".join(groups)``: one literal, else concatenated ones, each group starting a line."""
     whole, pad, inner = "".join(groups), " " * indent, indent + STEP
     if _fits(indent, f"{target} = {py_str(whole)}"):
         return [f"{pad}{target} = {py_str(whole)}"]
@@ -184,8 +136,6 @@ def concatenated(target: str, groups: Sequence[str], indent: int = 0) -> List[st
 
 
 def _operands(chain: Operand, indent: int, lead: str = "") -> List[str]:
-    """``lead`` + a condition: one line when it fits, else between parentheses, one
-    operand per line with its operator leading."""
     pad = " " * indent
     if isinstance(chain, str) or _fits(indent, f"{lead}({flat(chain)})"):
         return [pad + lead + (chain if isinstance(chain, str) else f"({flat(chain)})")]
@@ -207,9 +157,7 @@ def condition(keyword: str, chain: Operand, indent: int) -> List[str]:
 
 
 def py_str(text: str) -> str:
-    """``text`` as a string literal: double quotes unless the text holds more double
-    quotes than single ones; every other character escaped exactly as ``repr()``
-    escapes it (so one printable line, whatever ``text`` holds)."""
+    """``text`` as a one-line literal: double quotes unless it holds more of them, escaped as ``repr()`` does."""
     quote = "'" if text.count('"') > text.count("'") else '"'
     if text.isascii() and text.isprintable() and "\\" not in text and quote not in text:
         return quote + text + quote  # nothing to escape (the common case; SPEC_JSON is long)
@@ -218,8 +166,7 @@ def py_str(text: str) -> str:
 
 
 def normalise(source: str) -> str:
-    """A one-line Python expression (``Expr.to_python``, a ``repr``) with its string
-    literals written by :func:`py_str`, as the rest of the module's; nothing else changes."""
+    """A one-line expression (``Expr.to_python``, a ``repr``) with its string literals written by :func:`py_str`."""
     out, pos = [], 0
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
         if token.type == tokenize.STRING:

@@ -1,11 +1,5 @@
-"""The identifiers generated code uses, each named by what it holds.
-
-A name depends only on its own slot, dtype, value or shape, never on a position among
-the others: adding a slot or changing an unrelated param adds lines to a generated
-module and renames nothing (``pad_dev_int64_bs_zero``, not ``pad0_int64``; the expected
-shape ``shape_tokens``, not ``rows0``). Slot-derived names carry a prefix no runtime
-param can take (:func:`runtime_local`), so no slot name can shadow a generated local.
-"""
+"""The identifiers generated code uses, each named by what it holds (``pad_dev_int64_bs_zero``,
+``shape_tokens``), never by a position: adding a slot adds lines to a module and renames nothing."""
 
 from __future__ import annotations
 
@@ -13,7 +7,6 @@ import builtins
 import hashlib
 import keyword
 import re
-from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..spec.dtypes import dtype_name
@@ -23,24 +16,22 @@ from .layout import Item, assign, call, py_str, subscript
 COUNTS = {"bs": ("raw_bs", "padded_bs"), "tokens": ("raw_num_tokens", "padded_num_tokens")}
 CAPACITY = {"bs": "max_bs", "tokens": "max_num_tokens"}
 
-# Names the generated module binds or calls in the scopes where runtime params are
-# bound (allocate, bind and the closures bind returns). A runtime param named like one
-# of them (or like a generated prefix) is bound to ``rt_<name>`` instead, so it can
-# neither shadow them nor be shadowed; so is one pycodestyle finds ambiguous (E741).
-_MODULE_NAMES = frozenset({
-    "torch", "max_bs", "max_num_tokens", "device", "params", "pool", "source", "buffers", "hooks",
-    "plans", "views", "make_plan", "fill_from", "make_views", "extract", "allocate", "bind",
-    "make_view", "fields", "exc", "grad", "plan", "entry", "new_buffer", "l", "O", "I",
-}) | frozenset(dir(builtins))
-_GENERATED_PREFIXES = ("rt_", "buf_", "hook_", "pad", "src", "shape_", "val_", "dt_", "head_", "tail_", "dsts",
-                       "view_", "__gs_")
+# Names generated code binds where runtime params are bound: a runtime param named like one (or a generated
+# prefix, or ambiguous to pycodestyle, E741) is bound to ``rt_<name>`` so it neither shadows nor is shadowed.
+_MODULE_NAMES = frozenset(
+    "torch max_bs max_num_tokens device params pool source buffers hooks plans views make_plan fill_from make_views "
+    "extract allocate bind make_view fields exc grad plan entry new_buffer l O I".split()
+) | frozenset(dir(builtins))
+_GENERATED_PREFIXES = tuple("rt_ buf_ hook_ pad src shape_ val_ dt_ head_ tail_ dsts view_ __gs_".split())
 
-# graphslot.codegen.runtime helpers a module may use, with the mangled names it binds
-# them under. The template itself always uses the last four.
-RUNTIME_HELPERS = (("SourceMismatch", "__gs_Mismatch"),
-                   ("foreach_copy", "__gs_foreach_copy"), ("hook", "__gs_hook"),
-                   ("allocate_buffer", "__gs_allocate"), ("ViewMaker", "__gs_ViewMaker"),
-                   ("grad_enabled", "__gs_grad_enabled"), ("set_grad_enabled", "__gs_set_grad_enabled"))
+# graphslot.codegen.runtime helpers a module may use, (name, the mangled name it binds); the template always
+# uses the last four.
+RUNTIME_HELPERS = tuple(
+    tuple(pair.split(":"))
+    for pair in "SourceMismatch:__gs_Mismatch foreach_copy:__gs_foreach_copy hook:__gs_hook allocate_buffer:"
+    "__gs_allocate ViewMaker:__gs_ViewMaker grad_enabled:__gs_grad_enabled "
+    "set_grad_enabled:__gs_set_grad_enabled".split()
+)
 TEMPLATE_HELPERS = frozenset({"__gs_allocate", "__gs_ViewMaker", "__gs_grad_enabled", "__gs_set_grad_enabled"})
 
 
@@ -63,28 +54,21 @@ def _ident(name: str) -> str:
     return re.sub(r"\W", "_", name.replace(".", "__"))
 
 
-# --- names by meaning -----------------------------------------------------------------------
-
-# Tags of the extents and counts generated code names things by; each is a fixed word,
-# digits, or ``x`` and a digest, so a joined tag reads back one way only.
+# Tags are a fixed word, digits, or ``x`` and a digest, so a joined tag reads back one way only.
 _EXTENT_TAGS = {"raw_bs": "bs", "raw_num_tokens": "tokens", "max_bs": "max_bs", "max_num_tokens": "max_tokens"}
-_COUNT_TAGS = {"raw_bs": "raw_bs", "padded_bs": "padded_bs", "raw_num_tokens": "raw_tokens",
-               "padded_num_tokens": "padded_tokens"}
+_COUNT_TAGS = {c: c.replace("num_", "") for c in ("raw_bs", "padded_bs", "raw_num_tokens", "padded_num_tokens")}
 _NUMBER = re.compile(r"(-?)([0-9]+)(?:\.([0-9]+))?(?:e(-?)([0-9]+))?")
-_SPECIAL = {"0": "zero", "True": "true", "False": "false", 'float("inf")': "inf", 'float("-inf")': "neginf",
-            'float("nan")': "nan", 'float("-nan")': "negnan"}
+_SPECIAL = {"0": "zero", "True": "true", "False": "false"}
+_SPECIAL.update({f'float("{v}")': v.replace("-", "neg") for v in ("inf", "-inf", "nan", "-nan")})
 _RESERVED_TAG = re.compile(r"zero|true|false|inf|neginf|nan|negnan|neg[0-9].*|x[0-9a-f]{10}")
 
 
 def _extent_tag(source: str) -> str:
-    if source in _EXTENT_TAGS:
-        return _EXTENT_TAGS[source]
-    return source if source.isdigit() else "x" + _digest(source)
+    return _EXTENT_TAGS.get(source) or (source if source.isdigit() else "x" + _digest(source))
 
 
 def _value_tag(source: str) -> str:
-    """``0`` -> ``zero``, ``-1`` -> ``neg1``, ``0.5`` -> ``0p5``, ``1e-05`` -> ``1em05``, a
-    runtime param by its name, anything else by a digest of its source."""
+    """``0`` -> ``zero``, ``-1`` -> ``neg1``, ``0.5`` -> ``0p5``, ``1e-05`` -> ``1em05``, a name as is, else a hash."""
     if source in _SPECIAL:
         return _SPECIAL[source]
     number = _NUMBER.fullmatch(source)
@@ -98,14 +82,12 @@ def _value_tag(source: str) -> str:
 
 
 def pad_name(host: bool, dtype: str, axis: str, value: str) -> str:
-    """The constant pad tensor of one (device, dtype, axis, value): ``pad_dev_int64_bs_zero``,
-    ``pad_host_int64_bs_seq_len_fill_value``."""
+    """``pad_dev_int64_bs_zero``, ``pad_host_int64_bs_seq_len_fill_value``."""
     return f"pad_{'host' if host else 'dev'}_{dtype}_{axis}_{_value_tag(value)}"
 
 
 def shape_name(extents: Sequence[str]) -> str:
-    """The expected shape of a step's source: ``shape_tokens`` (``(raw_num_tokens,)``),
-    ``shape_3_tokens``, ``shape_4``."""
+    """A source's expected shape: ``shape_tokens`` (``(raw_num_tokens,)``), ``shape_3_tokens``."""
     return "shape_" + ("_".join(_extent_tag(e) for e in extents) or "scalar")
 
 
@@ -115,21 +97,16 @@ def value_name(dtype: str, count: str, extents: Sequence[str]) -> str:
 
 
 def unique(names: Dict[str, str], name: str, key: str) -> str:
-    """``name`` recorded for ``key`` in ``names`` (name -> key); two keys may not share a
-    name (a digest collision): refused rather than emitted wrong."""
+    """``name``, recorded for ``key``; two keys sharing a name (a digest collision) are refused."""
     if names.setdefault(name, key) != key:
-        raise RuntimeError(f"graphslot internal error: generated name {name!r} stands for both "
-                           f"{names[name]!r} and {key!r}")
+        raise RuntimeError(
+            f"graphslot internal error: generated name {name!r} stands for both {names[name]!r} and {key!r}"
+        )
     return name
 
 
-# --- slots ----------------------------------------------------------------------------------
-
-
 def slot_idents(slots: Sequence[ResolvedSlot]) -> List[str]:
-    """Each slot's identifier: its name, mangled (``a.b`` -> ``a__b``) where it is no
-    identifier; a mangled name that another slot's name also gives is suffixed with a
-    digest of the slot's own name, so no identifier depends on the order of slots."""
+    """Each slot's name, mangled (``a.b`` -> ``a__b``); a mangled name two slots give gets a digest of its own."""
     mangled = [_ident(slot.name) for slot in slots]
     taken = set(mangled)
     idents = []
@@ -143,30 +120,18 @@ def slot_idents(slots: Sequence[ResolvedSlot]) -> List[str]:
     return idents
 
 
-@dataclass
 class SlotNames:
-    """The generated identifiers and slices of one slot (prefixed so no slot name can
-    collide with a generated local such as ``fb`` or ``plan``)."""
+    """One slot's generated identifiers and slices (prefixed: no slot name can be a local like ``plan``)."""
 
-    slot: ResolvedSlot
-    ident: str
-
-    @property
-    def buf(self) -> str:
-        return f"buf_{self.ident}"
-
-    @property
-    def src(self) -> str:
-        """The local holding this step's batch field."""
-        return f"src_{self.ident}"
-
-    @property
-    def counts(self) -> Optional[Tuple[str, str]]:
-        return COUNTS.get(self.slot.axis)
+    def __init__(self, slot: ResolvedSlot, ident: str):
+        self.slot, self.ident, self.buf, self.src = slot, ident, f"buf_{ident}", f"src_{ident}"
+        self.counts: Optional[Tuple[str, str]] = COUNTS.get(slot.axis)
+        self.split = slot.shape[0] if slot.rows else None  # L for a slot copied as rows (``mrope_positions``)
+        # A head is dense (as ``_foreach_copy_``'s fast path needs) only when sliced on the outermost dimension.
+        self.dense_narrow = all(n == 1 for n in slot.shape[: slot.slice_dim])
 
     def narrow(self, start: Optional[str], stop: str, row: Optional[int] = None) -> Item:
-        """The buffer sliced from ``start`` to ``stop`` along its sliced dimension (in
-        row ``row`` of a slot copied as rows)."""
+        """The buffer sliced along its sliced dimension (in row ``row`` of a slot copied as rows)."""
         lead = f"{row}, " if row is not None else ":, " * self.slot.slice_dim
         return subscript(self.buf, f"{lead}{start or ''}:{stop}")
 
@@ -179,18 +144,6 @@ class SlotNames:
     def padded_view(self) -> Item:
         return self.buf if self.counts is None else self.narrow(None, self.counts[1])
 
-    @property
-    def dense_narrow(self) -> bool:
-        """Slicing a contiguous buffer gives a dense view only along its outermost
-        non-trivial dimension; ``_foreach_copy_``'s fast path needs dense tensors."""
-        return all(n == 1 for n in self.slot.shape[: self.slot.slice_dim])
-
-    @property
-    def split(self) -> Optional[int]:
-        """L for a slot copied as rows (``mrope_positions``, :attr:`ResolvedSlot.rows`),
-        else None."""
-        return self.slot.shape[0] if self.slot.rows else None
-
     def head_rows(self) -> Optional[List[Item]]:
         """The dense destinations of the head, or None where it has none."""
         if self.split is not None:
@@ -198,34 +151,27 @@ class SlotNames:
         return [self.head()] if self.dense_narrow else None
 
     def tail_rows(self) -> Optional[List[Item]]:
-        """The 1-D destinations of the tail, or None (a wider tail: a constant pad as
-        large as the buffer would double its memory)."""
+        """The 1-D tail rows, or None (a wider tail's constant pad would double its memory)."""
         if self.split is not None:
             return [self.narrow(*self.counts, i) for i in range(self.split)]
         return [self.tail()] if len(self.slot.shape) == 1 else None
 
     def pad_slice(self, pad: str) -> Item:
-        """The slice of constant ``pad`` a tail row is copied from: as long as the tail
-        (the constant is as long as the capacity)."""
         return subscript(pad, f"{self.counts[0]}:{self.counts[1]}")
 
     def read_source(self, indent: int) -> List[str]:
-        """``src_<slot> = fb.<slot>``; by name where the field may be absent or the
-        name is a keyword (the interpreter reads it with getattr)."""
-        name = self.slot.name
-        if self.slot.skip_absent:  # absent_fields: skip: anything but a tensor is no copy
+        """``src_<slot> = fb.<slot>``; getattr where the field may be absent or is a keyword."""
+        name, pad = self.slot.name, " " * indent
+        if self.slot.skip_absent or self.slot.optional:
             read = assign(self.src, call("getattr", "fb", py_str(name), "None"), indent)
-            return read + [" " * indent + f"if not isinstance({self.src}, torch.Tensor):",
-                           " " * (indent + 4) + f"{self.src} = None"]
-        if self.slot.optional:
-            return assign(self.src, call("getattr", "fb", py_str(name), "None"), indent)
+            if self.slot.skip_absent:  # absent_fields: skip: anything but a tensor is no copy
+                read += [f"{pad}if not isinstance({self.src}, torch.Tensor):", f"{pad}    {self.src} = None"]
+            return read
         if keyword.iskeyword(name):
             return assign(self.src, call("getattr", "fb", py_str(name)), indent)
         return assign(self.src, f"fb.{name}", indent)
 
     def expected_extents(self, extents: Sequence[str]) -> List[str]:
-        """The shape a step's source must have: the buffer's, with the raw count along
-        the sliced dimension."""
         extents = list(extents)
         if self.counts is not None:
             extents[self.slot.slice_dim] = self.counts[0]

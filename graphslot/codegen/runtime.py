@@ -1,7 +1,5 @@
-"""What generated modules import: a deliberately small, stable surface. Its first use
-is the handshake, ``require`` (:mod:`.handshake`); only then does a module bind torch
-and the helpers it uses (``torch = __gs_rt.torch``, ``__gs_allocate =
-__gs_rt.allocate_buffer``, …), so no import follows a statement in it."""
+"""What generated modules import: a small, stable surface. Its first use is the handshake (``require``); only
+then does a module bind torch and the helpers it uses, so no import follows a statement in it."""
 
 from __future__ import annotations
 
@@ -9,19 +7,17 @@ from typing import Callable, Dict
 
 import torch
 
-from ..registry.buffers import allocate_buffer
-from ..spec.hooks import FillContext
-from ..registry.base import ViewMaker
-from .handshake import MODULE_FORMAT, GeneratedModuleMismatch, require
+from ..registry.base import ViewMaker as ViewMaker
+from ..registry.buffers import allocate_buffer as allocate_buffer
+from ..spec.hooks import FillContext as FillContext
+from .handshake import MODULE_FORMAT as MODULE_FORMAT, GeneratedModuleMismatch as GeneratedModuleMismatch
+from .handshake import require as require
 
 foreach_copy = torch._foreach_copy_
 # fill_from copies sources as data: autograd is off while it runs (the caller's mode
 # restored after), the cheapest way there (torch.no_grad() costs several times more).
 grad_enabled = torch.is_grad_enabled
 set_grad_enabled = torch._C._set_grad_enabled
-
-__all__ = ["MODULE_FORMAT", "torch", "FillContext", "GeneratedModuleMismatch", "SourceMismatch", "ViewMaker",
-           "allocate_buffer", "foreach_copy", "grad_enabled", "hook", "require", "set_grad_enabled"]
 
 
 class SourceMismatch(Exception):
@@ -33,7 +29,6 @@ def hook(hooks: Dict[str, Dict[str, Callable]], slot: str, kind: str) -> Callabl
     try:
         return hooks[slot][kind]
     except KeyError:
-        raise RuntimeError(
-            f"slot '{slot}': the generated code expects a {kind} hook, but none was bound; the "
-            "module was generated for other params or hooks — regenerate it (graphslot generate)"
-        ) from None
+        expects = f"slot '{slot}': the generated code expects a {kind} hook, but none was bound"
+        fix = "the module was generated for other params or hooks — regenerate it (graphslot generate)"
+        raise RuntimeError(f"{expects}; {fix}") from None

@@ -1,10 +1,5 @@
-"""Slot registries: one full-capacity buffer per enabled slot, and the questions a runner
-asks about them.
-
-``SlotRegistry`` holds the buffers; its ``fill_from`` / ``extract`` are supplied either by
-the interpreter (:mod:`.interpreter`, ``mode="interpreted"``) or by generated code
-(:mod:`graphslot.codegen.inprocess`).
-"""
+"""Slot registries: one full-capacity buffer per enabled slot, and the questions a runner asks about them;
+``fill_from`` / ``extract`` come from the interpreter (:mod:`.interpreter`) or generated code."""
 
 from __future__ import annotations
 
@@ -18,14 +13,12 @@ from ..spec.hooks import CaptureContext, FillContext
 from ..spec.live import context_factory, live_view
 from ..spec.model import RegistrySpec
 from ..spec.resolve import ResolvedSlot
-from .buffers import allocate_slot_buffer
-from .pool import SharePool
+from .buffers import SharePool, allocate_slot_buffer
 from .stepcheck import StepChecker
 
 
 class Slot:
-    """One slot of a registry: its resolved declaration (:attr:`resolved`) and, when
-    enabled, its buffer."""
+    """One slot of a registry: its resolved declaration and, when enabled, its buffer."""
 
     __slots__ = ("resolved", "buffer", "hooks")
 
@@ -60,14 +53,9 @@ class Slot:
 
 
 class ViewMaker:
-    """Makes ``extract``'s view: a shallow copy of the batch with some fields replaced.
-
-    The template batch is never modified, and the batch type needs no cooperation:
-    plain objects and dataclasses, frozen ones included, get the fields written into the
-    copy's ``__dict__`` (no ``__setattr__`` runs); other types (``__slots__``, custom
-    copying, a property among ``names``) go through ``copy.copy`` and
-    ``object.__setattr__``. The choice is made once per batch type.
-    """
+    """Makes ``extract``'s view: a shallow copy of the batch with some fields replaced. Plain objects and
+    dataclasses (frozen ones too) get them written into the copy's ``__dict__``; other types (``__slots__``,
+    custom copying, a property among ``names``) go through ``copy.copy`` and ``object.__setattr__``."""
 
     __slots__ = ("names", "spec_name", "_plain")
 
@@ -77,10 +65,9 @@ class ViewMaker:
     def _is_plain(self, cls: type) -> bool:
         plain = self._plain.get(cls)
         if plain is None:
-            plain = self._plain[cls] = (
-                not hasattr(cls, "__slots__") and cls.__reduce_ex__ is object.__reduce_ex__
-                and not hasattr(cls, "__copy__")
-                and not any(hasattr(getattr(cls, name, None), "__set__") for name in self.names))
+            copying = hasattr(cls, "__copy__") or cls.__reduce_ex__ is not object.__reduce_ex__
+            setters = any(hasattr(getattr(cls, n, None), "__set__") for n in self.names)
+            plain = self._plain[cls] = not (hasattr(cls, "__slots__") or copying or setters)
         return plain
 
     def __call__(self, batch: Any, fields: Dict[str, Any]) -> Any:
@@ -96,9 +83,9 @@ class ViewMaker:
             try:
                 object.__setattr__(new, name, value)
             except (AttributeError, TypeError) as exc:
-                raise SlotError(f"spec {self.spec_name!r}: extract cannot set '{name}' on a copy of "
-                                f"{cls.__name__} ({exc}); a batch type with __slots__ must declare every "
-                                f"field a view sets: {', '.join(self.names)}") from None
+                where = f"spec {self.spec_name!r}: extract cannot set '{name}' on a copy of {cls.__name__} ({exc})"
+                fix = f"a batch type with __slots__ must declare every field a view sets: {', '.join(self.names)}"
+                raise SlotError(f"{where}; {fix}") from None
         return new
 
 
@@ -123,25 +110,21 @@ class SlotRegistry:
         strict: bool = False,
         context: Optional[Callable[..., Any]] = None,
     ):
-        self.spec, self.params = spec, dict(params)
+        self.spec, self.params, self.strict = spec, dict(params), strict
         self.max_bs, self.max_num_tokens, self.device = max_bs, max_num_tokens, torch.device(device)
-        self.strict = strict
-        #: Makes each fill's hook context (FillContext, or ``context``) with live params resolved.
+        # Makes each fill's hook context (FillContext, or ``context``) with live params resolved.
         self.make_context = context_factory(context or FillContext, self.params)
         self._skipping: Dict[frozenset, Callable[..., None]] = {}
         self._slots: Dict[str, Slot] = {}
         for resolved in slots:
-            buffer = None
-            if resolved.enabled:
-                buffer = (buffers or {}).get(resolved.name)
-                if buffer is None:
-                    buffer = allocate_slot_buffer(resolved, self.device, pool, adopt)
+            buffer = (buffers or {}).get(resolved.name) if resolved.enabled else None
+            if resolved.enabled and buffer is None:
+                buffer = allocate_slot_buffer(resolved, self.device, pool, adopt)
             self._slots[resolved.name] = Slot(resolved, buffer, hooks.get(resolved.name, {}))
         self.active: Tuple[Slot, ...] = tuple(s for s in self._slots.values() if s.enabled)
         self.checker = StepChecker(spec.name, self.active, max_bs, max_num_tokens, strict)
         self.make_view = ViewMaker(self.view_names(), spec.name)
 
-    # -- introspection -------------------------------------------------------------
     def slot(self, name: str) -> Slot:
         try:
             return self._slots[name]
@@ -163,18 +146,13 @@ class SlotRegistry:
     def nbytes(self) -> int:
         return sum(s.buffer.numel() * s.buffer.element_size() for s in self.active)
 
-    def fill_context(self, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs=None) -> Any:
-        return self.make_context(raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, self.params, side_inputs)
-
     def skip_set(self, names: AbstractSet[str]) -> frozenset:
         """The enabled slots among ``names`` (others are ignored, as sglang ignores them)."""
         return frozenset(names) & frozenset(s.name for s in self.active)
 
     def fill_from_skipping(self, names: AbstractSet[str]) -> Callable[..., None]:
-        """A fill callable with ``fill_from``'s signature that leaves the slots
-        ``names`` alone: no reset, copy or hook (their content was staged by the
-        engine). Made once per set and kept; ``fill_from`` itself is untouched, and is
-        what an empty set (or one naming no enabled slot) gets."""
+        """A fill like ``fill_from`` that leaves the slots ``names`` alone (the engine staged them): no reset,
+        copy or hook. Made once per set; a set naming no enabled slot gets ``fill_from`` itself."""
         skip = self.skip_set(names)
         if not skip:
             return self.fill_from
@@ -184,17 +162,11 @@ class SlotRegistry:
         return fill
 
     def _fill_skipping(self, skip: frozenset) -> Callable[..., None]:
-        """The fill of :meth:`fill_from_skipping` for a non-empty set of enabled slots."""
         raise NotImplementedError
 
     def check_step(self, fb: Any, *, raw_bs: int, raw_num_tokens: int) -> None:
-        """Raise the :class:`SlotError` that ``fill_from(fb, raw_bs=raw_bs, padded_bs=...,
-        raw_num_tokens=raw_num_tokens, ...)`` would raise for the raw counts or a batch
-        field (missing, not a tensor, wrong shape; strict mode: dtype, device, aliasing),
-        for any padded counts from raw to capacity; write nothing. For a caller that must
-        know a batch fits before it commits to a step, its padded size not yet known (the
-        DP runner, before its exchange). ``source`` and ``post_fill`` hooks are not run:
-        what they raise, the fill raises."""
+        """Raise the :class:`SlotError` a fill at these raw counts would raise for them or a batch field, for
+        any padded counts; write nothing (the DP runner asks before its exchange). Hooks are not run."""
         self.checker.sources(fb, raw_bs, raw_num_tokens)
 
     def run_pre_capture(self, bs: int, num_tokens: int, side_inputs: Any = None) -> None:
@@ -209,10 +181,9 @@ class SlotRegistry:
                 hook(slot.buffer, ctx)
 
     def view_names(self) -> Tuple[str, ...]:
-        """What ``extract`` may set on the view: ``batch_size`` and every enabled
-        top-level slot (dotted slots are never set)."""
+        """What ``extract`` may set: ``batch_size`` and every enabled top-level (undotted) slot."""
         return ("batch_size",) + tuple(s.name for s in self.active if not s.resolved.structured)
 
     def __repr__(self) -> str:
-        return (f"<{type(self).__name__} {self.spec.name} impl={self.impl} max_bs={self.max_bs} "
-                f"max_num_tokens={self.max_num_tokens} slots={self.slot_names()}>")
+        sizes = f"max_bs={self.max_bs} max_num_tokens={self.max_num_tokens}"
+        return f"<{type(self).__name__} {self.spec.name} impl={self.impl} {sizes} slots={self.slot_names()}>"

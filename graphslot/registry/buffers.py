@@ -1,73 +1,114 @@
-"""Allocating (or adopting) one slot's buffer. Shared by the interpreter and by
-generated ``allocate`` functions, so both own bit-identical buffers."""
+"""Allocating (or adopting) one slot's buffer, shared by both modes so both own bit-identical buffers; and
+sharing buffers between registries (say decode and a draft model's decode mirroring one field), so capture
+and replay see one address whichever runner filled it. A :class:`BufferPool` keys buffers by ``(name, numel,
+dtype, device)``: the first registrant is canonical, later ones view it to their shape; held weakly.
+Registration is thread-safe; sharers must agree on the initial value; filling is not synchronised (one writer
+at a time, as sglang's pool).
+"""
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional, Tuple, Union
+import threading
+import weakref
+from typing import Any, Dict, Mapping, Protocol, Tuple, runtime_checkable
 
 import torch
 
 from ..spec.errors import SlotError
-from .pool import SharePool
 from ..spec.resolve import ResolvedSlot
 
 _MISSING = object()
 
+PoolKey = Tuple[str, int, torch.dtype, torch.device]
+
+
+@runtime_checkable
+class SharePool(Protocol):
+    """A pool ``build_registry(buffers=...)`` accepts: given a fresh zero buffer, the tensor the slot is to use
+    and whether it is *fresh* (then filled with ``init_value``). An engine may bring its own (sglang's)."""
+
+    def share(self, name: str, tensor: torch.Tensor, init_value: Any = None) -> Tuple[torch.Tensor, bool]: ...
+
+
+class BufferPool:
+    def __init__(self) -> None:
+        self._buffers: "weakref.WeakValueDictionary[PoolKey, torch.Tensor]" = weakref.WeakValueDictionary()
+        self._init: Dict[PoolKey, Any] = {}
+        self._lock = threading.Lock()
+
+    def share(self, name: str, tensor: torch.Tensor, init_value: Any = None) -> Tuple[torch.Tensor, bool]:
+        """The canonical buffer viewed to ``tensor``'s shape, and whether ``tensor`` became it (to initialise)."""
+        key = (name, tensor.numel(), tensor.dtype, tensor.device)
+        init = 0 if init_value is None else init_value
+        with self._lock:
+            canonical = self._buffers.get(key)
+            if canonical is None:
+                self._buffers[key], self._init[key] = tensor, init
+                return tensor, True
+            first = self._init[key]
+        if first != init:
+            shared = f"shared buffer ({tensor.numel()} x {tensor.dtype} on {tensor.device})"
+            needs = f"was first registered with initial value {first!r}, this registry needs {init!r}"
+            raise SlotError(
+                f"slot '{name}': {shared} {needs}; give both the same pad value, or build one without share_pool"
+            )
+        return canonical.view(tensor.shape), False
+
+    def __len__(self) -> int:
+        return len(self._buffers)
+
+    def __bool__(self) -> bool:
+        return True  # an empty pool is still a pool (``share_pool=BufferPool()`` must share)
+
 
 def adoptable(adopt: Any, name: str) -> Any:
-    """The tensor ``adopt`` holds for slot ``name`` (attribute, mapping key or dotted
-    path), or ``_MISSING``."""
+    """The tensor ``adopt`` holds for slot ``name`` (attribute, mapping key or dotted path), or ``_MISSING``."""
     value = adopt
     for part in name.split("."):
-        if isinstance(value, dict):
-            value = value.get(part, _MISSING)
-        else:
-            value = getattr(value, part, _MISSING)
+        value = value.get(part, _MISSING) if isinstance(value, dict) else getattr(value, part, _MISSING)
         if value is _MISSING or value is None:
             return _MISSING
     return value
 
 
 def refuse_strided(where: str, how: str, tensor: torch.Tensor) -> None:
-    """SlotError for a tensor a registry would bind or adopt that is not dense with a
-    unit last stride: generated code views buffers of several dtypes as one integer dtype
-    (one copy kernel a step), which needs that layout (``is_contiguous()`` alone does not
-    promise the unit stride of a last dimension of size 1)."""
+    """SlotError unless dense with a unit last stride: generated code views buffers of several dtypes as one
+    integer dtype, which needs that (``is_contiguous()`` does not promise it for a last dimension of size 1)."""
     if not tensor.is_contiguous() or (tensor.dim() and tensor.stride(-1) != 1):
-        raise SlotError(f"{where}: {how}= holds a non-contiguous tensor (shape {list(tensor.shape)}, strides "
-                        f"{list(tensor.stride())}); pass a contiguous tensor (.contiguous() gives one)")
+        layout = f"shape {list(tensor.shape)}, strides {list(tensor.stride())}"
+        raise SlotError(
+            f"{where}: {how}= holds a non-contiguous tensor ({layout}); pass a contiguous tensor "
+            "(.contiguous() gives one)"
+        )
 
 
 def allocate_buffer(
-    name: str,
-    shape: Tuple[int, ...],
-    dtype: torch.dtype,
-    device: Union[str, torch.device],
-    init_value: Any = None,
-    pool: Optional[SharePool] = None,
-    adopt: Any = None,
-) -> torch.Tensor:
-    """A full-capacity buffer, adopted from ``adopt`` (``build_registry(buffers=<object>)``) or
-    pooled when asked; filled with ``init_value`` when it is fresh. Its address never
-    changes afterwards."""
+    name: str, shape: Tuple[int, ...], dtype: torch.dtype, device, init_value=None, pool=None, adopt=None
+):
+    """A full-capacity buffer, adopted from ``adopt`` or pooled when asked; filled with ``init_value`` when
+    fresh. Its address never changes afterwards."""
     if adopt is not None:
         tensor = adoptable(adopt, name)
         if tensor is _MISSING:
-            raise SlotError(f"slot '{name}': buffers= has no tensor '{name}' to adopt; "
-                            "give it one, or declare the slot `adopt: never`")
+            raise SlotError(
+                f"slot '{name}': buffers= has no tensor '{name}' to adopt; give it one, or declare "
+                "the slot `adopt: never`"
+            )
         if not isinstance(tensor, torch.Tensor):
             raise SlotError(f"slot '{name}': buffers= holds {type(tensor).__name__}, expected a torch.Tensor")
         if tuple(tensor.shape) != tuple(shape) or tensor.dtype != dtype:
-            raise SlotError(f"slot '{name}': cannot adopt the tensor: expected shape "
-                            f"{list(shape)} dtype {dtype}, got shape {list(tensor.shape)} "
-                            f"dtype {tensor.dtype}")
+            got = f"got shape {list(tensor.shape)} dtype {tensor.dtype}"
+            raise SlotError(
+                f"slot '{name}': cannot adopt the tensor: expected shape {list(shape)} dtype {dtype}, {got}"
+            )
         refuse_strided(f"slot '{name}'", "buffers", tensor)
         return tensor  # adopted tensors are already initialised by their owner
     try:
         buffer = torch.zeros(shape, dtype=dtype, device=device)
     except (RuntimeError, MemoryError) as exc:  # out of memory: the type stays, the slot is named
-        exc.add_note(f"graphslot: while allocating the buffer of slot '{name}' (shape {list(shape)}, {dtype}, "
-                     f"on {device})")
+        exc.add_note(
+            f"graphslot: while allocating the buffer of slot '{name}' (shape {list(shape)}, {dtype}, on {device})"
+        )
         raise
     fresh = True
     if pool is not None:
@@ -78,32 +119,28 @@ def allocate_buffer(
 
 
 def allocate_slot_buffer(slot: ResolvedSlot, device: torch.device, pool=None, adopt=None) -> torch.Tensor:
-    return allocate_buffer(
-        slot.name, slot.shape, slot.dtype, "cpu" if slot.host else device,
-        slot.pad_value if slot.fills_at_allocation else None, pool, adopt if slot.adopt else None,
-    )
+    init, adopt = slot.pad_value if slot.fills_at_allocation else None, adopt if slot.adopt else None
+    return allocate_buffer(slot.name, slot.shape, slot.dtype, "cpu" if slot.host else device, init, pool, adopt)
 
 
 def check_given_buffers(spec_name: str, slots, buffers: Any, device: torch.device) -> Dict[str, torch.Tensor]:
-    """``build_registry(buffers=...)``: a tensor of the resolved shape, dtype and device
-    for every enabled slot, bound as it is (nothing allocated, pooled or adopted);
-    SlotError naming the first slot that does not fit."""
+    """``build(bind=...)``: a tensor of the resolved shape, dtype and device for every enabled slot, bound as
+    it is; SlotError naming the first slot that does not fit."""
     if not isinstance(buffers, Mapping):
-        raise SlotError(f"spec '{spec_name}': buffers= must map slot names to tensors, got "
-                        f"{type(buffers).__name__}")
+        raise SlotError(f"spec '{spec_name}': buffers= must map slot names to tensors, got {type(buffers).__name__}")
     given = {}
     for slot in slots:
         if not slot.enabled:
             continue
         tensor = buffers.get(slot.name)
         where = torch.device("cpu") if slot.host else device
+        at = f"spec '{spec_name}', slot '{slot.name}'"
         if not isinstance(tensor, torch.Tensor):
-            raise SlotError(f"spec '{spec_name}', slot '{slot.name}': buffers= has "
-                            f"{'no tensor' if tensor is None else type(tensor).__name__} for it")
+            raise SlotError(f"{at}: buffers= has {'no tensor' if tensor is None else type(tensor).__name__} for it")
         if tuple(tensor.shape) != slot.shape or tensor.dtype != slot.dtype or not _same_device(tensor.device, where):
-            raise SlotError(f"spec '{spec_name}', slot '{slot.name}': buffers= holds shape {list(tensor.shape)} "
-                            f"{tensor.dtype} on {tensor.device}, expected {list(slot.shape)} {slot.dtype} on {where}")
-        refuse_strided(f"spec '{spec_name}', slot '{slot.name}'", "bind", tensor)
+            got = f"shape {list(tensor.shape)} {tensor.dtype} on {tensor.device}"
+            raise SlotError(f"{at}: buffers= holds {got}, expected {list(slot.shape)} {slot.dtype} on {where}")
+        refuse_strided(at, "bind", tensor)
         given[slot.name] = tensor
     return given
 

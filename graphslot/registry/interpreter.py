@@ -1,7 +1,5 @@
-"""The interpreter: the executable definition of the slot semantics
-(``graphslot/slot_specs/README.md``, "Slot semantics"). Written for clarity, not speed:
-it is what generated code is proven equal to.
-"""
+"""The interpreter: the executable definition of the slot semantics (``graphslot/slot_specs/README.md``),
+written for clarity, not speed: what generated code is proven equal to."""
 
 from __future__ import annotations
 
@@ -14,8 +12,7 @@ from .base import SlotRegistry
 
 
 class InterpretedRegistry(SlotRegistry):
-    """The reference semantics, slot by slot (``graphslot/slot_specs/README.md``,
-    "Slot semantics")."""
+    """The reference semantics, slot by slot."""
 
     impl = "interpreted"
 
@@ -23,20 +20,19 @@ class InterpretedRegistry(SlotRegistry):
         # Sources are copied as data: a source that requires grad is copied by value, and
         # no buffer ever requires grad or records history.
         with torch.no_grad():
-            self._fill(fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs, frozenset())
+            self._fill(fb, (raw_bs, padded_bs, raw_num_tokens, padded_num_tokens), side_inputs, frozenset())
 
     def _fill_skipping(self, skip: frozenset) -> Callable[..., None]:
         def fill_from(fb, *, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs=None) -> None:
             with torch.no_grad():
-                self._fill(fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs, skip)
+                self._fill(fb, (raw_bs, padded_bs, raw_num_tokens, padded_num_tokens), side_inputs, skip)
 
         return fill_from
 
-    def _fill(self, fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs, skip) -> None:
+    def _fill(self, fb, counts, side_inputs, skip) -> None:
         check = self.checker
-        raw_bs, padded_bs, raw_num_tokens, padded_num_tokens = check.step(raw_bs, padded_bs, raw_num_tokens,
-                                                                          padded_num_tokens)
-        ctx = self.fill_context(raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs)
+        raw_bs, padded_bs, raw_num_tokens, padded_num_tokens = counts = check.step(*counts)
+        ctx = self.make_context(*counts, self.params, side_inputs)
         active = [slot for slot in self.active if slot.name not in skip] if skip else self.active
 
         # 0. every source (batch fields, source hooks) is read and checked before

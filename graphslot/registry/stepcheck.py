@@ -1,26 +1,10 @@
-"""What a step's inputs must satisfy: the error cases of the slot contract.
-
-One ``StepChecker`` per registry decides every per-step error, so the interpreter and
-generated code raise the same ``SlotError`` for the same input
-(``graphslot/slot_specs/README.md``, "Slot semantics"):
-
-* counts (``0 <= raw <= padded <= capacity``, Python ints) are checked the first time a
-  registry sees a step size; both modes remember the sizes they have checked, so a size
-  seen before costs nothing (strict mode checks the types on every call);
-* every copied batch field must be there (unless the slot is ``optional``), be a tensor
-  and have exactly the rows of the step along the slot's axis (``copy_`` would
-  broadcast a 1-row or 0-d value silently). The interpreter asks ``source`` for every
-  slot; generated code compares shapes inline and calls ``diagnose`` only after
-  something failed, so the happy path pays one shape comparison per copied slot;
-* a ``source`` hook's result must be ``None`` or a tensor that fits the buffer;
-* strict mode adds dtype and device equality and rejects a source whose bytes overlap a
-  slot buffer's (other than exactly its own head view, which copies onto itself),
-  whatever made the view: slicing, DLPack, numpy.
-
-None of the batch-field checks reads the padded counts, so :meth:`StepChecker.sources`
-(``SlotRegistry.check_step``) makes them, and the raw counts' own, before a step's
-padded size is known, writing nothing: the DP runner refuses a batch so before its
-one collective, where the fill would refuse it only after.
+"""What a step's inputs must satisfy: one ``StepChecker`` per registry decides every per-step error, so the
+interpreter and generated code raise the same ``SlotError`` (``graphslot/slot_specs/README.md``, "Slot
+semantics"). Counts are checked once per step size (strict mode: every call); a copied field must be there
+(unless optional), a tensor, of exactly the step's rows (``copy_`` would broadcast silently); generated code
+compares shapes inline and calls ``diagnose`` only after a failure. Strict mode adds dtype, device and
+aliasing of another slot's buffer (by byte extent, whatever made the view). No field check reads the padded
+counts, so :meth:`StepChecker.sources` runs them before the padded size is known (the DP runner).
 """
 
 from __future__ import annotations
@@ -53,13 +37,10 @@ class StepChecker:
         self.slots = {slot.name: slot for slot in slots}  # enabled ``Slot`` objects with buffers
         self.plain = tuple(s for s in self.slots.values() if s.resolved.copy_from_fb and s.resolved.source is None)
         self._extents = BufferExtents((s.name, s.buffer) for s in self.slots.values())
-        self._seen_steps: dict = {}
-        self._seen_views: dict = {}
-        self._seen_raw: dict = {}
+        self._seen_steps, self._seen_views, self._seen_raw = {}, {}, {}  # what _once remembers
 
     def without(self, names: AbstractSet[str]) -> "StepChecker":
-        """The checker of a fill that leaves the slots ``names`` alone (their fields
-        are neither read nor checked); aliasing is still judged against every buffer."""
+        """The checker of a fill leaving the slots ``names`` alone; aliasing is still judged on every buffer."""
         other = copy.copy(self)
         other.plain = tuple(s for s in self.plain if s.name not in names)
         other._seen_steps, other._seen_views, other._seen_raw = {}, {}, {}
@@ -69,76 +50,69 @@ class StepChecker:
         where = f"spec '{self.spec_name}', slot '{slot}'" if slot else f"spec '{self.spec_name}'"
         return SlotError(f"{where}: {message}")
 
-    # -- counts ----------------------------------------------------------------------
     def counts(self, raw_bs: Any, padded_bs: Any, raw_num_tokens: Any, padded_num_tokens: Any) -> None:
         """Raise unless ``0 <= raw <= padded <= capacity`` for both axes, all ints."""
-        for axis, raw, padded, capacity in ((Axis.BS, raw_bs, padded_bs, self.max_bs),
-                                            (Axis.TOKENS, raw_num_tokens, padded_num_tokens, self.max_num_tokens)):
+        bs = (Axis.BS, raw_bs, padded_bs, self.max_bs)
+        for axis, raw, padded, capacity in (bs, (Axis.TOKENS, raw_num_tokens, padded_num_tokens, self.max_num_tokens)):
             for what, n in (("raw", raw), ("padded", padded)):
                 if type(n) is not int:
                     raise self.fail(None, f"{what} {axis} count must be an int, got {describe(n)}")
             if not 0 <= raw <= padded <= capacity:
-                raise self.fail(None, f"{axis} counts must satisfy 0 <= raw <= padded <= capacity, got "
-                                      f"raw={raw}, padded={padded}, capacity={capacity}")
+                got = f"raw={raw}, padded={padded}, capacity={capacity}"
+                raise self.fail(None, f"{axis} counts must satisfy 0 <= raw <= padded <= capacity, got {got}")
 
     def view_counts(self, padded_bs: Any, padded_num_tokens: Any) -> None:
         """``extract``'s counts: ints within ``0 <= padded <= capacity``."""
         self.counts(0, padded_bs, 0, padded_num_tokens)
 
     def raw_counts(self, raw_bs: Any, raw_num_tokens: Any) -> None:
-        """A step's raw counts before its padded ones are known: ints within
-        ``0 <= raw <= capacity`` (the fill checks the padded ones, between the two)."""
+        """A step's raw counts before its padded ones are known: ints within ``0 <= raw <= capacity``."""
         for axis, raw, capacity in ((Axis.BS, raw_bs, self.max_bs), (Axis.TOKENS, raw_num_tokens, self.max_num_tokens)):
             if type(raw) is not int:
                 raise self.fail(None, f"raw {axis} count must be an int, got {describe(raw)}")
             if not 0 <= raw <= capacity:
-                raise self.fail(None, f"{axis} counts must satisfy 0 <= raw <= capacity, got raw={raw}, "
-                                      f"capacity={capacity}")
+                got = f"raw={raw}, capacity={capacity}"
+                raise self.fail(None, f"{axis} counts must satisfy 0 <= raw <= capacity, got {got}")
 
     def sources(self, fb: Any, raw_bs: Any, raw_num_tokens: Any) -> None:
         """Raise the SlotError a fill of ``fb`` at these raw counts would raise for its
         counts or batch fields, whatever padded counts it gets; write nothing
         (``SlotRegistry.check_step``). Source hooks are not run: the fill checks them."""
-        shapes = None if self.strict else self._seen_raw.get((raw_bs, raw_num_tokens))
-        if shapes is None:  # as generated fills: checked once per size, then one shape comparison per field
-            self.raw_counts(raw_bs, raw_num_tokens)
-            if len(self._seen_raw) >= SIZE_MEMO_LIMIT:
-                self._seen_raw.clear()
-            shapes = self._seen_raw[raw_bs, raw_num_tokens] = tuple(
-                (slot, self.expected_shape(slot, raw_bs, raw_num_tokens)) for slot in self.plain)
+        shapes = self._once(self._seen_raw, (raw_bs, raw_num_tokens), self._raw_shapes)  # as generated fills
         for slot, shape in shapes:
             src = getattr(fb, slot.name, None)
             if self.strict or not (isinstance(src, torch.Tensor) and src.shape == shape):
                 self.plain_source(slot, fb, raw_bs, raw_num_tokens)  # None for an absent optional field, else raises
 
     def step(self, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens) -> Tuple[int, int, int, int]:
-        """The interpreter's count check: once per step size, as generated plans are.
-        Returns the sizes as the ints they were checked as."""
-        return self._once(self._seen_steps, (raw_bs, padded_bs, raw_num_tokens, padded_num_tokens), self.counts)
+        """The interpreter's count check, once per step size as generated plans'; the sizes as checked."""
+        key = (raw_bs, padded_bs, raw_num_tokens, padded_num_tokens)
+        return self._once(self._seen_steps, key, lambda *k: self.counts(*k) or k)
 
     def view(self, padded_bs, padded_num_tokens) -> Tuple[int, int]:
-        return self._once(self._seen_views, (padded_bs, padded_num_tokens), self.view_counts)
+        return self._once(self._seen_views, (padded_bs, padded_num_tokens), lambda *k: self.view_counts(*k) or k)
 
-    def _once(self, seen: dict, key: tuple, check) -> tuple:
-        checked = None if self.strict else seen.get(key)
-        if checked is None:
-            check(*key)
+    def _raw_shapes(self, raw_bs: Any, raw_num_tokens: Any) -> tuple:
+        self.raw_counts(raw_bs, raw_num_tokens)
+        return tuple((slot, self.expected_shape(slot, raw_bs, raw_num_tokens)) for slot in self.plain)
+
+    def _once(self, seen: dict, key: tuple, make) -> Any:
+        """``make(*key)``, remembered per key (strict mode: made on every call)."""
+        value = None if self.strict else seen.get(key)
+        if value is None:
             if len(seen) >= SIZE_MEMO_LIMIT:
                 seen.clear()
-            checked = seen[key] = key
-        return checked
+            value = seen[key] = make(*key)
+        return value
 
-    # -- sources ---------------------------------------------------------------------
     def expected_shape(self, slot, raw_bs: int, raw_num_tokens: int) -> Tuple[int, ...]:
-        shape = list(slot.buffer.shape)
-        count = slot.count(raw_bs, raw_num_tokens)
+        shape, count = list(slot.buffer.shape), slot.count(raw_bs, raw_num_tokens)
         if count is not None:
             shape[slot.resolved.slice_dim] = count
         return torch.Size(shape)
 
     def plain_source(self, slot, fb: Any, raw_bs: int, raw_num_tokens: int) -> Optional[torch.Tensor]:
-        """The batch field to copy into ``slot``'s head, ``None`` for an absent optional
-        field; raise for anything else that does not fit."""
+        """The batch field to copy into ``slot``'s head, ``None`` for an absent optional one; else raise."""
         src = getattr(fb, slot.name, _MISSING)
         if slot.resolved.skip_absent and not isinstance(src, torch.Tensor):
             return None  # absent_fields: skip: a missing, None or non-tensor field is no copy
@@ -146,13 +120,13 @@ class StepChecker:
             if slot.resolved.optional:
                 return None
             what = f"the batch has no field '{slot.name}'" if src is _MISSING else "the batch field is None"
-            raise self.fail(slot.name, f"{what}, but the slot is not optional; set it on the batch, or declare "
-                                       "`optional: true` in the spec")
+            fix = "set it on the batch, or declare `optional: true` in the spec"
+            raise self.fail(slot.name, f"{what}, but the slot is not optional; {fix}")
         self._tensor(slot, src)
         expected = self.expected_shape(slot, raw_bs, raw_num_tokens)
         if src.shape != expected:
-            raise self.fail(slot.name, f"expected shape {list(expected)}, got {list(src.shape)} (copy_ would "
-                                       "broadcast or fail)")
+            got = f"got {list(src.shape)} (copy_ would broadcast or fail)"
+            raise self.fail(slot.name, f"expected shape {list(expected)}, {got}")
         if self.strict:
             self._strict(slot, src, head=slot.head(slot.count(raw_bs, raw_num_tokens)))
         return src
@@ -175,8 +149,7 @@ class StepChecker:
         return src
 
     def diagnose(self, fb: Any, raw_bs: int, raw_num_tokens: int, exc: BaseException) -> None:
-        """Generated code's except branch: the SlotError the interpreter would raise for
-        this batch, or ``exc`` itself when every source fits (not the batch's fault)."""
+        """Generated code's except branch: the interpreter's SlotError, or ``exc`` when every source fits."""
         for slot in self.plain:
             try:
                 self.plain_source(slot, fb, raw_bs, raw_num_tokens)
@@ -185,8 +158,7 @@ class StepChecker:
         raise exc
 
     def strict_fill(self, fb, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens) -> None:
-        """Strict mode's check before generated code runs (hook sources are checked
-        where they are evaluated, once)."""
+        """Strict mode's check before generated code runs (hook sources are checked where evaluated)."""
         self.counts(raw_bs, padded_bs, raw_num_tokens, padded_num_tokens)
         for slot in self.plain:
             self.plain_source(slot, fb, raw_bs, raw_num_tokens)
@@ -201,40 +173,33 @@ class StepChecker:
             raise self.fail(slot.name, f"expected dtype {buffer.dtype}, got {src.dtype} (copy_ would cast silently)")
         if src.device != buffer.device:
             raise self.fail(slot.name, f"expected device {buffer.device}, got {src.device}")
-        if _same_view(src, head):
+        if _view_of(src) == _view_of(head):
             return  # exactly its own head, however it was made: copies onto itself
         owner = self._extents.overlapping(src)
         if owner is not None:
-            raise self.fail(slot.name, f"the source aliases the buffer of slot '{owner}' (a view of a static "
-                                       "buffer other than this slot's own head); copy it first, or pass the "
-                                       "batch's own tensor")
+            view = "(a view of a static buffer other than this slot's own head)"
+            fix = "copy it first, or pass the batch's own tensor"
+            raise self.fail(slot.name, f"the source aliases the buffer of slot '{owner}' {view}; {fix}")
 
 
-def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return (a.device == b.device and a.data_ptr() == b.data_ptr() and a.shape == b.shape
-            and a.stride() == b.stride())
+def _view_of(t: torch.Tensor) -> tuple:
+    return t.device, t.data_ptr(), t.shape, t.stride()
 
 
 def byte_extent(t: torch.Tensor) -> Tuple[int, int]:
-    """``[first, end)``: the addresses of the bytes ``t``'s elements span (``(0, 0)``
-    when it has none). Computed from the tensor's own pointer, sizes and strides, so a
-    view made by DLPack, numpy or ``as_strided`` (a storage object of its own) is
-    placed where its bytes are."""
+    """``[first, end)``: the addresses of the bytes ``t``'s elements span (``(0, 0)`` when none), from its own
+    pointer, sizes and strides (so a DLPack, numpy or ``as_strided`` view is placed where its bytes are)."""
     if t.numel() == 0:
         return 0, 0
-    low = high = 0
-    for size, stride in zip(t.shape, t.stride()):
-        if stride < 0:
-            low += (size - 1) * stride
-        else:
-            high += (size - 1) * stride
+    spans = [(size - 1) * stride for size, stride in zip(t.shape, t.stride())]
+    low, high = sum(d for d in spans if d < 0), sum(d for d in spans if d > 0)
     start, item = t.data_ptr(), t.element_size()
     return start + low * item, start + (high + 1) * item
 
 
 class BufferExtents:
-    """Which of some named buffers a tensor's bytes overlap: per device, the buffers'
-    extents sorted by start with the running farthest end, so a lookup is one bisection."""
+    """Which named buffer a tensor's bytes overlap: per device, extents sorted by start with the running
+    farthest end, so a lookup is one bisection."""
 
     def __init__(self, buffers: Iterable[Tuple[str, torch.Tensor]]):
         by_device: dict = {}
@@ -253,13 +218,9 @@ class BufferExtents:
 
     def overlapping(self, t: torch.Tensor) -> Optional[str]:
         """The name of a buffer sharing a byte address with ``t``'s extent, or None."""
-        table = self._tables.get(t.device)
-        if table is None:
-            return None
+        starts, reach = self._tables.get(t.device, ((), ()))
         start, end = byte_extent(t)
-        starts, reach = table
         i = bisect.bisect_left(starts, end)  # the buffers starting before t's end
         if end > start and i and reach[i - 1][0] > start:
             return reach[i - 1][1]
         return None
-
