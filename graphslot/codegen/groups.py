@@ -140,7 +140,7 @@ class CopyGroup:
             return self._block("", True, indent)
         pad, lines = " " * indent, condition("if", Chain("and", ("dt_carrier",) + tuple(operands)), indent)
         lines += self._block("", True, indent + 4)
-        lines += [f"{pad}else:", f"{pad}    # the CPU, another dtype or layout: typed copies, cast as copy_ casts"]
+        lines += [f"{pad}else:", f"{pad}    # the CPU, another dtype or layout: typed copies (copy_ casts)"]
         return lines + self._block("t", False, indent + 4)
 
 
