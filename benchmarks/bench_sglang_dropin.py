@@ -83,8 +83,8 @@ def batch(sgl, kind: str, raw_bs: int, raw_n: int):
 
 
 class Stepper:
-    """One step through sglang's API, with the counts fixed (``time_per_call`` passes
-    positional counts; they are ignored)."""
+    """One step through sglang's API, with the counts fixed (the counts ``time_per_call``
+    passes are ignored)."""
 
     def __init__(self, registry, counts):
         raw_bs, padded_bs, raw_n, padded_n = counts
@@ -92,10 +92,10 @@ class Stepper:
         self.fill_kw = dict(raw_bs=raw_bs, padded_bs=padded_bs, raw_num_tokens=raw_n, padded_num_tokens=padded_n)
         self.view_kw = dict(padded_bs=padded_bs, padded_num_tokens=padded_n)
 
-    def fill_from(self, fb, *_):
+    def fill_from(self, fb, **_):
         self.registry.fill_from(fb, **self.fill_kw)
 
-    def extract(self, fb, *_):
+    def extract(self, fb, **_):
         return self.registry.extract_buffer(forward_batch_template=fb, **self.view_kw)
 
 

@@ -246,8 +246,8 @@ def test_skip_slots_as_a_bare_string_is_a_type_error_naming_the_argument(skip):
 
 @pytest.fixture
 def binds():
-    """Counts graphslot.build_registry calls made by the drop-in."""
-    with mock.patch.object(dropin_registry, "build_registry", wraps=dropin_registry.build_registry) as counter:
+    """Counts the registry builds (graphslot.api.build) the drop-in makes."""
+    with mock.patch.object(dropin_registry, "build", wraps=dropin_registry.build) as counter:
         yield counter
 
 
