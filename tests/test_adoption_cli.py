@@ -168,7 +168,7 @@ def test_the_search_stays_out_of_other_projects_hidden_directories_environments_
 
 def test_a_walk_that_stops_says_so(project, capsys, monkeypatch):
     _rename_output_dir(project, capsys)
-    import graphslot.codegen.aot as aot
+    import graphslot.cli.aot as aot
     monkeypatch.setattr(aot, "MAX_DIRS", 1)
     status, _, err = cli(capsys, "generate", "--check")
     assert status == 1 and err.startswith("note: looked for stale generated files in the first 1 directories of "

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import graphslot as gs
-from graphslot.codegen.aot import ConfigError, generate, plan_outputs
+from graphslot.cli.aot import ConfigError, generate, plan_outputs
 from graphslot.codegen.generator import render_module
 from graphslot.codegen.inprocess import compile_module
 from graphslot.spec.project import load_project_config

@@ -759,7 +759,7 @@ def test_pyproject_errors_and_entries_are_linear(capsys, monkeypatch, pyproject_
 
 @pytest.mark.parametrize("shape", HOSTILE_LINES)
 def test_new_specs_pyproject_editor_is_linear(shape):
-    from graphslot.spec.pyproject_edit import pyproject_with_entry
+    from graphslot.cli.pyproject_edit import pyproject_with_entry
 
     def edit(text: str) -> None:
         assert pyproject_with_entry(text, "specs/new.yaml").count('"specs/new.yaml"') == 1

@@ -32,7 +32,7 @@ __main__       cli                                                              
 and, whatever the layer:
 
 * a module imports no underscore name (``_name``, not ``__dunder__``) from another
-  package: ``from graphslot.codegen.aot import _file_mode`` in ``graphslot.cli`` is a
+  package: ``from graphslot.codegen.generator import _render`` in ``graphslot.cli`` is a
   private reach;
 * no ``x._name`` where ``x`` is bound by an import from another layer (a module, a
   class, a function), or is a parameter annotated with such a class

@@ -24,7 +24,7 @@ from graphslot import __version__
 from graphslot.cli import new_spec as new_spec_module
 from graphslot.cli.app import COMMANDS, main
 from graphslot.cli.new_spec import renamed
-from graphslot.spec.pyproject_edit import add_spec_entry, pyproject_with_entry
+from graphslot.cli.pyproject_edit import add_spec_entry, pyproject_with_entry
 from graphslot.spec.loading import SHIPPED_DIR, parse_spec
 from graphslot.spec.project import output_dir_problem
 

@@ -22,7 +22,7 @@ import torch
 import yaml
 
 import graphslot as gs
-from graphslot.codegen.aot import generate
+from graphslot.cli.aot import generate
 from graphslot.spec.loading import SHIPPED_DIR
 from graphslot.spec.project import load_project_config
 from graphslot.spec.yaml_loader import load_yaml

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 import graphslot as gs
-from graphslot.codegen.aot import plan_outputs
+from graphslot.cli.aot import plan_outputs
 from graphslot.spec.loading import SHIPPED_DIR
 from graphslot.spec.project import load_project_config
 

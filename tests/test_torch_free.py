@@ -53,7 +53,7 @@ REPORT = textwrap.dedent("""
 CLI_COMMAND_MODULES = ["validate", "show", "schema", "generate", "bench", "demo", "verify", "new_spec", "plan_sizes"]
 TOOLCHAIN_MODULES = [
     "graphslot", "graphslot.env", "graphslot.cli", "graphslot.cli.app", "graphslot.cli.common",
-    "graphslot.codegen.generator", "graphslot.codegen.emitter", "graphslot.codegen.aot",
+    "graphslot.codegen.generator", "graphslot.codegen.emitter", "graphslot.cli.aot", "graphslot.cli.pyproject_edit",
     *(f"graphslot.cli.{name}" for name in CLI_COMMAND_MODULES),
     *sorted(f"graphslot.spec.{p.stem}" for p in (Path(__file__).resolve().parent.parent / "graphslot" / "spec").glob("*.py")
             if p.stem != "__init__"),

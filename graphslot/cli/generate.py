@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from ..codegen.aot import PACKAGE_INIT_NAME, GenerateReport, generate
+    from .aot import PACKAGE_INIT_NAME, GenerateReport, generate
 
     # An invalid [tool.graphslot] table, an output_dir outside the project or an
     # existing file graphslot did not generate: ProjectConfigError, printed here as

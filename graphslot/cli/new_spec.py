@@ -18,7 +18,7 @@ The edit holds an exclusive lock on pyproject.toml from reading it to replacing 
 is planned again on what it holds then, so concurrent runs each land their entry.
 
 This module is the command (its arguments, the plan, the writes, what it prints); the
-text edit of pyproject.toml is :mod:`graphslot.spec.pyproject_edit`, the atomic writes
+text edit of pyproject.toml is :mod:`graphslot.cli.pyproject_edit`, the atomic writes
 and the lock :mod:`graphslot.spec.files`. Torch-free.
 """
 
@@ -40,7 +40,7 @@ from ..spec.files import LockTimeout, create_file, display_path, locked_file, wr
 from ..spec.loading import SHIPPED_DIR, parse_spec, shipped_spec_names
 from ..spec.names import IDENTIFIER_CHARS, is_identifier
 from ..spec.project import TABLE, ProjectConfig, find_pyproject, parse_pyproject
-from ..spec.pyproject_edit import CannotEdit, pyproject_with_entry, toml_string
+from .pyproject_edit import CannotEdit, pyproject_with_entry, toml_string
 from ..spec.pyproject_text import PYPROJECT, ProjectConfigError, lines_with_offsets, read_pyproject
 from .common import Command
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import re
 from typing import List, Optional, Tuple
 
-from .project import TABLE, validate_table
-from .pyproject_text import line_key, lines_with_offsets, table_header, tomllib
+from ..spec.project import TABLE, validate_table
+from ..spec.pyproject_text import line_key, lines_with_offsets, table_header, tomllib
 
 _BLANK = re.compile(r"(?:[ \t\r\n]|#[^\n]*)*")  # whitespace and comments
 # A TOML string: multi-line basic and literal ones (which may end in up to two quotes of their own), then the single-
