@@ -12,7 +12,6 @@ from graphslot.spec.expr import (
     ALLOWED,
     TYPES,
     Expr,
-    is_expression_text,
     python_type_name,
 )
 
@@ -412,12 +411,6 @@ def test_to_python_computes_what_evaluate_computes(text, values, keep):
 
 
 # -- helpers ----------------------------------------------------------------------
-
-
-def test_is_expression_text():
-    assert is_expression_text("max_bs * 2")
-    assert is_expression_text("8")
-    assert not any(is_expression_text(v) for v in (8, 0.5, True, None, torch.int64))
 
 
 @pytest.mark.parametrize(

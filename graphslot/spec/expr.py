@@ -5,6 +5,7 @@ computes numbers, it cannot run code. Anything outside the language fails on loa
 from __future__ import annotations
 
 import ast
+import functools
 import math
 import operator
 from typing import Any, Collection, Dict, Mapping, Optional
@@ -48,11 +49,6 @@ class _ZeroDivision(ExprError):
     """Kept apart so to_python can leave an unreachable ``x // 0`` to the generated code."""
 
 
-def is_expression_text(value: Any) -> bool:
-    """A YAML string is an expression; numbers and bools are literal values."""
-    return isinstance(value, str)
-
-
 def python_type_name(value: Any) -> Optional[str]:
     """The name in :data:`TYPES` of a param value, or None when it is none of them."""
     if isinstance(value, bool):  # before int: bool is a subclass of int
@@ -87,10 +83,6 @@ def _literal(value: Any) -> tuple[str, int]:
     return src, _P_UNARY if src.startswith("-") else _P_ATOM
 
 
-PARSE_CACHE_LIMIT = 4096
-_PARSED: Dict[str, "Expr"] = {}
-
-
 class Expr:
     """A parsed expression; equal and hashed by its text."""
 
@@ -117,16 +109,10 @@ class Expr:
         self._check_syntax(self._tree, 1)
         self.names: frozenset[str] = _free_names(self._tree)
 
-    @classmethod
-    def parse(cls, text: str) -> "Expr":
+    @staticmethod
+    def parse(text: str) -> "Expr":
         """The parsed expression, kept per text (an Expr never changes): nothing is parsed twice."""
-        expr = _PARSED.get(text) if isinstance(text, str) else None
-        if expr is None:
-            expr = cls(text)
-            if len(_PARSED) >= PARSE_CACHE_LIMIT:
-                _PARSED.clear()
-            _PARSED[text] = expr
-        return expr
+        return _parse(text) if isinstance(text, str) else Expr(text)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Expr) and other.text == self.text
@@ -139,10 +125,10 @@ class Expr:
 
     def infer_type(self, types: Mapping[str, str]) -> str:
         """The type in :data:`TYPES` of the value, given the type of every name."""
-        return self._infer(self._tree, types)
+        return self._walk(self._tree, types, static=True)
 
     def evaluate(self, env: Mapping[str, Any]) -> Any:
-        return self._eval(self._tree, env)
+        return self._walk(self._tree, env, static=False)
 
     def to_python(self, env: Mapping[str, Any], keep: Collection[str] = ()) -> str:
         """Python source: names in ``keep`` stay names (a mapping renames them), the others
@@ -157,16 +143,8 @@ class Expr:
     def _fragment(self, node: ast.AST) -> str:
         return shorten(ast.get_source_segment(self._source, node) or ast.unparse(node), quote=False)
 
-    def _fail(self, node: ast.AST, reason: str) -> ExprError:
-        return ExprError(f"'{self._fragment(node)}' in expression '{self._shown}': {reason}")
-
-    def _unsupported(self, node: ast.AST, allowed: str) -> ExprError:
-        return ExprError(f"unsupported syntax '{self._fragment(node)}' in expression '{self._shown}': {allowed}")
-
-    def _unknown(self, name: str, known: Collection[str]) -> ExprError:
-        return ExprError(
-            f"unknown name '{shorten(name, quote=False)}' in expression '{self._shown}'{did_you_mean(name, known)}"
-        )
+    def _fail(self, node: ast.AST, reason: str, prefix: str = "") -> ExprError:
+        return ExprError(f"{prefix}'{self._fragment(node)}' in expression '{self._shown}': {reason}")
 
     def _too_deep(self) -> ExprError:
         return ExprError(
@@ -190,7 +168,9 @@ class Expr:
             raise self._too_deep()
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCS:
             if node.keywords or len(node.args) < 2 or any(isinstance(a, ast.Starred) for a in node.args):
-                raise self._unsupported(node, f"{node.func.id}() takes two or more positional arguments")
+                raise self._fail(
+                    node, f"{node.func.id}() takes two or more positional arguments", "unsupported syntax "
+                )
             children = node.args
         elif (
             isinstance(node, (ast.Name, ast.BoolOp, ast.IfExp))
@@ -201,106 +181,52 @@ class Expr:
         ):
             children = [c for c in ast.iter_child_nodes(node) if isinstance(c, ast.expr)]
         else:
-            raise self._unsupported(node, f"expressions may use {ALLOWED}")
+            raise self._fail(node, f"expressions may use {ALLOWED}", "unsupported syntax ")
         for child in children:
             self._check_syntax(child, depth + 1)
 
-    # -- type rules, shared by infer_type (static) and evaluate (on the values) --
+    # -- the walk ---------------------------------------------------------------
 
-    def _arith_type(self, node: ast.AST, sym: str, a: str, b: str) -> str:
-        if a in _NUMERIC and b in _NUMERIC:
-            return "float" if "float" in (a, b) else "int"
-        raise self._fail(node, f"cannot apply '{sym}' to {a} and {b}")
+    def _walk(self, node: ast.AST, env: Mapping[str, Any], static: bool) -> Any:
+        """The value of ``node`` given the names' values, or (``static``) its type given theirs:
+        one walk, so that infer_type and evaluate apply the same type rules."""
+        kind = (lambda t: t) if static else python_type_name  # the type of what a walk returns
 
-    def _unary_type(self, node: ast.AST, sym: str, a: str) -> str:
-        if sym == "not" and a == "bool":
-            return "bool"
-        if sym != "not" and a in _NUMERIC:
-            return a
-        what = "'not'" if sym == "not" else f"unary '{sym}'"
-        raise self._fail(node, f"cannot apply {what} to {a}")
+        def walk(child: ast.AST) -> Any:
+            return self._walk(child, env, static)
 
-    def _compare_type(self, node: ast.AST, sym: str, a: str, b: str) -> None:
-        numeric = a in _NUMERIC and b in _NUMERIC
-        if not (numeric or (sym in ("==", "!=") and a == b)):
-            raise self._fail(node, f"cannot compare {a} and {b} with '{sym}'")
-
-    def _bool_operand(self, node: ast.BoolOp, a: str) -> None:
-        if a != "bool":
-            word = "and" if isinstance(node.op, ast.And) else "or"
-            raise self._fail(node, f"cannot apply '{word}' to {a}")
-
-    def _condition(self, node: ast.IfExp, a: str) -> None:
-        if a != "bool":
-            raise self._fail(node, f"condition must be bool, got {a}")
-
-    def _call_type(self, node: ast.Call, args: list[str]) -> str:
-        bad = [a for a in args if a not in _NUMERIC]
-        if bad:
-            raise self._fail(node, f"{node.func.id}() needs int or float arguments, got {bad[0]}")
-        return "float" if "float" in args else "int"
-
-    # -- walkers ----------------------------------------------------------------
-
-    def _infer(self, node: ast.AST, types: Mapping[str, str]) -> str:
         match node:
             case ast.Constant(value=value):
-                return python_type_name(value)
+                return python_type_name(value) if static else self._bounded(node, value)
             case ast.Name(id=name) if name in _BOOL_NAMES:
-                return "bool"
-            case ast.Name(id=name):
-                if name not in types:
-                    raise self._unknown(name, types.keys())
-                return types[name]
-            case ast.UnaryOp(op=op, operand=x):
-                return self._unary_type(node, _UNARY[type(op)][0], self._infer(x, types))
-            case ast.BinOp(left=left, op=op, right=right):
-                a, b = self._infer(left, types), self._infer(right, types)
-                return self._arith_type(node, _BINOPS[type(op)][0], a, b)
-            case ast.Compare(left=left, ops=ops, comparators=rest):
-                kinds = [self._infer(x, types) for x in (left, *rest)]
-                for op, a, b in zip(ops, kinds, kinds[1:]):
-                    self._compare_type(node, _COMPARE[type(op)][0], a, b)
-                return "bool"
-            case ast.BoolOp(values=values):
-                for value in values:
-                    self._bool_operand(node, self._infer(value, types))
-                return "bool"
-            case ast.IfExp(test=test, body=body, orelse=orelse):
-                self._condition(node, self._infer(test, types))
-                a, b = self._infer(body, types), self._infer(orelse, types)
-                if a == b:
-                    return a
-                if a in _NUMERIC and b in _NUMERIC:
-                    return "float"
-                raise self._fail(node, f"branches have different types {a} and {b}")
-            case ast.Call(args=args):
-                return self._call_type(node, [self._infer(a, types) for a in args])
-
-    def _eval(self, node: ast.AST, env: Mapping[str, Any]) -> Any:
-        typ = python_type_name
-        match node:
-            case ast.Constant(value=value):
-                return self._bounded(node, value)
-            case ast.Name(id=name) if name in _BOOL_NAMES:
-                return _BOOL_NAMES[name]
+                return "bool" if static else _BOOL_NAMES[name]
             case ast.Name(id=name):
                 if name not in env:
-                    raise self._unknown(name, env.keys())
+                    raise ExprError(
+                        f"unknown name '{shorten(name, quote=False)}' in expression '{self._shown}'"
+                        + did_you_mean(name, env.keys())
+                    )
                 value = env[name]
-                if typ(value) is None:
-                    kind, allowed = type(value).__name__, ", ".join(TYPES)
-                    raise self._fail(node, f"value {shorten(value)} has type {kind}, not one of {allowed}")
-                return self._bounded(node, value)
+                if not static and kind(value) is None:
+                    allowed = ", ".join(TYPES)
+                    raise self._fail(
+                        node, f"value {shorten(value)} has type {type(value).__name__}, not one of {allowed}"
+                    )
+                return value if static else self._bounded(node, value)
             case ast.UnaryOp(op=op, operand=x):
                 sym, fn = _UNARY[type(op)]
-                value = self._eval(x, env)
-                self._unary_type(node, sym, typ(value))
-                return self._bounded(node, fn(value))
+                a = walk(x)
+                if kind(a) not in (("bool",) if sym == "not" else _NUMERIC):
+                    what = "'not'" if sym == "not" else f"unary '{sym}'"
+                    raise self._fail(node, f"cannot apply {what} to {kind(a)}")
+                return a if static else self._bounded(node, fn(a))
             case ast.BinOp(left=left, op=op, right=right):
                 sym, fn = _BINOPS[type(op)]
-                a, b = self._eval(left, env), self._eval(right, env)
-                self._arith_type(node, sym, typ(a), typ(b))
+                a, b = walk(left), walk(right)
+                if kind(a) not in _NUMERIC or kind(b) not in _NUMERIC:
+                    raise self._fail(node, f"cannot apply '{sym}' to {kind(a)} and {kind(b)}")
+                if static:
+                    return "float" if "float" in (a, b) else "int"
                 try:
                     return self._bounded(node, fn(a, b))
                 except ZeroDivisionError:
@@ -308,38 +234,55 @@ class Expr:
                 except OverflowError as e:
                     raise self._fail(node, str(e)) from None
             case ast.Compare(left=left, ops=ops, comparators=rest):
-                a = self._eval(left, env)
+                a = walk(left)
                 for op, right in zip(ops, rest):  # like Python: stop at the first false link
                     sym, fn = _COMPARE[type(op)]
-                    b = self._eval(right, env)
-                    self._compare_type(node, sym, typ(a), typ(b))
-                    if not fn(a, b):
+                    b = walk(right)
+                    numeric = kind(a) in _NUMERIC and kind(b) in _NUMERIC
+                    if not (numeric or (sym in ("==", "!=") and kind(a) == kind(b))):
+                        raise self._fail(node, f"cannot compare {kind(a)} and {kind(b)} with '{sym}'")
+                    if not static and not fn(a, b):
                         return False
                     a = b
-                return True
+                return "bool" if static else True
             case ast.BoolOp(op=op, values=values):
                 decides = isinstance(op, ast.Or)  # the operand value that ends the chain
                 for value in values:
-                    result = self._eval(value, env)
-                    self._bool_operand(node, typ(result))
-                    if result == decides:
+                    result = walk(value)
+                    self._need_bool(node, kind(result))
+                    if not static and result == decides:
                         return result
-                return result
+                return "bool" if static else result
             case ast.IfExp(test=test, body=body, orelse=orelse):
-                cond = self._eval(test, env)
-                self._condition(node, typ(cond))
-                return self._eval(body if cond else orelse, env)
+                cond = walk(test)
+                self._need_bool(node, kind(cond))
+                if not static:
+                    return walk(body if cond else orelse)
+                a, b = walk(body), walk(orelse)
+                if a == b or (a in _NUMERIC and b in _NUMERIC):
+                    return a if a == b else "float"
+                raise self._fail(node, f"branches have different types {a} and {b}")
             case ast.Call(func=ast.Name(id=fn), args=args):
-                values = [self._eval(a, env) for a in args]
-                self._call_type(node, [typ(v) for v in values])
-                return _FUNCS[fn](*values)
+                values = [walk(a) for a in args]
+                kinds = [kind(v) for v in values]
+                bad = [k for k in kinds if k not in _NUMERIC]
+                if bad:
+                    raise self._fail(node, f"{fn}() needs int or float arguments, got {bad[0]}")
+                return ("float" if "float" in kinds else "int") if static else _FUNCS[fn](*values)
+
+    def _need_bool(self, node: ast.BoolOp | ast.IfExp, kind: str) -> None:
+        """An operand of and/or, or the condition of an if, is a bool."""
+        if isinstance(node, ast.IfExp) and kind != "bool":
+            raise self._fail(node, f"condition must be bool, got {kind}")
+        if kind != "bool":
+            raise self._fail(node, f"cannot apply '{'or' if isinstance(node.op, ast.Or) else 'and'}' to {kind}")
 
     def _fold(self, node: ast.AST, env: Mapping[str, Any], keep: Mapping[str, str]) -> Any:
         """The value of a sub-expression without kept names, else _NOT_CONSTANT."""
         if _free_names(node) & keep.keys():
             return _NOT_CONSTANT
         try:
-            return self._eval(node, env)
+            return self._walk(node, env, static=False)
         except _ZeroDivision:
             # It may sit in a branch that is never taken; the generated code then
             # fails exactly when evaluate would.
@@ -378,7 +321,7 @@ class Expr:
                     if value is _NOT_CONSTANT:
                         parts.append(self._emit(child, env, keep))
                         continue
-                    self._bool_operand(node, python_type_name(value))
+                    self._need_bool(node, python_type_name(value))
                     if value == (word == "or"):  # decides the result once reached
                         if not parts:
                             return _literal(value)
@@ -391,10 +334,13 @@ class Expr:
             case ast.IfExp(test=test, body=body, orelse=orelse):
                 cond = self._fold(test, env, keep)
                 if cond is not _NOT_CONSTANT:
-                    self._condition(node, python_type_name(cond))
+                    self._need_bool(node, python_type_name(cond))
                     return self._emit(body if cond else orelse, env, keep)
                 # `a if b else c if d else e` needs no parentheses; a nested one in front does.
                 src = f"{sub(body, _P_IF + 1)} if {sub(test, _P_IF + 1)} else {sub(orelse, _P_IF)}"
                 return src, _P_IF
             case ast.Call(func=ast.Name(id=fn), args=args):
                 return f"{fn}({', '.join(sub(a, _P_IF) for a in args)})", _P_ATOM
+
+
+_parse = functools.lru_cache(maxsize=4096)(Expr)
