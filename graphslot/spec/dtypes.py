@@ -4,6 +4,7 @@ imports it, and takes a dtype's kind, itemsize and range from the table below (t
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from dataclasses import dataclass
@@ -85,20 +86,8 @@ class DTypeName(str):
     __slots__ = ()
 
     @property
-    def info(self) -> DTypeInfo:
-        return DTYPES[self]
-
-    @property
     def itemsize(self) -> int:
-        return self.info.itemsize
-
-    @property
-    def is_floating_point(self) -> bool:
-        return self.info.kind == "float"
-
-    @property
-    def is_complex(self) -> bool:
-        return self.info.kind == "complex"
+        return DTYPES[self].itemsize
 
 
 def is_torch_dtype(value: Any) -> bool:
@@ -157,15 +146,11 @@ def import_torch() -> Any:
     return torch
 
 
-_TORCH_DTYPES: Dict[str, Any] = {}
-
-
+@functools.lru_cache(maxsize=None)
 def torch_dtype(dtype: Any) -> Any:
     """The ``torch.dtype`` for a name (or a torch dtype): the runtime boundary, which imports torch."""
     if is_torch_dtype(dtype):
         return dtype
-    if dtype in _TORCH_DTYPES:
-        return _TORCH_DTYPES[dtype]
     name = parse_dtype(dtype)
     if name is None:
         raise ValueError(f"not a dtype: {dtype!r}")
@@ -173,7 +158,6 @@ def torch_dtype(dtype: Any) -> Any:
     result = getattr(torch, name, None)
     if not is_torch_dtype(result):
         raise ValueError(f"dtype {name} is not available in torch {torch.__version__}")
-    _TORCH_DTYPES[dtype] = result
     return result
 
 
@@ -183,7 +167,7 @@ def value_fits_dtype(value: Any, dtype: Any) -> bool:
     parsed = parse_dtype(dtype)
     if parsed is None:
         raise ValueError(f"not a dtype: {dtype!r}")
-    info = parsed.info
+    info = DTYPES[parsed]
     if info.kind == "bool":
         return isinstance(value, bool) or (type(value) is int and value in (0, 1))
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -195,10 +179,8 @@ def value_fits_dtype(value: Any, dtype: Any) -> bool:
             return info.max is not None and abs(float(value)) <= info.max
         except OverflowError:  # an int beyond any float
             return False
-    if isinstance(value, float):
-        if not value.is_integer():  # nor inf, nor nan
-            return False
-        value = int(value)
-    if info.min is None:  # bits and sub-byte dtypes: only plain ints
-        return isinstance(value, int) and -(2**63) <= value < 2**63
+    if isinstance(value, float) and not value.is_integer():  # nor inf, nor nan
+        return False
+    if info.min is None:  # bits and sub-byte dtypes: the int64 range
+        return -(2**63) <= value < 2**63
     return info.min <= value <= info.max

@@ -51,13 +51,11 @@ class _ZeroDivision(ExprError):
 
 def python_type_name(value: Any) -> Optional[str]:
     """The name in :data:`TYPES` of a param value, or None when it is none of them."""
-    if isinstance(value, bool):  # before int: bool is a subclass of int
-        return "bool"
     if isinstance(value, DTypeName) or is_torch_dtype(value):  # before str: a DTypeName is one
         return "dtype"
-    for kind, name in ((int, "int"), (float, "float"), (str, "str")):
+    for kind in (bool, int, float, str):  # bool before int: bool is a subclass of int
         if isinstance(value, kind):
-            return name
+            return kind.__name__
     return None
 
 
