@@ -28,8 +28,6 @@ class SpecError(ValueError):
     """A spec (or the params it was built with) is invalid: one ``file:line: slot 'x': message`` line per problem."""
 
     def __init__(self, issues: Sequence[SpecIssue]):
-        if not issues:
-            raise ValueError("SpecError needs at least one issue")
         self.issues = list(issues)
         super().__init__("\n".join(str(i) for i in self.issues))
 

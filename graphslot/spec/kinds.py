@@ -94,4 +94,3 @@ class SlotKind:
         return self.post_fill is not None or not self.copy_from_fb  # type: ignore[attr-defined]
 
     is_structured = structured  # the spelling SlotSpec had
-    is_computed = computed

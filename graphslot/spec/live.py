@@ -17,20 +17,14 @@ class LiveParamError(SlotError):
     returned a value of another type, or read its own param."""
 
 
-def at_slot(exc: LiveParamError, slot: str) -> SlotError:
-    """``exc`` as the SlotError of the hook of ``slot`` that read the param (raise it
-    ``from exc.__cause__``: the provider's own exception stays the cause)."""
-    return SlotError(f"slot '{slot}': {exc}")
-
-
 def naming_slot(hook: Callable, slot: str) -> Callable:
-    """``hook``, whose live-param failures name ``slot``."""
+    """``hook``, whose live-param failures name ``slot`` (the provider's own exception stays the cause)."""
 
     def named(*args):
         try:
             return hook(*args)
         except LiveParamError as exc:
-            raise at_slot(exc, slot) from exc.__cause__
+            raise SlotError(f"slot '{slot}': {exc}") from exc.__cause__
 
     return named
 
@@ -67,16 +61,13 @@ class LiveParams(Mapping):
         if provider is None:
             return self._values[name]
         value = self._evaluated.get(name, _UNREAD)
-        if value is _UNREAD:
-            value = self._evaluated[name] = self._evaluate(name, provider)
-        elif value is _READING:
+        if value is _READING:
             raise LiveParamError(
                 f"live param '{name}': its provider reads ctx.params['{name}'] itself (a provider "
                 "computes the value; it cannot read it)"
             )
-        return value
-
-    def _evaluate(self, name: str, provider: "Live") -> Any:
+        if value is not _UNREAD:
+            return value
         self._evaluated[name] = _READING
         try:
             value = provider.fn(self.ctx)
@@ -89,9 +80,10 @@ class LiveParams(Mapping):
         finally:
             self._evaluated.pop(name)
         try:
-            return value if provider.check is None else provider.check(value)
+            value = self._evaluated[name] = value if provider.check is None else provider.check(value)
         except ValueError as exc:
             raise LiveParamError(f"live {exc}") from None
+        return value
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._values)

@@ -24,7 +24,6 @@ def spec_json_schema() -> Dict[str, Any]:
         f"enabled_if and param defaults are expressions ({ALLOWED}) over params, max_bs and "
         "max_num_tokens. Run `graphslot validate` for the cross-key checks."
     )
-    schema.pop("$id", None)
     return schema
 
 
