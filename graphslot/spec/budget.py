@@ -1,8 +1,6 @@
-"""Byte budgets: what a registry may allocate, decided before anything is. Buffers are
-small, so a total over the cap is a wrong argument (``max_bs=10**9`` typed for ``10**3``),
-refused with a :class:`BufferBudgetError` before a byte is zero-filled. The cap is
-``max_bytes=``, else ``GRAPHSLOT_MAX_BUFFER_BYTES``, else :data:`DEFAULT_MAX_BUFFER_BYTES`;
-a buffer torch cannot size (2**63 bytes or more) is refused whatever the cap. Torch-free."""
+"""Byte budgets: buffers over their cap are a wrong argument (``max_bs=10**9`` typed for ``10**3``),
+refused with a :class:`BufferBudgetError` before a byte is allocated. The cap is ``max_bytes=``, else
+``GRAPHSLOT_MAX_BUFFER_BYTES``, else :data:`DEFAULT_MAX_BUFFER_BYTES`; no buffer of 2**63 bytes fits. Torch-free."""
 
 from __future__ import annotations
 
@@ -14,7 +12,6 @@ from .errors import shorten
 #: The default cap on the bytes of one registry's buffers (4 GiB): the shipped decode
 #: spec takes about 20 KiB at max_bs = max_num_tokens = 256.
 DEFAULT_MAX_BUFFER_BYTES = 4 << 30
-MAX_BUFFER_BYTES_ENV = MAX_BUFFER_BYTES.name
 #: torch sizes a storage in signed 64-bit bytes: no buffer can reach this.
 TORCH_MAX_BYTES = 1 << 63
 
@@ -60,7 +57,7 @@ def check_buffer_bytes(
 ) -> int:
     """The total of ``sized`` (``(slot name, bytes)`` pairs) at the capacities ``where`` says,
     or a BufferBudgetError: any buffer of 2**63 bytes or more (named), or a total over the cap."""
-    cap, origin = byte_cap(max_bytes, MAX_BUFFER_BYTES_ENV, DEFAULT_MAX_BUFFER_BYTES)
+    cap, origin = byte_cap(max_bytes, MAX_BUFFER_BYTES.name, DEFAULT_MAX_BUFFER_BYTES)
     total, largest = 0, (0, "")
     for name, nbytes in sized:
         if nbytes >= TORCH_MAX_BYTES:
@@ -76,6 +73,6 @@ def check_buffer_bytes(
             f"spec '{spec_name}': its buffers would take {format_bytes(total)} at {where}, over the cap of "
             f"{format_bytes(cap)} ({origin}); the largest is slot '{largest[1]}', {format_bytes(largest[0])}. "
             f"Nothing was allocated. Lower the capacities, or raise the cap: max_bytes=N (the runner "
-            f"configs) or the environment variable {MAX_BUFFER_BYTES_ENV}=N"
+            f"configs) or the environment variable {MAX_BUFFER_BYTES.name}=N"
         )
     return total

@@ -321,8 +321,6 @@ class Expr:
                         continue
                     self._need_bool(node, python_type_name(value))
                     if value == (word == "or"):  # decides the result once reached
-                        if not parts:
-                            return _literal(value)
                         parts.append(_literal(value))
                         break
                     # Any other constant drops out: for a bool x, `x and True` is x.

@@ -1,9 +1,6 @@
-"""``live: true`` params: values a hook reads at fill time through ``ctx.params``, given
-at build as providers ``(ctx) -> value``, called on a hook's first read in a fill (at most
-once per fill, never when no hook reads it). Shapes, dtypes, ``enabled_if`` and pad values
-cannot use them, so generated code never bakes one. A provider that raises, returns another
-type or reads its own param is a :class:`LiveParamError` (a SlotError, never a KeyError that
-``ctx.params.get`` would read as "absent"). Torch-free."""
+"""``live: true`` params (slot_specs/README.md): providers ``(ctx) -> value`` given at build, called
+on a hook's first read of ``ctx.params[name]`` in a fill. A provider's failure is a :class:`LiveParamError`,
+a SlotError: never a KeyError that ``ctx.params.get`` would read as "absent". Torch-free."""
 
 from __future__ import annotations
 
@@ -100,10 +97,8 @@ def _providers(params: Mapping[str, Any]) -> Mapping[str, Live]:
 
 
 def context_factory(make: ContextFactory, params: Mapping[str, Any]) -> ContextFactory:
-    """How a registry makes each fill's context: ``make(raw_bs, padded_bs,
-    raw_num_tokens, padded_num_tokens, params, side_inputs)`` (:class:`FillContext` by
-    default, or an engine's own type), with ``ctx.params`` a :class:`LiveParams` when
-    some param is :class:`Live`. Without live params ``make`` itself: nothing to pay."""
+    """How a registry makes each fill's context with ``make`` (:class:`FillContext` or an engine's own type):
+    ``ctx.params`` a :class:`LiveParams` when some param is :class:`Live`, else ``make`` itself."""
     providers = _providers(params)
     if not providers:
         return make
