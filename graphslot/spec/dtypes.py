@@ -7,14 +7,12 @@ from __future__ import annotations
 import functools
 import math
 import warnings
-from dataclasses import dataclass
-from typing import Any, Dict, Iterable, Optional, Union
+from typing import Any, Dict, Iterable, NamedTuple, Optional, Union
 
 from .errors import did_you_mean
 
 
-@dataclass(frozen=True)
-class DTypeInfo:
+class DTypeInfo(NamedTuple):
     """What the spec layer knows about a dtype: no torch needed."""
 
     name: str  # canonical: str(torch.<name>) without "torch."
@@ -24,54 +22,45 @@ class DTypeInfo:
     max: Union[int, float, None] = None  # float dtypes: torch.finfo(...).max; None where it has none
 
 
-def _ints(names: str, itemsize: int, signed: Optional[bool] = None) -> list:
-    """Int dtypes of ``itemsize`` bytes: the signed or unsigned range of their size, or (None) no known range."""
-    bits = 8 * itemsize
-    lo, hi = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if signed else (0, 2**bits - 1)
-    if signed is None:
-        lo, hi = None, None
-    return [DTypeInfo(name, "int", itemsize, lo, hi) for name in names.split()]
+def _int(name: str, itemsize: int) -> DTypeInfo:
+    """An int dtype with the range of its size, unsigned where its name says so (``uint8``, ``quint8``)."""
+    span = 2 ** (8 * itemsize)
+    lo = 0 if name.lstrip("q").startswith("u") else -span // 2
+    return DTypeInfo(name, "int", itemsize, lo, lo + span - 1)
 
 
+# Int dtypes by itemsize: with the range of their size; bits and sub-byte ones without (torch.iinfo gives none).
+_INTS = {1: "int8 qint8 uint8 quint8 quint4x2 quint2x4", 2: "int16 uint16", 4: "int32 qint32 uint32", 8: "int64 uint64"}
+_BITS = {1: "bits1x8 bits2x4 bits4x2 bits8 " + " ".join(f"uint{n} int{n}" for n in range(1, 8)), 2: "bits16"}
 _FLOATS = {"float16": (2, 65504.0), "float32": (4, 3.4028234663852886e38), "float64": (8, 1.7976931348623157e308)}
 _FLOATS.update(bfloat16=(2, 3.3895313892515355e38), float8_e5m2=(1, 57344.0), float8_e4m3fn=(1, 448.0))
 _FLOATS.update(float8_e5m2fnuz=(1, 57344.0), float8_e4m3fnuz=(1, 240.0), float8_e8m0fnu=(1, 1.7014118346046923e38))
 _FLOATS.update(float4_e2m1fn_x2=(1, None))  # packed pairs: torch.finfo has no range for it
 _CANONICAL = [
-    *_ints("int8 qint8", 1, True),
-    *_ints("uint8 quint8 quint4x2 quint2x4", 1, False),
-    *_ints("int16", 2, True),
-    *_ints("uint16", 2, False),
-    *_ints("int32 qint32", 4, True),
-    *_ints("uint32", 4, False),
-    *_ints("int64", 8, True),
-    *_ints("uint64", 8, False),
-    *_ints("bits1x8 bits2x4 bits4x2 bits8 " + " ".join(f"uint{n} int{n}" for n in range(1, 8)), 1),
-    *_ints("bits16", 2),
+    *(_int(name, size) for size, names in _INTS.items() for name in names.split()),
+    *(DTypeInfo(name, "int", size) for size, names in _BITS.items() for name in names.split()),
     *(DTypeInfo(name, "float", size, None, fmax) for name, (size, fmax) in _FLOATS.items()),
     *(DTypeInfo(f"complex{8 * size}", "complex", size) for size in (4, 8, 16)),
     DTypeInfo("bool", "bool", 1),
 ]
 
+
+def _pairs(text: str) -> Dict[str, str]:
+    return dict(pair.split("=") for pair in text.split())
+
+
 # torch's other names for the same dtypes (torch.long is torch.int64).
-_ALIASES = dict(
-    pair.split("=")
-    for pair in (
-        "short=int16 int=int32 long=int64 half=float16 float=float32 double=float64 chalf=complex32 "
-        "cfloat=complex64 cdouble=complex128 bit=uint1 "
-    ).split()
+_ALIASES = _pairs(
+    "short=int16 int=int32 long=int64 half=float16 float=float32 double=float64 chalf=complex32 cfloat=complex64 "
+    "cdouble=complex128 bit=uint1"
 )
 
 # Spellings other tools use (numpy, JAX, model configs), never accepted -- a spec names
 # torch's dtypes -- but answered with the name meant: "fp32" gets "did you mean 'float32'".
-SPELLINGS = dict(
-    pair.split("=")
-    for pair in (
-        "fp64=float64 f64=float64 fp32=float32 f32=float32 fp16=float16 f16=float16 bf16=bfloat16 "
-        "bfloat=bfloat16 i8=int8 i16=int16 i32=int32 i64=int64 u8=uint8 u16=uint16 u32=uint32 u64=uint64 "
-        "uint=uint32 boolean=bool b8=bool c64=complex64 c128=complex128 fp8=float8_e4m3fn "
-        "fp8_e4m3=float8_e4m3fn fp8_e5m2=float8_e5m2 "
-    ).split()
+SPELLINGS = _pairs(
+    "fp64=float64 f64=float64 fp32=float32 f32=float32 fp16=float16 f16=float16 bf16=bfloat16 bfloat=bfloat16 "
+    "i8=int8 i16=int16 i32=int32 i64=int64 u8=uint8 u16=uint16 u32=uint32 u64=uint64 uint=uint32 boolean=bool "
+    "b8=bool c64=complex64 c128=complex128 fp8=float8_e4m3fn fp8_e4m3=float8_e4m3fn fp8_e5m2=float8_e5m2"
 )
 
 _BY_CANONICAL = {info.name: info for info in _CANONICAL}
@@ -101,11 +90,8 @@ def parse_dtype(value: Any) -> Optional[DTypeName]:
     anything else → None."""
     if is_torch_dtype(value):
         value = str(value)
-    if isinstance(value, str):
-        info = DTYPES.get(value.removeprefix("torch."))
-        if info is not None:
-            return DTypeName(info.name)
-    return None
+    info = DTYPES.get(value.removeprefix("torch.")) if isinstance(value, str) else None
+    return None if info is None else DTypeName(info.name)
 
 
 def dtype_hint(value: Any, others: Iterable[str] = ()) -> str:

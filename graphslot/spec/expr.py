@@ -206,10 +206,8 @@ class Expr:
                     )
                 value = env[name]
                 if not static and kind(value) is None:
-                    allowed = ", ".join(TYPES)
-                    raise self._fail(
-                        node, f"value {shorten(value)} has type {type(value).__name__}, not one of {allowed}"
-                    )
+                    got, allowed = type(value).__name__, ", ".join(TYPES)
+                    raise self._fail(node, f"value {shorten(value)} has type {got}, not one of {allowed}")
                 return value if static else self._bounded(node, value)
             case ast.UnaryOp(op=op, operand=x):
                 sym, fn = _UNARY[type(op)]

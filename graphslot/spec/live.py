@@ -33,8 +33,7 @@ class Live:
     __slots__ = ("fn", "check")
 
     def __init__(self, fn: Callable[[Any], Any], check: Optional[Callable[[Any], Any]] = None):
-        #: ``check(value) -> value``: ValueError for a value of another type than the
-        #: param's (set by ``resolve_params``, which knows the type).
+        #: ``check(value) -> value``, ValueError for another type than the param's (``resolve_params`` sets it).
         self.fn, self.check = fn, check
 
     def __repr__(self) -> str:
