@@ -255,9 +255,9 @@ class Expr:
                 if not static:
                     return walk(body if cond else orelse)
                 a, b = walk(body), walk(orelse)
-                if a == b or (a in _NUMERIC and b in _NUMERIC):
-                    return a if a == b else "float"
-                raise self._fail(node, f"branches have different types {a} and {b}")
+                if a != b and not (a in _NUMERIC and b in _NUMERIC):
+                    raise self._fail(node, f"branches have different types {a} and {b}")
+                return a if a == b else "float"
             case ast.Call(func=ast.Name(id=fn), args=args):
                 values = [walk(a) for a in args]
                 kinds = [kind(v) for v in values]
