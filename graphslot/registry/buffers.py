@@ -1,9 +1,6 @@
-"""Allocating (or adopting) one slot's buffer, shared by both modes so both own bit-identical buffers; and
-sharing buffers between registries (say decode and a draft model's decode mirroring one field), so capture
-and replay see one address whichever runner filled it. A :class:`BufferPool` keys buffers by ``(name, numel,
-dtype, device)``: the first registrant is canonical, later ones view it to their shape; held weakly.
-Registration is thread-safe; sharers must agree on the initial value; filling is not synchronised (one writer
-at a time, as sglang's pool).
+"""Allocating (or adopting) one slot's buffer, shared by both impls so both own bit-identical buffers; and
+sharing buffers between registries (say decode and a draft model's decode), so capture and replay see one
+address whichever runner filled it.
 """
 
 from __future__ import annotations
@@ -15,11 +12,6 @@ from typing import Any, Dict, Mapping, Protocol, Tuple, runtime_checkable
 import torch
 
 from ..spec.errors import SlotError
-from ..spec.resolve import ResolvedSlot
-
-_MISSING = object()
-
-PoolKey = Tuple[str, int, torch.dtype, torch.device]
 
 
 @runtime_checkable
@@ -31,9 +23,12 @@ class SharePool(Protocol):
 
 
 class BufferPool:
+    """Buffers keyed by ``(name, numel, dtype, device)``, held weakly: the first registrant is canonical, later
+    ones view it to their shape. Registering is thread-safe; filling is not synchronised (one writer at a time)."""
+
     def __init__(self) -> None:
-        self._buffers: "weakref.WeakValueDictionary[PoolKey, torch.Tensor]" = weakref.WeakValueDictionary()
-        self._init: Dict[PoolKey, Any] = {}
+        self._buffers: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        self._init: Dict[tuple, Any] = {}
         self._lock = threading.Lock()
 
     def share(self, name: str, tensor: torch.Tensor, init_value: Any = None) -> Tuple[torch.Tensor, bool]:
@@ -62,12 +57,12 @@ class BufferPool:
 
 
 def adoptable(adopt: Any, name: str) -> Any:
-    """The tensor ``adopt`` holds for slot ``name`` (attribute, mapping key or dotted path), or ``_MISSING``."""
+    """The value ``adopt`` holds for slot ``name`` (attribute, mapping key or dotted path), or None."""
     value = adopt
     for part in name.split("."):
-        value = value.get(part, _MISSING) if isinstance(value, dict) else getattr(value, part, _MISSING)
-        if value is _MISSING or value is None:
-            return _MISSING
+        value = value.get(part) if isinstance(value, dict) else getattr(value, part, None)
+        if value is None:
+            return None
     return value
 
 
@@ -89,7 +84,7 @@ def allocate_buffer(
     fresh. Its address never changes afterwards."""
     if adopt is not None:
         tensor = adoptable(adopt, name)
-        if tensor is _MISSING:
+        if tensor is None:
             raise SlotError(
                 f"slot '{name}': buffers= has no tensor '{name}' to adopt; give it one, or declare "
                 "the slot `adopt: never`"
@@ -116,11 +111,6 @@ def allocate_buffer(
     if fresh and init_value is not None:
         buffer.fill_(init_value)
     return buffer
-
-
-def allocate_slot_buffer(slot: ResolvedSlot, device: torch.device, pool=None, adopt=None) -> torch.Tensor:
-    init, adopt = slot.pad_value if slot.fills_at_allocation else None, adopt if slot.adopt else None
-    return allocate_buffer(slot.name, slot.shape, slot.dtype, "cpu" if slot.host else device, init, pool, adopt)
 
 
 def check_given_buffers(spec_name: str, slots, buffers: Any, device: torch.device) -> Dict[str, torch.Tensor]:

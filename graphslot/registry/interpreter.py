@@ -7,7 +7,6 @@ from typing import Callable, Dict, Tuple
 
 import torch
 
-from ..spec.kinds import Padding
 from .base import SlotRegistry
 
 
@@ -17,18 +16,17 @@ class InterpretedRegistry(SlotRegistry):
     impl = "interpreted"
 
     def fill_from(self, fb, *, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs=None) -> None:
-        # Sources are copied as data: a source that requires grad is copied by value, and
-        # no buffer ever requires grad or records history.
-        with torch.no_grad():
-            self._fill(fb, (raw_bs, padded_bs, raw_num_tokens, padded_num_tokens), side_inputs, frozenset())
+        self._fill(fb, (raw_bs, padded_bs, raw_num_tokens, padded_num_tokens), side_inputs, frozenset())
 
     def _fill_skipping(self, skip: frozenset) -> Callable[..., None]:
         def fill_from(fb, *, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs=None) -> None:
-            with torch.no_grad():
-                self._fill(fb, (raw_bs, padded_bs, raw_num_tokens, padded_num_tokens), side_inputs, skip)
+            self._fill(fb, (raw_bs, padded_bs, raw_num_tokens, padded_num_tokens), side_inputs, skip)
 
         return fill_from
 
+    # Sources are copied as data: a source that requires grad is copied by value, and
+    # no buffer ever requires grad or records history.
+    @torch.no_grad()
     def _fill(self, fb, counts, side_inputs, skip) -> None:
         check = self.checker
         raw_bs, padded_bs, raw_num_tokens, padded_num_tokens = counts = check.step(*counts)
@@ -66,11 +64,7 @@ class InterpretedRegistry(SlotRegistry):
             spec = slot.resolved
             raw, padded = slot.count(raw_bs, raw_num_tokens), slot.count(padded_bs, padded_num_tokens)
             if spec.resets_tail and raw < padded:
-                tail = slot.buffer.narrow(spec.slice_dim, raw, padded - raw)
-                if spec.padding is Padding.ZERO:
-                    tail.zero_()
-                else:
-                    tail.fill_(spec.pad_value)
+                slot.buffer.narrow(spec.slice_dim, raw, padded - raw).fill_(spec.tail_value)
 
         # 3. source hooks' results go to [:len(src)], after the resets
         for dst, src in hook_copies:
