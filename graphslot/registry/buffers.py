@@ -56,54 +56,37 @@ class BufferPool:
         return True  # an empty pool is still a pool (``share_pool=BufferPool()`` must share)
 
 
-def adoptable(adopt: Any, name: str) -> Any:
-    """The value ``adopt`` holds for slot ``name`` (attribute, mapping key or dotted path), or None."""
-    value = adopt
-    for part in name.split("."):
-        value = value.get(part) if isinstance(value, dict) else getattr(value, part, None)
-        if value is None:
-            return None
-    return value
-
-
 def refuse_strided(where: str, how: str, tensor: torch.Tensor) -> None:
     """SlotError unless dense with a unit last stride: generated code views buffers of several dtypes as one
     integer dtype, which needs that (``is_contiguous()`` does not promise it for a last dimension of size 1)."""
     if not tensor.is_contiguous() or (tensor.dim() and tensor.stride(-1) != 1):
         layout = f"shape {list(tensor.shape)}, strides {list(tensor.stride())}"
-        raise SlotError(
-            f"{where}: {how}= holds a non-contiguous tensor ({layout}); pass a contiguous tensor "
-            "(.contiguous() gives one)"
-        )
+        fix = "pass a contiguous tensor (.contiguous() gives one)"
+        raise SlotError(f"{where}: {how}= holds a non-contiguous tensor ({layout}); {fix}")
 
 
-def allocate_buffer(
-    name: str, shape: Tuple[int, ...], dtype: torch.dtype, device, init_value=None, pool=None, adopt=None
-):
+def allocate_buffer(name: str, shape: tuple, dtype: torch.dtype, device, init_value=None, pool=None, adopt=None):
     """A full-capacity buffer, adopted from ``adopt`` or pooled when asked; filled with ``init_value`` when
     fresh. Its address never changes afterwards."""
     if adopt is not None:
-        tensor = adoptable(adopt, name)
-        if tensor is None:
-            raise SlotError(
-                f"slot '{name}': buffers= has no tensor '{name}' to adopt; give it one, or declare "
-                "the slot `adopt: never`"
-            )
+        tensor = adopt
+        for part in name.split("."):  # an attribute, a mapping key or a dotted path
+            tensor = tensor.get(part) if isinstance(tensor, dict) else getattr(tensor, part, None)
+            if tensor is None:
+                fix = "give it one, or declare the slot `adopt: never`"
+                raise SlotError(f"slot '{name}': buffers= has no tensor '{name}' to adopt; {fix}")
         if not isinstance(tensor, torch.Tensor):
             raise SlotError(f"slot '{name}': buffers= holds {type(tensor).__name__}, expected a torch.Tensor")
         if tuple(tensor.shape) != tuple(shape) or tensor.dtype != dtype:
-            got = f"got shape {list(tensor.shape)} dtype {tensor.dtype}"
-            raise SlotError(
-                f"slot '{name}': cannot adopt the tensor: expected shape {list(shape)} dtype {dtype}, {got}"
-            )
+            want, got = f"{list(shape)} dtype {dtype}", f"{list(tensor.shape)} dtype {tensor.dtype}"
+            raise SlotError(f"slot '{name}': cannot adopt the tensor: expected shape {want}, got shape {got}")
         refuse_strided(f"slot '{name}'", "buffers", tensor)
         return tensor  # adopted tensors are already initialised by their owner
     try:
         buffer = torch.zeros(shape, dtype=dtype, device=device)
     except (RuntimeError, MemoryError) as exc:  # out of memory: the type stays, the slot is named
-        exc.add_note(
-            f"graphslot: while allocating the buffer of slot '{name}' (shape {list(shape)}, {dtype}, on {device})"
-        )
+        what = f"shape {list(shape)}, {dtype}, on {device}"
+        exc.add_note(f"graphslot: while allocating the buffer of slot '{name}' ({what})")
         raise
     fresh = True
     if pool is not None:

@@ -3,7 +3,7 @@ written for clarity, not speed: what generated code is proven equal to."""
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Tuple
+from typing import Callable, Dict
 
 import torch
 
@@ -51,13 +51,11 @@ class InterpretedRegistry(SlotRegistry):
                 hook_copies.append((slot.buffer.narrow(d, 0, src.shape[d]) if src.dim() else slot.buffer, src))
 
         # 1. copy heads; device copies grouped by dtype pair, one kernel each
-        groups: Dict[tuple, Tuple[list, list]] = {}
+        groups: Dict[tuple, list] = {}
         for dst, src in copies:
-            dsts, srcs = groups.setdefault((dst.device, dst.dtype, src.dtype), ([], []))
-            dsts.append(dst)
-            srcs.append(src)
-        for dsts, srcs in groups.values():
-            torch._foreach_copy_(dsts, srcs)
+            groups.setdefault((dst.device, dst.dtype, src.dtype), []).append((dst, src))
+        for pairs in groups.values():
+            torch._foreach_copy_([dst for dst, _ in pairs], [src for _, src in pairs])
 
         # 2. make the padded tail safe
         for slot in active:
@@ -81,9 +79,7 @@ class InterpretedRegistry(SlotRegistry):
         fields = {"batch_size": padded_bs}
         for slot in self.active:
             spec = slot.resolved
-            if spec.structured:
-                continue
-            if spec.optional and spec.plain_copy and getattr(fb, spec.name, None) is None:
-                continue  # absent this step: carry the None, never a stale buffer
+            if spec.structured or (spec.optional and spec.plain_copy and getattr(fb, spec.name, None) is None):
+                continue  # dotted: no view field; absent this step: carry the None, never a stale buffer
             fields[spec.name] = slot.slice_for(padded_bs, padded_num_tokens)
         return self.make_view(fb, fields)

@@ -6,7 +6,6 @@ No field check reads the padded counts, so :meth:`StepChecker.sources` runs befo
 from __future__ import annotations
 
 import bisect
-import copy
 import itertools
 from typing import AbstractSet, Any, Iterable, Optional, Tuple
 
@@ -38,9 +37,8 @@ class StepChecker:
 
     def without(self, names: AbstractSet[str]) -> "StepChecker":
         """The checker of a fill leaving the slots ``names`` alone; aliasing is still judged on every buffer."""
-        other = copy.copy(self)
+        other = StepChecker(self.spec_name, self.slots.values(), self.max_bs, self.max_num_tokens, self.strict)
         other.plain = tuple(s for s in self.plain if s.name not in names)
-        other._seen_steps, other._seen_views, other._seen_raw = {}, {}, {}
         return other
 
     def fail(self, slot: Optional[str], message: str) -> SlotError:
@@ -58,17 +56,16 @@ class StepChecker:
     def _bounds(self, names: Tuple[str, ...], bs: tuple, tokens: tuple) -> None:
         """Raise unless each axis's counts (named ``names``) are ints, ascending from 0 up to its capacity."""
         for axis, counts, capacity in ((Axis.BS, bs, self.max_bs), (Axis.TOKENS, tokens, self.max_num_tokens)):
-            for what, n in zip(names, counts):
-                if type(n) is not int:
-                    raise self.fail(None, f"{what} {axis} count must be an int, got {describe(n)}")
+            if type(counts[0]) is not int or type(counts[-1]) is not int:  # raw and padded (or raw alone)
+                what, n = next((what, n) for what, n in zip(names, counts) if type(n) is not int)
+                raise self.fail(None, f"{what} {axis} count must be an int, got {describe(n)}")
             if not 0 <= counts[0] <= counts[-1] <= capacity:
                 got = ", ".join(f"{what}={n}" for what, n in zip(names + ("capacity",), counts + (capacity,)))
                 raise self.fail(None, f"{axis} counts must satisfy 0 <= {' <= '.join(names)} <= capacity, got {got}")
 
     def sources(self, fb: Any, raw_bs: Any, raw_num_tokens: Any) -> None:
-        """Raise the SlotError a fill of ``fb`` at these raw counts would raise for its
-        counts or batch fields, whatever padded counts it gets; write nothing
-        (``SlotRegistry.check_step``). Source hooks are not run: the fill checks them."""
+        """Raise the SlotError a fill of ``fb`` at these raw counts would raise for them or a batch field, whatever
+        its padded counts; write nothing, run no source hook (``SlotRegistry.check_step``)."""
         shapes = self._once(self._seen_raw, (raw_bs, raw_num_tokens), self._raw_shapes)  # as generated fills
         for slot, shape in shapes:
             src = getattr(fb, slot.name, None)
