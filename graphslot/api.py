@@ -62,16 +62,8 @@ def build_registry(
     hooks: Optional[Mapping[str, Callable]] = None,
     impl: Any = "generated",
 ) -> SlotRegistry:
-    """Allocate (or take) a registry's static buffers and bind its ``fill_from`` / ``extract`` (docs/api.md).
-
-    ``spec``: a RegistrySpec, a spec name (the project's, then the shipped one), a YAML path, or a generated
-    module (its embedded spec and, unless ``params`` say otherwise, its params). ``buffers``: ``None``
-    allocates each enabled slot's buffer at full capacity; a pool (``share(name, tensor, init_value) ->
-    (tensor, fresh)``, :class:`~graphslot.BufferPool`) shares them; anything else is adopted from (tensors
-    found by slot name: key, attribute or dotted path; checked; a slot not found or ``adopt: never`` is
-    allocated). ``impl``: ``"generated"`` (compiled once per spec and params), ``"interpreted"``, or a
-    checked-in generated module. Strict checks and the byte cap are per process (:mod:`graphslot.env`).
-    """
+    """Allocate (or take) a registry's static buffers and bind its ``fill_from`` / ``extract``; the arguments are
+    described in docs/api.md ("The registry"). Strict checks and the byte cap are per process (graphslot.env)."""
     pool = buffers if callable(getattr(buffers, "share", None)) else None
     options = dict(device=device, max_bs=max_bs, max_num_tokens=max_num_tokens, params=params, hooks=hooks, impl=impl)
     return build(spec, **options, pool=pool, adopt=None if pool is not None else buffers)

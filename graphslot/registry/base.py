@@ -13,25 +13,18 @@ from ..spec.hooks import CaptureContext, FillContext
 from ..spec.live import context_factory, live_view
 from ..spec.model import RegistrySpec
 from ..spec.resolve import ResolvedSlot
-from .buffers import SharePool, allocate_slot_buffer
+from .buffers import SharePool, allocate_buffer
 from .stepcheck import StepChecker
 
 
 class Slot:
     """One slot of a registry: its resolved declaration and, when enabled, its buffer."""
 
-    __slots__ = ("resolved", "buffer", "hooks")
+    __slots__ = ("resolved", "buffer", "hooks", "name", "enabled")
 
     def __init__(self, resolved: ResolvedSlot, buffer: Optional[torch.Tensor], hooks: Dict[str, Callable]):
         self.resolved, self.buffer, self.hooks = resolved, buffer, hooks
-
-    @property
-    def name(self) -> str:
-        return self.resolved.name
-
-    @property
-    def enabled(self) -> bool:
-        return self.resolved.enabled
+        self.name, self.enabled = resolved.name, resolved.enabled
 
     def count(self, bs: int, num_tokens: int) -> Optional[int]:
         """How many rows of the sliced dimension a step uses (None: the whole buffer)."""
@@ -62,17 +55,14 @@ class ViewMaker:
     def __init__(self, names: Tuple[str, ...], spec_name: str = "?"):
         self.names, self.spec_name, self._plain = names, spec_name, {}
 
-    def _is_plain(self, cls: type) -> bool:
+    def __call__(self, batch: Any, fields: Dict[str, Any]) -> Any:
+        cls = batch.__class__
         plain = self._plain.get(cls)
         if plain is None:
             copying = hasattr(cls, "__copy__") or cls.__reduce_ex__ is not object.__reduce_ex__
             setters = any(hasattr(getattr(cls, n, None), "__set__") for n in self.names)
             plain = self._plain[cls] = not (hasattr(cls, "__slots__") or copying or setters)
-        return plain
-
-    def __call__(self, batch: Any, fields: Dict[str, Any]) -> Any:
-        cls = batch.__class__
-        if self._is_plain(cls):
+        if plain:
             new = cls.__new__(cls)
             state = new.__dict__
             state.update(batch.__dict__)
@@ -119,7 +109,10 @@ class SlotRegistry:
         for resolved in slots:
             buffer = (buffers or {}).get(resolved.name) if resolved.enabled else None
             if resolved.enabled and buffer is None:
-                buffer = allocate_slot_buffer(resolved, self.device, pool, adopt)
+                device = "cpu" if resolved.host else self.device
+                init = resolved.pad_value if resolved.fills_at_allocation else None
+                adopted = adopt if resolved.adopt else None
+                buffer = allocate_buffer(resolved.name, resolved.shape, resolved.dtype, device, init, pool, adopted)
             self._slots[resolved.name] = Slot(resolved, buffer, hooks.get(resolved.name, {}))
         self.active: Tuple[Slot, ...] = tuple(s for s in self._slots.values() if s.enabled)
         self.checker = StepChecker(spec.name, self.active, max_bs, max_num_tokens, strict)
@@ -146,23 +139,16 @@ class SlotRegistry:
     def nbytes(self) -> int:
         return sum(s.buffer.numel() * s.buffer.element_size() for s in self.active)
 
-    def skip_set(self, names: AbstractSet[str]) -> frozenset:
-        """The enabled slots among ``names`` (others are ignored, as sglang ignores them)."""
-        return frozenset(names) & frozenset(s.name for s in self.active)
-
     def fill_from_skipping(self, names: AbstractSet[str]) -> Callable[..., None]:
-        """A fill like ``fill_from`` that leaves the slots ``names`` alone (the engine staged them): no reset,
-        copy or hook. Made once per set; a set naming no enabled slot gets ``fill_from`` itself."""
-        skip = self.skip_set(names)
+        """A fill like ``fill_from`` that leaves the enabled slots among ``names`` alone (the engine staged them;
+        others are ignored, as sglang does): no reset, copy or hook. Made once per set (``_fill_skipping``)."""
+        skip = frozenset(names) & frozenset(self.slot_names())
         if not skip:
             return self.fill_from
         fill = self._skipping.get(skip)
         if fill is None:
             fill = self._skipping[skip] = self._fill_skipping(skip)
         return fill
-
-    def _fill_skipping(self, skip: frozenset) -> Callable[..., None]:
-        raise NotImplementedError
 
     def check_step(self, fb: Any, *, raw_bs: int, raw_num_tokens: int) -> None:
         """Raise the :class:`SlotError` a fill at these raw counts would raise for them or a batch field, for

@@ -1,9 +1,6 @@
-"""Allocating (or adopting) one slot's buffer, shared by both modes so both own bit-identical buffers; and
-sharing buffers between registries (say decode and a draft model's decode mirroring one field), so capture
-and replay see one address whichever runner filled it. A :class:`BufferPool` keys buffers by ``(name, numel,
-dtype, device)``: the first registrant is canonical, later ones view it to their shape; held weakly.
-Registration is thread-safe; sharers must agree on the initial value; filling is not synchronised (one writer
-at a time, as sglang's pool).
+"""Allocating (or adopting) one slot's buffer, shared by both impls so both own bit-identical buffers; and
+sharing buffers between registries (say decode and a draft model's decode), so capture and replay see one
+address whichever runner filled it.
 """
 
 from __future__ import annotations
@@ -15,11 +12,6 @@ from typing import Any, Dict, Mapping, Protocol, Tuple, runtime_checkable
 import torch
 
 from ..spec.errors import SlotError
-from ..spec.resolve import ResolvedSlot
-
-_MISSING = object()
-
-PoolKey = Tuple[str, int, torch.dtype, torch.device]
 
 
 @runtime_checkable
@@ -31,9 +23,12 @@ class SharePool(Protocol):
 
 
 class BufferPool:
+    """Buffers keyed by ``(name, numel, dtype, device)``, held weakly: the first registrant is canonical, later
+    ones view it to their shape. Registering is thread-safe; filling is not synchronised (one writer at a time)."""
+
     def __init__(self) -> None:
-        self._buffers: "weakref.WeakValueDictionary[PoolKey, torch.Tensor]" = weakref.WeakValueDictionary()
-        self._init: Dict[PoolKey, Any] = {}
+        self._buffers: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        self._init: Dict[tuple, Any] = {}
         self._lock = threading.Lock()
 
     def share(self, name: str, tensor: torch.Tensor, init_value: Any = None) -> Tuple[torch.Tensor, bool]:
@@ -61,54 +56,37 @@ class BufferPool:
         return True  # an empty pool is still a pool (``share_pool=BufferPool()`` must share)
 
 
-def adoptable(adopt: Any, name: str) -> Any:
-    """The tensor ``adopt`` holds for slot ``name`` (attribute, mapping key or dotted path), or ``_MISSING``."""
-    value = adopt
-    for part in name.split("."):
-        value = value.get(part, _MISSING) if isinstance(value, dict) else getattr(value, part, _MISSING)
-        if value is _MISSING or value is None:
-            return _MISSING
-    return value
-
-
 def refuse_strided(where: str, how: str, tensor: torch.Tensor) -> None:
     """SlotError unless dense with a unit last stride: generated code views buffers of several dtypes as one
     integer dtype, which needs that (``is_contiguous()`` does not promise it for a last dimension of size 1)."""
     if not tensor.is_contiguous() or (tensor.dim() and tensor.stride(-1) != 1):
         layout = f"shape {list(tensor.shape)}, strides {list(tensor.stride())}"
-        raise SlotError(
-            f"{where}: {how}= holds a non-contiguous tensor ({layout}); pass a contiguous tensor "
-            "(.contiguous() gives one)"
-        )
+        fix = "pass a contiguous tensor (.contiguous() gives one)"
+        raise SlotError(f"{where}: {how}= holds a non-contiguous tensor ({layout}); {fix}")
 
 
-def allocate_buffer(
-    name: str, shape: Tuple[int, ...], dtype: torch.dtype, device, init_value=None, pool=None, adopt=None
-):
+def allocate_buffer(name: str, shape: tuple, dtype: torch.dtype, device, init_value=None, pool=None, adopt=None):
     """A full-capacity buffer, adopted from ``adopt`` or pooled when asked; filled with ``init_value`` when
     fresh. Its address never changes afterwards."""
     if adopt is not None:
-        tensor = adoptable(adopt, name)
-        if tensor is _MISSING:
-            raise SlotError(
-                f"slot '{name}': buffers= has no tensor '{name}' to adopt; give it one, or declare "
-                "the slot `adopt: never`"
-            )
+        tensor = adopt
+        for part in name.split("."):  # an attribute, a mapping key or a dotted path
+            tensor = tensor.get(part) if isinstance(tensor, dict) else getattr(tensor, part, None)
+            if tensor is None:
+                fix = "give it one, or declare the slot `adopt: never`"
+                raise SlotError(f"slot '{name}': buffers= has no tensor '{name}' to adopt; {fix}")
         if not isinstance(tensor, torch.Tensor):
             raise SlotError(f"slot '{name}': buffers= holds {type(tensor).__name__}, expected a torch.Tensor")
         if tuple(tensor.shape) != tuple(shape) or tensor.dtype != dtype:
-            got = f"got shape {list(tensor.shape)} dtype {tensor.dtype}"
-            raise SlotError(
-                f"slot '{name}': cannot adopt the tensor: expected shape {list(shape)} dtype {dtype}, {got}"
-            )
+            want, got = f"{list(shape)} dtype {dtype}", f"{list(tensor.shape)} dtype {tensor.dtype}"
+            raise SlotError(f"slot '{name}': cannot adopt the tensor: expected shape {want}, got shape {got}")
         refuse_strided(f"slot '{name}'", "buffers", tensor)
         return tensor  # adopted tensors are already initialised by their owner
     try:
         buffer = torch.zeros(shape, dtype=dtype, device=device)
     except (RuntimeError, MemoryError) as exc:  # out of memory: the type stays, the slot is named
-        exc.add_note(
-            f"graphslot: while allocating the buffer of slot '{name}' (shape {list(shape)}, {dtype}, on {device})"
-        )
+        what = f"shape {list(shape)}, {dtype}, on {device}"
+        exc.add_note(f"graphslot: while allocating the buffer of slot '{name}' ({what})")
         raise
     fresh = True
     if pool is not None:
@@ -116,11 +94,6 @@ def allocate_buffer(
     if fresh and init_value is not None:
         buffer.fill_(init_value)
     return buffer
-
-
-def allocate_slot_buffer(slot: ResolvedSlot, device: torch.device, pool=None, adopt=None) -> torch.Tensor:
-    init, adopt = slot.pad_value if slot.fills_at_allocation else None, adopt if slot.adopt else None
-    return allocate_buffer(slot.name, slot.shape, slot.dtype, "cpu" if slot.host else device, init, pool, adopt)
 
 
 def check_given_buffers(spec_name: str, slots, buffers: Any, device: torch.device) -> Dict[str, torch.Tensor]:

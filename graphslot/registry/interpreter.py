@@ -3,11 +3,10 @@ written for clarity, not speed: what generated code is proven equal to."""
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Tuple
+from typing import Callable, Dict
 
 import torch
 
-from ..spec.kinds import Padding
 from .base import SlotRegistry
 
 
@@ -17,18 +16,17 @@ class InterpretedRegistry(SlotRegistry):
     impl = "interpreted"
 
     def fill_from(self, fb, *, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs=None) -> None:
-        # Sources are copied as data: a source that requires grad is copied by value, and
-        # no buffer ever requires grad or records history.
-        with torch.no_grad():
-            self._fill(fb, (raw_bs, padded_bs, raw_num_tokens, padded_num_tokens), side_inputs, frozenset())
+        self._fill(fb, (raw_bs, padded_bs, raw_num_tokens, padded_num_tokens), side_inputs, frozenset())
 
     def _fill_skipping(self, skip: frozenset) -> Callable[..., None]:
         def fill_from(fb, *, raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, side_inputs=None) -> None:
-            with torch.no_grad():
-                self._fill(fb, (raw_bs, padded_bs, raw_num_tokens, padded_num_tokens), side_inputs, skip)
+            self._fill(fb, (raw_bs, padded_bs, raw_num_tokens, padded_num_tokens), side_inputs, skip)
 
         return fill_from
 
+    # Sources are copied as data: a source that requires grad is copied by value, and
+    # no buffer ever requires grad or records history.
+    @torch.no_grad()
     def _fill(self, fb, counts, side_inputs, skip) -> None:
         check = self.checker
         raw_bs, padded_bs, raw_num_tokens, padded_num_tokens = counts = check.step(*counts)
@@ -53,24 +51,18 @@ class InterpretedRegistry(SlotRegistry):
                 hook_copies.append((slot.buffer.narrow(d, 0, src.shape[d]) if src.dim() else slot.buffer, src))
 
         # 1. copy heads; device copies grouped by dtype pair, one kernel each
-        groups: Dict[tuple, Tuple[list, list]] = {}
+        groups: Dict[tuple, list] = {}
         for dst, src in copies:
-            dsts, srcs = groups.setdefault((dst.device, dst.dtype, src.dtype), ([], []))
-            dsts.append(dst)
-            srcs.append(src)
-        for dsts, srcs in groups.values():
-            torch._foreach_copy_(dsts, srcs)
+            groups.setdefault((dst.device, dst.dtype, src.dtype), []).append((dst, src))
+        for pairs in groups.values():
+            torch._foreach_copy_([dst for dst, _ in pairs], [src for _, src in pairs])
 
         # 2. make the padded tail safe
         for slot in active:
             spec = slot.resolved
             raw, padded = slot.count(raw_bs, raw_num_tokens), slot.count(padded_bs, padded_num_tokens)
             if spec.resets_tail and raw < padded:
-                tail = slot.buffer.narrow(spec.slice_dim, raw, padded - raw)
-                if spec.padding is Padding.ZERO:
-                    tail.zero_()
-                else:
-                    tail.fill_(spec.pad_value)
+                slot.buffer.narrow(spec.slice_dim, raw, padded - raw).fill_(spec.tail_value)
 
         # 3. source hooks' results go to [:len(src)], after the resets
         for dst, src in hook_copies:
@@ -87,9 +79,7 @@ class InterpretedRegistry(SlotRegistry):
         fields = {"batch_size": padded_bs}
         for slot in self.active:
             spec = slot.resolved
-            if spec.structured:
-                continue
-            if spec.optional and spec.plain_copy and getattr(fb, spec.name, None) is None:
-                continue  # absent this step: carry the None, never a stale buffer
+            if spec.structured or (spec.optional and spec.plain_copy and getattr(fb, spec.name, None) is None):
+                continue  # dotted: no view field; absent this step: carry the None, never a stale buffer
             fields[spec.name] = slot.slice_for(padded_bs, padded_num_tokens)
         return self.make_view(fb, fields)

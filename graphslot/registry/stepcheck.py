@@ -1,16 +1,12 @@
-"""What a step's inputs must satisfy: one ``StepChecker`` per registry decides every per-step error, so the
-interpreter and generated code raise the same ``SlotError`` (``graphslot/slot_specs/README.md``, "Slot
-semantics"). Counts are checked once per step size (strict mode: every call); a copied field must be there
-(unless optional), a tensor, of exactly the step's rows (``copy_`` would broadcast silently); generated code
-compares shapes inline and calls ``diagnose`` only after a failure. Strict mode adds dtype, device and
-aliasing of another slot's buffer (by byte extent, whatever made the view). No field check reads the padded
-counts, so :meth:`StepChecker.sources` runs them before the padded size is known (the DP runner).
+"""What a step's inputs must satisfy: one ``StepChecker`` per registry raises every per-step ``SlotError``, so the
+interpreter and generated code raise the same ones (``graphslot/slot_specs/README.md``, "Slot semantics").
+No field check reads the padded counts, so :meth:`StepChecker.sources` runs before they are known (the DP runner).
 """
 
 from __future__ import annotations
 
 import bisect
-import copy
+import itertools
 from typing import AbstractSet, Any, Iterable, Optional, Tuple
 
 import torch
@@ -36,14 +32,13 @@ class StepChecker:
         self.spec_name, self.max_bs, self.max_num_tokens, self.strict = spec_name, max_bs, max_num_tokens, strict
         self.slots = {slot.name: slot for slot in slots}  # enabled ``Slot`` objects with buffers
         self.plain = tuple(s for s in self.slots.values() if s.resolved.copy_from_fb and s.resolved.source is None)
-        self._extents = BufferExtents((s.name, s.buffer) for s in self.slots.values())
+        self._extents = extent_tables((s.name, s.buffer) for s in self.slots.values())
         self._seen_steps, self._seen_views, self._seen_raw = {}, {}, {}  # what _once remembers
 
     def without(self, names: AbstractSet[str]) -> "StepChecker":
         """The checker of a fill leaving the slots ``names`` alone; aliasing is still judged on every buffer."""
-        other = copy.copy(self)
+        other = StepChecker(self.spec_name, self.slots.values(), self.max_bs, self.max_num_tokens, self.strict)
         other.plain = tuple(s for s in self.plain if s.name not in names)
-        other._seen_steps, other._seen_views, other._seen_raw = {}, {}, {}
         return other
 
     def fail(self, slot: Optional[str], message: str) -> SlotError:
@@ -52,32 +47,25 @@ class StepChecker:
 
     def counts(self, raw_bs: Any, padded_bs: Any, raw_num_tokens: Any, padded_num_tokens: Any) -> None:
         """Raise unless ``0 <= raw <= padded <= capacity`` for both axes, all ints."""
-        bs = (Axis.BS, raw_bs, padded_bs, self.max_bs)
-        for axis, raw, padded, capacity in (bs, (Axis.TOKENS, raw_num_tokens, padded_num_tokens, self.max_num_tokens)):
-            for what, n in (("raw", raw), ("padded", padded)):
-                if type(n) is not int:
-                    raise self.fail(None, f"{what} {axis} count must be an int, got {describe(n)}")
-            if not 0 <= raw <= padded <= capacity:
-                got = f"raw={raw}, padded={padded}, capacity={capacity}"
-                raise self.fail(None, f"{axis} counts must satisfy 0 <= raw <= padded <= capacity, got {got}")
+        self._bounds(("raw", "padded"), (raw_bs, padded_bs), (raw_num_tokens, padded_num_tokens))
 
     def view_counts(self, padded_bs: Any, padded_num_tokens: Any) -> None:
         """``extract``'s counts: ints within ``0 <= padded <= capacity``."""
         self.counts(0, padded_bs, 0, padded_num_tokens)
 
-    def raw_counts(self, raw_bs: Any, raw_num_tokens: Any) -> None:
-        """A step's raw counts before its padded ones are known: ints within ``0 <= raw <= capacity``."""
-        for axis, raw, capacity in ((Axis.BS, raw_bs, self.max_bs), (Axis.TOKENS, raw_num_tokens, self.max_num_tokens)):
-            if type(raw) is not int:
-                raise self.fail(None, f"raw {axis} count must be an int, got {describe(raw)}")
-            if not 0 <= raw <= capacity:
-                got = f"raw={raw}, capacity={capacity}"
-                raise self.fail(None, f"{axis} counts must satisfy 0 <= raw <= capacity, got {got}")
+    def _bounds(self, names: Tuple[str, ...], bs: tuple, tokens: tuple) -> None:
+        """Raise unless each axis's counts (named ``names``) are ints, ascending from 0 up to its capacity."""
+        for axis, counts, capacity in ((Axis.BS, bs, self.max_bs), (Axis.TOKENS, tokens, self.max_num_tokens)):
+            if type(counts[0]) is not int or type(counts[-1]) is not int:  # raw and padded (or raw alone)
+                what, n = next((what, n) for what, n in zip(names, counts) if type(n) is not int)
+                raise self.fail(None, f"{what} {axis} count must be an int, got {describe(n)}")
+            if not 0 <= counts[0] <= counts[-1] <= capacity:
+                got = ", ".join(f"{what}={n}" for what, n in zip(names + ("capacity",), counts + (capacity,)))
+                raise self.fail(None, f"{axis} counts must satisfy 0 <= {' <= '.join(names)} <= capacity, got {got}")
 
     def sources(self, fb: Any, raw_bs: Any, raw_num_tokens: Any) -> None:
-        """Raise the SlotError a fill of ``fb`` at these raw counts would raise for its
-        counts or batch fields, whatever padded counts it gets; write nothing
-        (``SlotRegistry.check_step``). Source hooks are not run: the fill checks them."""
+        """Raise the SlotError a fill of ``fb`` at these raw counts would raise for them or a batch field, whatever
+        its padded counts; write nothing, run no source hook (``SlotRegistry.check_step``)."""
         shapes = self._once(self._seen_raw, (raw_bs, raw_num_tokens), self._raw_shapes)  # as generated fills
         for slot, shape in shapes:
             src = getattr(fb, slot.name, None)
@@ -93,7 +81,7 @@ class StepChecker:
         return self._once(self._seen_views, (padded_bs, padded_num_tokens), lambda *k: self.view_counts(*k) or k)
 
     def _raw_shapes(self, raw_bs: Any, raw_num_tokens: Any) -> tuple:
-        self.raw_counts(raw_bs, raw_num_tokens)
+        self._bounds(("raw",), (raw_bs,), (raw_num_tokens,))
         return tuple((slot, self.expected_shape(slot, raw_bs, raw_num_tokens)) for slot in self.plain)
 
     def _once(self, seen: dict, key: tuple, make) -> Any:
@@ -173,17 +161,15 @@ class StepChecker:
             raise self.fail(slot.name, f"expected dtype {buffer.dtype}, got {src.dtype} (copy_ would cast silently)")
         if src.device != buffer.device:
             raise self.fail(slot.name, f"expected device {buffer.device}, got {src.device}")
-        if _view_of(src) == _view_of(head):
+        if (src.data_ptr(), src.shape, src.stride()) == (head.data_ptr(), head.shape, head.stride()):
             return  # exactly its own head, however it was made: copies onto itself
-        owner = self._extents.overlapping(src)
-        if owner is not None:
+        starts, reach = self._extents.get(src.device, ((), ()))
+        start, end = byte_extent(src)
+        i = bisect.bisect_left(starts, end)  # the buffers starting before the source's end
+        if end > start and i and reach[i - 1][0] > start:
             view = "(a view of a static buffer other than this slot's own head)"
             fix = "copy it first, or pass the batch's own tensor"
-            raise self.fail(slot.name, f"the source aliases the buffer of slot '{owner}' {view}; {fix}")
-
-
-def _view_of(t: torch.Tensor) -> tuple:
-    return t.device, t.data_ptr(), t.shape, t.stride()
+            raise self.fail(slot.name, f"the source aliases the buffer of slot '{reach[i - 1][1]}' {view}; {fix}")
 
 
 def byte_extent(t: torch.Tensor) -> Tuple[int, int]:
@@ -197,30 +183,17 @@ def byte_extent(t: torch.Tensor) -> Tuple[int, int]:
     return start + low * item, start + (high + 1) * item
 
 
-class BufferExtents:
-    """Which named buffer a tensor's bytes overlap: per device, extents sorted by start with the running
-    farthest end, so a lookup is one bisection."""
-
-    def __init__(self, buffers: Iterable[Tuple[str, torch.Tensor]]):
-        by_device: dict = {}
-        for name, buffer in buffers:
-            start, end = byte_extent(buffer)
-            if end > start:
-                by_device.setdefault(buffer.device, []).append((start, end, name))
-        self._tables = {}
-        for device, extents in by_device.items():
-            extents.sort()
-            reach, farthest = [], (0, "")
-            for _, end, name in extents:
-                farthest = max(farthest, (end, name))
-                reach.append(farthest)
-            self._tables[device] = ([e[0] for e in extents], reach)
-
-    def overlapping(self, t: torch.Tensor) -> Optional[str]:
-        """The name of a buffer sharing a byte address with ``t``'s extent, or None."""
-        starts, reach = self._tables.get(t.device, ((), ()))
-        start, end = byte_extent(t)
-        i = bisect.bisect_left(starts, end)  # the buffers starting before t's end
-        if end > start and i and reach[i - 1][0] > start:
-            return reach[i - 1][1]
-        return None
+def extent_tables(buffers: Iterable[Tuple[str, torch.Tensor]]) -> dict:
+    """Per device, the buffers' byte extents as ``(starts, reach)``: starts sorted, and with each the farthest
+    ``(end, name)`` so far, so which buffer a tensor's bytes overlap is one bisection."""
+    by_device: dict = {}
+    for name, buffer in buffers:
+        start, end = byte_extent(buffer)
+        if end > start:
+            by_device.setdefault(buffer.device, []).append((start, end, name))
+    tables = {}
+    for device, extents in by_device.items():
+        extents.sort()
+        reach = list(itertools.accumulate(((end, name) for _, end, name in extents), max))
+        tables[device] = ([start for start, _, _ in extents], reach)
+    return tables
