@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from .checks import DEFAULT_MAX_BYTES, check_spec
 from .errors import SpecError, SpecIssue, did_you_mean, one_of, shorten
 from .files import TooLarge, display_path, read_bounded
-from .project_specs import is_spec_name, project_spec, project_spec_names, project_specs
+from .project_specs import is_spec_name, project_spec, project_specs
 from .model import AXES, MAX_PARAMS, MAX_PRESETS, MAX_SLOTS, PADDINGS, PARAM_KEYS, PARAM_TYPES, SLOT_KEYS
 from .model import TOP_KEYS, ParamSpec, RegistrySpec, SlotSpec
 from .yaml_loader import INT_LIMIT, MAX_YAML_DEPTH, MAX_YAML_NODES, Locations, line_of_position, load_yaml
@@ -60,30 +60,20 @@ def spec_path(name_or_path: Union[str, os.PathLike]) -> Path:
     else a shipped spec (``decode``) -- or a path to a YAML file."""
     text = os.fspath(name_or_path)
     project = project_specs() if is_spec_name(text) else []
-    found = project_spec(text, project) if project else None
-    if found is not None:
-        return found
-    if is_spec_name(text) and shipped_spec_path(text).is_file():  # what shipped_spec_names() lists
-        return shipped_spec_path(text)
-    path = Path(text)
-    if not path.is_file():
-        names, shipped = project_spec_names(project), shipped_spec_names()
-        known = (f"; the project's specs are: {one_of(names)}" if names else "") + "; shipped specs are: "
-        raise SpecError.at(
-            text, None, "no such spec file" + known + one_of(shipped) + did_you_mean(text, names + shipped)
-        )
-    return path
+    for path in (project_spec(text, project), is_spec_name(text) and shipped_spec_path(text), Path(text)):
+        if path and path.is_file():
+            return path
+    names, shipped = sorted({p.stem for p in project}), shipped_spec_names()
+    known = (f"; the project's specs are: {one_of(names)}" if names else "") + "; shipped specs are: "
+    raise SpecError.at(text, None, "no such spec file" + known + one_of(shipped) + did_you_mean(text, names + shipped))
 
 
 def load_spec(
     name_or_path: Union[str, os.PathLike], *, import_hooks: bool = False, max_bytes: Optional[int] = None
 ) -> RegistrySpec:
-    """Load a spec by name (the project's own, else a shipped one: :func:`spec_path`) or by path.
-
-    ``import_hooks``: import ``module:function`` hooks and check their signatures (off: no
-    user code runs). ``max_bytes``: the cap on the bytes the spec declares at the validation
-    capacities (default :data:`graphslot.spec.checks.DEFAULT_MAX_BYTES`).
-    """
+    """Load a spec by name (the project's own, else a shipped one: :func:`spec_path`) or by path. ``import_hooks``:
+    import ``module:function`` hooks and check their signatures (off: no user code runs). ``max_bytes``: the cap on
+    the bytes the spec declares at the validation capacities (default :data:`.checks.DEFAULT_MAX_BYTES`)."""
     path = spec_path(name_or_path)
     source = display_path(path)
 
@@ -101,10 +91,8 @@ def load_spec(
 def spec_from_dict(
     data: Mapping[str, Any], label: str = "<code>", *, import_hooks: bool = False, max_bytes: Optional[int] = None
 ) -> RegistrySpec:
-    """A spec built in code: the mapping a YAML spec file holds (dicts, lists, str, int,
-    float, bool, None), validated as :func:`parse_spec` does. Errors name ``label`` (the
-    spec's ``path``) and the slot, with no line. ``RegistrySpec.to_dict()`` gives a shipped
-    spec as such data, to derive one from it."""
+    """A spec built in code from the data a YAML spec holds (``RegistrySpec.to_dict()`` gives a shipped one's), validated
+    as :func:`parse_spec` does; errors name ``label`` (the spec's ``path``) and the slot, with no line."""
     data = _plain_copy(data, label)
     # the data in its own order (a spec's param order shows in `graphslot show`)
     key = ("code", label, import_hooks, max_bytes, json.dumps(data, allow_nan=True))
@@ -112,12 +100,6 @@ def spec_from_dict(
 
 
 _SCALARS = (str, bool, int, float, type(None))
-
-
-def _type_name(kind: type) -> str:
-    """``bool``, ``numpy.bool``, ``torch.dtype``: a type as an error names it."""
-    module = getattr(kind, "__module__", "builtins")
-    return kind.__qualname__ if module == "builtins" else f"{module.split('.')[0]}.{kind.__qualname__}"
 
 
 def _plain(item: Any) -> Any:
@@ -131,17 +113,15 @@ def _plain(item: Any) -> Any:
 
 
 def _plain_copy(data: Any, source: str) -> Dict[str, Any]:
-    """``data`` as plain dicts and lists, within the YAML reader's limits; anything else
-    is a SpecError naming where it sits (``slots[2].shape[0]``). A sequence is read by
-    iterating it (never by trusting its ``len``)."""
+    """``data`` as plain dicts and lists within the YAML reader's limits, else a SpecError naming where the value sits
+    (``slots[2].shape[0]``). A sequence is read by iterating it, never by trusting its ``len``."""
     if not isinstance(data, Mapping):
         raise SpecError.at(source, None, f"{_NOT_A_MAPPING}, got {type(data).__name__}")
-    root: Dict[str, Any] = {}
-    stack: List[Tuple[Any, Any, Tuple[Any, ...]]] = [(data, root, ())]
     nodes = 0
-    while stack:
-        value, into, path = stack.pop()
-        mapping = isinstance(value, Mapping)
+
+    def copy(value: Any, path: Tuple[Any, ...]) -> Any:
+        nonlocal nodes
+        mapping, out = isinstance(value, Mapping), {}  # a list's items by index, in order
         for key, item in value.items() if mapping else enumerate(value):
             nodes += 1
             if mapping and not isinstance(key, str):
@@ -149,28 +129,26 @@ def _plain_copy(data: Any, source: str) -> Dict[str, Any]:
                     source, None, f"{_data_path(path) or 'the spec'}: key {shorten(key)} is not a string"
                 )
             key, item = _plain(key), _plain(item)
-            problem = None
+            kind, problem = type(item), None
             if nodes > MAX_YAML_NODES:
                 problem = f"more than {MAX_YAML_NODES} values"
             elif len(path) >= MAX_YAML_DEPTH:
                 problem = f"nested deeper than {MAX_YAML_DEPTH} levels"
-            elif type(item) is int and abs(item) >= INT_LIMIT:
+            elif kind is int and abs(item) >= INT_LIMIT:
                 problem = f"integer {shorten(item)} out of range (|value| < 2**63)"
-            elif type(item) not in _SCALARS and not isinstance(item, (Mapping, list, tuple)):
+            elif kind not in _SCALARS and not isinstance(item, (Mapping, list, tuple)):
+                module = kind.__module__.split(".")[0]  # `bool`, `numpy.bool`, `torch.dtype`
+                name = kind.__qualname__ if module == "builtins" else f"{module}.{kind.__qualname__}"
                 problem = (
-                    f"{_type_name(type(item))} is not plain data: a spec from code holds only dicts, lists, "
-                    "str, int, float, bool and None (a dtype by its name: 'int64')"
+                    f"{name} is not plain data: a spec from code holds only dicts, lists, str, int, float, bool and "
+                    "None (a dtype by its name: 'int64')"
                 )
             if problem is not None:
                 raise SpecError.at(source, None, f"{_data_path(path + (key,))}: {problem}")
-            if not mapping:
-                into.append(None)  # the list grows as its items are read
-            if type(item) in _SCALARS:
-                into[key] = item
-            else:
-                into[key] = {} if isinstance(item, Mapping) else []
-                stack.append((item, into[key], path + (key,)))
-    return root
+            out[key] = item if kind in _SCALARS else copy(item, path + (key,))
+        return out if mapping else list(out.values())
+
+    return copy(data, ())
 
 
 def _data_path(path: Tuple[Any, ...]) -> str:
@@ -288,18 +266,6 @@ def _valid_parts(data: Dict[Any, Any], key: str, model: Any) -> List[Tuple[Any, 
     return parts
 
 
-def _document_path(loc: Tuple[Any, ...], data: Any) -> Tuple[Tuple[Any, ...], Tuple[Any, ...]]:
-    """Split a pydantic ``loc`` into the part that exists in the document and the rest
-    (union-member tags such as ``'int'``, or the name of a missing key)."""
-    node = data
-    for i, part in enumerate(loc):
-        if isinstance(node, dict) and part in node or isinstance(node, list) and part in range(len(node)):
-            node = node[part]
-        else:
-            return tuple(loc[:i]), tuple(loc[i:])
-    return tuple(loc), ()
-
-
 def _structural_issues(exc: ValidationError, data: Any, locations: Locations) -> List[SpecIssue]:
     # The model keeps lists as tuples (a spec never changes), and pydantic's tuple validator adds
     # a `too_short` to a sequence whose item failed (one it counts as missing): drop those.
@@ -313,7 +279,12 @@ def _structural_issues(exc: ValidationError, data: Any, locations: Locations) ->
         )
         if kind == "too_short" and error["loc"] in failed_items:
             continue
-        path, rest = _document_path(error["loc"], data)
+        path, node = (), data  # the part of the loc in the document; the rest: union tags ('int') or a missing key
+        for part in error["loc"]:
+            if not (isinstance(node, dict) and part in node or isinstance(node, list) and part in range(len(node))):
+                break
+            path, node = path + (part,), node[part]
+        rest = tuple(error["loc"][len(path) :])
         if rest[-1:] == ("[key]",):
             message = (
                 f"key {shorten(error['input'])} is not a string: YAML reads unquoted on/off/yes/no/true/false "
@@ -341,14 +312,9 @@ def _structural_issues(exc: ValidationError, data: Any, locations: Locations) ->
         dedup = (path, message) if kind in ("missing", "extra_forbidden") else (path, "value")
         if dedup not in seen:
             seen.add(dedup)
-            issues.append(SpecIssue(locations.file, locations.line(path), message, _slot_name(path, data)))
+            in_slot = len(path) > 1 and path[0] == "slots" and isinstance(data["slots"], list)
+            slot = data["slots"][path[1]] if in_slot else None
+            name = slot.get("name") if isinstance(slot, dict) else None
+            slot_name = shorten(name, quote=False) if isinstance(name, str) else None
+            issues.append(SpecIssue(locations.file, locations.line(path), message, slot_name))
     return issues
-
-
-def _slot_name(path: Tuple[Any, ...], data: Any) -> Optional[str]:
-    slot = (
-        data["slots"][path[1]]
-        if len(path) >= 2 and path[0] == "slots" and isinstance(data.get("slots"), list)
-        else None
-    )
-    return shorten(slot["name"], quote=False) if isinstance(slot, dict) and isinstance(slot.get("name"), str) else None
