@@ -18,6 +18,7 @@ TABLE = "[tool.graphslot]"
 OUTPUTS = "[[tool.graphslot.outputs]]"
 TABLE_KEYS = ("specs", "output_dir", "outputs", "import_hooks")
 OUTPUT_KEYS = ("module", "spec", "preset", "params")
+_TYPES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array", dict: "a table"}
 
 
 @dataclass(frozen=True)
@@ -49,15 +50,7 @@ def find_pyproject(start_dir: Union[str, Path]) -> Optional[Path]:
 
 
 def _type_name(value: Any) -> str:
-    names = {
-        bool: "a boolean",
-        int: "an integer",
-        float: "a number",
-        str: "a string",
-        list: "an array",
-        dict: "a table",
-    }
-    return names.get(type(value), type(value).__name__)
+    return _TYPES.get(type(value), type(value).__name__)
 
 
 def _shown(value: Any) -> str:
