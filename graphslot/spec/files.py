@@ -45,47 +45,41 @@ def file_mode() -> int:
     return 0o666 & ~umask
 
 
-def _temporary(path: Path, data: Data, mode: int) -> str:
-    """The name of a temporary file next to ``path`` holding ``data`` (text as UTF-8, line endings as they are)
-    with ``mode``. Nothing is left behind when this fails."""
+@contextmanager
+def _temporary(path: Path, data: Data, mode: int) -> Iterator[str]:
+    """A temporary file next to ``path`` holding ``data`` (text as UTF-8, line endings as they are) with ``mode``,
+    for the body to rename or link into place; removed on the way out whatever happens."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             fd = -1
             f.write(data.encode("utf-8") if isinstance(data, str) else data)
         os.chmod(tmp, mode)
-    except BaseException:
+        yield tmp
+    finally:
         if fd != -1:
             os.close(fd)
         Path(tmp).unlink(missing_ok=True)
-        raise
-    return tmp
 
 
 def write_atomic(path: Path, data: Data, mode: Optional[int] = None) -> None:
     """Replace (or create) ``path`` by ``data`` in one rename; ``mode``: the new file's (default: the umask's)."""
-    tmp = _temporary(path, data, file_mode() if mode is None else mode)
-    try:
+    with _temporary(path, data, file_mode() if mode is None else mode) as tmp:
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def create_file(path: Path, data: Data) -> None:
     """Create ``path`` holding ``data`` in one step, never replacing an existing file (FileExistsError): readers
     see no file or the whole one. Mode: the umask's."""
-    tmp = _temporary(path, data, file_mode())
-    try:
-        os.link(tmp, path)  # atomic, and fails when path exists
-    except FileExistsError:
-        raise
-    except OSError:  # a file system without hard links
-        if os.path.lexists(path):
-            raise FileExistsError(f"{path} exists") from None
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    with _temporary(path, data, file_mode()) as tmp:
+        try:
+            os.link(tmp, path)  # atomic, and fails when path exists
+        except FileExistsError:
+            raise
+        except OSError:  # a file system without hard links
+            if os.path.lexists(path):
+                raise FileExistsError(f"{path} exists") from None
+            os.replace(tmp, path)
 
 
 @contextmanager
