@@ -63,11 +63,9 @@ def line_of_position(text: str, position: int) -> int:
 _TOO_DEEP = "YAML nesting deeper than {} levels: a spec needs only a few"
 
 
-# libyaml's parser when available (linear and fast), else PyYAML's own; either way PyYAML's composer, checked at
-# every node.
-_EVENTS = (
-    (yaml.cyaml.CParser,) if yaml.__with_libyaml__ else (yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser)
-)
+# libyaml's parser when available (linear and fast), else PyYAML's own; either way PyYAML's composer (CSafeLoader
+# has its own in C), checked at every node.
+_LOADER = (yaml.composer.Composer, yaml.CSafeLoader) if yaml.__with_libyaml__ else (yaml.SafeLoader,)
 
 
 class _Scalar(NamedTuple):  # small: a spec may hold many
@@ -75,11 +73,10 @@ class _Scalar(NamedTuple):  # small: a spec may hold many
     line: int
 
 
-class _Composer(yaml.composer.Composer, *_EVENTS, yaml.constructor.SafeConstructor, yaml.resolver.Resolver):
+class _Composer(*_LOADER):
     def __init__(self, text: str, max_depth: int, max_nodes: int):
-        _EVENTS[0].__init__(self, text)
-        for base in (*_EVENTS[1:], yaml.composer.Composer, yaml.constructor.SafeConstructor):
-            base.__init__(self)
+        _LOADER[-1].__init__(self, text)
+        yaml.composer.Composer.__init__(self)
         self.max_depth, self.max_nodes, self.depth, self.nodes = max_depth, max_nodes, 0, 0
 
     def compose_node(self, parent, index):
