@@ -6,8 +6,9 @@ before graphslot's shipped spec of that name. Torch-free.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 from .errors import SpecError, SpecIssue
 from .files import TooLarge, display_path, read_bounded
@@ -19,36 +20,31 @@ from .yaml_loader import load_yaml
 SPEC_SUFFIXES = (".yaml", ".yml")
 # A spec's `name:` is read only to resolve a name; a file larger than this is not looked in.
 MAX_NAME_LOOKUP_BYTES = 1 << 20
-# The specs each pyproject.toml lists, by (path, mtime, size).
-_LISTED: Dict[tuple, List[Path]] = {}
 
 is_spec_name = is_identifier  # a bare name (``decode``), as opposed to a path (``specs/decode.yaml``)
 
 
 def project_specs(start: Union[str, Path, None] = None) -> List[Path]:
-    """The specs listed by the project around ``start`` (default: the working directory), kept per pyproject.toml
-    version (names are resolved on every ``load_spec("decode")``); a SpecError when ``[tool.graphslot]`` cannot be
-    read, since then no name can be told apart from a shipped one."""
+    """The specs the project around ``start`` (default: the working directory) lists, kept per pyproject.toml version;
+    a SpecError when ``[tool.graphslot]`` cannot be read, since then no name can be told apart from a shipped one."""
     path = find_pyproject(Path.cwd() if start is None else start)
     if path is None:
         return []
     try:
         stat = path.stat()
-        key: Optional[tuple] = (str(path), stat.st_mtime_ns, stat.st_size)
-    except OSError:
-        key = None  # reading it says why
-    if key not in _LISTED:
-        try:
-            specs = parse_pyproject(path, read_pyproject(path)).specs
-        except ProjectConfigError as exc:
-            why = "cannot tell which spec a name means while [tool.graphslot] is unreadable: fix it, or pass the"
-            raise SpecError([*exc.issues, SpecIssue(exc.issues[0].file, None, why + " spec's path")]) from None
-        if key is None:
-            return specs
-        if len(_LISTED) >= 64:
-            _LISTED.clear()
-        _LISTED[key] = specs
-    return list(_LISTED[key])
+    except OSError:  # reading it says why
+        return list(_listed.__wrapped__(path))
+    return list(_listed(path, stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=64)
+def _listed(path: Path, *version: int) -> Tuple[Path, ...]:
+    """The specs the pyproject.toml at ``path`` lists, cached by its ``version`` (mtime and size)."""
+    try:
+        return tuple(parse_pyproject(path, read_pyproject(path)).specs)
+    except ProjectConfigError as exc:
+        why = "cannot tell which spec a name means while [tool.graphslot] is unreadable: fix it, or pass the"
+        raise SpecError([*exc.issues, SpecIssue(exc.issues[0].file, None, why + " spec's path")]) from None
 
 
 def declared_name(path: Path) -> Optional[str]:
@@ -73,8 +69,3 @@ def project_spec(name: str, specs: Sequence[Path]) -> Optional[Path]:
         why = f"the spec name '{name}' matches several of the project's specs ({shown}); pass the path of the one"
         raise SpecError([SpecIssue(name, None, why + " you mean")])
     return matches[0] if matches else None
-
-
-def project_spec_names(specs: Sequence[Path]) -> List[str]:
-    """The names that mean a project spec (file stems), for messages."""
-    return sorted({p.stem for p in specs})
