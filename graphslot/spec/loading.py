@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -96,7 +97,7 @@ def spec_from_dict(
     data = _plain_copy(data, label)
     # the data in its own order (a spec's param order shows in `graphslot show`)
     key = ("code", label, import_hooks, max_bytes, json.dumps(data, allow_nan=True))
-    return _cached(key, lambda: _validated(data, Locations(label), label, "", import_hooks, max_bytes, []))
+    return _cached(key, lambda: _validated(data, Locations(label), "", import_hooks, max_bytes, []))
 
 
 _SCALARS = (str, bool, int, float, type(None))
@@ -193,20 +194,15 @@ def parse_spec(
         raise SpecError(issues)
     if not isinstance(loaded.data, dict):
         raise SpecError(issues + [SpecIssue(path, 1, _NOT_A_MAPPING)])
-    return _validated(loaded.data, loaded.locations, path, text, import_hooks, max_bytes, issues)
+    return _validated(loaded.data, loaded.locations, text, import_hooks, max_bytes, issues)
 
 
 def _validated(
-    data: Dict[Any, Any],
-    locations: Locations,
-    source: str,
-    text: str,
-    import_hooks: bool,
-    max_bytes: Optional[int],
-    issues: List[SpecIssue],
+    data: Dict[Any, Any], locations: Locations, text: str, import_hooks: bool, max_bytes: Optional[int], issues: list
 ) -> RegistrySpec:
-    """Structural (pydantic) then cross-key validation of a spec's data: every problem,
+    """Structural (pydantic) then cross-key validation of a spec's data (from ``locations.file``): every problem,
     sorted by line, as one SpecError."""
+    source = locations.file
     # Counts beyond the limits first: the checks evaluate every preset against params and slots.
     too_many = [
         SpecIssue(source, locations.line((key,)), f"too many {key}: {len(data[key])} (at most {limit})")
@@ -259,10 +255,8 @@ def _valid_parts(data: Dict[Any, Any], key: str, model: Any) -> List[Tuple[Any, 
     """The entries of the params mapping or slots list that validate on their own."""
     parts = []
     for name, value in _entries(data, key):
-        try:
+        with contextlib.suppress(ValidationError):
             parts.append((name, model.model_validate(value)))
-        except ValidationError:
-            pass
     return parts
 
 
@@ -273,10 +267,7 @@ def _structural_issues(exc: ValidationError, data: Any, locations: Locations) ->
     failed_items = {error["loc"][:-i] for error in errors for i in range(1, len(error["loc"]))}
     seen, issues = set(), []
     for error in errors:
-        kind, msg = (
-            error["type"],
-            error["msg"].replace("valid tuple", "valid list").replace("Tuple should", "List should"),
-        )
+        kind = error["type"]
         if kind == "too_short" and error["loc"] in failed_items:
             continue
         path, node = (), data  # the part of the loc in the document; the rest: union tags ('int') or a missing key
@@ -307,6 +298,7 @@ def _structural_issues(exc: ValidationError, data: Any, locations: Locations) ->
             )
         else:
             key = shorten(".".join(str(p) for p in path[2:] or path[-1:]), quote=False) or "spec"
+            msg = error["msg"].replace("valid tuple", "valid list").replace("Tuple should", "List should")
             message = f"bad value for '{key}': {shorten(msg.lower(), 200, quote=False)} (got {shorten(error['input'])})"
         # A union field yields one error per member type: report the value once.
         dedup = (path, message) if kind in ("missing", "extra_forbidden") else (path, "value")
