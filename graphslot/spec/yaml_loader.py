@@ -60,7 +60,7 @@ def line_of_position(text: str, position: int) -> int:
     return text.count("\n", 0, max(position, 0)) + 1
 
 
-_TOO_DEEP = "YAML nesting deeper than {} levels: a spec needs only a few"
+_TOO_DEEP = f"YAML nesting deeper than {MAX_YAML_DEPTH} levels: a spec needs only a few"
 
 
 # libyaml's parser when available (linear and fast), else PyYAML's own; either way PyYAML's composer (CSafeLoader
@@ -74,16 +74,16 @@ class _Scalar(NamedTuple):  # small: a spec may hold many
 
 
 class _Composer(*_LOADER):
-    def __init__(self, text: str, max_depth: int, max_nodes: int):
+    def __init__(self, text: str):
         _LOADER[-1].__init__(self, text)
         yaml.composer.Composer.__init__(self)
-        self.max_depth, self.max_nodes, self.depth, self.nodes = max_depth, max_nodes, 0, 0
+        self.depth, self.nodes = 0, 0
 
     def compose_node(self, parent, index):
         event = self.peek_event()
         self.nodes += 1
-        if self.nodes > self.max_nodes:
-            raise _Refused(event, f"more than {self.max_nodes} YAML values: a spec holds a few hundred")
+        if self.nodes > MAX_YAML_NODES:
+            raise _Refused(event, f"more than {MAX_YAML_NODES} YAML values: a spec holds a few hundred")
         if isinstance(event, yaml.AliasEvent):
             raise _Refused(event, "YAML aliases (*name) are not allowed in a spec: write the value out")
         if event.anchor is not None:
@@ -96,8 +96,8 @@ class _Composer(*_LOADER):
             return self.compose_scalar_node()
         if isinstance(parent, yaml.MappingNode) and index is None:  # a mapping key
             raise _Refused(event, "mapping keys must be plain scalars, not a list or a mapping (? [a, b]: …)")
-        if self.depth >= self.max_depth:
-            raise _Refused(event, _TOO_DEEP.format(self.max_depth))
+        if self.depth >= MAX_YAML_DEPTH:
+            raise _Refused(event, _TOO_DEEP)
         self.depth += 1
         node = super().compose_node(parent, index)
         self.depth -= 1
@@ -137,21 +137,19 @@ def _data(node: yaml.Node, path: Path, locations: Locations, issues: List[SpecIs
     if isinstance(node, yaml.SequenceNode):
         return [_data(item, path + (i,), locations, issues) for i, item in enumerate(node.value)]
     result: Dict[Any, Any] = {}
-    first_seen: Dict[Any, int] = {}
     for key_node, value_node in node.value:
         key, line = key_node.data, key_node.line
-        if key in first_seen:
-            message = f"duplicate key '{shorten(str(key), quote=False)}' (first at line {first_seen[key]})"
-            message += "; YAML would silently keep the last one: remove one of them"
-            issues.append(SpecIssue(locations.file, line, message))
+        if key in result:
+            first = locations.lines[path + (key,)]
+            message = f"duplicate key '{shorten(str(key), quote=False)}' (first at line {first}); YAML would silently"
+            issues.append(SpecIssue(locations.file, line, message + " keep the last one: remove one of them"))
             continue
-        first_seen[key] = line
         locations.lines[path + (key,)] = line
         result[key] = _data(value_node, path + (key,), locations, issues)
     return result
 
 
-def load_yaml(text: str, file: str, *, max_depth: int = MAX_YAML_DEPTH, max_nodes: int = MAX_YAML_NODES) -> LoadedYaml:
+def load_yaml(text: str, file: str) -> LoadedYaml:
     """Parse ``text``; syntax errors, refused constructs and duplicate keys come back as issues."""
     locations, issues = Locations(file), []
     # Building many small containers makes the cyclic GC rescan the growing heap again and again (quadratic in the
@@ -159,7 +157,7 @@ def load_yaml(text: str, file: str, *, max_depth: int = MAX_YAML_DEPTH, max_node
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        node = _Composer(text, max_depth, max_nodes).compose_spec()
+        node = _Composer(text).compose_spec()
         return LoadedYaml(None if node is None else _data(node, (), locations, issues), locations, issues)
     except _Refused as exc:
         line, message = exc.line, exc.message
@@ -168,7 +166,7 @@ def load_yaml(text: str, file: str, *, max_depth: int = MAX_YAML_DEPTH, max_node
         line = mark.line + 1 if mark is not None else None
         message = f"YAML syntax error: {exc.context + ', ' if exc.context else ''}{exc.problem or exc}"
         if "maximum nesting depth" in (exc.problem or ""):
-            message = _TOO_DEEP.format(max_depth)  # libyaml (PyYAML >= 6.0.4) has its own, higher, depth limit
+            message = _TOO_DEEP  # libyaml (PyYAML >= 6.0.4) has its own, higher, depth limit
     except yaml.reader.ReaderError as exc:
         char = exc.character
         shown = f"{char!r}" if isinstance(char, str) else f"#x{char:04x}" if isinstance(char, int) else "?"
