@@ -1,7 +1,6 @@
 """Files graphslot reads, writes and shows, done one way: bounded reads, atomic writes (a temporary file renamed
 or hard-linked into place: readers see the old file or the whole new one, and nothing is left behind, ^C included)
-with the umask's mode, create-only writes, an advisory lock, and paths as the user would type them. Torch-free.
-"""
+with the umask's mode, create-only writes, an advisory lock, and paths as the user would type them. Torch-free."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """A project's ``[tool.graphslot]`` table in pyproject.toml (docs/generate.md), validated as strictly as a spec:
-it arrives in pull requests, so an unknown key or a wrongly typed value is an error naming ``pyproject.toml:LINE``.
-"""
+it arrives in pull requests, so an unknown key or a wrongly typed value is an error naming ``pyproject.toml:LINE``."""
 
 from __future__ import annotations
 

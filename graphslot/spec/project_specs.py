@@ -1,8 +1,7 @@
 """Which of a project's own specs a bare spec name (``decode``) means: given to ``load_spec``, ``build_registry``,
 the CLI or an ``[[tool.graphslot.outputs]]`` entry, it means the spec listed under ``[tool.graphslot] specs`` of the
 project around the working directory whose file is ``NAME.yaml`` (or ``.yml``), else whose ``name:`` is ``NAME``,
-before graphslot's shipped spec of that name. Torch-free.
-"""
+before graphslot's shipped spec of that name. Torch-free."""
 
 from __future__ import annotations
 

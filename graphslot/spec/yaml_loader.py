@@ -1,8 +1,7 @@
 """YAML loading that remembers the line of every value and reports duplicate keys (PyYAML's ``safe_load`` does
 neither), with bounded resources: spec files are untrusted, so the composer refuses, with the line and before it
 recurses further, what a spec never needs (aliases, anchors, tags, merge and complex keys, deep nesting, too many
-values, integers beyond 64 bits, a second document: graphslot/slot_specs/README.md, "Untrusted specs").
-"""
+values, integers beyond 64 bits, a second document: graphslot/slot_specs/README.md, "Untrusted specs")."""
 
 from __future__ import annotations
 
