@@ -1,26 +1,33 @@
-"""Reading spec files: YAML → structural validation → cross-key checks → RegistrySpec."""
+"""Reading spec files: which file a spec name means, YAML → structural validation → cross-key checks → RegistrySpec."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from pydantic import ValidationError
 
 from .checks import DEFAULT_MAX_BYTES, check_spec
 from .errors import SpecError, SpecIssue, did_you_mean, one_of, shorten
 from .files import TooLarge, display_path, read_bounded
-from .project_specs import is_spec_name, project_spec, project_specs
 from .model import AXES, MAX_PARAMS, MAX_PRESETS, MAX_SLOTS, PADDINGS, PARAM_KEYS, PARAM_TYPES, SLOT_KEYS
 from .model import TOP_KEYS, ParamSpec, RegistrySpec, SlotSpec
+from .names import is_identifier
+from .project import find_pyproject, parse_pyproject
+from .pyproject_text import ProjectConfigError, read_pyproject
 from .yaml_loader import INT_LIMIT, MAX_YAML_DEPTH, MAX_YAML_NODES, Locations, line_of_position, load_yaml
 
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "slot_specs"
 # Largest spec file read, in bytes (a spec is a few KiB; validation is linear in size).
 MAX_SPEC_BYTES = 16 << 20
+SPEC_SUFFIXES = (".yaml", ".yml")
+# A spec's `name:` is read only to resolve a name; a file larger than this is not looked in.
+MAX_NAME_LOOKUP_BYTES = 1 << 20
+is_spec_name = is_identifier  # a bare name (``decode``), as opposed to a path (``specs/decode.yaml``)
 _CHOICES = {"axis": AXES, "padding": PADDINGS, "type": PARAM_TYPES, "device": ("cpu",)}
 _NOT_A_MAPPING = f"a spec is a mapping with keys {', '.join(TOP_KEYS)}"
 # Validated specs kept per process (RegistrySpec is frozen, so sharing one is safe): a file
@@ -56,9 +63,58 @@ def is_shipped(path: Union[str, os.PathLike]) -> bool:
         return False
 
 
+def project_specs(start: Union[str, Path, None] = None) -> List[Path]:
+    """The specs the project around ``start`` (default: the working directory) lists, kept per pyproject.toml version;
+    a SpecError when ``[tool.graphslot]`` cannot be read, since then no name can be told apart from a shipped one."""
+    path = find_pyproject(Path.cwd() if start is None else start)
+    if path is None:
+        return []
+    try:
+        stat = path.stat()
+    except OSError:  # reading it says why
+        return list(_listed.__wrapped__(path))
+    return list(_listed(path, stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=64)
+def _listed(path: Path, *version: int) -> Tuple[Path, ...]:
+    """The specs the pyproject.toml at ``path`` lists, cached by its ``version`` (mtime and size)."""
+    try:
+        return tuple(parse_pyproject(path, read_pyproject(path)).specs)
+    except ProjectConfigError as exc:
+        why = "cannot tell which spec a name means while [tool.graphslot] is unreadable: fix it, or pass the"
+        raise SpecError([*exc.issues, SpecIssue(exc.issues[0].file, None, why + " spec's path")]) from None
+
+
+def declared_name(path: Path) -> Optional[str]:
+    """The ``name:`` a spec file declares, when it can be read (else None: validation says what is wrong)."""
+    try:
+        text = read_bounded(path, MAX_NAME_LOOKUP_BYTES).decode("utf-8")
+    except (OSError, TooLarge, UnicodeDecodeError):
+        return None
+    data = load_yaml(text.removeprefix("\ufeff"), display_path(path)).data
+    name = data.get("name") if isinstance(data, dict) else None
+    return name if isinstance(name, str) else None
+
+
+def project_spec(name: str, specs: Sequence[Path]) -> Optional[Path]:
+    """The spec among ``specs`` that ``name`` means (None when there is none); two of the same rank are
+    ambiguous: a SpecError naming both."""
+    existing = [p for p in dict.fromkeys(specs) if p.is_file()]
+    by_file = [p for p in existing if p.stem == name and p.suffix in SPEC_SUFFIXES]
+    matches = by_file or [p for p in existing if declared_name(p) == name]
+    if len(matches) > 1:
+        shown = ", ".join(display_path(p) for p in matches)
+        why = f"the spec name '{name}' matches several of the project's specs ({shown}); pass the path of the one"
+        raise SpecError([SpecIssue(name, None, why + " you mean")])
+    return matches[0] if matches else None
+
+
 def spec_path(name_or_path: Union[str, os.PathLike]) -> Path:
-    """A spec name -- the project's own spec of that name first (:mod:`.project_specs`),
-    else a shipped spec (``decode``) -- or a path to a YAML file."""
+    """A spec file by path, or by name: given to ``load_spec``, ``build_registry``, the CLI or an
+    ``[[tool.graphslot.outputs]]`` entry, a bare name (``decode``) means the spec listed under ``[tool.graphslot] specs``
+    of the project around the working directory whose file is ``NAME.yaml`` (or ``.yml``), else whose ``name:`` is
+    ``NAME``, before graphslot's shipped spec of that name."""
     text = os.fspath(name_or_path)
     project = project_specs() if is_spec_name(text) else []
     for path in (project_spec(text, project), is_spec_name(text) and shipped_spec_path(text), Path(text)):
