@@ -16,8 +16,6 @@ try:
 except ImportError:  # Windows
     fcntl = None  # type: ignore[assignment]
 
-Data = Union[str, bytes]
-
 
 class TooLarge(ValueError):
     """A file holds more bytes than the reader takes."""
@@ -45,7 +43,7 @@ def file_mode() -> int:
 
 
 @contextmanager
-def _temporary(path: Path, data: Data, mode: int) -> Iterator[str]:
+def _temporary(path: Path, data: Union[str, bytes], mode: int) -> Iterator[str]:
     """A temporary file next to ``path`` holding ``data`` (text as UTF-8, line endings as they are) with ``mode``,
     for the body to rename or link into place; removed on the way out whatever happens."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -61,13 +59,13 @@ def _temporary(path: Path, data: Data, mode: int) -> Iterator[str]:
         Path(tmp).unlink(missing_ok=True)
 
 
-def write_atomic(path: Path, data: Data, mode: Optional[int] = None) -> None:
+def write_atomic(path: Path, data: Union[str, bytes], mode: Optional[int] = None) -> None:
     """Replace (or create) ``path`` by ``data`` in one rename; ``mode``: the new file's (default: the umask's)."""
     with _temporary(path, data, file_mode() if mode is None else mode) as tmp:
         os.replace(tmp, path)
 
 
-def create_file(path: Path, data: Data) -> None:
+def create_file(path: Path, data: Union[str, bytes]) -> None:
     """Create ``path`` holding ``data`` in one step, never replacing an existing file (FileExistsError): readers
     see no file or the whole one. Mode: the umask's."""
     with _temporary(path, data, file_mode()) as tmp:

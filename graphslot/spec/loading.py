@@ -30,9 +30,8 @@ MAX_NAME_LOOKUP_BYTES = 1 << 20
 is_spec_name = is_identifier  # a bare name (``decode``), as opposed to a path (``specs/decode.yaml``)
 _CHOICES = {"axis": AXES, "padding": PADDINGS, "type": PARAM_TYPES, "device": ("cpu",)}
 _NOT_A_MAPPING = f"a spec is a mapping with keys {', '.join(TOP_KEYS)}"
-# Validated specs kept per process (RegistrySpec is frozen, so sharing one is safe): a file
-# by (path, mtime, size), a spec from code by its data. Registries built again and again
-# (an engine rebuilding one when a batch outgrows it) parse nothing twice.
+# Validated specs kept per process (RegistrySpec is frozen, so sharing one is safe): a file by (path, mtime, size), a
+# spec from code by its data. Registries built again and again (an engine rebuilding one) parse nothing twice.
 SPEC_CACHE_LIMIT = 256
 _SPECS: Dict[tuple, RegistrySpec] = {}
 
@@ -317,8 +316,8 @@ def _valid_parts(data: Dict[Any, Any], key: str, model: Any) -> List[Tuple[Any, 
 
 
 def _structural_issues(exc: ValidationError, data: Any, locations: Locations) -> List[SpecIssue]:
-    # The model keeps lists as tuples (a spec never changes), and pydantic's tuple validator adds
-    # a `too_short` to a sequence whose item failed (one it counts as missing): drop those.
+    # The model keeps lists as tuples (a spec never changes), and pydantic's tuple validator adds a `too_short` to a
+    # sequence whose item failed (one it counts as missing): drop those.
     errors = exc.errors()
     failed_items = {error["loc"][:-i] for error in errors for i in range(1, len(error["loc"]))}
     seen, issues = set(), []

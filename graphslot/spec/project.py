@@ -161,9 +161,6 @@ def validate_table(table: Any, text: str = "", path: Optional[Path] = None) -> D
     if not isinstance(specs, list) or not all(isinstance(s, str) and s.strip() for s in specs):
         error(where.table("specs"), f"{TABLE} specs must be a list of paths (strings), got {_shown(specs)}")
         specs = []
-    elif any(_unprintable(s) for s in specs):
-        error(where.table("specs"), f"{TABLE} specs: a path contains control characters")
-        specs = []
     for spec in specs:
         problem = output_dir_problem(spec) or (path and path_escape(path.parent, spec, "a file"))
         if problem:

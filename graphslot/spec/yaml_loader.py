@@ -23,7 +23,6 @@ MAX_YAML_NODES = 250_000
 INT_LIMIT = 2**63
 
 _STR_TAG = "tag:yaml.org,2002:str"
-_MERGE_TAG = "tag:yaml.org,2002:merge"
 _UNDEFINED = yaml.constructor.SafeConstructor.construct_undefined
 
 
@@ -106,7 +105,7 @@ class _Composer(*_LOADER):
     def compose_scalar_node(self, anchor=None) -> _Scalar:
         event = self.get_event()
         tag = self.resolve(yaml.ScalarNode, event.value, event.implicit)
-        if tag == _MERGE_TAG:
+        if tag == "tag:yaml.org,2002:merge":
             raise _Refused(event, "YAML merge keys (<<) are not allowed in a spec: write the keys out")
         node = yaml.ScalarNode(tag, event.value, event.start_mark, event.end_mark)
         try:
