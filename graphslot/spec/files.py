@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from contextlib import contextmanager
+import contextlib
 from pathlib import Path
 from typing import Iterator, Optional, Union
 
@@ -42,7 +42,7 @@ def file_mode() -> int:
     return 0o666 & ~umask
 
 
-@contextmanager
+@contextlib.contextmanager
 def _temporary(path: Path, data: Union[str, bytes], mode: int) -> Iterator[str]:
     """A temporary file next to ``path`` holding ``data`` (text as UTF-8, line endings as they are) with ``mode``,
     for the body to rename or link into place; removed on the way out whatever happens."""
@@ -79,7 +79,7 @@ def create_file(path: Path, data: Union[str, bytes]) -> None:
             os.replace(tmp, path)
 
 
-@contextmanager
+@contextlib.contextmanager
 def locked_file(path: Path, wait_s: float) -> Iterator[None]:
     """Hold an exclusive advisory lock (``flock``) on the file ``path`` names; LockTimeout after ``wait_s`` seconds.
     Replacing a file makes a new one, so once the lock is taken ``path`` must still name the locked file, else the
@@ -90,13 +90,12 @@ def locked_file(path: Path, wait_s: float) -> Iterator[None]:
         fd = os.open(path, flags)
         try:
             while fcntl is not None:
-                try:
+                with contextlib.suppress(BlockingIOError):
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise LockTimeout() from None
-                    time.sleep(0.005)
+                if time.monotonic() > deadline:
+                    raise LockTimeout()
+                time.sleep(0.005)
             held, now = os.fstat(fd), os.stat(path, follow_symlinks=False)
             if (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino):
                 yield

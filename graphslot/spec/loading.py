@@ -19,7 +19,7 @@ from .model import TOP_KEYS, ParamSpec, RegistrySpec, SlotSpec
 from .names import is_identifier
 from .project import find_pyproject, parse_pyproject
 from .pyproject_text import ProjectConfigError, read_pyproject
-from .yaml_loader import INT_LIMIT, MAX_YAML_DEPTH, MAX_YAML_NODES, Locations, line_of_position, load_yaml
+from .yaml_loader import INT_LIMIT, MAX_YAML_DEPTH, MAX_YAML_NODES, Locations, load_yaml
 
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "slot_specs"
 # Largest spec file read, in bytes (a spec is a few KiB; validation is linear in size).
@@ -28,6 +28,7 @@ SPEC_SUFFIXES = (".yaml", ".yml")
 # A spec's `name:` is read only to resolve a name; a file larger than this is not looked in.
 MAX_NAME_LOOKUP_BYTES = 1 << 20
 is_spec_name = is_identifier  # a bare name (``decode``), as opposed to a path (``specs/decode.yaml``)
+_SCALARS = (str, bool, int, float, type(None))
 _CHOICES = {"axis": AXES, "padding": PADDINGS, "type": PARAM_TYPES, "device": ("cpu",)}
 _NOT_A_MAPPING = f"a spec is a mapping with keys {', '.join(TOP_KEYS)}"
 # Validated specs kept per process (RegistrySpec is frozen, so sharing one is safe): a file by (path, mtime, size), a
@@ -110,10 +111,9 @@ def project_spec(name: str, specs: Sequence[Path]) -> Optional[Path]:
 
 
 def spec_path(name_or_path: Union[str, os.PathLike]) -> Path:
-    """A spec file by path, or by name: given to ``load_spec``, ``build_registry``, the CLI or an
-    ``[[tool.graphslot.outputs]]`` entry, a bare name (``decode``) means the spec listed under ``[tool.graphslot] specs``
-    of the project around the working directory whose file is ``NAME.yaml`` (or ``.yml``), else whose ``name:`` is
-    ``NAME``, before graphslot's shipped spec of that name."""
+    """A spec file by path, or by name (in ``load_spec``, the CLI, an ``[[tool.graphslot.outputs]]`` entry): ``NAME`` is
+    the spec under the ``[tool.graphslot] specs`` of the project around the working directory whose file is
+    ``NAME.yaml`` (or ``.yml``), else whose ``name:`` is ``NAME``, before graphslot's shipped spec of that name."""
     text = os.fspath(name_or_path)
     project = project_specs() if is_spec_name(text) else []
     for path in (project_spec(text, project), is_spec_name(text) and shipped_spec_path(text), Path(text)):
@@ -153,9 +153,6 @@ def spec_from_dict(
     # the data in its own order (a spec's param order shows in `graphslot show`)
     key = ("code", label, import_hooks, max_bytes, json.dumps(data, allow_nan=True))
     return _cached(key, lambda: _validated(data, Locations(label), "", import_hooks, max_bytes, []))
-
-
-_SCALARS = (str, bool, int, float, type(None))
 
 
 def _plain(item: Any) -> Any:
@@ -242,14 +239,13 @@ def parse_spec(
     nul = text.find("\x00")
     if nul >= 0:  # libyaml would stop at it without a word
         message = "YAML syntax error: control characters are not allowed (character #x0000)"
-        raise SpecError.at(path, line_of_position(text, nul), message)
+        raise SpecError.at(path, text.count("\n", 0, nul) + 1, message)
     loaded = load_yaml(text, path)
-    issues = list(loaded.issues)
     if loaded.fatal:
-        raise SpecError(issues)
+        raise SpecError(loaded.issues)
     if not isinstance(loaded.data, dict):
-        raise SpecError(issues + [SpecIssue(path, 1, _NOT_A_MAPPING)])
-    return _validated(loaded.data, loaded.locations, text, import_hooks, max_bytes, issues)
+        raise SpecError(loaded.issues + [SpecIssue(path, 1, _NOT_A_MAPPING)])
+    return _validated(loaded.data, loaded.locations, text, import_hooks, max_bytes, loaded.issues)
 
 
 def _validated(
@@ -340,9 +336,8 @@ def _structural_issues(exc: ValidationError, data: Any, locations: Locations) ->
             message = f"missing required key '{rest[0] if rest else '?'}'"
         elif kind == "extra_forbidden":
             parent = path[:-1]
-            allowed = TOP_KEYS if not parent else ()
-            if len(parent) == 2:
-                allowed = {"slots": SLOT_KEYS, "params": PARAM_KEYS}.get(parent[0], ())
+            nested = {"slots": SLOT_KEYS, "params": PARAM_KEYS}.get(parent[0], ()) if len(parent) == 2 else ()
+            allowed = nested if parent else TOP_KEYS
             hint = did_you_mean(path[-1], allowed) or (f"; allowed keys: {', '.join(allowed)}" if allowed else "")
             message = f"unknown key '{shorten(str(path[-1]), quote=False)}'{hint}"
         elif kind == "literal_error" and path and path[-1] in _CHOICES:

@@ -22,8 +22,12 @@ MAX_YAML_NODES = 250_000
 # Integers a spec may write: |value| < INT_LIMIT (a signed 64-bit value).
 INT_LIMIT = 2**63
 
+_TOO_DEEP = f"YAML nesting deeper than {MAX_YAML_DEPTH} levels: a spec needs only a few"
 _STR_TAG = "tag:yaml.org,2002:str"
 _UNDEFINED = yaml.constructor.SafeConstructor.construct_undefined
+# libyaml's parser when available (linear and fast), else PyYAML's own; either way PyYAML's composer (CSafeLoader
+# has its own in C), checked at every node.
+_LOADER = (yaml.composer.Composer, yaml.CSafeLoader) if yaml.__with_libyaml__ else (yaml.SafeLoader,)
 
 
 @dataclass
@@ -52,18 +56,6 @@ class _Refused(Exception):
     def __init__(self, event: yaml.Event, message: str):
         super().__init__(message)
         self.line, self.message = event.start_mark.line + 1, message
-
-
-def line_of_position(text: str, position: int) -> int:
-    return text.count("\n", 0, max(position, 0)) + 1
-
-
-_TOO_DEEP = f"YAML nesting deeper than {MAX_YAML_DEPTH} levels: a spec needs only a few"
-
-
-# libyaml's parser when available (linear and fast), else PyYAML's own; either way PyYAML's composer (CSafeLoader
-# has its own in C), checked at every node.
-_LOADER = (yaml.composer.Composer, yaml.CSafeLoader) if yaml.__with_libyaml__ else (yaml.SafeLoader,)
 
 
 class _Scalar(NamedTuple):  # small: a spec may hold many
@@ -168,7 +160,10 @@ def load_yaml(text: str, file: str) -> LoadedYaml:
     except yaml.reader.ReaderError as exc:
         char = exc.character
         shown = f"{char!r}" if isinstance(char, str) else f"#x{char:04x}" if isinstance(char, int) else "?"
-        line, message = line_of_position(text, exc.position), f"YAML syntax error: {exc.reason} (character {shown})"
+        line, message = (
+            text.count("\n", 0, max(exc.position, 0)) + 1,
+            f"YAML syntax error: {exc.reason} (character {shown})",
+        )
     except yaml.YAMLError as exc:
         line, message = None, f"YAML syntax error: {shorten(str(exc), 200, quote=False)}"
     finally:
