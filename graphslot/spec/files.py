@@ -4,10 +4,10 @@ with the umask's mode, create-only writes, an advisory lock, and paths as the us
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import time
-import contextlib
 from pathlib import Path
 from typing import Iterator, Optional, Union
 
@@ -48,14 +48,11 @@ def _temporary(path: Path, data: Union[str, bytes], mode: int) -> Iterator[str]:
     for the body to rename or link into place; removed on the way out whatever happens."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as f:
-            fd = -1
+        with open(fd, "wb") as f:
             f.write(data.encode("utf-8") if isinstance(data, str) else data)
         os.chmod(tmp, mode)
         yield tmp
     finally:
-        if fd != -1:
-            os.close(fd)
         Path(tmp).unlink(missing_ok=True)
 
 

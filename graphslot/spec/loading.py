@@ -253,10 +253,9 @@ def _validated(
 ) -> RegistrySpec:
     """Structural (pydantic) then cross-key validation of a spec's data (from ``locations.file``): every problem,
     sorted by line, as one SpecError."""
-    source = locations.file
     # Counts beyond the limits first: the checks evaluate every preset against params and slots.
     too_many = [
-        SpecIssue(source, locations.line((key,)), f"too many {key}: {len(data[key])} (at most {limit})")
+        SpecIssue(locations.file, locations.line((key,)), f"too many {key}: {len(data[key])} (at most {limit})")
         for key, limit in (("params", MAX_PARAMS), ("presets", MAX_PRESETS), ("slots", MAX_SLOTS))
         if isinstance(data.get(key), (dict, list)) and len(data[key]) > limit
     ]
@@ -270,17 +269,13 @@ def _validated(
     params = spec.params if spec else dict(_valid_parts(data, "params", ParamSpec))
     slots = list(enumerate(spec.slots)) if spec else _valid_parts(data, "slots", SlotSpec)
     presets = {k: v for k, v in _entries(data, "presets") if isinstance(v, dict)}
-    descriptions = [(("description",), data.get("description"))] + [
-        ((key, k, "description"), v.get("description"))
-        for key in ("params", "slots")
-        for k, v in _entries(data, key)
-        if isinstance(v, dict)
-    ]
+    described = [((), data)] + [((key, k), v) for key in ("params", "slots") for k, v in _entries(data, key)]
+    descriptions = [(p + ("description",), v.get("description")) for p, v in described if isinstance(v, dict)]
     issues += check_spec(
         params,
         presets,
         slots,
-        source,
+        locations.file,
         locations,
         name=data.get("name"),
         descriptions=[(p, text) for p, text in descriptions if isinstance(text, str)],
@@ -290,7 +285,7 @@ def _validated(
     )
     if issues:
         raise SpecError(sorted(issues, key=lambda i: i.line or 0))
-    spec._source, spec._text, spec._locations = source, text, locations
+    spec._source, spec._text, spec._locations = locations.file, text, locations
     return spec
 
 
