@@ -55,6 +55,8 @@ def _errors(tmp_path, text):
                                                      "is absolute; it must be relative to the directory of "
                                                      "pyproject.toml"),
     ('[tool.graphslot]\noutput_dir = ""\n', "pyproject.toml:2: [tool.graphslot] output_dir must not be empty"),
+    ('[tool.graphslot]\nspecs = ["specs/tiny.yaml", "a\\u202eb.yaml"]\n',  # names the path, as output_dir does
+     "pyproject.toml:2: [tool.graphslot] specs: 'a\\u202eb.yaml' contains control characters"),
     ('[tool.graphslot]\nimport_hooks = "yes"\n',
      "pyproject.toml:2: [tool.graphslot] import_hooks must be true or false, got a string"),
     ('[tool.graphslot]\noutputs = 3\n', "pyproject.toml:2: [tool.graphslot] outputs must be an array of "

@@ -17,9 +17,8 @@ from typing import Any, List, Mapping, NamedTuple, Optional, Tuple
 
 from ..spec.errors import SpecError, SpecIssue
 from ..spec.files import display_path, write_atomic
-from ..spec.loading import parse_spec, read_spec_text, shipped_spec_names, shipped_spec_path
+from ..spec.loading import is_spec_name, parse_spec, project_spec, read_spec_text, shipped_spec_names, shipped_spec_path
 from ..spec.project import OUTPUTS, TABLE, path_escape, validate_table
-from ..spec.project_specs import is_spec_name, project_spec
 from ..spec.pyproject_text import PYPROJECT, Locator, ProjectConfigError
 from ..spec.resolve import resolve_params
 from ..codegen.embedded import SHIPPED_LABEL

@@ -1,14 +1,13 @@
 """Files graphslot reads, writes and shows, done one way: bounded reads, atomic writes (a temporary file renamed
 or hard-linked into place: readers see the old file or the whole new one, and nothing is left behind, ^C included)
-with the umask's mode, create-only writes, an advisory lock, and paths as the user would type them. Torch-free.
-"""
+with the umask's mode, create-only writes, an advisory lock, and paths as the user would type them. Torch-free."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import time
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Optional, Union
 
@@ -16,8 +15,6 @@ try:
     import fcntl
 except ImportError:  # Windows
     fcntl = None  # type: ignore[assignment]
-
-Data = Union[str, bytes]
 
 
 class TooLarge(ValueError):
@@ -45,50 +42,41 @@ def file_mode() -> int:
     return 0o666 & ~umask
 
 
-def _temporary(path: Path, data: Data, mode: int) -> str:
-    """The name of a temporary file next to ``path`` holding ``data`` (text as UTF-8, line endings as they are)
-    with ``mode``. Nothing is left behind when this fails."""
+@contextlib.contextmanager
+def _temporary(path: Path, data: Union[str, bytes], mode: int) -> Iterator[str]:
+    """A temporary file next to ``path`` holding ``data`` (text as UTF-8, line endings as they are) with ``mode``,
+    for the body to rename or link into place; removed on the way out whatever happens."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as f:
-            fd = -1
+        with open(fd, "wb") as f:
             f.write(data.encode("utf-8") if isinstance(data, str) else data)
         os.chmod(tmp, mode)
-    except BaseException:
-        if fd != -1:
-            os.close(fd)
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return tmp
-
-
-def write_atomic(path: Path, data: Data, mode: Optional[int] = None) -> None:
-    """Replace (or create) ``path`` by ``data`` in one rename; ``mode``: the new file's (default: the umask's)."""
-    tmp = _temporary(path, data, file_mode() if mode is None else mode)
-    try:
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def create_file(path: Path, data: Data) -> None:
-    """Create ``path`` holding ``data`` in one step, never replacing an existing file (FileExistsError): readers
-    see no file or the whole one. Mode: the umask's."""
-    tmp = _temporary(path, data, file_mode())
-    try:
-        os.link(tmp, path)  # atomic, and fails when path exists
-    except FileExistsError:
-        raise
-    except OSError:  # a file system without hard links
-        if os.path.lexists(path):
-            raise FileExistsError(f"{path} exists") from None
-        os.replace(tmp, path)
+        yield tmp
     finally:
         Path(tmp).unlink(missing_ok=True)
 
 
-@contextmanager
+def write_atomic(path: Path, data: Union[str, bytes], mode: Optional[int] = None) -> None:
+    """Replace (or create) ``path`` by ``data`` in one rename; ``mode``: the new file's (default: the umask's)."""
+    with _temporary(path, data, file_mode() if mode is None else mode) as tmp:
+        os.replace(tmp, path)
+
+
+def create_file(path: Path, data: Union[str, bytes]) -> None:
+    """Create ``path`` holding ``data`` in one step, never replacing an existing file (FileExistsError): readers
+    see no file or the whole one. Mode: the umask's."""
+    with _temporary(path, data, file_mode()) as tmp:
+        try:
+            os.link(tmp, path)  # atomic, and fails when path exists
+        except FileExistsError:
+            raise
+        except OSError:  # a file system without hard links
+            if os.path.lexists(path):
+                raise FileExistsError(f"{path} exists") from None
+            os.replace(tmp, path)
+
+
+@contextlib.contextmanager
 def locked_file(path: Path, wait_s: float) -> Iterator[None]:
     """Hold an exclusive advisory lock (``flock``) on the file ``path`` names; LockTimeout after ``wait_s`` seconds.
     Replacing a file makes a new one, so once the lock is taken ``path`` must still name the locked file, else the
@@ -99,13 +87,12 @@ def locked_file(path: Path, wait_s: float) -> Iterator[None]:
         fd = os.open(path, flags)
         try:
             while fcntl is not None:
-                try:
+                with contextlib.suppress(BlockingIOError):
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise LockTimeout() from None
-                    time.sleep(0.005)
+                if time.monotonic() > deadline:
+                    raise LockTimeout()
+                time.sleep(0.005)
             held, now = os.fstat(fd), os.stat(path, follow_symlinks=False)
             if (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino):
                 yield

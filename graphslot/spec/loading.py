@@ -1,30 +1,38 @@
-"""Reading spec files: YAML → structural validation → cross-key checks → RegistrySpec."""
+"""Reading spec files: which file a spec name means, YAML → structural validation → cross-key checks → RegistrySpec."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from pydantic import ValidationError
 
 from .checks import DEFAULT_MAX_BYTES, check_spec
 from .errors import SpecError, SpecIssue, did_you_mean, one_of, shorten
 from .files import TooLarge, display_path, read_bounded
-from .project_specs import is_spec_name, project_spec, project_spec_names, project_specs
 from .model import AXES, MAX_PARAMS, MAX_PRESETS, MAX_SLOTS, PADDINGS, PARAM_KEYS, PARAM_TYPES, SLOT_KEYS
 from .model import TOP_KEYS, ParamSpec, RegistrySpec, SlotSpec
-from .yaml_loader import INT_LIMIT, MAX_YAML_DEPTH, MAX_YAML_NODES, Locations, line_of_position, load_yaml
+from .names import is_identifier
+from .project import find_pyproject, parse_pyproject
+from .pyproject_text import ProjectConfigError, read_pyproject
+from .yaml_loader import INT_LIMIT, MAX_YAML_DEPTH, MAX_YAML_NODES, Locations, load_yaml
 
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "slot_specs"
 # Largest spec file read, in bytes (a spec is a few KiB; validation is linear in size).
 MAX_SPEC_BYTES = 16 << 20
+SPEC_SUFFIXES = (".yaml", ".yml")
+# A spec's `name:` is read only to resolve a name; a file larger than this is not looked in.
+MAX_NAME_LOOKUP_BYTES = 1 << 20
+is_spec_name = is_identifier  # a bare name (``decode``), as opposed to a path (``specs/decode.yaml``)
+_SCALARS = (str, bool, int, float, type(None))
 _CHOICES = {"axis": AXES, "padding": PADDINGS, "type": PARAM_TYPES, "device": ("cpu",)}
 _NOT_A_MAPPING = f"a spec is a mapping with keys {', '.join(TOP_KEYS)}"
-# Validated specs kept per process (RegistrySpec is frozen, so sharing one is safe): a file
-# by (path, mtime, size), a spec from code by its data. Registries built again and again
-# (an engine rebuilding one when a batch outgrows it) parse nothing twice.
+# Validated specs kept per process (RegistrySpec is frozen, so sharing one is safe): a file by (path, mtime, size), a
+# spec from code by its data. Registries built again and again (an engine rebuilding one) parse nothing twice.
 SPEC_CACHE_LIMIT = 256
 _SPECS: Dict[tuple, RegistrySpec] = {}
 
@@ -55,35 +63,73 @@ def is_shipped(path: Union[str, os.PathLike]) -> bool:
         return False
 
 
+def project_specs(start: Union[str, Path, None] = None) -> List[Path]:
+    """The specs the project around ``start`` (default: the working directory) lists, kept per pyproject.toml version;
+    a SpecError when ``[tool.graphslot]`` cannot be read, since then no name can be told apart from a shipped one."""
+    path = find_pyproject(Path.cwd() if start is None else start)
+    if path is None:
+        return []
+    try:
+        stat = path.stat()
+    except OSError:  # reading it says why
+        return list(_listed.__wrapped__(path))
+    return list(_listed(path, stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=64)
+def _listed(path: Path, *version: int) -> Tuple[Path, ...]:
+    """The specs the pyproject.toml at ``path`` lists, cached by its ``version`` (mtime and size)."""
+    try:
+        return tuple(parse_pyproject(path, read_pyproject(path)).specs)
+    except ProjectConfigError as exc:
+        why = "cannot tell which spec a name means while [tool.graphslot] is unreadable: fix it, or pass the"
+        raise SpecError([*exc.issues, SpecIssue(exc.issues[0].file, None, why + " spec's path")]) from None
+
+
+def declared_name(path: Path) -> Optional[str]:
+    """The ``name:`` a spec file declares, when it can be read (else None: validation says what is wrong)."""
+    try:
+        text = read_bounded(path, MAX_NAME_LOOKUP_BYTES).decode("utf-8")
+    except (OSError, TooLarge, UnicodeDecodeError):
+        return None
+    data = load_yaml(text.removeprefix("\ufeff"), display_path(path)).data
+    name = data.get("name") if isinstance(data, dict) else None
+    return name if isinstance(name, str) else None
+
+
+def project_spec(name: str, specs: Sequence[Path]) -> Optional[Path]:
+    """The spec among ``specs`` that ``name`` means (None when there is none); two of the same rank are
+    ambiguous: a SpecError naming both."""
+    existing = [p for p in dict.fromkeys(specs) if p.is_file()]
+    by_file = [p for p in existing if p.stem == name and p.suffix in SPEC_SUFFIXES]
+    matches = by_file or [p for p in existing if declared_name(p) == name]
+    if len(matches) > 1:
+        shown = ", ".join(display_path(p) for p in matches)
+        why = f"the spec name '{name}' matches several of the project's specs ({shown}); pass the path of the one"
+        raise SpecError([SpecIssue(name, None, why + " you mean")])
+    return matches[0] if matches else None
+
+
 def spec_path(name_or_path: Union[str, os.PathLike]) -> Path:
-    """A spec name -- the project's own spec of that name first (:mod:`.project_specs`),
-    else a shipped spec (``decode``) -- or a path to a YAML file."""
+    """A spec file by path, or by name (in ``load_spec``, the CLI, an ``[[tool.graphslot.outputs]]`` entry): ``NAME`` is
+    the spec under the ``[tool.graphslot] specs`` of the project around the working directory whose file is
+    ``NAME.yaml`` (or ``.yml``), else whose ``name:`` is ``NAME``, before graphslot's shipped spec of that name."""
     text = os.fspath(name_or_path)
     project = project_specs() if is_spec_name(text) else []
-    found = project_spec(text, project) if project else None
-    if found is not None:
-        return found
-    if is_spec_name(text) and shipped_spec_path(text).is_file():  # what shipped_spec_names() lists
-        return shipped_spec_path(text)
-    path = Path(text)
-    if not path.is_file():
-        names, shipped = project_spec_names(project), shipped_spec_names()
-        known = (f"; the project's specs are: {one_of(names)}" if names else "") + "; shipped specs are: "
-        raise SpecError.at(
-            text, None, "no such spec file" + known + one_of(shipped) + did_you_mean(text, names + shipped)
-        )
-    return path
+    for path in (project_spec(text, project), is_spec_name(text) and shipped_spec_path(text), Path(text)):
+        if path and path.is_file():
+            return path
+    names, shipped = sorted({p.stem for p in project}), shipped_spec_names()
+    known = (f"; the project's specs are: {one_of(names)}" if names else "") + "; shipped specs are: "
+    raise SpecError.at(text, None, "no such spec file" + known + one_of(shipped) + did_you_mean(text, names + shipped))
 
 
 def load_spec(
     name_or_path: Union[str, os.PathLike], *, import_hooks: bool = False, max_bytes: Optional[int] = None
 ) -> RegistrySpec:
-    """Load a spec by name (the project's own, else a shipped one: :func:`spec_path`) or by path.
-
-    ``import_hooks``: import ``module:function`` hooks and check their signatures (off: no
-    user code runs). ``max_bytes``: the cap on the bytes the spec declares at the validation
-    capacities (default :data:`graphslot.spec.checks.DEFAULT_MAX_BYTES`).
-    """
+    """Load a spec by name (the project's own, else a shipped one: :func:`spec_path`) or by path. ``import_hooks``:
+    import ``module:function`` hooks and check their signatures (off: no user code runs). ``max_bytes``: the cap on
+    the bytes the spec declares at the validation capacities (default :data:`.checks.DEFAULT_MAX_BYTES`)."""
     path = spec_path(name_or_path)
     source = display_path(path)
 
@@ -101,23 +147,12 @@ def load_spec(
 def spec_from_dict(
     data: Mapping[str, Any], label: str = "<code>", *, import_hooks: bool = False, max_bytes: Optional[int] = None
 ) -> RegistrySpec:
-    """A spec built in code: the mapping a YAML spec file holds (dicts, lists, str, int,
-    float, bool, None), validated as :func:`parse_spec` does. Errors name ``label`` (the
-    spec's ``path``) and the slot, with no line. ``RegistrySpec.to_dict()`` gives a shipped
-    spec as such data, to derive one from it."""
+    """A spec built in code from the data a YAML spec holds (``RegistrySpec.to_dict()`` gives a shipped one's), validated
+    as :func:`parse_spec` does; errors name ``label`` (the spec's ``path``) and the slot, with no line."""
     data = _plain_copy(data, label)
     # the data in its own order (a spec's param order shows in `graphslot show`)
     key = ("code", label, import_hooks, max_bytes, json.dumps(data, allow_nan=True))
-    return _cached(key, lambda: _validated(data, Locations(label), label, "", import_hooks, max_bytes, []))
-
-
-_SCALARS = (str, bool, int, float, type(None))
-
-
-def _type_name(kind: type) -> str:
-    """``bool``, ``numpy.bool``, ``torch.dtype``: a type as an error names it."""
-    module = getattr(kind, "__module__", "builtins")
-    return kind.__qualname__ if module == "builtins" else f"{module.split('.')[0]}.{kind.__qualname__}"
+    return _cached(key, lambda: _validated(data, Locations(label), "", import_hooks, max_bytes, []))
 
 
 def _plain(item: Any) -> Any:
@@ -131,17 +166,15 @@ def _plain(item: Any) -> Any:
 
 
 def _plain_copy(data: Any, source: str) -> Dict[str, Any]:
-    """``data`` as plain dicts and lists, within the YAML reader's limits; anything else
-    is a SpecError naming where it sits (``slots[2].shape[0]``). A sequence is read by
-    iterating it (never by trusting its ``len``)."""
+    """``data`` as plain dicts and lists within the YAML reader's limits, else a SpecError naming where the value sits
+    (``slots[2].shape[0]``). A sequence is read by iterating it, never by trusting its ``len``."""
     if not isinstance(data, Mapping):
         raise SpecError.at(source, None, f"{_NOT_A_MAPPING}, got {type(data).__name__}")
-    root: Dict[str, Any] = {}
-    stack: List[Tuple[Any, Any, Tuple[Any, ...]]] = [(data, root, ())]
     nodes = 0
-    while stack:
-        value, into, path = stack.pop()
-        mapping = isinstance(value, Mapping)
+
+    def copy(value: Any, path: Tuple[Any, ...]) -> Any:
+        nonlocal nodes
+        mapping, out = isinstance(value, Mapping), {}  # a list's items by index, in order
         for key, item in value.items() if mapping else enumerate(value):
             nodes += 1
             if mapping and not isinstance(key, str):
@@ -149,28 +182,26 @@ def _plain_copy(data: Any, source: str) -> Dict[str, Any]:
                     source, None, f"{_data_path(path) or 'the spec'}: key {shorten(key)} is not a string"
                 )
             key, item = _plain(key), _plain(item)
-            problem = None
+            kind, problem = type(item), None
             if nodes > MAX_YAML_NODES:
                 problem = f"more than {MAX_YAML_NODES} values"
             elif len(path) >= MAX_YAML_DEPTH:
                 problem = f"nested deeper than {MAX_YAML_DEPTH} levels"
-            elif type(item) is int and abs(item) >= INT_LIMIT:
+            elif kind is int and abs(item) >= INT_LIMIT:
                 problem = f"integer {shorten(item)} out of range (|value| < 2**63)"
-            elif type(item) not in _SCALARS and not isinstance(item, (Mapping, list, tuple)):
+            elif kind not in _SCALARS and not isinstance(item, (Mapping, list, tuple)):
+                module = kind.__module__.split(".")[0]  # `bool`, `numpy.bool`, `torch.dtype`
+                name = kind.__qualname__ if module == "builtins" else f"{module}.{kind.__qualname__}"
                 problem = (
-                    f"{_type_name(type(item))} is not plain data: a spec from code holds only dicts, lists, "
-                    "str, int, float, bool and None (a dtype by its name: 'int64')"
+                    f"{name} is not plain data: a spec from code holds only dicts, lists, str, int, float, bool and "
+                    "None (a dtype by its name: 'int64')"
                 )
             if problem is not None:
                 raise SpecError.at(source, None, f"{_data_path(path + (key,))}: {problem}")
-            if not mapping:
-                into.append(None)  # the list grows as its items are read
-            if type(item) in _SCALARS:
-                into[key] = item
-            else:
-                into[key] = {} if isinstance(item, Mapping) else []
-                stack.append((item, into[key], path + (key,)))
-    return root
+            out[key] = item if kind in _SCALARS else copy(item, path + (key,))
+        return out if mapping else list(out.values())
+
+    return copy(data, ())
 
 
 def _data_path(path: Tuple[Any, ...]) -> str:
@@ -208,30 +239,23 @@ def parse_spec(
     nul = text.find("\x00")
     if nul >= 0:  # libyaml would stop at it without a word
         message = "YAML syntax error: control characters are not allowed (character #x0000)"
-        raise SpecError.at(path, line_of_position(text, nul), message)
+        raise SpecError.at(path, text.count("\n", 0, nul) + 1, message)
     loaded = load_yaml(text, path)
-    issues = list(loaded.issues)
     if loaded.fatal:
-        raise SpecError(issues)
+        raise SpecError(loaded.issues)
     if not isinstance(loaded.data, dict):
-        raise SpecError(issues + [SpecIssue(path, 1, _NOT_A_MAPPING)])
-    return _validated(loaded.data, loaded.locations, path, text, import_hooks, max_bytes, issues)
+        raise SpecError(loaded.issues + [SpecIssue(path, 1, _NOT_A_MAPPING)])
+    return _validated(loaded.data, loaded.locations, text, import_hooks, max_bytes, loaded.issues)
 
 
 def _validated(
-    data: Dict[Any, Any],
-    locations: Locations,
-    source: str,
-    text: str,
-    import_hooks: bool,
-    max_bytes: Optional[int],
-    issues: List[SpecIssue],
+    data: Dict[Any, Any], locations: Locations, text: str, import_hooks: bool, max_bytes: Optional[int], issues: list
 ) -> RegistrySpec:
-    """Structural (pydantic) then cross-key validation of a spec's data: every problem,
+    """Structural (pydantic) then cross-key validation of a spec's data (from ``locations.file``): every problem,
     sorted by line, as one SpecError."""
     # Counts beyond the limits first: the checks evaluate every preset against params and slots.
     too_many = [
-        SpecIssue(source, locations.line((key,)), f"too many {key}: {len(data[key])} (at most {limit})")
+        SpecIssue(locations.file, locations.line((key,)), f"too many {key}: {len(data[key])} (at most {limit})")
         for key, limit in (("params", MAX_PARAMS), ("presets", MAX_PRESETS), ("slots", MAX_SLOTS))
         if isinstance(data.get(key), (dict, list)) and len(data[key]) > limit
     ]
@@ -245,17 +269,13 @@ def _validated(
     params = spec.params if spec else dict(_valid_parts(data, "params", ParamSpec))
     slots = list(enumerate(spec.slots)) if spec else _valid_parts(data, "slots", SlotSpec)
     presets = {k: v for k, v in _entries(data, "presets") if isinstance(v, dict)}
-    descriptions = [(("description",), data.get("description"))] + [
-        ((key, k, "description"), v.get("description"))
-        for key in ("params", "slots")
-        for k, v in _entries(data, key)
-        if isinstance(v, dict)
-    ]
+    described = [((), data)] + [((key, k), v) for key in ("params", "slots") for k, v in _entries(data, key)]
+    descriptions = [(p + ("description",), v.get("description")) for p, v in described if isinstance(v, dict)]
     issues += check_spec(
         params,
         presets,
         slots,
-        source,
+        locations.file,
         locations,
         name=data.get("name"),
         descriptions=[(p, text) for p, text in descriptions if isinstance(text, str)],
@@ -265,7 +285,7 @@ def _validated(
     )
     if issues:
         raise SpecError(sorted(issues, key=lambda i: i.line or 0))
-    spec._source, spec._text, spec._locations = source, text, locations
+    spec._source, spec._text, spec._locations = locations.file, text, locations
     return spec
 
 
@@ -281,39 +301,27 @@ def _valid_parts(data: Dict[Any, Any], key: str, model: Any) -> List[Tuple[Any, 
     """The entries of the params mapping or slots list that validate on their own."""
     parts = []
     for name, value in _entries(data, key):
-        try:
+        with contextlib.suppress(ValidationError):
             parts.append((name, model.model_validate(value)))
-        except ValidationError:
-            pass
     return parts
 
 
-def _document_path(loc: Tuple[Any, ...], data: Any) -> Tuple[Tuple[Any, ...], Tuple[Any, ...]]:
-    """Split a pydantic ``loc`` into the part that exists in the document and the rest
-    (union-member tags such as ``'int'``, or the name of a missing key)."""
-    node = data
-    for i, part in enumerate(loc):
-        if isinstance(node, dict) and part in node or isinstance(node, list) and part in range(len(node)):
-            node = node[part]
-        else:
-            return tuple(loc[:i]), tuple(loc[i:])
-    return tuple(loc), ()
-
-
 def _structural_issues(exc: ValidationError, data: Any, locations: Locations) -> List[SpecIssue]:
-    # The model keeps lists as tuples (a spec never changes), and pydantic's tuple validator adds
-    # a `too_short` to a sequence whose item failed (one it counts as missing): drop those.
+    # The model keeps lists as tuples (a spec never changes), and pydantic's tuple validator adds a `too_short` to a
+    # sequence whose item failed (one it counts as missing): drop those.
     errors = exc.errors()
     failed_items = {error["loc"][:-i] for error in errors for i in range(1, len(error["loc"]))}
     seen, issues = set(), []
     for error in errors:
-        kind, msg = (
-            error["type"],
-            error["msg"].replace("valid tuple", "valid list").replace("Tuple should", "List should"),
-        )
+        kind = error["type"]
         if kind == "too_short" and error["loc"] in failed_items:
             continue
-        path, rest = _document_path(error["loc"], data)
+        path, node = (), data  # the part of the loc in the document; the rest: union tags ('int') or a missing key
+        for part in error["loc"]:
+            if not (isinstance(node, dict) and part in node or isinstance(node, list) and part in range(len(node))):
+                break
+            path, node = path + (part,), node[part]
+        rest = tuple(error["loc"][len(path) :])
         if rest[-1:] == ("[key]",):
             message = (
                 f"key {shorten(error['input'])} is not a string: YAML reads unquoted on/off/yes/no/true/false "
@@ -323,9 +331,8 @@ def _structural_issues(exc: ValidationError, data: Any, locations: Locations) ->
             message = f"missing required key '{rest[0] if rest else '?'}'"
         elif kind == "extra_forbidden":
             parent = path[:-1]
-            allowed = TOP_KEYS if not parent else ()
-            if len(parent) == 2:
-                allowed = {"slots": SLOT_KEYS, "params": PARAM_KEYS}.get(parent[0], ())
+            nested = {"slots": SLOT_KEYS, "params": PARAM_KEYS}.get(parent[0], ()) if len(parent) == 2 else ()
+            allowed = nested if parent else TOP_KEYS
             hint = did_you_mean(path[-1], allowed) or (f"; allowed keys: {', '.join(allowed)}" if allowed else "")
             message = f"unknown key '{shorten(str(path[-1]), quote=False)}'{hint}"
         elif kind == "literal_error" and path and path[-1] in _CHOICES:
@@ -336,19 +343,15 @@ def _structural_issues(exc: ValidationError, data: Any, locations: Locations) ->
             )
         else:
             key = shorten(".".join(str(p) for p in path[2:] or path[-1:]), quote=False) or "spec"
+            msg = error["msg"].replace("valid tuple", "valid list").replace("Tuple should", "List should")
             message = f"bad value for '{key}': {shorten(msg.lower(), 200, quote=False)} (got {shorten(error['input'])})"
         # A union field yields one error per member type: report the value once.
         dedup = (path, message) if kind in ("missing", "extra_forbidden") else (path, "value")
         if dedup not in seen:
             seen.add(dedup)
-            issues.append(SpecIssue(locations.file, locations.line(path), message, _slot_name(path, data)))
+            in_slot = len(path) > 1 and path[0] == "slots" and isinstance(data["slots"], list)
+            slot = data["slots"][path[1]] if in_slot else None
+            name = slot.get("name") if isinstance(slot, dict) else None
+            slot_name = shorten(name, quote=False) if isinstance(name, str) else None
+            issues.append(SpecIssue(locations.file, locations.line(path), message, slot_name))
     return issues
-
-
-def _slot_name(path: Tuple[Any, ...], data: Any) -> Optional[str]:
-    slot = (
-        data["slots"][path[1]]
-        if len(path) >= 2 and path[0] == "slots" and isinstance(data.get("slots"), list)
-        else None
-    )
-    return shorten(slot["name"], quote=False) if isinstance(slot, dict) and isinstance(slot.get("name"), str) else None

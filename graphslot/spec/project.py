@@ -1,6 +1,5 @@
 """A project's ``[tool.graphslot]`` table in pyproject.toml (docs/generate.md), validated as strictly as a spec:
-it arrives in pull requests, so an unknown key or a wrongly typed value is an error naming ``pyproject.toml:LINE``.
-"""
+it arrives in pull requests, so an unknown key or a wrongly typed value is an error naming ``pyproject.toml:LINE``."""
 
 from __future__ import annotations
 
@@ -18,6 +17,7 @@ TABLE = "[tool.graphslot]"
 OUTPUTS = "[[tool.graphslot.outputs]]"
 TABLE_KEYS = ("specs", "output_dir", "outputs", "import_hooks")
 OUTPUT_KEYS = ("module", "spec", "preset", "params")
+_TYPES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array", dict: "a table"}
 
 
 @dataclass(frozen=True)
@@ -49,15 +49,7 @@ def find_pyproject(start_dir: Union[str, Path]) -> Optional[Path]:
 
 
 def _type_name(value: Any) -> str:
-    names = {
-        bool: "a boolean",
-        int: "an integer",
-        float: "a number",
-        str: "a string",
-        list: "an array",
-        dict: "a table",
-    }
-    return names.get(type(value), type(value).__name__)
+    return _TYPES.get(type(value), type(value).__name__)
 
 
 def _shown(value: Any) -> str:
@@ -168,9 +160,6 @@ def validate_table(table: Any, text: str = "", path: Optional[Path] = None) -> D
     specs = table.get("specs", [])
     if not isinstance(specs, list) or not all(isinstance(s, str) and s.strip() for s in specs):
         error(where.table("specs"), f"{TABLE} specs must be a list of paths (strings), got {_shown(specs)}")
-        specs = []
-    elif any(_unprintable(s) for s in specs):
-        error(where.table("specs"), f"{TABLE} specs: a path contains control characters")
         specs = []
     for spec in specs:
         problem = output_dir_problem(spec) or (path and path_escape(path.parent, spec, "a file"))

@@ -1,7 +1,6 @@
 """pyproject.toml as untrusted text: read it (bounded), parse it (refusing what makes tomllib superlinear), find
 the lines of its keys (tomllib reports none). Every scan is linear: no regular expression whose repeated parts can
-match the same text two ways (an old header pattern took two minutes on a line of "[" and 4 KB of spaces).
-"""
+match the same text two ways (an old header pattern took two minutes on a line of "[" and 4 KB of spaces)."""
 
 from __future__ import annotations
 

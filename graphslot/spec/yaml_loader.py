@@ -1,8 +1,7 @@
 """YAML loading that remembers the line of every value and reports duplicate keys (PyYAML's ``safe_load`` does
 neither), with bounded resources: spec files are untrusted, so the composer refuses, with the line and before it
 recurses further, what a spec never needs (aliases, anchors, tags, merge and complex keys, deep nesting, too many
-values, integers beyond 64 bits, a second document: graphslot/slot_specs/README.md, "Untrusted specs").
-"""
+values, integers beyond 64 bits, a second document: graphslot/slot_specs/README.md, "Untrusted specs")."""
 
 from __future__ import annotations
 
@@ -23,9 +22,12 @@ MAX_YAML_NODES = 250_000
 # Integers a spec may write: |value| < INT_LIMIT (a signed 64-bit value).
 INT_LIMIT = 2**63
 
+_TOO_DEEP = f"YAML nesting deeper than {MAX_YAML_DEPTH} levels: a spec needs only a few"
 _STR_TAG = "tag:yaml.org,2002:str"
-_MERGE_TAG = "tag:yaml.org,2002:merge"
 _UNDEFINED = yaml.constructor.SafeConstructor.construct_undefined
+# libyaml's parser when available (linear and fast), else PyYAML's own; either way PyYAML's composer (CSafeLoader
+# has its own in C), checked at every node.
+_LOADER = (yaml.composer.Composer, yaml.CSafeLoader) if yaml.__with_libyaml__ else (yaml.SafeLoader,)
 
 
 @dataclass
@@ -56,37 +58,22 @@ class _Refused(Exception):
         self.line, self.message = event.start_mark.line + 1, message
 
 
-def line_of_position(text: str, position: int) -> int:
-    return text.count("\n", 0, max(position, 0)) + 1
-
-
-_TOO_DEEP = "YAML nesting deeper than {} levels: a spec needs only a few"
-
-
-# libyaml's parser when available (linear and fast), else PyYAML's own; either way PyYAML's composer, checked at
-# every node.
-_EVENTS = (
-    (yaml.cyaml.CParser,) if yaml.__with_libyaml__ else (yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser)
-)
-
-
 class _Scalar(NamedTuple):  # small: a spec may hold many
     data: Any
     line: int
 
 
-class _Composer(yaml.composer.Composer, *_EVENTS, yaml.constructor.SafeConstructor, yaml.resolver.Resolver):
-    def __init__(self, text: str, max_depth: int, max_nodes: int):
-        _EVENTS[0].__init__(self, text)
-        for base in (*_EVENTS[1:], yaml.composer.Composer, yaml.constructor.SafeConstructor):
-            base.__init__(self)
-        self.max_depth, self.max_nodes, self.depth, self.nodes = max_depth, max_nodes, 0, 0
+class _Composer(*_LOADER):
+    def __init__(self, text: str):
+        _LOADER[-1].__init__(self, text)
+        yaml.composer.Composer.__init__(self)
+        self.depth, self.nodes = 0, 0
 
     def compose_node(self, parent, index):
         event = self.peek_event()
         self.nodes += 1
-        if self.nodes > self.max_nodes:
-            raise _Refused(event, f"more than {self.max_nodes} YAML values: a spec holds a few hundred")
+        if self.nodes > MAX_YAML_NODES:
+            raise _Refused(event, f"more than {MAX_YAML_NODES} YAML values: a spec holds a few hundred")
         if isinstance(event, yaml.AliasEvent):
             raise _Refused(event, "YAML aliases (*name) are not allowed in a spec: write the value out")
         if event.anchor is not None:
@@ -99,8 +86,8 @@ class _Composer(yaml.composer.Composer, *_EVENTS, yaml.constructor.SafeConstruct
             return self.compose_scalar_node()
         if isinstance(parent, yaml.MappingNode) and index is None:  # a mapping key
             raise _Refused(event, "mapping keys must be plain scalars, not a list or a mapping (? [a, b]: …)")
-        if self.depth >= self.max_depth:
-            raise _Refused(event, _TOO_DEEP.format(self.max_depth))
+        if self.depth >= MAX_YAML_DEPTH:
+            raise _Refused(event, _TOO_DEEP)
         self.depth += 1
         node = super().compose_node(parent, index)
         self.depth -= 1
@@ -110,7 +97,7 @@ class _Composer(yaml.composer.Composer, *_EVENTS, yaml.constructor.SafeConstruct
     def compose_scalar_node(self, anchor=None) -> _Scalar:
         event = self.get_event()
         tag = self.resolve(yaml.ScalarNode, event.value, event.implicit)
-        if tag == _MERGE_TAG:
+        if tag == "tag:yaml.org,2002:merge":
             raise _Refused(event, "YAML merge keys (<<) are not allowed in a spec: write the keys out")
         node = yaml.ScalarNode(tag, event.value, event.start_mark, event.end_mark)
         try:
@@ -140,21 +127,19 @@ def _data(node: yaml.Node, path: Path, locations: Locations, issues: List[SpecIs
     if isinstance(node, yaml.SequenceNode):
         return [_data(item, path + (i,), locations, issues) for i, item in enumerate(node.value)]
     result: Dict[Any, Any] = {}
-    first_seen: Dict[Any, int] = {}
     for key_node, value_node in node.value:
         key, line = key_node.data, key_node.line
-        if key in first_seen:
-            message = f"duplicate key '{shorten(str(key), quote=False)}' (first at line {first_seen[key]})"
-            message += "; YAML would silently keep the last one: remove one of them"
-            issues.append(SpecIssue(locations.file, line, message))
+        if key in result:
+            first = locations.lines[path + (key,)]
+            message = f"duplicate key '{shorten(str(key), quote=False)}' (first at line {first}); YAML would silently"
+            issues.append(SpecIssue(locations.file, line, message + " keep the last one: remove one of them"))
             continue
-        first_seen[key] = line
         locations.lines[path + (key,)] = line
         result[key] = _data(value_node, path + (key,), locations, issues)
     return result
 
 
-def load_yaml(text: str, file: str, *, max_depth: int = MAX_YAML_DEPTH, max_nodes: int = MAX_YAML_NODES) -> LoadedYaml:
+def load_yaml(text: str, file: str) -> LoadedYaml:
     """Parse ``text``; syntax errors, refused constructs and duplicate keys come back as issues."""
     locations, issues = Locations(file), []
     # Building many small containers makes the cyclic GC rescan the growing heap again and again (quadratic in the
@@ -162,7 +147,7 @@ def load_yaml(text: str, file: str, *, max_depth: int = MAX_YAML_DEPTH, max_node
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        node = _Composer(text, max_depth, max_nodes).compose_spec()
+        node = _Composer(text).compose_spec()
         return LoadedYaml(None if node is None else _data(node, (), locations, issues), locations, issues)
     except _Refused as exc:
         line, message = exc.line, exc.message
@@ -171,11 +156,14 @@ def load_yaml(text: str, file: str, *, max_depth: int = MAX_YAML_DEPTH, max_node
         line = mark.line + 1 if mark is not None else None
         message = f"YAML syntax error: {exc.context + ', ' if exc.context else ''}{exc.problem or exc}"
         if "maximum nesting depth" in (exc.problem or ""):
-            message = _TOO_DEEP.format(max_depth)  # libyaml (PyYAML >= 6.0.4) has its own, higher, depth limit
+            message = _TOO_DEEP  # libyaml (PyYAML >= 6.0.4) has its own, higher, depth limit
     except yaml.reader.ReaderError as exc:
         char = exc.character
         shown = f"{char!r}" if isinstance(char, str) else f"#x{char:04x}" if isinstance(char, int) else "?"
-        line, message = line_of_position(text, exc.position), f"YAML syntax error: {exc.reason} (character {shown})"
+        line, message = (
+            text.count("\n", 0, max(exc.position, 0)) + 1,
+            f"YAML syntax error: {exc.reason} (character {shown})",
+        )
     except yaml.YAMLError as exc:
         line, message = None, f"YAML syntax error: {shorten(str(exc), 200, quote=False)}"
     finally:
