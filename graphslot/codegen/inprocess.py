@@ -16,7 +16,7 @@ from ..spec.model import RegistrySpec
 from ..registry.base import SlotRegistry
 from ..spec.resolve import ResolvedSlot
 from .embedded import module_name, module_params, refuse_foreign, same_spec_file
-from .emitter import params_literal, structural_params
+from .emitter import params_literal, structural_params, value_source
 from .handshake import version_incompatibility
 
 _MODULES: Dict[tuple, types.ModuleType] = {}
@@ -57,7 +57,8 @@ def check_module(module: Any, spec: RegistrySpec, params: Mapping[str, Any]) -> 
         problems.append(f"generated module '{name}' {old}; run `graphslot generate`")
     elif module.SPEC_IDENTITY != spec.identity:
         problems.append(_other_spec(module, spec))
-    expected, got = _sources(structural_params(spec, params)), _sources(module_params(module))
+    expected = {k: value_source(v) for k, v in structural_params(spec, params).items()}
+    got = {k: value_source(v) for k, v in module_params(module).items()}
     differing = sorted(k for k in expected.keys() | got.keys() if expected.get(k) != got.get(k))
     if differing:
         shown = [f"{k} (module: {got.get(k, 'absent')}, registry: {expected.get(k, 'absent')})" for k in differing]
@@ -102,11 +103,6 @@ def _bound(module: Any, spec: RegistrySpec, bound: Any) -> tuple:
     if isinstance(bound, tuple):
         got = f"a {len(bound)}-tuple of {', '.join(type(f).__name__ for f in bound)}"
     raise _damaged(module, spec, "bind", got, "(fill_from, extract), two callables")
-
-
-def _sources(params: Mapping[str, Any]) -> Dict[str, str]:
-    """Each param's value as the byte-stable source :func:`params_literal` writes."""
-    return {k: params_literal({k: v})[1:-1].split(": ", 1)[1] for k, v in params.items()}
 
 
 class GeneratedRegistry(SlotRegistry):

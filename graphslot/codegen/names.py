@@ -171,12 +171,6 @@ class SlotNames:
             return assign(self.src, call("getattr", "fb", py_str(name)), indent)
         return assign(self.src, f"fb.{name}", indent)
 
-    def expected_extents(self, extents: Sequence[str]) -> List[str]:
-        extents = list(extents)
-        if self.counts is not None:
-            extents[self.slot.slice_dim] = self.counts[0]
-        return extents
-
 
 def shape_src(extents: Sequence[str]) -> str:
     return "(" + ", ".join(extents) + ("," if len(extents) == 1 else "") + ")"
