@@ -87,11 +87,8 @@ def _is_handshake(node: ast.stmt, version: Optional[str]) -> bool:
 
 def _bound_from_runtime(node: ast.stmt) -> Optional[Tuple[str, str]]:
     """(name, attribute) of ``name = __gs_rt.attribute``, else None."""
-    target, value = getattr(node, "targets", [None]), getattr(node, "value", None)
-    if isinstance(node, ast.Assign) and len(target) == 1 and isinstance(target[0], ast.Name):
-        if isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name) and value.value.id == RUNTIME_ALIAS:
-            return target[0].id, value.attr
-    return None
+    match = re.fullmatch(rf"(\w+) = {RUNTIME_ALIAS}\.(\w+)", ast.unparse(node))
+    return match and match.groups()
 
 
 def _constant(node: ast.stmt, name: str, known: Mapping[str, str]) -> bool:

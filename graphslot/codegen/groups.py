@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from ..spec.hooks import BUILTIN_HOOKS, is_import_reference
-from .layout import Chain, Item, Operand, assign, call, condition, flat, layout, list_of, method
+from .layout import Chain, Item, Operand, assign, call, condition, flat, layout, list_of, method, subscript
 from .names import CAPACITY, SlotNames, pad_name, unique, value_name
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ class CopyGroup:
     name: str = "dev"
     heads: List[SlotNames] = field(default_factory=list)
     optional_heads: List[SlotNames] = field(default_factory=list)
-    tails: List[Tuple[SlotNames, str]] = field(default_factory=list)  # (slot, pad constant)
+    tails: List[Tuple[SlotNames, Item]] = field(default_factory=list)  # (slot, its pad constant's tail slice)
     values: List[Tuple[SlotNames, str]] = field(default_factory=list)  # (slot, plan constant)
     carrier: Optional[str] = None
     mixed: bool = False
@@ -69,7 +69,7 @@ class CopyGroup:
         heads = [self._view(n, d, viewed) for n in self.heads for d in n.head_rows()]
         tails = [self._view(n, d, viewed) for n, _ in self.tails for d in n.tail_rows()]
         tails += [self._view(n, n.buf, viewed) for n, _ in self.values]
-        pads = [self._view(n, n.pad_slice(c), viewed) for n, c in self.tails for _ in n.tail_rows()]
+        pads = [self._view(n, c, viewed) for n, c in self.tails for _ in n.tail_rows()]
         pads += [self._view(n, c, viewed) for n, c in self.values]
         if self.optional_heads:
             fields = [(f"{p}dsts_{self.name}", list_of(heads)), (f"{p}tails_{self.name}", list_of(tails))]
@@ -167,7 +167,7 @@ def plan_copies(em: "Emitter") -> Copies:
             key = (s.host, s.dtype_name, s.axis, value)
             name = unique(names, pad_name(*key), repr(key))
             constants.setdefault(name, PadConstant(name, s.host, s.dtype_name, value, CAPACITY[s.axis]))
-            group.tails.append((n, name))
+            group.tails.append((n, subscript(name, ":".join(n.counts))))
         elif s.resets_tail:
             resets.append(n)
         # a computed slot whose only hook, a built-in, fills it with a step count: the device group writes it

@@ -95,16 +95,6 @@ def _damaged(module: Any, spec: RegistrySpec, function: str, got: str, expected:
     return SpecError([SpecIssue(spec.path, None, f"{message}; the module was edited or damaged: {_REGENERATE}")])
 
 
-def _bound(module: Any, spec: RegistrySpec, bound: Any) -> tuple:
-    """What ``bind()`` returned, when it is ``(fill_from, extract)``."""
-    if isinstance(bound, tuple) and len(bound) == 2 and all(callable(f) for f in bound):
-        return bound
-    got = type(bound).__name__
-    if isinstance(bound, tuple):
-        got = f"a {len(bound)}-tuple of {', '.join(type(f).__name__ for f in bound)}"
-    raise _damaged(module, spec, "bind", got, "(fill_from, extract), two callables")
-
-
 class GeneratedRegistry(SlotRegistry):
     """``fill_from`` / ``extract`` are the generated closures, set on the instance: a call costs no method
     binding and no wrapper (strict mode wraps them)."""
@@ -132,7 +122,13 @@ class GeneratedRegistry(SlotRegistry):
     def _bind(self, module, checker) -> tuple:
         """``(fill_from, extract)`` of ``module`` bound to this registry; strict mode wraps them."""
         args = (self._buffers, self._hooks, self.params, self.max_bs, self.max_num_tokens, self.device, checker)
-        fill_from, extract = _bound(module, self.spec, module.bind(*args, self.make_context))
+        bound = module.bind(*args, self.make_context)
+        if not (isinstance(bound, tuple) and len(bound) == 2 and all(callable(f) for f in bound)):
+            got = type(bound).__name__
+            if isinstance(bound, tuple):
+                got = f"a {len(bound)}-tuple of {', '.join(type(f).__name__ for f in bound)}"
+            raise _damaged(module, self.spec, "bind", got, "(fill_from, extract), two callables")
+        fill_from, extract = bound
         if not self.strict:
             return fill_from, extract
 

@@ -50,10 +50,6 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:10]
 
 
-def _ident(name: str) -> str:
-    return re.sub(r"\W", "_", name.replace(".", "__"))
-
-
 # Tags are a fixed word, digits, or ``x`` and a digest, so a joined tag reads back one way only.
 _EXTENT_TAGS = {"raw_bs": "bs", "raw_num_tokens": "tokens", "max_bs": "max_bs", "max_num_tokens": "max_tokens"}
 _COUNT_TAGS = {c: c.replace("num_", "") for c in ("raw_bs", "padded_bs", "raw_num_tokens", "padded_num_tokens")}
@@ -107,7 +103,7 @@ def unique(names: Dict[str, str], name: str, key: str) -> str:
 
 def slot_idents(slots: Sequence[ResolvedSlot]) -> List[str]:
     """Each slot's name, mangled (``a.b`` -> ``a__b``); a mangled name two slots give gets a digest of its own."""
-    mangled = [_ident(slot.name) for slot in slots]
+    mangled = [re.sub(r"\W", "_", slot.name.replace(".", "__")) for slot in slots]
     taken = set(mangled)
     idents = []
     for slot, ident in zip(slots, mangled):
@@ -155,9 +151,6 @@ class SlotNames:
         if self.split is not None:
             return [self.narrow(*self.counts, i) for i in range(self.split)]
         return [self.tail()] if len(self.slot.shape) == 1 else None
-
-    def pad_slice(self, pad: str) -> Item:
-        return subscript(pad, f"{self.counts[0]}:{self.counts[1]}")
 
     def read_source(self, indent: int) -> List[str]:
         """``src_<slot> = fb.<slot>``; getattr where the field may be absent or is a keyword."""
