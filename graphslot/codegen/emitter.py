@@ -20,7 +20,7 @@ from ..spec.resolve import ResolvedSlot, copied_as_rows, depends_on_capacity, re
 from .embedded import canonical_parts
 from .groups import Copies, plan_copies
 from .layout import Chain, Item, assign, call, concatenated, condition, dict_of, layout, method, normalise
-from .layout import py_str, subscript, tuple_of, unpack
+from .layout import py_str, subscript, tuple_of
 from .names import CAPACITY, RUNTIME_HELPERS, TEMPLATE_HELPERS, SlotNames, dtype_src, runtime_local, shape_name
 from .names import shape_src, slot_idents, unique
 
@@ -121,11 +121,9 @@ class Emitter:
 
 def constant_lines(em: Emitter) -> List[str]:
     """The constants, SPEC_NAME to the embedded spec (SPEC_SOURCE, SPEC_JSON)."""
-    lines = [f"{k} = {py_str(v)}" for k, v in (("SPEC_NAME", em.spec.name), ("SPEC_IDENTITY", em.spec.identity))]
-    lines += [f"GRAPHSLOT_VERSION = {py_str(em.version)}"]
-    lines += assign(
-        "PARAMS", dict_of([(py_str(k), normalise(value_source(v))) for k, v in sorted(em.baked.items())]), 0
-    )
+    plain = (("SPEC_NAME", em.spec.name), ("SPEC_IDENTITY", em.spec.identity), ("GRAPHSLOT_VERSION", em.version))
+    params = dict_of([(py_str(k), normalise(value_source(v))) for k, v in sorted(em.baked.items())])
+    lines = [f"{k} = {py_str(v)}" for k, v in plain] + assign("PARAMS", params, 0)
     lines += assign("RUNTIME_PARAMS", tuple_of([py_str(n) for n in em.runtime]), 0)
     lines += assign("SLOTS", tuple_of([py_str(n.slot.name) for n in em.names]), 0)
     return lines + [f"SPEC_SOURCE = {py_str(em.source_label)}"] + concatenated("SPEC_JSON", canonical_parts(em.spec))
@@ -204,7 +202,7 @@ def plan_fields(copies: Copies, shapes: Shapes) -> List[Tuple[str, Item]]:
     """(name, value) of everything a plan holds: the groups' lists, other heads and tails, the shapes."""
     fields = [f for g in copies.groups for p in g.prefixes() for f in g.plan_fields(p)]
     fields += [(f"head_{n.ident}", n.head()) for n in copies.separate_copies]
-    fields += [(f"tail_{n.ident}", n.tail()) for n in copies.separate_resets]
+    fields += [(f"tail_{n.ident}", n.narrow(*n.counts)) for n in copies.separate_resets]
     return fields + [(name, call("torch.Size", shape_src(extents))) for name, extents in shapes.in_plan]
 
 
@@ -242,7 +240,8 @@ def fill_lines(em: Emitter, copies: Copies, shapes: Shapes) -> List[str]:
     """``fill_from``'s body after the plan lookup: read and check every field, then copy; a failure is diagnosed
     in the except branch, as interpreted."""
     pad = " " * FILL
-    lines = unpack([name for name, _ in plan_fields(copies, shapes)], "plan", FILL)
+    fields = tuple_of([name for name, _ in plan_fields(copies, shapes)])
+    lines = layout(fields, FILL, "", " = plan") if fields.items else []
     if any(set(em.hooks[n.slot.name]) - {"pre_capture"} for n in em.fill_names):
         lines += assign("ctx", call("__gs_context", *STEP_COUNTS.split(", "), "params", "side_inputs"), FILL)
     hooked = [n for n in copies.source_copies if "source" in em.hooks[n.slot.name]]
@@ -280,7 +279,7 @@ def fill_lines(em: Emitter, copies: Copies, shapes: Shapes) -> List[str]:
 
 def extract_lines(em: Emitter) -> List[str]:
     """``extract`` after the view lookup: the batch's fields, set on a copy of it."""
-    lines = unpack([f"view_{n.ident}" for n in em.viewed], "entry", CLOSURE)
+    lines = layout(tuple_of([f"view_{n.ident}" for n in em.viewed]), CLOSURE, "", " = entry") if em.viewed else []
     sometimes = [n for n in em.viewed if n.slot.plain_copy and n.slot.optional]
     always = [n for n in em.viewed if not (n.slot.plain_copy and n.slot.optional)]
     entries = [(py_str("batch_size"), "padded_bs")] + [(py_str(n.slot.name), f"view_{n.ident}") for n in always]

@@ -134,9 +134,6 @@ class SlotNames:
     def head(self) -> Item:
         return self.buf if self.counts is None else self.narrow(None, self.counts[0])
 
-    def tail(self) -> Item:
-        return self.narrow(*self.counts)
-
     def padded_view(self) -> Item:
         return self.buf if self.counts is None else self.narrow(None, self.counts[1])
 
@@ -150,7 +147,7 @@ class SlotNames:
         """The 1-D tail rows, or None (a wider tail's constant pad would double its memory)."""
         if self.split is not None:
             return [self.narrow(*self.counts, i) for i in range(self.split)]
-        return [self.tail()] if len(self.slot.shape) == 1 else None
+        return [self.narrow(*self.counts)] if len(self.slot.shape) == 1 else None
 
     def read_source(self, indent: int) -> List[str]:
         """``src_<slot> = fb.<slot>``; getattr where the field may be absent or is a keyword."""
