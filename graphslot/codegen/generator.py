@@ -5,8 +5,6 @@ escaped string literals (:func:`.layout.py_str`). Then :func:`check_module_struc
 top level is not exactly: the fixed docstring, the runtime import, the handshake, ``torch`` and known helpers
 bound from the runtime, the constants SPEC_NAME … SPEC_JSON as literals, then ``def allocate`` and ``def bind``
 (in which nothing imports, declares globals, defines classes or reaches for ``eval``-like names or any dunder).
-Linters flag risky patterns; none says a module is exactly a skeleton with only literals where spec text may
-land. The module says ``# fmt: off``, so a formatter at any width leaves it be.
 """
 
 from __future__ import annotations
@@ -105,12 +103,9 @@ def _constant(node: ast.stmt, name: str, known: Mapping[str, str]) -> bool:
     return True
 
 
-def check_module_structure(text: str, spec: RegistrySpec, expected: Optional[Sequence[Tuple[str, Any]]] = None) -> None:
-    """Refuse ``text`` unless its top level is exactly the generated skeleton.
-
-    ``expected``: (name, source) of every constant, in order; without it SPEC_NAME, SPEC_IDENTITY and
-    SPEC_JSON are checked against ``spec``, the others only for being literals.
-    """
+def check_module_structure(text: str, spec: RegistrySpec, expected: Optional[Sequence[Tuple[str, str]]] = None) -> None:
+    """Refuse ``text`` unless its top level is exactly the generated skeleton. ``expected``: (name, source) of every
+    constant, in order; without it SPEC_NAME, SPEC_IDENTITY and SPEC_JSON are checked, the others only as literals."""
     if not text.replace("\n", "").isprintable():  # one pass in C; the loop only to name the character
         bad = next(c for c in text if c != "\n" and not c.isprintable())
         raise refuse(spec, f"the source would contain the control character {ascii(bad)}")
@@ -190,11 +185,11 @@ _SAFE_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @lru_cache(maxsize=1)
-def _environment() -> jinja2.Environment:
-    loader, options = jinja2.PackageLoader("graphslot.codegen", "templates"), dict(trim_blocks=True, lstrip_blocks=True)
-    env = jinja2.Environment(loader=loader, keep_trailing_newline=True, undefined=jinja2.StrictUndefined, **options)
-    env.filters["pystr"] = py_str
-    return env
+def _template() -> jinja2.Template:
+    options = dict(keep_trailing_newline=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env = jinja2.Environment(loader=jinja2.PackageLoader("graphslot.codegen", "templates"), **options)
+    env.globals.update(docstring=DOCSTRING, plan_cache_limit=PLAN_CACHE_LIMIT, module_format=MODULE_FORMAT)
+    return env.get_template("registry_module.py.j2")
 
 
 def comment_text(value: Any) -> str:
@@ -242,9 +237,6 @@ def render_module(spec: RegistrySpec, params: Mapping[str, Any], source_label=No
     """The generated source, byte-stable; :class:`GeneratedCodeError` unless it is the expected skeleton.
     ``skip``: slots its ``fill_from`` leaves alone (``fill_from_skipping``'s variant; never written out)."""
     emission = Emitter(spec, params, __version__, source_label or spec.path, skip).emit()
-    template, banner = _environment().get_template("registry_module.py.j2"), banner_lines(emission)
-    text = template.render(
-        e=emission, banner=banner, docstring=DOCSTRING, plan_cache_limit=PLAN_CACHE_LIMIT, module_format=MODULE_FORMAT
-    )
+    text = _template().render(e=emission, banner=banner_lines(emission), version=py_str(emission.version))
     check_module_structure(text, spec, _expected_constants(spec, emission))
     return text

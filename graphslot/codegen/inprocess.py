@@ -20,7 +20,6 @@ from .emitter import params_literal, structural_params, value_source
 from .handshake import version_incompatibility
 
 _MODULES: Dict[tuple, types.ModuleType] = {}
-_REGENERATE = "regenerate it (graphslot generate)"
 
 
 def compile_module(spec: RegistrySpec, params: Mapping[str, Any], skip: AbstractSet[str] = frozenset()):
@@ -92,7 +91,8 @@ def _other_spec(module: Any, spec: RegistrySpec) -> str:
 def _damaged(module: Any, spec: RegistrySpec, function: str, got: str, expected: str) -> SpecError:
     """A generated function returned what generated code never does: refused when the registry is built."""
     message = f"generated module '{module_name(module)}': {function}() returned {got}, expected {expected}"
-    return SpecError([SpecIssue(spec.path, None, f"{message}; the module was edited or damaged: {_REGENERATE}")])
+    message += "; the module was edited or damaged: regenerate it (graphslot generate)"
+    return SpecError([SpecIssue(spec.path, None, message)])
 
 
 class GeneratedRegistry(SlotRegistry):
