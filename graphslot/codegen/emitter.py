@@ -254,11 +254,8 @@ def fill_lines(em: Emitter, copies: Copies, shapes: Shapes) -> List[str]:
     for g in copies.groups:
         body += g.fill_lines(at)
     for n in copies.separate_copies:
-        copy = call(f"head_{n.ident}.copy_", n.src)
-        if n.slot.optional:
-            body += [f"{' ' * COPY}if {n.src} is not None:"] + layout(copy, COPY + 4)
-        else:
-            body += layout(copy, COPY)
+        guard = [f"{' ' * COPY}if {n.src} is not None:"] if n.slot.optional else []
+        body += guard + layout(call(f"head_{n.ident}.copy_", n.src), COPY + 4 if guard else COPY)
     if copied:
         diagnose = [pad + "except Exception as exc:", pad + "    __gs_check.diagnose(fb, raw_bs, raw_num_tokens, exc)"]
         body = [pad + "try:"] + body + diagnose

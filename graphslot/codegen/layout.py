@@ -110,22 +110,22 @@ def assign(target: str, value: Item, indent: int, op: str = "=") -> List[str]:
     return [f"{pad}{target} {op} ("] + layout(value, indent + STEP) + [pad + ")"]
 
 
-def concatenated(target: str, groups: Sequence[str], indent: int = 0) -> List[str]:
-    """``target = "".join(groups)``: one literal, else concatenated ones, each group starting a line."""
-    whole, pad, inner = "".join(groups), " " * indent, indent + STEP
-    if _fits(indent, f"{target} = {py_str(whole)}"):
-        return [f"{pad}{target} = {py_str(whole)}"]
-    lines = [f"{pad}{target} = ("]
+def concatenated(target: str, groups: Sequence[str]) -> List[str]:
+    """Top-level ``target = "".join(groups)``: one literal, else concatenated ones, each group starting a line."""
+    whole = f"{target} = {py_str(''.join(groups))}"
+    if _fits(0, whole):
+        return [whole]
+    lines = [f"{target} = ("]
     for text in groups:
         while text:
-            n = min(len(text), LINE_WIDTH - inner - 2)
-            while n > 1 and not _fits(inner, py_str(text[:n])):
+            n = min(len(text), LINE_WIDTH - STEP - 2)
+            while n > 1 and not _fits(STEP, py_str(text[:n])):
                 n -= 1
             if n < len(text) and text.rfind(",", 1, n) > n // 2:  # cut before a comma when one is near
                 n = text.rfind(",", 1, n)
-            lines.append(" " * inner + py_str(text[:n]))
+            lines.append(" " * STEP + py_str(text[:n]))
             text = text[n:]
-    return lines + [pad + ")"]
+    return lines + [")"]
 
 
 def _operands(chain: Operand, indent: int, lead: str = "") -> List[str]:
