@@ -86,8 +86,7 @@ def module_spec(module: Any) -> RegistrySpec:
         message = "carries a spec that is not the one its SPEC_IDENTITY names; the module was edited or damaged"
         raise _refuse(module, source, f"{message}: {regenerate}")
     try:
-        data = json.loads(text)
-        spec = RegistrySpec.model_validate(data)
+        spec = RegistrySpec.model_validate(json.loads(text))
     except (ValueError, RecursionError) as exc:  # ValidationError is a ValueError
         detail = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) and exc.errors() else str(exc)
         message = f"carries a spec this graphslot cannot read ({shorten(detail, 200, quote=False)})"

@@ -1,9 +1,7 @@
 """Decide what generated code does for one (spec, params) and write it: :class:`Emitter` resolves the slots
-(capacities left symbolic), names them, sorts them into copy groups, and one builder per piece writes its
-lines at the indentation the template places them (the template only lays them out). Per step the generated
-``fill_from`` looks its step size up in a plan cache (``make_plan``: every slice computed once per size),
-reads and checks every field, then issues the copy groups' ``_foreach_copy_``.
-"""
+(capacities left symbolic), names them, sorts them into copy groups; one builder per piece the template lays out
+writes its lines. Per step the generated ``fill_from`` looks its step size up in a plan cache (``make_plan``:
+every slice computed once per size), reads and checks every field, then issues the groups' ``_foreach_copy_``."""
 
 from __future__ import annotations
 
@@ -223,12 +221,9 @@ def plan_lines(copies: Copies, shapes: Shapes) -> List[str]:
 
 def _shape_checks(copied: List[SlotNames], shapes: Shapes) -> List[str]:
     """The happy path pays one shape comparison per field; a mismatch is diagnosed slot by slot."""
-    required = [n for n in copied if not n.slot.optional]
     raises = " " * (COPY + 4) + "raise __gs_Mismatch"
-    lines = []
-    if required:
-        checks = tuple(f"{n.src}.shape != {shapes.of[n.ident]}" for n in required)
-        lines += condition("if", Chain("or", checks), COPY) + [raises]
+    required = tuple(f"{n.src}.shape != {shapes.of[n.ident]}" for n in copied if not n.slot.optional)
+    lines = condition("if", Chain("or", required), COPY) + [raises] if required else []
     for n in copied:
         if n.slot.optional:
             checks = (f"{n.src} is not None", f"{n.src}.shape != {shapes.of[n.ident]}")

@@ -7,7 +7,6 @@ import linecache
 import types
 from typing import AbstractSet, Any, Callable, Dict, List, Mapping
 
-import torch
 
 from .._version import __version__
 from ..spec.errors import SpecError, SpecIssue, shorten
@@ -102,10 +101,11 @@ class GeneratedRegistry(SlotRegistry):
     impl = "generated"
 
     def __init__(self, module, spec, slots, hooks, params, buffers=None, **kwargs):
-        device = torch.device(kwargs["device"])
         pool, source = kwargs.pop("pool"), kwargs.pop("source")
         if buffers is None:  # else the caller's buffers (build_registry(buffers=...)): nothing allocated
-            buffers = module.allocate(kwargs["max_bs"], kwargs["max_num_tokens"], device, params, pool, source)
+            buffers = module.allocate(
+                kwargs["max_bs"], kwargs["max_num_tokens"], kwargs["device"], params, pool, source
+            )
             if not isinstance(buffers, dict):
                 raise _damaged(module, spec, "allocate", type(buffers).__name__, "a dict of buffers")
         super().__init__(spec, slots, hooks, params, buffers=buffers, **kwargs)
@@ -157,12 +157,9 @@ def build_generated_registry(
 ) -> GeneratedRegistry:
     if mode == "generated":  # compiled from this spec and these params: nothing to check
         return GeneratedRegistry(compile_module(spec, params), spec, slots, hooks, params, **kwargs)
-    if isinstance(mode, types.ModuleType):
-        module = mode
-    elif callable(mode):
-        module = mode(spec, params)
-    else:
+    if not (isinstance(mode, types.ModuleType) or callable(mode)):
         kinds = "'generated', 'interpreted', a generated module or a loader function"
         raise ValueError(f"mode must be {kinds}, got {mode!r}")
+    module = mode if isinstance(mode, types.ModuleType) else mode(spec, params)
     check_module(module, spec, params)
     return GeneratedRegistry(module, spec, slots, hooks, params, **kwargs)
