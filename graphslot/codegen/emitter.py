@@ -88,9 +88,7 @@ class Emitter:
         return [self.spec_expr(e, CAPACITY.values()) for e in self.spec.slot_spec(slot.name).shape]
 
     def pad_src(self, slot: ResolvedSlot) -> str:
-        if slot.padding == "zero":
-            return "0"
-        return self.spec_expr(self.spec.slot_spec(slot.name).pad_value, ())
+        return "0" if slot.padding == "zero" else self.spec_expr(self.spec.slot_spec(slot.name).pad_value, ())
 
     def runtime_binds(self, body: List[str]) -> List[str]:
         """Bind from ``params`` the runtime params ``body`` reads, of those a pad value reads."""

@@ -75,12 +75,9 @@ def _is(node: ast.stmt, text: str) -> bool:
 
 def _is_handshake(node: ast.stmt, version: Optional[str]) -> bool:
     """``__gs_rt.require(__name__, version=<str literal>, format=MODULE_FORMAT)``; with ``version``, that one."""
-    try:
-        got = node.value.keywords[0].value.value
-    except (AttributeError, IndexError):
-        return False
-    handshake = f"{RUNTIME_ALIAS}.require(__name__, version={got!r}, format={MODULE_FORMAT})"
-    return isinstance(got, str) and version in (None, got) and _is(node, handshake)
+    handshake = rf"{RUNTIME_ALIAS}\.require\(__name__, version=('[^'\\]*'), format={MODULE_FORMAT}\)"
+    match = re.fullmatch(handshake, ast.unparse(node))
+    return match is not None and version in (None, ast.literal_eval(match.group(1)))
 
 
 def _bound_from_runtime(node: ast.stmt) -> Optional[Tuple[str, str]]:

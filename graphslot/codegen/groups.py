@@ -93,9 +93,8 @@ class CopyGroup:
         if not self.optional_heads:
             if not sources:
                 return foreach(dsts, pads, indent)
-            return assign("srcs", list_of(sources), indent) + foreach(
-                dsts, f"srcs + {pads}" if pads else "srcs", indent
-            )
+            srcs = f"srcs + {pads}" if pads else "srcs"
+            return assign("srcs", list_of(sources), indent) + foreach(dsts, srcs, indent)
         lines = [f"{pad}dsts = list({dsts})"] + assign("srcs", list_of(sources), indent)
         for n in self.optional_heads:  # added when the batch has them
             src = self._view(n, n.src, viewed)

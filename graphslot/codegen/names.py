@@ -37,9 +37,7 @@ TEMPLATE_HELPERS = frozenset({"__gs_allocate", "__gs_ViewMaker", "__gs_grad_enab
 
 def runtime_local(name: str) -> str:
     """The local a runtime param is bound to in generated code."""
-    if name in _MODULE_NAMES or name.startswith(_GENERATED_PREFIXES):
-        return f"rt_{name}"
-    return name
+    return f"rt_{name}" if name in _MODULE_NAMES or name.startswith(_GENERATED_PREFIXES) else name
 
 
 def dtype_src(dtype: str) -> str:
@@ -52,7 +50,6 @@ def _digest(text: str) -> str:
 
 # Tags are a fixed word, digits, or ``x`` and a digest, so a joined tag reads back one way only.
 _EXTENT_TAGS = {"raw_bs": "bs", "raw_num_tokens": "tokens", "max_bs": "max_bs", "max_num_tokens": "max_tokens"}
-_COUNT_TAGS = {c: c.replace("num_", "") for c in ("raw_bs", "padded_bs", "raw_num_tokens", "padded_num_tokens")}
 _NUMBER = re.compile(r"(-?)([0-9]+)(?:\.([0-9]+))?(?:e(-?)([0-9]+))?")
 _SPECIAL = {"0": "zero", "True": "true", "False": "false"}
 _SPECIAL.update({f'float("{v}")': v.replace("-", "neg") for v in ("inf", "-inf", "nan", "-nan")})
@@ -89,7 +86,7 @@ def shape_name(extents: Sequence[str]) -> str:
 
 def value_name(dtype: str, count: str, extents: Sequence[str]) -> str:
     """A constant a computed slot is filled with per step size: ``val_int32_padded_tokens_1``."""
-    return f"val_{dtype}_{_COUNT_TAGS[count]}_" + "_".join(_extent_tag(e) for e in extents)
+    return f"val_{dtype}_{count.replace('num_', '')}_" + "_".join(_extent_tag(e) for e in extents)
 
 
 def unique(names: Dict[str, str], name: str, key: str) -> str:
