@@ -60,10 +60,6 @@ def module_params(module: Any) -> Dict[str, Any]:
     return dict(params) if isinstance(params, dict) else {}
 
 
-def _refuse(module: Any, source: str, message: str) -> SpecError:
-    return SpecError([SpecIssue(source, None, f"generated module '{module_name(module)}' {message}")])
-
-
 def refuse_foreign(module: Any, source: str, instead: str) -> None:
     """SpecError when ``module`` is no graphslot-generated module at all (it has none of what every module of every
     format records), saying what to pass ``instead``."""
@@ -84,13 +80,13 @@ def module_spec(module: Any) -> RegistrySpec:
     readable = isinstance(text, str) and len(text) <= MAX_SPEC_JSON and text.isascii()
     if not readable or hashlib.sha256(text.encode("ascii")).hexdigest() != identity:
         message = "carries a spec that is not the one its SPEC_IDENTITY names; the module was edited or damaged"
-        raise _refuse(module, source, f"{message}: {regenerate}")
+        raise SpecError([SpecIssue(source, None, f"generated module '{name}' {message}: {regenerate}")])
     try:
         spec = RegistrySpec.model_validate(json.loads(text))
     except (ValueError, RecursionError) as exc:  # ValidationError is a ValueError
         detail = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) and exc.errors() else str(exc)
         message = f"carries a spec this graphslot cannot read ({shorten(detail, 200, quote=False)})"
-        raise _refuse(module, source, f"{message}: {regenerate}") from None
+        raise SpecError([SpecIssue(source, None, f"generated module '{name}' {message}: {regenerate}")]) from None
     locations, slots = Locations(source), list(enumerate(spec.slots))
     options = dict(name=spec.name, max_bytes=None, structurally_valid=True)
     issues = check_spec(spec.params, spec.presets, slots, source, locations, **options)
