@@ -34,19 +34,19 @@ def _dump(value: Any) -> str:
 def canonical_parts(spec: RegistrySpec) -> List[str]:
     """``spec.canonical_json()`` in pieces: one per param, preset and slot, its comma leading, so a slot
     added changes no other piece."""
-    canonical = spec.canonical()
-    parts = ["{"]
-    keys = sorted(canonical)
-    for i, key in enumerate(keys):
-        value, comma = canonical[key], "," if i < len(keys) - 1 else ""
-        if isinstance(value, (dict, list)) and value:
-            is_dict = isinstance(value, dict)
-            parts[-1] += _dump(key) + (":{" if is_dict else ":[")
-            items = [_dump(k) + ":" + _dump(value[k]) for k in sorted(value)] if is_dict else [_dump(v) for v in value]
-            parts += [("," if j else "") + item for j, item in enumerate(items)]  # appending one adds lines only
-            parts.append(("}" if is_dict else "]") + comma)
+    canonical, parts = spec.canonical(), ["{"]
+    for i, key in enumerate(sorted(canonical)):
+        value, head = canonical[key], ("," if i else "") + _dump(key) + ":"
+        if isinstance(value, dict) and value:
+            parts[-1] += head + "{"
+            parts += [("," if j else "") + _dump(k) + ":" + _dump(value[k]) for j, k in enumerate(sorted(value))]
+            parts.append("}")
+        elif isinstance(value, list) and value:
+            parts[-1] += head + "["
+            parts += [("," if j else "") + _dump(v) for j, v in enumerate(value)]  # appending one adds lines only
+            parts.append("]")
         else:
-            parts[-1] += _dump(key) + ":" + _dump(value) + comma
+            parts[-1] += head + _dump(value)
     parts[-1] += "}"
     return parts if "".join(parts) == spec.canonical_json() else [spec.canonical_json()]  # in pieces, or whole
 
@@ -60,18 +60,11 @@ def module_params(module: Any) -> Dict[str, Any]:
     return dict(params) if isinstance(params, dict) else {}
 
 
-def _refuse(module: Any, source: str, message: str) -> SpecError:
-    return SpecError([SpecIssue(source, None, f"generated module '{module_name(module)}' {message}")])
-
-
-# What every generated module records, of every format: a module with none of them is not one.
-GENERATED_RECORDS = ("GRAPHSLOT_VERSION", "SPEC_IDENTITY", "SPEC_JSON")
-
-
 def refuse_foreign(module: Any, source: str, instead: str) -> None:
-    """SpecError when ``module`` is no graphslot-generated module at all, saying what to pass ``instead``."""
-    if not any(hasattr(module, record) for record in GENERATED_RECORDS):
-        records = f"{', '.join(GENERATED_RECORDS[:-1])} or {GENERATED_RECORDS[-1]}"
+    """SpecError when ``module`` is no graphslot-generated module at all (it has none of what every module of every
+    format records), saying what to pass ``instead``."""
+    if not any(hasattr(module, record) for record in ("GRAPHSLOT_VERSION", "SPEC_IDENTITY", "SPEC_JSON")):
+        records = "GRAPHSLOT_VERSION, SPEC_IDENTITY or SPEC_JSON"
         message = f"module '{module_name(module)}' is not a graphslot-generated module (it has no {records})"
         raise SpecError([SpecIssue(source, None, f"{message}: pass {instead} or a module `graphslot generate` wrote")])
 
@@ -87,14 +80,13 @@ def module_spec(module: Any) -> RegistrySpec:
     readable = isinstance(text, str) and len(text) <= MAX_SPEC_JSON and text.isascii()
     if not readable or hashlib.sha256(text.encode("ascii")).hexdigest() != identity:
         message = "carries a spec that is not the one its SPEC_IDENTITY names; the module was edited or damaged"
-        raise _refuse(module, source, f"{message}: {regenerate}")
+        raise SpecError([SpecIssue(source, None, f"generated module '{name}' {message}: {regenerate}")])
     try:
-        data = json.loads(text)
-        spec = RegistrySpec.model_validate(data)
+        spec = RegistrySpec.model_validate(json.loads(text))
     except (ValueError, RecursionError) as exc:  # ValidationError is a ValueError
         detail = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) and exc.errors() else str(exc)
         message = f"carries a spec this graphslot cannot read ({shorten(detail, 200, quote=False)})"
-        raise _refuse(module, source, f"{message}: {regenerate}") from None
+        raise SpecError([SpecIssue(source, None, f"generated module '{name}' {message}: {regenerate}")]) from None
     locations, slots = Locations(source), list(enumerate(spec.slots))
     options = dict(name=spec.name, max_bytes=None, structurally_valid=True)
     issues = check_spec(spec.params, spec.presets, slots, source, locations, **options)

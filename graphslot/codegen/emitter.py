@@ -1,9 +1,7 @@
 """Decide what generated code does for one (spec, params) and write it: :class:`Emitter` resolves the slots
-(capacities left symbolic), names them, sorts them into copy groups, and one builder per piece writes its
-lines at the indentation the template places them (the template only lays them out). Per step the generated
-``fill_from`` looks its step size up in a plan cache (``make_plan``: every slice computed once per size),
-reads and checks every field, then issues the copy groups' ``_foreach_copy_``.
-"""
+(capacities left symbolic), names them, sorts them into copy groups; one builder per piece the template lays out
+writes its lines. Per step the generated ``fill_from`` looks its step size up in a plan cache (``make_plan``:
+every slice computed once per size), reads and checks every field, then issues the groups' ``_foreach_copy_``."""
 
 from __future__ import annotations
 
@@ -20,7 +18,7 @@ from ..spec.resolve import ResolvedSlot, copied_as_rows, depends_on_capacity, re
 from .embedded import canonical_parts
 from .groups import Copies, plan_copies
 from .layout import Chain, Item, assign, call, concatenated, condition, dict_of, layout, method, normalise
-from .layout import py_str, subscript, tuple_of, unpack
+from .layout import py_str, subscript, tuple_of
 from .names import CAPACITY, RUNTIME_HELPERS, TEMPLATE_HELPERS, SlotNames, dtype_src, runtime_local, shape_name
 from .names import shape_src, slot_idents, unique
 
@@ -35,13 +33,14 @@ def structural_params(spec: RegistrySpec, params: Mapping[str, Any]) -> Dict[str
     return {k: v for k, v in params.items() if not (spec.params[k].runtime or spec.params[k].live)}
 
 
+def value_source(value: Any) -> str:
+    """A param value as byte-stable source: dtypes by name, non-finite floats as ``float('inf')``."""
+    return repr(dtype_name(value)) if isinstance(value, DTypeName) or is_torch_dtype(value) else python_literal(value)
+
+
 def params_literal(params: Mapping[str, Any]) -> str:
-    """Byte-stable one-line source for params (keys sorted, dtypes by name): a compiled module's cache key."""
-
-    def literal(v: Any) -> str:
-        return repr(dtype_name(v)) if isinstance(v, DTypeName) or is_torch_dtype(v) else python_literal(v)
-
-    return "{" + ", ".join(f"{k!r}: {literal(v)}" for k, v in sorted(params.items())) + "}"
+    """Params as one line of source (keys sorted): a compiled module's cache key."""
+    return "{" + ", ".join(f"{k!r}: {value_source(v)}" for k, v in sorted(params.items())) + "}"
 
 
 class Emitter:
@@ -54,7 +53,7 @@ class Emitter:
         self.names = [SlotNames(s, i) for s, i in zip(self.slots, slot_idents(self.slots))]
         self.viewed = [n for n in self.names if not n.slot.structured]  # what extract sets (dotted slots: never)
         # fill_from writes all but ``skip`` (fill_from_skipping's variant); allocate and extract cover all.
-        self.fill_names = [n for n in self.names if n.slot.name not in skip]
+        self.skip, self.fill_names = skip, [n for n in self.names if n.slot.name not in skip]
         self.hooks = {n.slot.name: self._expected_hooks(n.slot) for n in self.names}
 
     def _symbolic_slots(self) -> List[ResolvedSlot]:
@@ -89,51 +88,38 @@ class Emitter:
         return [self.spec_expr(e, CAPACITY.values()) for e in self.spec.slot_spec(slot.name).shape]
 
     def pad_src(self, slot: ResolvedSlot) -> str:
-        if slot.padding == "zero":
-            return "0"
-        return self.spec_expr(self.spec.slot_spec(slot.name).pad_value, ())
+        return "0" if slot.padding == "zero" else self.spec_expr(self.spec.slot_spec(slot.name).pad_value, ())
 
-    def used_runtime_params(self) -> List[str]:
-        """Runtime params some enabled slot's pad value reads (others are not bound)."""
-        used = set()
-        for n in self.names:
-            pad_value = self.spec.slot_spec(n.slot.name).pad_value
-            if isinstance(pad_value, str) and n.slot.padding in ("fill_sentinel", "fill_once"):
-                used |= Expr.parse(pad_value).names
-        return [name for name in self.runtime if name in used]
+    def runtime_binds(self, body: List[str]) -> List[str]:
+        """Bind from ``params`` the runtime params ``body`` reads, of those a pad value reads."""
+        pads = [self.spec.slot_spec(n.slot.name).pad_value for n in self.names if n.slot.padding.needs_pad_value]
+        used = set().union(*(Expr.parse(p).names for p in pads if isinstance(p, str)))
+        in_body = _used_names(body)
+        bound = [(runtime_local(n), n) for n in self.runtime if n in used]
+        return [" " * BODY + f"{local} = params[{py_str(n)}]" for local, n in bound if local in in_body]
 
     def emit(self) -> "Emitter":
         """Write every piece the template lays out (the ``*_lines``) and pick the runtime helpers; returns self."""
         copies = plan_copies(self)  # before any builder: it takes the hooks it fuses away
         shapes = expected_shapes(self, copies)
         self.allocate_lines, self.plan_lines = allocate_lines(self), plan_lines(copies, shapes)
-        self.fill_lines, self.view_lines = fill_lines(self, copies, shapes), view_lines(self)
-        self.extract_lines = extract_lines(self)
+        self.fill_lines, self.extract_lines = fill_lines(self, copies, shapes), extract_lines(self)
+        self.view_lines = assign("entry", tuple_of([n.padded_view() for n in self.viewed]), CLOSURE)  # make_views
         others = self.allocate_lines + self.plan_lines + self.fill_lines + self.view_lines + self.extract_lines
         self.bind_lines = bind_lines(self, copies, shapes, others)
         emitted = "\n".join(others + self.bind_lines)
-        self.runtime_imports = sorted(h for h in RUNTIME_HELPERS if h[1] in TEMPLATE_HELPERS or h[1] in emitted)
-        self.helper_lines, self.constant_lines = helper_lines(self.runtime_imports), constant_lines(self)
+        imports = sorted(h for h in RUNTIME_HELPERS if h[1] in TEMPLATE_HELPERS or h[1] in emitted)
+        # torch and the runtime helpers the module uses, bound after the handshake
+        self.helper_lines = ["torch = __gs_rt.torch"] + [f"{alias} = __gs_rt.{helper}" for helper, alias in imports]
+        self.constant_lines = constant_lines(self)
         return self
-
-
-def value_literal(value: Any) -> str:
-    """A param value as source: dtypes by name, non-finite floats as ``float("inf")``."""
-    if isinstance(value, DTypeName) or is_torch_dtype(value):
-        return py_str(dtype_name(value))
-    return normalise(python_literal(value))
-
-
-def helper_lines(imports: List[Tuple[str, str]]) -> List[str]:
-    """torch and the runtime helpers the module uses, bound after the handshake."""
-    return ["torch = __gs_rt.torch"] + [f"{alias} = __gs_rt.{helper}" for helper, alias in imports]
 
 
 def constant_lines(em: Emitter) -> List[str]:
     """The constants, SPEC_NAME to the embedded spec (SPEC_SOURCE, SPEC_JSON)."""
-    lines = [f"{k} = {py_str(v)}" for k, v in (("SPEC_NAME", em.spec.name), ("SPEC_IDENTITY", em.spec.identity))]
-    lines += [f"GRAPHSLOT_VERSION = {py_str(em.version)}"]
-    lines += assign("PARAMS", dict_of([(py_str(k), value_literal(v)) for k, v in sorted(em.baked.items())]), 0)
+    plain = (("SPEC_NAME", em.spec.name), ("SPEC_IDENTITY", em.spec.identity), ("GRAPHSLOT_VERSION", em.version))
+    params = dict_of([(py_str(k), normalise(value_source(v))) for k, v in sorted(em.baked.items())])
+    lines = [f"{k} = {py_str(v)}" for k, v in plain] + assign("PARAMS", params, 0)
     lines += assign("RUNTIME_PARAMS", tuple_of([py_str(n) for n in em.runtime]), 0)
     lines += assign("SLOTS", tuple_of([py_str(n.slot.name) for n in em.names]), 0)
     return lines + [f"SPEC_SOURCE = {py_str(em.source_label)}"] + concatenated("SPEC_JSON", canonical_parts(em.spec))
@@ -147,12 +133,6 @@ def _used_names(lines: List[str]) -> Set[str]:
     return set(_NAME.findall("\n".join(lines)))
 
 
-def _runtime_binds(em: Emitter, body: List[str]) -> List[str]:
-    """The runtime params ``body`` reads (pad values), from ``params``."""
-    used, names = [(runtime_local(n), n) for n in em.used_runtime_params()], _used_names(body)
-    return [" " * BODY + f"{local} = params[{py_str(n)}]" for local, n in used if local in names]
-
-
 def allocate_lines(em: Emitter) -> List[str]:
     """``allocate`` after its ``new_buffer``: the runtime params pad values read, one buffer per slot."""
     entries = []
@@ -163,7 +143,7 @@ def allocate_lines(em: Emitter) -> List[str]:
         args += [] if s.adopt else ["adopt=False"]  # `adopt: never`: registry-owned whatever adopt= holds
         entries.append((py_str(s.name), call("new_buffer", *args)))
     body = layout(dict_of(entries), BODY, "return ")
-    return _runtime_binds(em, body) + body
+    return em.runtime_binds(body) + body
 
 
 # One local per distinct expected shape of a copied field (``of``: slot ident -> local), made in the plan when
@@ -174,25 +154,14 @@ Shapes = namedtuple("Shapes", "of in_plan in_bind")
 def expected_shapes(em: Emitter, copies: Copies) -> Shapes:
     shapes, names = Shapes({}, [], []), {}
     for n in copies.copied(em.fill_names):
-        extents = n.expected_extents(em.extents(n.slot))
+        extents = em.extents(n.slot)
+        if n.counts is not None:
+            extents[n.slot.slice_dim] = n.counts[0]
         name = unique(names, shape_name(extents), repr(extents))
         if name not in shapes.of.values():
             (shapes.in_bind if n.counts is None else shapes.in_plan).append((name, extents))
         shapes.of[n.ident] = name
     return shapes
-
-
-def _hook_binds(em: Emitter) -> List[str]:
-    lines = []
-    filled = {id(n) for n in em.fill_names}
-    for n in em.names:
-        for kind in em.hooks[n.slot.name]:
-            hook = call("__gs_hook", "hooks", py_str(n.slot.name), py_str(kind))
-            if kind == "pre_capture":  # run by the runner at capture: only checked to be bound here
-                lines += layout(hook, BODY)
-            elif id(n) in filled:
-                lines += assign(f"hook_{kind}_{n.ident}", hook, BODY)
-    return lines
 
 
 def bind_lines(em: Emitter, copies: Copies, shapes: Shapes, others: List[str]) -> List[str]:
@@ -201,7 +170,13 @@ def bind_lines(em: Emitter, copies: Copies, shapes: Shapes, others: List[str]) -
     for n in em.names:
         if n.buf in used:
             lines += assign(n.buf, subscript("buffers", py_str(n.slot.name)), BODY)
-    lines += _hook_binds(em)
+    for n in em.names:
+        for kind in em.hooks[n.slot.name]:
+            hook = call("__gs_hook", "hooks", py_str(n.slot.name), py_str(kind))
+            if kind == "pre_capture":  # run by the runner at capture: only checked to be bound here
+                lines += layout(hook, BODY)
+            elif n.slot.name not in em.skip:
+                lines += assign(f"hook_{kind}_{n.ident}", hook, BODY)
     for c in copies.constants:
         where = py_str("cpu") if c.host else "device"
         full = call("torch.full", f"({c.length},)", c.value, f"dtype={dtype_src(c.dtype)}", f"device={where}")
@@ -216,14 +191,14 @@ def bind_lines(em: Emitter, copies: Copies, shapes: Shapes, others: List[str]) -
     view_names = [py_str("batch_size")] + [py_str(n.slot.name) for n in em.viewed]
     maker = call("__gs_ViewMaker", tuple_of(view_names), py_str(em.spec.name))
     lines += assign("make_view", maker, BODY)
-    return _runtime_binds(em, lines) + lines
+    return em.runtime_binds(lines) + lines
 
 
 def plan_fields(copies: Copies, shapes: Shapes) -> List[Tuple[str, Item]]:
     """(name, value) of everything a plan holds: the groups' lists, other heads and tails, the shapes."""
     fields = [f for g in copies.groups for p in g.prefixes() for f in g.plan_fields(p)]
     fields += [(f"head_{n.ident}", n.head()) for n in copies.separate_copies]
-    fields += [(f"tail_{n.ident}", n.tail()) for n in copies.separate_resets]
+    fields += [(f"tail_{n.ident}", n.narrow(*n.counts)) for n in copies.separate_resets]
     return fields + [(name, call("torch.Size", shape_src(extents))) for name, extents in shapes.in_plan]
 
 
@@ -244,12 +219,9 @@ def plan_lines(copies: Copies, shapes: Shapes) -> List[str]:
 
 def _shape_checks(copied: List[SlotNames], shapes: Shapes) -> List[str]:
     """The happy path pays one shape comparison per field; a mismatch is diagnosed slot by slot."""
-    required = [n for n in copied if not n.slot.optional]
     raises = " " * (COPY + 4) + "raise __gs_Mismatch"
-    lines = []
-    if required:
-        checks = tuple(f"{n.src}.shape != {shapes.of[n.ident]}" for n in required)
-        lines += condition("if", Chain("or", checks), COPY) + [raises]
+    required = tuple(f"{n.src}.shape != {shapes.of[n.ident]}" for n in copied if not n.slot.optional)
+    lines = condition("if", Chain("or", required), COPY) + [raises] if required else []
     for n in copied:
         if n.slot.optional:
             checks = (f"{n.src} is not None", f"{n.src}.shape != {shapes.of[n.ident]}")
@@ -257,46 +229,30 @@ def _shape_checks(copied: List[SlotNames], shapes: Shapes) -> List[str]:
     return lines
 
 
-def _hook_reads(hooked: List[SlotNames], indent: int) -> List[str]:
-    lines = []
-    for n in hooked:
-        read = call("__gs_check.hook_source", py_str(n.slot.name), call(f"hook_source_{n.ident}", "fb", "ctx"))
-        lines += assign(n.src, read, indent)
-    return lines
-
-
-def _copy_fields(em: Emitter, copies: Copies, shapes: Shapes, hooked: List[SlotNames]) -> List[str]:
-    """Read and check every field, then copy; a failure is diagnosed in the except branch, as interpreted."""
-    copied = copies.copied(em.fill_names)
-    body = [line for n in copied for line in n.read_source(COPY)] + _shape_checks(copied, shapes)
-    body += _hook_reads(hooked, COPY)  # after the fields, as the interpreter reads them
-    for g in copies.groups:
-        body += g.fill_lines(COPY)
-    pad = " " * COPY
-    for n in copies.separate_copies:
-        copy = call(f"head_{n.ident}.copy_", n.src)
-        if n.slot.optional:
-            body += [f"{pad}if {n.src} is not None:"] + layout(copy, COPY + 4)
-        else:
-            body += layout(copy, COPY)
-    pad = " " * FILL
-    diagnose = [pad + "except Exception as exc:", pad + "    __gs_check.diagnose(fb, raw_bs, raw_num_tokens, exc)"]
-    return [pad + "try:"] + body + diagnose
-
-
 def fill_lines(em: Emitter, copies: Copies, shapes: Shapes) -> List[str]:
-    """``fill_from``'s body after the plan lookup."""
+    """``fill_from``'s body after the plan lookup: read and check every field, then copy; a failure is diagnosed
+    in the except branch, as interpreted."""
     pad = " " * FILL
-    lines = unpack([name for name, _ in plan_fields(copies, shapes)], "plan", FILL)
+    fields = tuple_of([name for name, _ in plan_fields(copies, shapes)])
+    lines = layout(fields, FILL, "", " = plan") if fields.items else []
     if any(set(em.hooks[n.slot.name]) - {"pre_capture"} for n in em.fill_names):
         lines += assign("ctx", call("__gs_context", *STEP_COUNTS.split(", "), "params", "side_inputs"), FILL)
     hooked = [n for n in copies.source_copies if "source" in em.hooks[n.slot.name]]
-    if copies.copied(em.fill_names):
-        lines += _copy_fields(em, copies, shapes, hooked)
-    else:  # tails (and computed values) only
-        lines += _hook_reads(hooked, FILL)
-        for g in copies.groups:
-            lines += g.fill_lines(FILL)
+    copied = copies.copied(em.fill_names)
+    at = COPY if copied else FILL  # no field read (tails and computed values only): no try block
+    body = [line for n in copied for line in n.read_source(COPY)] + _shape_checks(copied, shapes)
+    for n in hooked:  # after the fields, as the interpreter reads them
+        read = call("__gs_check.hook_source", py_str(n.slot.name), call(f"hook_source_{n.ident}", "fb", "ctx"))
+        body += assign(n.src, read, at)
+    for g in copies.groups:
+        body += g.fill_lines(at)
+    for n in copies.separate_copies:
+        guard = [f"{' ' * COPY}if {n.src} is not None:"] if n.slot.optional else []
+        body += guard + layout(call(f"head_{n.ident}.copy_", n.src), COPY + 4 if guard else COPY)
+    if copied:
+        diagnose = [pad + "except Exception as exc:", pad + "    __gs_check.diagnose(fb, raw_bs, raw_num_tokens, exc)"]
+        body = [pad + "try:"] + body + diagnose
+    lines += body
     for n in copies.separate_resets:
         zero = n.slot.padding == "zero"
         reset = call(f"tail_{n.ident}.zero_") if zero else call(f"tail_{n.ident}.fill_", f"padval_{n.ident}")
@@ -311,14 +267,9 @@ def fill_lines(em: Emitter, copies: Copies, shapes: Shapes) -> List[str]:
     return lines
 
 
-def view_lines(em: Emitter) -> List[str]:
-    """``make_views``: every slot's view at a padded size, once per size."""
-    return assign("entry", tuple_of([n.padded_view() for n in em.viewed]), CLOSURE)
-
-
 def extract_lines(em: Emitter) -> List[str]:
     """``extract`` after the view lookup: the batch's fields, set on a copy of it."""
-    lines = unpack([f"view_{n.ident}" for n in em.viewed], "entry", CLOSURE)
+    lines = layout(tuple_of([f"view_{n.ident}" for n in em.viewed]), CLOSURE, "", " = entry") if em.viewed else []
     sometimes = [n for n in em.viewed if n.slot.plain_copy and n.slot.optional]
     always = [n for n in em.viewed if not (n.slot.plain_copy and n.slot.optional)]
     entries = [(py_str("batch_size"), "padded_bs")] + [(py_str(n.slot.name), f"view_{n.ident}") for n in always]

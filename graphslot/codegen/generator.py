@@ -5,15 +5,12 @@ escaped string literals (:func:`.layout.py_str`). Then :func:`check_module_struc
 top level is not exactly: the fixed docstring, the runtime import, the handshake, ``torch`` and known helpers
 bound from the runtime, the constants SPEC_NAME … SPEC_JSON as literals, then ``def allocate`` and ``def bind``
 (in which nothing imports, declares globals, defines classes or reaches for ``eval``-like names or any dunder).
-Linters flag risky patterns; none says a module is exactly a skeleton with only literals where spec text may
-land. The module says ``# fmt: off``, so a formatter at any width leaves it be.
 """
 
 from __future__ import annotations
 
 import ast
 import copy
-import math
 import re
 from functools import lru_cache
 from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
@@ -28,7 +25,7 @@ from ..spec.model import RegistrySpec
 from .emitter import PLAN_CACHE_LIMIT, Emitter as Emitter, params_literal
 from .handshake import MODULE_FORMAT
 from .layout import py_str
-from .names import RUNTIME_HELPERS, runtime_local
+from .names import RUNTIME_HELPERS
 
 DOCSTRING = "Specialised fill_from / extract for one slot spec: see SPEC_NAME and the banner."
 CONSTANTS = tuple("SPEC_NAME SPEC_IDENTITY GRAPHSLOT_VERSION PARAMS RUNTIME_PARAMS SLOTS SPEC_SOURCE SPEC_JSON".split())
@@ -71,19 +68,6 @@ def literal(node: ast.AST) -> Any:
     return ast.literal_eval(_NonFinite().visit(copy.deepcopy(node)))
 
 
-def _same(a: Any, b: Any) -> bool:
-    """Equal values of the same types; floats by repr and sign (nan matches nan, -0.0 only -0.0)."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, dict):
-        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, (tuple, list)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    if isinstance(a, float):
-        return repr(a) == repr(b) and math.copysign(1.0, a) == math.copysign(1.0, b)
-    return a == b
-
-
 def _is(node: ast.stmt, text: str) -> bool:
     """``node`` is the one statement ``text`` parses to."""
     return ast.dump(node) == ast.dump(ast.parse(text).body[0])
@@ -91,41 +75,34 @@ def _is(node: ast.stmt, text: str) -> bool:
 
 def _is_handshake(node: ast.stmt, version: Optional[str]) -> bool:
     """``__gs_rt.require(__name__, version=<str literal>, format=MODULE_FORMAT)``; with ``version``, that one."""
-    try:
-        got = node.value.keywords[0].value.value
-    except (AttributeError, IndexError):
-        return False
-    handshake = f"{RUNTIME_ALIAS}.require(__name__, version={got!r}, format={MODULE_FORMAT})"
-    return isinstance(got, str) and version in (None, got) and _is(node, handshake)
+    handshake = rf"{RUNTIME_ALIAS}\.require\(__name__, version=('[^'\\]*'), format={MODULE_FORMAT}\)"
+    match = re.fullmatch(handshake, ast.unparse(node))
+    return match is not None and version in (None, ast.literal_eval(match.group(1)))
 
 
 def _bound_from_runtime(node: ast.stmt) -> Optional[Tuple[str, str]]:
     """(name, attribute) of ``name = __gs_rt.attribute``, else None."""
-    target, value = getattr(node, "targets", [None]), getattr(node, "value", None)
-    if isinstance(node, ast.Assign) and len(target) == 1 and isinstance(target[0], ast.Name):
-        if isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name) and value.value.id == RUNTIME_ALIAS:
-            return target[0].id, value.attr
-    return None
+    match = re.fullmatch(rf"(\w+) = {RUNTIME_ALIAS}\.(\w+)", ast.unparse(node))
+    return match and match.groups()
 
 
-def _constant(node: ast.stmt, name: str, known: Mapping[str, Any]) -> bool:
-    """``name = <a literal>``, of the value ``known`` holds for it if any."""
+def _constant(node: ast.stmt, name: str, known: Mapping[str, str]) -> bool:
+    """``name = <a literal>``; for a name ``known`` holds, the literal whose tree (``ast.dump``) it holds."""
     targets = getattr(node, "targets", None)
     if not (isinstance(node, ast.Assign) and len(targets) == 1 and getattr(targets[0], "id", None) == name):
         return False
+    if name in known:  # same types, floats by sign too (-0.0 is not 0.0, float("-nan") not float("nan"))
+        return ast.dump(node.value) == known[name]
     try:
-        value = literal(node.value)
+        literal(node.value)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         return False
-    return name not in known or _same(known[name], value)
+    return True
 
 
-def check_module_structure(text: str, spec: RegistrySpec, expected: Optional[Sequence[Tuple[str, Any]]] = None) -> None:
-    """Refuse ``text`` unless its top level is exactly the generated skeleton.
-
-    ``expected``: (name, value) of every constant, in order; without it SPEC_NAME, SPEC_IDENTITY and
-    SPEC_JSON are checked against ``spec``, the others only for being literals.
-    """
+def check_module_structure(text: str, spec: RegistrySpec, expected: Optional[Sequence[Tuple[str, str]]] = None) -> None:
+    """Refuse ``text`` unless its top level is exactly the generated skeleton. ``expected``: (name, source) of every
+    constant, in order; without it SPEC_NAME, SPEC_IDENTITY and SPEC_JSON are checked, the others only as literals."""
     if not text.replace("\n", "").isprintable():  # one pass in C; the loop only to name the character
         bad = next(c for c in text if c != "\n" and not c.isprintable())
         raise refuse(spec, f"the source would contain the control character {ascii(bad)}")
@@ -146,8 +123,9 @@ def check_module_structure(text: str, spec: RegistrySpec, expected: Optional[Seq
 
     take("the module docstring", lambda n: _is(n, repr(DOCSTRING)))
     take(f"`{RUNTIME_IMPORT}`", lambda n: _is(n, RUNTIME_IMPORT))
-    own = {"SPEC_NAME": spec.name, "SPEC_IDENTITY": spec.identity, "SPEC_JSON": spec.canonical_json()}
-    known, version = dict(expected or own), dict(expected or {}).get("GRAPHSLOT_VERSION")
+    own = {"SPEC_NAME": repr(spec.name), "SPEC_IDENTITY": repr(spec.identity), "SPEC_JSON": repr(spec.canonical_json())}
+    known = {k: ast.dump(ast.parse(v, mode="eval").body) for k, v in (expected or own.items())}
+    version = ast.literal_eval(dict(expected)["GRAPHSLOT_VERSION"]) if expected else None
     handshake = f"the handshake `{RUNTIME_ALIAS}.require(__name__, version=..., format={MODULE_FORMAT})`"
     take(handshake, lambda n: _is_handshake(n, version))
     take(f"`torch = {RUNTIME_ALIAS}.torch`", lambda n: _bound_from_runtime(n) == ("torch", "torch"))
@@ -201,16 +179,14 @@ def _function_problems(function: ast.FunctionDef) -> List[str]:
 REGENERATE = "graphslot generate"
 RULE = "-" * 86
 _SAFE_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_VERSION = re.compile(r"[0-9A-Za-z.+_-]+")
-_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 @lru_cache(maxsize=1)
-def _environment() -> jinja2.Environment:
-    loader, options = jinja2.PackageLoader("graphslot.codegen", "templates"), dict(trim_blocks=True, lstrip_blocks=True)
-    env = jinja2.Environment(loader=loader, keep_trailing_newline=True, undefined=jinja2.StrictUndefined, **options)
-    env.filters["pystr"] = py_str
-    return env
+def _template() -> jinja2.Template:
+    options = dict(keep_trailing_newline=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env = jinja2.Environment(loader=jinja2.PackageLoader("graphslot.codegen", "templates"), **options)
+    env.globals.update(docstring=DOCSTRING, plan_cache_limit=PLAN_CACHE_LIMIT, module_format=MODULE_FORMAT)
+    return env.get_template("registry_module.py.j2")
 
 
 def comment_text(value: Any) -> str:
@@ -231,55 +207,33 @@ def comment_value(value: Any) -> str:
     return comment_text(value)
 
 
-def _listing(label: str, items: List[str]) -> List[str]:
-    return [f"# {label if i == 0 else ' ' * len(label)}{item}" for i, item in enumerate(items)]
-
-
-def banner_lines(e: Any, regenerate: str) -> List[str]:
+def banner_lines(e: Any) -> List[str]:
     """Where the module comes from, one param a line (a changed param changes one line)."""
     lines = [f"# {RULE}", f"# Generated by graphslot {e.version} from {comment_text(e.source_label)}. DO NOT EDIT."]
     lines += [f"# spec:     {comment_text(e.spec.name)}", f"# identity: {e.spec.identity}"]
     params = [f"{comment_name(k)}={comment_value(v)}" for k, v in sorted(e.baked.items())]
-    live = sorted(n for n, p in e.spec.params.items() if p.live)
-    lines += _listing("params:   ", params or ["(none)"])
-    for label, names, note in (
-        ("runtime:  ", e.runtime, "(read from params when bound)"),
-        ("live:     ", live, "(read by hooks at each fill)"),
+    runtime = [comment_name(n) for n in e.runtime]
+    live = [comment_name(n) for n, p in sorted(e.spec.params.items()) if p.live]
+    for label, items in (
+        ("params:   ", params or ["(none)"]),
+        ("runtime:  ", [*runtime, "(read from params when bound)"] if runtime else []),
+        ("live:     ", [*live, "(read by hooks at each fill)"] if live else []),
     ):
-        lines += _listing(label, [comment_name(n) for n in names] + [note]) if names else []
-    return lines + [f"# Regenerate with: {regenerate}", f"# {RULE}"]
+        lines += [f"# {label if i == 0 else ' ' * len(label)}{item}" for i, item in enumerate(items)]
+    return lines + [f"# Regenerate with: {REGENERATE}", f"# {RULE}"]
 
 
-def _expected_constants(spec: RegistrySpec, e: Any) -> List[Tuple[str, Any]]:
-    params = literal(ast.parse(params_literal(e.baked), mode="eval").body)
-    values = (e.spec.name, e.spec.identity, e.version, params, tuple(e.runtime), tuple(n.slot.name for n in e.names))
-    return list(zip(CONSTANTS, values + (e.source_label, spec.canonical_json())))
+def _expected_constants(spec: RegistrySpec, e: Any) -> List[Tuple[str, str]]:
+    """(name, source) of each constant, written apart from the emitter's (``repr``, :func:`params_literal`)."""
+    values = (e.spec.name, e.spec.identity, e.version, tuple(e.runtime), tuple(n.slot.name for n in e.names))
+    sources = [repr(v) for v in values[:3]] + [params_literal(e.baked)] + [repr(v) for v in values[3:]]
+    return list(zip(CONSTANTS, sources + [repr(e.source_label), repr(spec.canonical_json())]))
 
 
-def _check_emission(spec: RegistrySpec, e: Any) -> None:
-    """The few emitted values the template places as code rather than as literals."""
-    if not _VERSION.fullmatch(e.version):
-        raise refuse(spec, f"graphslot version {comment_text(e.version)} is not a plain version")
-    if not _SHA256.fullmatch(e.spec.identity):
-        raise refuse(spec, "the spec's identity is not a sha256 hex digest")
-    for local in map(runtime_local, e.used_runtime_params()):
-        if not (local.isidentifier() and local.isascii()):
-            raise refuse(spec, f"runtime param {comment_text(local)} is not an identifier")
-    for helper, alias in e.runtime_imports:
-        if HELPER_ALIASES.get(helper) != alias:
-            raise refuse(spec, f"unknown runtime helper {comment_text(helper)}")
-
-
-def render_module(spec: RegistrySpec, params: Mapping[str, Any], source_label=None, regenerate=REGENERATE, skip=()):
+def render_module(spec: RegistrySpec, params: Mapping[str, Any], source_label=None, skip=()):
     """The generated source, byte-stable; :class:`GeneratedCodeError` unless it is the expected skeleton.
     ``skip``: slots its ``fill_from`` leaves alone (``fill_from_skipping``'s variant; never written out)."""
     emission = Emitter(spec, params, __version__, source_label or spec.path, skip).emit()
-    _check_emission(spec, emission)
-    if regenerate != REGENERATE and not re.fullmatch(r"[ -~]+", regenerate):
-        raise refuse(spec, "the regenerate command must be one line of printable ASCII")
-    template, banner = _environment().get_template("registry_module.py.j2"), banner_lines(emission, regenerate)
-    text = template.render(
-        e=emission, banner=banner, docstring=DOCSTRING, plan_cache_limit=PLAN_CACHE_LIMIT, module_format=MODULE_FORMAT
-    )
+    text = _template().render(e=emission, banner=banner_lines(emission), version=py_str(emission.version))
     check_module_structure(text, spec, _expected_constants(spec, emission))
     return text

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from collections import namedtuple
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from ..spec.hooks import BUILTIN_HOOKS, is_import_reference
-from .layout import Chain, Item, Operand, assign, call, condition, flat, layout, list_of, method
+from .layout import Chain, Item, Operand, assign, call, condition, flat, layout, list_of, method, subscript
 from .names import CAPACITY, SlotNames, pad_name, unique, value_name
 
 if TYPE_CHECKING:
@@ -20,27 +20,6 @@ _CARRIERS = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
 
 def foreach(dsts: str, srcs: str, indent: int) -> List[str]:
     return layout(call("__gs_foreach_copy", dsts, srcs), indent)
-
-
-# A head whose field may be None: its source local, and the lines (at an indentation) adding it to the lists.
-OptionalHead = Tuple[str, Callable[[int], List[str]]]
-
-
-def _copy_lines(
-    dsts: str, pads: Optional[str], tails: str, sources: List[Item], optional: List[OptionalHead], indent: int
-) -> List[str]:
-    """One ``_foreach_copy_``: ``dsts`` (then ``tails``) from ``sources`` (then ``pads``), and optional heads."""
-    pad = " " * indent
-    if not optional:
-        if not sources:
-            return foreach(dsts, pads, indent)
-        return assign("srcs", list_of(sources), indent) + foreach(dsts, f"srcs + {pads}" if pads else "srcs", indent)
-    lines = [f"{pad}dsts = list({dsts})"] + assign("srcs", list_of(sources), indent)
-    for src, add in optional:
-        lines += [f"{pad}if {src} is not None:"] + add(indent + 4)
-    if pads:
-        return lines + foreach(f"dsts + {tails}", f"srcs + {pads}", indent)
-    return lines + [f"{pad}if dsts:"] + foreach("dsts", "srcs", indent + 4)
 
 
 # A constant tensor tails are copied from: its value's source (a literal or a runtime param's local), as long
@@ -59,7 +38,7 @@ class CopyGroup:
     name: str = "dev"
     heads: List[SlotNames] = field(default_factory=list)
     optional_heads: List[SlotNames] = field(default_factory=list)
-    tails: List[Tuple[SlotNames, str]] = field(default_factory=list)  # (slot, pad constant)
+    tails: List[Tuple[SlotNames, Item]] = field(default_factory=list)  # (slot, its pad constant's tail slice)
     values: List[Tuple[SlotNames, str]] = field(default_factory=list)  # (slot, plan constant)
     carrier: Optional[str] = None
     mixed: bool = False
@@ -90,7 +69,7 @@ class CopyGroup:
         heads = [self._view(n, d, viewed) for n in self.heads for d in n.head_rows()]
         tails = [self._view(n, d, viewed) for n, _ in self.tails for d in n.tail_rows()]
         tails += [self._view(n, n.buf, viewed) for n, _ in self.values]
-        pads = [self._view(n, n.pad_slice(c), viewed) for n, c in self.tails for _ in n.tail_rows()]
+        pads = [self._view(n, c, viewed) for n, c in self.tails for _ in n.tail_rows()]
         pads += [self._view(n, c, viewed) for n, c in self.values]
         if self.optional_heads:
             fields = [(f"{p}dsts_{self.name}", list_of(heads)), (f"{p}tails_{self.name}", list_of(tails))]
@@ -106,17 +85,27 @@ class CopyGroup:
         src = self._view(n, n.src, viewed)
         return f"*{flat(src)}.unbind(0)" if n.split is not None else src
 
-    def _add(self, n: SlotNames, p: str, viewed: bool, indent: int) -> List[str]:
-        src, dsts = self._view(n, n.src, viewed), assign("dsts", f"{p}head_{n.ident}", indent, "+=")
-        if n.split is not None:
-            return dsts + assign("srcs", method(src, "unbind", "0"), indent, "+=")
-        return dsts + layout(call("srcs.append", src), indent)
-
     def _block(self, p: str, viewed: bool, indent: int) -> List[str]:
-        optional = [(n.src, lambda i, n=n: self._add(n, p, viewed, i)) for n in self.optional_heads]
+        """One ``_foreach_copy_``: the heads (then the tails) from their sources (then the pads)."""
+        dsts, tails, pad = f"{p}dsts_{self.name}", f"{p}tails_{self.name}", " " * indent
         pads = f"{p}pads_{self.name}" if self.tails or self.values else None
         sources = [self._source(n, viewed) for n in self.heads]
-        return _copy_lines(f"{p}dsts_{self.name}", pads, f"{p}tails_{self.name}", sources, optional, indent)
+        if not self.optional_heads:
+            if not sources:
+                return foreach(dsts, pads, indent)
+            srcs = f"srcs + {pads}" if pads else "srcs"
+            return assign("srcs", list_of(sources), indent) + foreach(dsts, srcs, indent)
+        lines = [f"{pad}dsts = list({dsts})"] + assign("srcs", list_of(sources), indent)
+        for n in self.optional_heads:  # added when the batch has them
+            src = self._view(n, n.src, viewed)
+            lines += [f"{pad}if {n.src} is not None:"] + assign("dsts", f"{p}head_{n.ident}", indent + 4, "+=")
+            if n.split is not None:
+                lines += assign("srcs", method(src, "unbind", "0"), indent + 4, "+=")
+            else:
+                lines += layout(call("srcs.append", src), indent + 4)
+        if pads:
+            return lines + foreach(f"dsts + {tails}", f"srcs + {pads}", indent)
+        return lines + [f"{pad}if dsts:"] + foreach("dsts", "srcs", indent + 4)
 
     def _viewable(self) -> List[Operand]:
         """Each source of its slot's dtype with a unit last stride (view(dtype) needs one; is_contiguous() does
@@ -163,22 +152,6 @@ class Copies:
         return sorted(heads, key=lambda n: position[n.slot.name])
 
 
-def _pad_for(em: "Emitter", n: SlotNames, constants: Dict[str, PadConstant], names: Dict[str, str]) -> str:
-    s = n.slot
-    value = em.pad_src(s)
-    name = unique(names, pad_name(s.host, s.dtype_name, s.axis, value), repr((s.host, s.dtype_name, s.axis, value)))
-    constants.setdefault(name, PadConstant(name, s.host, s.dtype_name, value, CAPACITY[s.axis]))
-    return name
-
-
-def fused_value(em: "Emitter", n: SlotNames) -> Optional[str]:
-    """The step count a computed slot's only hook, a built-in, fills it with (the device group writes it)."""
-    s, ref = n.slot, n.slot.post_fill
-    if s.host or s.copy_from_fb or s.resets_tail or em.hooks[s.name] != ["post_fill"]:
-        return None
-    return None if ref not in BUILTIN_HOOKS or is_import_reference(ref) else BUILTIN_HOOKS[ref].fills
-
-
 def plan_copies(em: "Emitter") -> Copies:
     """Sort the slots into copy groups; a computed slot the device group fills drops its hook from ``em.hooks``."""
     host: Dict[str, CopyGroup] = {}
@@ -188,11 +161,18 @@ def plan_copies(em: "Emitter") -> Copies:
     for n in em.fill_names:
         s = n.slot
         group = host.setdefault(s.dtype_name, CopyGroup(f"host_{s.dtype_name}")) if s.host else dev
-        if s.resets_tail and n.tail_rows() is not None:
-            group.tails.append((n, _pad_for(em, n, constants, names)))
+        if s.resets_tail and n.tail_rows() is not None:  # from a constant as long as the axis' capacity
+            value = em.pad_src(s)
+            key = (s.host, s.dtype_name, s.axis, value)
+            name = unique(names, pad_name(*key), repr(key))
+            constants.setdefault(name, PadConstant(name, s.host, s.dtype_name, value, CAPACITY[s.axis]))
+            group.tails.append((n, subscript(name, ":".join(n.counts))))
         elif s.resets_tail:
             resets.append(n)
-        count = fused_value(em, n)
+        # a computed slot whose only hook, a built-in, fills it with a step count: the device group writes it
+        fused = em.hooks[s.name] == ["post_fill"] and not (s.host or s.copy_from_fb or s.resets_tail)
+        builtin = BUILTIN_HOOKS.get(s.post_fill) if fused and not is_import_reference(s.post_fill) else None
+        count = builtin.fills if builtin else None
         if count is not None:
             extents = tuple(em.extents(s))
             name = unique(names, value_name(s.dtype_name, count, extents), repr((s.dtype_name, count, extents)))

@@ -7,7 +7,6 @@ import linecache
 import types
 from typing import AbstractSet, Any, Callable, Dict, List, Mapping
 
-import torch
 
 from .._version import __version__
 from ..spec.errors import SpecError, SpecIssue, shorten
@@ -16,11 +15,10 @@ from ..spec.model import RegistrySpec
 from ..registry.base import SlotRegistry
 from ..spec.resolve import ResolvedSlot
 from .embedded import module_name, module_params, refuse_foreign, same_spec_file
-from .emitter import params_literal, structural_params
+from .emitter import params_literal, structural_params, value_source
 from .handshake import version_incompatibility
 
 _MODULES: Dict[tuple, types.ModuleType] = {}
-_REGENERATE = "regenerate it (graphslot generate)"
 
 
 def compile_module(spec: RegistrySpec, params: Mapping[str, Any], skip: AbstractSet[str] = frozenset()):
@@ -57,7 +55,8 @@ def check_module(module: Any, spec: RegistrySpec, params: Mapping[str, Any]) -> 
         problems.append(f"generated module '{name}' {old}; run `graphslot generate`")
     elif module.SPEC_IDENTITY != spec.identity:
         problems.append(_other_spec(module, spec))
-    expected, got = _sources(structural_params(spec, params)), _sources(module_params(module))
+    expected = {k: value_source(v) for k, v in structural_params(spec, params).items()}
+    got = {k: value_source(v) for k, v in module_params(module).items()}
     differing = sorted(k for k in expected.keys() | got.keys() if expected.get(k) != got.get(k))
     if differing:
         shown = [f"{k} (module: {got.get(k, 'absent')}, registry: {expected.get(k, 'absent')})" for k in differing]
@@ -91,22 +90,8 @@ def _other_spec(module: Any, spec: RegistrySpec) -> str:
 def _damaged(module: Any, spec: RegistrySpec, function: str, got: str, expected: str) -> SpecError:
     """A generated function returned what generated code never does: refused when the registry is built."""
     message = f"generated module '{module_name(module)}': {function}() returned {got}, expected {expected}"
-    return SpecError([SpecIssue(spec.path, None, f"{message}; the module was edited or damaged: {_REGENERATE}")])
-
-
-def _bound(module: Any, spec: RegistrySpec, bound: Any) -> tuple:
-    """What ``bind()`` returned, when it is ``(fill_from, extract)``."""
-    if isinstance(bound, tuple) and len(bound) == 2 and all(callable(f) for f in bound):
-        return bound
-    got = type(bound).__name__
-    if isinstance(bound, tuple):
-        got = f"a {len(bound)}-tuple of {', '.join(type(f).__name__ for f in bound)}"
-    raise _damaged(module, spec, "bind", got, "(fill_from, extract), two callables")
-
-
-def _sources(params: Mapping[str, Any]) -> Dict[str, str]:
-    """Each param's value as the byte-stable source :func:`params_literal` writes."""
-    return {k: params_literal({k: v})[1:-1].split(": ", 1)[1] for k, v in params.items()}
+    message += "; the module was edited or damaged: regenerate it (graphslot generate)"
+    return SpecError([SpecIssue(spec.path, None, message)])
 
 
 class GeneratedRegistry(SlotRegistry):
@@ -116,10 +101,11 @@ class GeneratedRegistry(SlotRegistry):
     impl = "generated"
 
     def __init__(self, module, spec, slots, hooks, params, buffers=None, **kwargs):
-        device = torch.device(kwargs["device"])
         pool, source = kwargs.pop("pool"), kwargs.pop("source")
         if buffers is None:  # else the caller's buffers (build_registry(buffers=...)): nothing allocated
-            buffers = module.allocate(kwargs["max_bs"], kwargs["max_num_tokens"], device, params, pool, source)
+            buffers = module.allocate(
+                kwargs["max_bs"], kwargs["max_num_tokens"], kwargs["device"], params, pool, source
+            )
             if not isinstance(buffers, dict):
                 raise _damaged(module, spec, "allocate", type(buffers).__name__, "a dict of buffers")
         super().__init__(spec, slots, hooks, params, buffers=buffers, **kwargs)
@@ -136,7 +122,13 @@ class GeneratedRegistry(SlotRegistry):
     def _bind(self, module, checker) -> tuple:
         """``(fill_from, extract)`` of ``module`` bound to this registry; strict mode wraps them."""
         args = (self._buffers, self._hooks, self.params, self.max_bs, self.max_num_tokens, self.device, checker)
-        fill_from, extract = _bound(module, self.spec, module.bind(*args, self.make_context))
+        bound = module.bind(*args, self.make_context)
+        if not (isinstance(bound, tuple) and len(bound) == 2 and all(callable(f) for f in bound)):
+            got = type(bound).__name__
+            if isinstance(bound, tuple):
+                got = f"a {len(bound)}-tuple of {', '.join(type(f).__name__ for f in bound)}"
+            raise _damaged(module, self.spec, "bind", got, "(fill_from, extract), two callables")
+        fill_from, extract = bound
         if not self.strict:
             return fill_from, extract
 
@@ -165,12 +157,9 @@ def build_generated_registry(
 ) -> GeneratedRegistry:
     if mode == "generated":  # compiled from this spec and these params: nothing to check
         return GeneratedRegistry(compile_module(spec, params), spec, slots, hooks, params, **kwargs)
-    if isinstance(mode, types.ModuleType):
-        module = mode
-    elif callable(mode):
-        module = mode(spec, params)
-    else:
+    if not (isinstance(mode, types.ModuleType) or callable(mode)):
         kinds = "'generated', 'interpreted', a generated module or a loader function"
         raise ValueError(f"mode must be {kinds}, got {mode!r}")
+    module = mode if isinstance(mode, types.ModuleType) else mode(spec, params)
     check_module(module, spec, params)
     return GeneratedRegistry(module, spec, slots, hooks, params, **kwargs)

@@ -15,12 +15,10 @@ from collections import namedtuple
 from typing import List, Sequence, Tuple, Union
 
 LINE_WIDTH, STEP = 88, 4
-CALL, SUBSCRIPT, DISPLAY = "call", "subscript", "display"
 
-
-# A call (``head`` the callee), a subscript (one index) or a display (``head`` empty); ``magic``: one item per
-# line even when it fits.
-Seq = namedtuple("Seq", "head items brackets kind magic", defaults=("()", CALL, False))
+# A call (``head`` the callee), a subscript (``[]`` after a head: one index) or a display (``head`` empty);
+# ``magic``: one item per line even when it fits.
+Seq = namedtuple("Seq", "head items brackets magic", defaults=("()", False))
 Keyed = namedtuple("Keyed", "key value")  # a dict entry, ``key: value``
 Chained = namedtuple("Chained", "first then")  # ``then`` (a ``.method(...)`` call) on the result of ``first``
 Chain = namedtuple("Chain", "op operands")  # operands joined by ``and`` / ``or``; a Chain operand in parentheses
@@ -40,20 +38,20 @@ def method(receiver: Item, name: str, *args: Item) -> Item:
 
 
 def subscript(name: str, index: str) -> Seq:
-    return Seq(name, (index,), "[]", SUBSCRIPT)
+    return Seq(name, (index,), "[]")
 
 
 def list_of(items: Sequence[Item]) -> Seq:
-    return Seq("", tuple(items), "[]", DISPLAY, bool(items))
+    return Seq("", tuple(items), "[]", bool(items))
 
 
 def tuple_of(items: Sequence[Item]) -> Seq:
     """A one-item tuple stays on its line (``(x,)``)."""
-    return Seq("", tuple(items), "()", DISPLAY, len(items) > 1)
+    return Seq("", tuple(items), "()", len(items) > 1)
 
 
 def dict_of(entries: Sequence[Tuple[str, Item]]) -> Seq:
-    return Seq("", tuple(Keyed(f"{k}: ", v) for k, v in entries), "{}", DISPLAY, bool(entries))
+    return Seq("", tuple(Keyed(f"{k}: ", v) for k, v in entries), "{}", bool(entries))
 
 
 def flat(item: Union[Item, Chain]) -> str:
@@ -67,7 +65,7 @@ def flat(item: Union[Item, Chain]) -> str:
     if isinstance(item, Chain):
         return f" {item.op} ".join(f"({flat(o)})" if isinstance(o, Chain) else o for o in item.operands)
     inner = ", ".join(flat(i) for i in item.items)
-    if item.kind == DISPLAY and item.brackets == "()" and len(item.items) == 1:
+    if not item.head and item.brackets == "()" and len(item.items) == 1:  # a one-item tuple
         inner += ","
     return f"{item.head}{item.brackets[0]}{inner}{item.brackets[1]}"
 
@@ -98,7 +96,7 @@ def layout(item: Item, indent: int, lead: str = "", tail: str = "") -> List[str]
     lines = [pad + lead + item.head + item.brackets[0]]
     if not _magic(item) and _fits(indent + STEP, ", ".join(flat(i) for i in item.items)):
         return lines + [" " * (indent + STEP) + ", ".join(flat(i) for i in item.items), pad + item.brackets[1] + tail]
-    comma = "" if item.kind == SUBSCRIPT else ","  # one index: no comma may be added
+    comma = "" if item.head and item.brackets == "[]" else ","  # a subscript's one index: no comma may be added
     for i in item.items:
         lines += layout(i, indent + STEP, "", comma)
     return lines + [pad + item.brackets[1] + tail]
@@ -112,27 +110,22 @@ def assign(target: str, value: Item, indent: int, op: str = "=") -> List[str]:
     return [f"{pad}{target} {op} ("] + layout(value, indent + STEP) + [pad + ")"]
 
 
-def unpack(targets: Sequence[str], value: str, indent: int) -> List[str]:
-    """``targets = value``: several targets one per line (magic), one as ``(x,)``."""
-    return layout(tuple_of(targets), indent, "", f" = {value}") if targets else []
-
-
-def concatenated(target: str, groups: Sequence[str], indent: int = 0) -> List[str]:
-    """``target = "".join(groups)``: one literal, else concatenated ones, each group starting a line."""
-    whole, pad, inner = "".join(groups), " " * indent, indent + STEP
-    if _fits(indent, f"{target} = {py_str(whole)}"):
-        return [f"{pad}{target} = {py_str(whole)}"]
-    lines = [f"{pad}{target} = ("]
+def concatenated(target: str, groups: Sequence[str]) -> List[str]:
+    """Top-level ``target = "".join(groups)``: one literal, else concatenated ones, each group starting a line."""
+    whole = f"{target} = {py_str(''.join(groups))}"
+    if _fits(0, whole):
+        return [whole]
+    lines = [f"{target} = ("]
     for text in groups:
         while text:
-            n = min(len(text), LINE_WIDTH - inner - 2)
-            while n > 1 and not _fits(inner, py_str(text[:n])):
+            n = min(len(text), LINE_WIDTH - STEP - 2)
+            while n > 1 and not _fits(STEP, py_str(text[:n])):
                 n -= 1
             if n < len(text) and text.rfind(",", 1, n) > n // 2:  # cut before a comma when one is near
                 n = text.rfind(",", 1, n)
-            lines.append(" " * inner + py_str(text[:n]))
+            lines.append(" " * STEP + py_str(text[:n]))
             text = text[n:]
-    return lines + [pad + ")"]
+    return lines + [")"]
 
 
 def _operands(chain: Operand, indent: int, lead: str = "") -> List[str]:
@@ -170,9 +163,7 @@ def normalise(source: str) -> str:
     out, pos = [], 0
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
         if token.type == tokenize.STRING:
-            (row, start), (_, end) = token.start, token.end
-            if row != 1:
-                raise ValueError(f"not a one-line expression: {source!r}")
+            start, end = token.start[1], token.end[1]  # one line: columns are offsets
             out += [source[pos:start], py_str(ast.literal_eval(token.string))]
             pos = end
     return "".join(out) + source[pos:]

@@ -37,9 +37,7 @@ TEMPLATE_HELPERS = frozenset({"__gs_allocate", "__gs_ViewMaker", "__gs_grad_enab
 
 def runtime_local(name: str) -> str:
     """The local a runtime param is bound to in generated code."""
-    if name in _MODULE_NAMES or name.startswith(_GENERATED_PREFIXES):
-        return f"rt_{name}"
-    return name
+    return f"rt_{name}" if name in _MODULE_NAMES or name.startswith(_GENERATED_PREFIXES) else name
 
 
 def dtype_src(dtype: str) -> str:
@@ -50,13 +48,8 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:10]
 
 
-def _ident(name: str) -> str:
-    return re.sub(r"\W", "_", name.replace(".", "__"))
-
-
 # Tags are a fixed word, digits, or ``x`` and a digest, so a joined tag reads back one way only.
 _EXTENT_TAGS = {"raw_bs": "bs", "raw_num_tokens": "tokens", "max_bs": "max_bs", "max_num_tokens": "max_tokens"}
-_COUNT_TAGS = {c: c.replace("num_", "") for c in ("raw_bs", "padded_bs", "raw_num_tokens", "padded_num_tokens")}
 _NUMBER = re.compile(r"(-?)([0-9]+)(?:\.([0-9]+))?(?:e(-?)([0-9]+))?")
 _SPECIAL = {"0": "zero", "True": "true", "False": "false"}
 _SPECIAL.update({f'float("{v}")': v.replace("-", "neg") for v in ("inf", "-inf", "nan", "-nan")})
@@ -93,7 +86,7 @@ def shape_name(extents: Sequence[str]) -> str:
 
 def value_name(dtype: str, count: str, extents: Sequence[str]) -> str:
     """A constant a computed slot is filled with per step size: ``val_int32_padded_tokens_1``."""
-    return f"val_{dtype}_{_COUNT_TAGS[count]}_" + "_".join(_extent_tag(e) for e in extents)
+    return f"val_{dtype}_{count.replace('num_', '')}_" + "_".join(_extent_tag(e) for e in extents)
 
 
 def unique(names: Dict[str, str], name: str, key: str) -> str:
@@ -107,7 +100,7 @@ def unique(names: Dict[str, str], name: str, key: str) -> str:
 
 def slot_idents(slots: Sequence[ResolvedSlot]) -> List[str]:
     """Each slot's name, mangled (``a.b`` -> ``a__b``); a mangled name two slots give gets a digest of its own."""
-    mangled = [_ident(slot.name) for slot in slots]
+    mangled = [re.sub(r"\W", "_", slot.name.replace(".", "__")) for slot in slots]
     taken = set(mangled)
     idents = []
     for slot, ident in zip(slots, mangled):
@@ -138,9 +131,6 @@ class SlotNames:
     def head(self) -> Item:
         return self.buf if self.counts is None else self.narrow(None, self.counts[0])
 
-    def tail(self) -> Item:
-        return self.narrow(*self.counts)
-
     def padded_view(self) -> Item:
         return self.buf if self.counts is None else self.narrow(None, self.counts[1])
 
@@ -154,10 +144,7 @@ class SlotNames:
         """The 1-D tail rows, or None (a wider tail's constant pad would double its memory)."""
         if self.split is not None:
             return [self.narrow(*self.counts, i) for i in range(self.split)]
-        return [self.tail()] if len(self.slot.shape) == 1 else None
-
-    def pad_slice(self, pad: str) -> Item:
-        return subscript(pad, f"{self.counts[0]}:{self.counts[1]}")
+        return [self.narrow(*self.counts)] if len(self.slot.shape) == 1 else None
 
     def read_source(self, indent: int) -> List[str]:
         """``src_<slot> = fb.<slot>``; getattr where the field may be absent or is a keyword."""
@@ -170,12 +157,6 @@ class SlotNames:
         if keyword.iskeyword(name):
             return assign(self.src, call("getattr", "fb", py_str(name)), indent)
         return assign(self.src, f"fb.{name}", indent)
-
-    def expected_extents(self, extents: Sequence[str]) -> List[str]:
-        extents = list(extents)
-        if self.counts is not None:
-            extents[self.slot.slice_dim] = self.counts[0]
-        return extents
 
 
 def shape_src(extents: Sequence[str]) -> str:
