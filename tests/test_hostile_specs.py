@@ -757,6 +757,19 @@ def test_pyproject_errors_and_entries_are_linear(capsys, monkeypatch, pyproject_
     assert_linear(lambda d: run_in(capsys, monkeypatch, d, ["validate"], status), make, 1000)
 
 
+def test_modules_named_twice_are_found_in_linear_time(capsys, monkeypatch, pyproject_dirs):
+    def make(n: int):  # every module name on two entries
+        return pyproject_dirs('[tool.graphslot]\nspecs = ["t.yaml"]\noutput_dir = "gen"\n' + "".join(
+            f'\n[[tool.graphslot.outputs]]\nmodule = "m{i // 2}"\nspec = "t.yaml"\n' for i in range(n)))
+
+    monkeypatch.chdir(make(4))
+    assert main(["validate"]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "graphslot validate: error: pyproject.toml:5: [tool.graphslot] outputs: module name used twice: m0",
+        "pyproject.toml:13: [tool.graphslot] outputs: module name used twice: m1"]
+    assert_linear(lambda d: run_in(capsys, monkeypatch, d, ["validate"], 1), make, 4000)
+
+
 @pytest.mark.parametrize("shape", HOSTILE_LINES)
 def test_new_specs_pyproject_editor_is_linear(shape):
     from graphslot.cli.pyproject_edit import pyproject_with_entry

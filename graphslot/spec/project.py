@@ -4,7 +4,6 @@ it arrives in pull requests, so an unknown key or a wrongly typed value is an er
 from __future__ import annotations
 
 import keyword
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any, Dict, List, Mapping, Optional, Union
@@ -181,9 +180,12 @@ def validate_table(table: Any, text: str = "", path: Optional[Path] = None) -> D
         error(where.table("outputs"), f"{TABLE} outputs must be an array of tables ({OUTPUTS} entries), got {got}")
         outputs = []
     outputs = [o for o in (_check_output(error, where, i, e) for i, e in enumerate(outputs)) if o is not None]
-    for name, count in sorted(Counter(o.module for o in outputs).items()):
-        if count > 1:
-            error(next(o.line for o in outputs if o.module == name), f"{TABLE} outputs: module name used twice: {name}")
+    lines: Dict[str, List[Optional[int]]] = {}  # module -> the lines of its entries (a dict keeps this linear)
+    for o in outputs:
+        lines.setdefault(o.module, []).append(o.line)
+    for name, at in sorted(lines.items()):
+        if len(at) > 1:
+            error(at[0], f"{TABLE} outputs: module name used twice: {name}")
     if issues:
         raise ProjectConfigError(issues)
     return {"specs": specs, "output_dir": output_dir, "outputs": outputs, "import_hooks": import_hooks}
