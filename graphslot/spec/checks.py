@@ -59,8 +59,15 @@ def check_spec(
     types = {n: p.type for n, p in params.items()}
     check_params(params, types, report)
     check_presets(params, presets, report)
-    chains_ok = check_param_chains(params, report)
-    default_values = param_value_sets(params, presets, file, locations, report) if chains_ok else []
+    check_param_chains(params, report)
+    default_values = []  # param values under the defaults and under each preset, for evaluating extents
+    if not report.issues:
+        probe = RegistrySpec.model_construct(name="", params=params, presets=presets, slots=[])
+        probe._source, probe._locations = file, locations
+        try:
+            default_values = [resolve_params(probe, preset=p, torch_dtypes=False) for p in [None, *presets]]
+        except SpecError as exc:
+            report.issues.extend(exc.issues)
     first_line: Dict[str, int] = {}
     for index, slot in slots:
         path = ("slots", index)
@@ -107,7 +114,7 @@ def _check_total_bytes(slots, presets, default_values, max_bytes: int, report: R
             return
 
 
-def check_param_chains(params: Dict[str, ParamSpec], report: Reporter) -> bool:
+def check_param_chains(params: Dict[str, ParamSpec], report: Reporter) -> None:
     """Report default chains longer than MAX_PARAM_CHAIN (resolving them recurses)."""
     deps: Dict[str, List[str]] = {}
     for name, param in params.items():
@@ -139,8 +146,7 @@ def check_param_chains(params: Dict[str, ParamSpec], report: Reporter) -> bool:
                 f"param '{bad}': its default depends on a chain of more than {MAX_PARAM_CHAIN} param defaults; a "
                 "default may name a param whose default names another, but not that deeply",
             )
-            return False
-    return True
+            return
 
 
 def check_params(params: Dict[str, ParamSpec], types: Dict[str, str], report: Reporter) -> None:
@@ -222,19 +228,3 @@ def check_presets(params: Dict[str, ParamSpec], presets: Dict[str, Dict[str, Any
                     path,
                     f"preset '{shown}': the value of param '{name}' contains the control character {char_name(bad)}",
                 )
-
-
-def param_value_sets(params, presets, file, locations, report) -> List[Dict[str, Any]]:
-    """Param values under the defaults and under each preset, for evaluating extents."""
-    if report.issues:
-        return []
-    probe = RegistrySpec.model_construct(name="", params=params, presets=presets, slots=[])
-    probe._source, probe._locations = file, locations
-    sets = []
-    for preset in [None, *presets]:
-        try:
-            sets.append(resolve_params(probe, preset=preset, torch_dtypes=False))
-        except SpecError as exc:
-            report.issues.extend(exc.issues)
-            return []
-    return sets

@@ -49,14 +49,10 @@ def _is_tensor(value: Any) -> bool:
     return torch is not None and isinstance(value, torch.Tensor)
 
 
-HookFactory = Callable[[Mapping[str, Any], str], Optional[Callable]]
-
-
 @dataclass(frozen=True)
 class BuiltinHook:
     kind: str
-    factory: HookFactory
-    doc: str
+    factory: Callable[[Mapping[str, Any], str], Optional[Callable]]
     #: For a ``post_fill`` hook that only fills its whole buffer with one of the step's
     #: counts (``"raw_num_tokens"``, ``"padded_num_tokens"``): generated code writes that
     #: value through the step's grouped copy instead of calling the hook.
@@ -67,11 +63,10 @@ BUILTIN_HOOKS: Dict[str, BuiltinHook] = {}
 
 
 def builtin_hook(kind: str, fills: Optional[str] = None):
-    """Registers a factory as the built-in hook of its name (less the leading ``_``), documented by its docstring."""
+    """Registers a factory as the built-in hook of its name (less the leading ``_``); its docstring documents it."""
 
-    def register(factory: HookFactory) -> HookFactory:
-        doc = " ".join((factory.__doc__ or "").split())  # None under python -OO
-        BUILTIN_HOOKS[factory.__name__.lstrip("_")] = BuiltinHook(kind, factory, doc, fills)
+    def register(factory):
+        BUILTIN_HOOKS[factory.__name__.lstrip("_")] = BuiltinHook(kind, factory, fills)
         return factory
 
     return register
@@ -164,37 +159,36 @@ SHARD_PARAMS = ("attn_tp_sharded", "attn_tp_rank", "attn_tp_size")
 
 
 def _shard(get, fail):
-    """``(sharded, rank, size)``: whether this rank's share of the padded tokens is a slice
-    of them (sglang's ``not enable_prefill_cp and attn_tp_sharded_fn(n)``, whose default is
+    """``(rank, size)`` of this rank's share of the padded tokens, ``(0, 1)`` when not a slice of them
+    (sglang's ``not enable_prefill_cp and attn_tp_sharded_fn(n)``, whose default is
     ``require_gathered_buffer()``). Params are read as sglang reads its runtime context: rank
     and size only when sharded."""
     if get("enable_prefill_cp", False):
-        return False, 0, 1
+        return 0, 1
     sharded = get("attn_tp_sharded", None)
-    if sharded is None:
-        sharded = get("require_gathered_buffer", False)
-    if not sharded:
-        return False, 0, 1
+    if not (get("require_gathered_buffer", False) if sharded is None else sharded):
+        return 0, 1
     rank, size = int(get("attn_tp_rank", 0)), int(get("attn_tp_size", 1))
     if not (size >= 1 and 0 <= rank < size):
         raise fail(
             f"attn_tp_rank={rank} must lie in [0, attn_tp_size={size}) when the "
             "non-padded count is sharded (attn_tp_sharded)"
         )
-    return True, rank, size
+    return rank, size
 
 
-def _attn_tp_shard(params, slot_name):
-    """``ctx -> (sharded, rank, size)``: decided once here from fixed params, or at
-    every fill from ``ctx.params`` when one of them is live."""
-    if not any(isinstance(params.get(name), Live) for name in SHARD_PARAMS):
-        fixed = _shard(params.get, HookError)
-        return lambda ctx: fixed
+def _local_bounds(params, slot_name):
+    """``ctx -> (tokens_per_rank, rank_offset)``: this rank's slice of the padded bucket (all of it
+    when replicated), sharded once here from fixed params, or at every fill when one of them is live."""
+    live = any(isinstance(params.get(name), Live) for name in SHARD_PARAMS)
+    fixed = None if live else _shard(params.get, HookError)
 
-    def shard(ctx):
-        return _shard(ctx.params.get, lambda message: SlotError(f"slot '{slot_name}': {message}"))
+    def bounds(ctx):
+        rank, size = fixed or _shard(ctx.params.get, lambda message: SlotError(f"slot '{slot_name}': {message}"))
+        per_rank = ctx.padded_num_tokens // size
+        return per_rank, per_rank * rank
 
-    return naming_slot(shard, slot_name)
+    return naming_slot(bounds, slot_name) if live else bounds
 
 
 def _count(value: Any, field: str, slot_name: str) -> int:
@@ -207,14 +201,6 @@ def _count(value: Any, field: str, slot_name: str) -> int:
         ) from None
 
 
-def _local_bounds(sharded, rank, size, padded_num_tokens):
-    """``(tokens_per_rank, rank_offset)`` of this rank's slice of the padded bucket (all of it when replicated)."""
-    if not sharded:
-        return padded_num_tokens, 0
-    per_rank = padded_num_tokens // size
-    return per_rank, per_rank * rank
-
-
 @builtin_hook("post_fill")
 def _local_num_token_non_padded(params, slot_name):
     """Real tokens of the step, from the batch: fb.global_num_token_non_padded (a tensor)
@@ -222,7 +208,7 @@ def _local_num_token_non_padded(params, slot_name):
     attn_tp_sharded, enable_prefill_cp, attn_tp_rank, attn_tp_size), else to the padded
     count; without it fb.num_token_non_padded is copied; without both the buffer is left as
     it is."""
-    shard = _attn_tp_shard(params, slot_name)
+    bounds = _local_bounds(params, slot_name)
 
     def post_fill(buffer, fb, ctx):
         global_count = getattr(fb, "global_num_token_non_padded", None)
@@ -235,7 +221,7 @@ def _local_num_token_non_padded(params, slot_name):
             elif local is not None:
                 buffer.fill_(_count(local, "num_token_non_padded", slot_name))
             return
-        per_rank, offset = _local_bounds(*shard(ctx), ctx.padded_num_tokens)
+        per_rank, offset = bounds(ctx)
         if _is_tensor(global_count):
             # Never `out=buffer`: a 0-d count would resize the static [1] buffer. Each op
             # costs a dispatch on the hot path: no subtraction of 0, no reshape where
@@ -255,14 +241,14 @@ def _local_num_token_non_padded_cpu(params, slot_name):
     clamped to this attention-TP rank's slice of the bucket when sharded (params:
     attn_tp_sharded, enable_prefill_cp, attn_tp_rank, attn_tp_size), else to the bucket;
     without it, the raw token count of the step."""
-    shard = _attn_tp_shard(params, slot_name)
+    bounds = _local_bounds(params, slot_name)
 
     def post_fill(buffer, fb, ctx):
         global_count = getattr(fb, "global_num_token_non_padded_cpu", None)
         if global_count is None:
             buffer.fill_(ctx.raw_num_tokens)
             return
-        per_rank, offset = _local_bounds(*shard(ctx), ctx.padded_num_tokens)
+        per_rank, offset = bounds(ctx)
         count = _count(global_count, "global_num_token_non_padded_cpu", slot_name)
         buffer.fill_(min(max(count - offset, 0), per_rank))
 

@@ -46,23 +46,32 @@ def check_expr(
 
 
 def check_no_live(
-    text: str, params: Dict[str, ParamSpec], path, report: Reporter, what: str, slot: Optional[str] = None
+    text: str, params: Dict[str, ParamSpec], path, report: Reporter, what: str, slot=None, runtime=False
 ) -> bool:
-    """Report (and say whether) an expression names a live param: live params are
-    evaluated at fill time, and only hooks may read them."""
+    """Report (and say whether) an expression names a live param (or with ``runtime`` a runtime
+    one): expressions other than pad values are baked in, and only hooks may read live params."""
     try:
-        used = sorted(n for n in Expr.parse(text).names if n in params and params[n].live)
+        names = sorted(Expr.parse(text).names & params.keys())
     except ExprError:
         return False  # the syntax is reported where the expression is checked
-    if used:
+    live = [n for n in names if params[n].live]
+    runtime_used = [n for n in names if runtime and params[n].runtime]
+    if live:
         report.add(
             path,
-            f"{what} uses live param '{used[0]}': live params are evaluated at fill time by the "
+            f"{what} uses live param '{live[0]}': live params are evaluated at fill time by the "
             "hooks that read them (ctx.params), so shapes, dtypes, enabled_if, pad values and "
             "other params' defaults cannot use them",
             slot,
         )
-    return bool(used)
+    elif runtime_used:
+        report.add(
+            path,
+            f"{what} uses runtime param '{runtime_used[0]}': runtime params are passed at fill time, "
+            "so only pad values may use them",
+            slot,
+        )
+    return bool(live or runtime_used)
 
 
 class SlotChecker:
@@ -84,8 +93,9 @@ class SlotChecker:
     def expr(self, key: str, text: str, types: Dict[str, str], want: Tuple[str, ...], what: str):
         return check_expr(text, types, want, self.path + (key,), self.report, what, self.slot.name)
 
-    def no_live(self, key: str, text: str, what: str) -> bool:
-        return check_no_live(text, self.params, self.path + (key,), self.report, what, self.shown_name)
+    def no_live(self, key: str, text: str, what: str, runtime: bool = True) -> bool:
+        """Report (and say whether) an expression names a param that is not baked in (pad values may use runtime ones)."""
+        return check_no_live(text, self.params, self.path + (key,), self.report, what, self.shown_name, runtime)
 
     def structural_types(self) -> Dict[str, str]:
         """Names a shape, dtype or enabled_if may use: runtime and live params are not baked."""
@@ -125,22 +135,6 @@ class SlotChecker:
                 f"float32, bfloat16, …) or a dtype param" + dtype_hint(dtype, dtype_params),
             )
 
-    def uses_runtime(self, text: str, key: str, what: str) -> bool:
-        """Report (and say whether) an expression that must be baked names a runtime or a live param."""
-        if self.no_live(key, text, what):
-            return True
-        try:
-            used = sorted(Expr.parse(text).names & self.runtime)
-        except ExprError:
-            return False  # check_expr reports the syntax
-        if used:
-            self.add(
-                key,
-                f"{what} uses runtime param '{used[0]}': runtime params are passed at fill time, "
-                "so only pad values may use them",
-            )
-        return bool(used)
-
     def shape(self) -> None:
         slot = self.slot
         types = dict(self.structural_types(), **{n: "int" for n in CAPACITY_NAMES})
@@ -149,7 +143,7 @@ class SlotChecker:
             return
         for d, extent in enumerate(slot.shape):
             if isinstance(extent, str):
-                if self.uses_runtime(extent, "shape", f"shape[{d}]"):
+                if self.no_live("shape", extent, f"shape[{d}]"):
                     continue
                 expr = self.expr("shape", extent, types, ("int",), f"shape[{d}]")
                 if expr is None or expr.names & set(CAPACITY_NAMES):
@@ -224,7 +218,7 @@ class SlotChecker:
         if slot.pad_value is None or not needs:
             return
         if isinstance(slot.pad_value, str):
-            if self.no_live("pad_value", slot.pad_value, "pad_value"):
+            if self.no_live("pad_value", slot.pad_value, "pad_value", runtime=False):
                 return
             if self.expr("pad_value", slot.pad_value, self.types, ("int", "float", "bool"), "pad_value") is None:
                 return
@@ -245,7 +239,7 @@ class SlotChecker:
 
     def enabled_if(self) -> None:
         cond = self.slot.enabled_if
-        if isinstance(cond, str) and not self.uses_runtime(cond, "enabled_if", "enabled_if"):
+        if isinstance(cond, str) and not self.no_live("enabled_if", cond, "enabled_if"):
             self.expr("enabled_if", cond, self.structural_types(), ("bool",), "enabled_if")
 
     def hooks(self) -> None:
