@@ -170,6 +170,37 @@ def resolve_params(
     }
 
 
+# Longest chain of param defaults naming each other (a -> b -> c is 3): resolve_params recurses along it.
+MAX_PARAM_CHAIN = 64
+
+
+def too_long_chain(params: Mapping[str, Any]) -> Optional[str]:
+    """The param to report for a chain of defaults longer than MAX_PARAM_CHAIN, else None (a cycle is
+    reported by resolve_params); at most MAX_PARAM_CHAIN + 1 calls deep."""
+    deps: Dict[str, List[str]] = {}
+    for name, param in params.items():
+        deps[name] = []
+        if isinstance(param.default, str) and param.type in ("int", "float", "bool"):
+            try:
+                deps[name] = sorted(Expr.parse(param.default).names & params.keys())
+            except ExprError:
+                pass
+    depth: Dict[str, int] = {}
+
+    def too_long(name: str, path: Tuple[str, ...]) -> Optional[str]:
+        if len(path) > MAX_PARAM_CHAIN:
+            return path[0]
+        for child in deps[name]:
+            found = None if child in path or child in depth else too_long(child, path + (child,))
+            if found is not None:
+                return found
+        depth[name] = 1 + max((depth.get(c, 0) for c in deps[name]), default=0)
+        return name if depth[name] > MAX_PARAM_CHAIN else None
+
+    found = (too_long(start, (start,)) for start in params if start not in depth)  # lazy: sees depth grow
+    return next((bad for bad in found if bad is not None), None)
+
+
 def evaluate_field(value: Any, env: Mapping[str, Any]) -> Any:
     """A spec value that is a literal or an expression string."""
     return Expr.parse(value).evaluate(env) if isinstance(value, str) else value
