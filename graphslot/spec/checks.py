@@ -245,7 +245,7 @@ def check_presets(params: Dict[str, ParamSpec], presets: Dict[str, Dict[str, Any
             try:
                 coerce_param(name, params[name].type, value)
             except ValueError as exc:
-                report.add(path, f"preset '{shown}': " + str(exc).replace(repr(value), shorten(value)))
+                report.add(path, f"preset '{shown}': {exc}")
                 continue
             bad = control_character(value) if isinstance(value, str) else None
             if bad is not None:

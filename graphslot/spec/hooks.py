@@ -1,9 +1,8 @@
-"""Hooks: the code a spec names for what plain copying cannot express, by a
-``build_registry(hooks={...})`` name, a built-in name (below) or ``package.module:function``.
-
-Built-in hooks are *factories*: given the resolved params and the slot they return the
-callable to run, or ``None`` when with these params it has nothing to do, so generated
-code leaves the call out while the interpreter runs exactly the same callables."""
+"""Hooks: the code a spec names for what plain copying cannot express, by a ``build_registry(hooks=...)``
+name, a built-in name (:data:`BUILTIN_HOOKS`) or ``package.module:function``. Built-in hooks are
+*factories*: given the resolved params and the slot they return the callable to run, or ``None`` when
+with these params it has nothing to do, so generated code leaves the call out while the interpreter runs
+exactly the same callables."""
 
 from __future__ import annotations
 
@@ -57,19 +56,6 @@ class BuiltinHook:
     #: counts (``"raw_num_tokens"``, ``"padded_num_tokens"``): generated code writes that
     #: value through the step's grouped copy instead of calling the hook.
     fills: Optional[str] = None
-
-
-BUILTIN_HOOKS: Dict[str, BuiltinHook] = {}
-
-
-def builtin_hook(kind: str, fills: Optional[str] = None):
-    """Registers a factory as the built-in hook of its name (less the leading ``_``); its docstring documents it."""
-
-    def register(factory):
-        BUILTIN_HOOKS[factory.__name__.lstrip("_")] = BuiltinHook(kind, factory, fills)
-        return factory
-
-    return register
 
 
 class HookError(ValueError):
@@ -201,7 +187,6 @@ def _count(value: Any, field: str, slot_name: str) -> int:
         ) from None
 
 
-@builtin_hook("post_fill")
 def _local_num_token_non_padded(params, slot_name):
     """Real tokens of the step, from the batch: fb.global_num_token_non_padded (a tensor)
     clamped to this attention-TP rank's slice of the padded tokens when sharded (params:
@@ -235,7 +220,6 @@ def _local_num_token_non_padded(params, slot_name):
     return post_fill
 
 
-@builtin_hook("post_fill")
 def _local_num_token_non_padded_cpu(params, slot_name):
     """Real tokens of the padded bucket, from the host int fb.global_num_token_non_padded_cpu
     clamped to this attention-TP rank's slice of the bucket when sharded (params:
@@ -255,13 +239,11 @@ def _local_num_token_non_padded_cpu(params, slot_name):
     return post_fill
 
 
-@builtin_hook("post_fill", fills="raw_num_tokens")
 def _count_non_padded_tokens(params, slot_name):
     """Write the raw token count of the step (tokens of the padded bucket that are real)."""
     return lambda buffer, fb, ctx: buffer.fill_(ctx.raw_num_tokens)
 
 
-@builtin_hook("post_fill", fills="padded_num_tokens")
 def _global_num_tokens(params, slot_name):
     """With gathered (DP) buffers, every rank runs the padded token count: fill it. Without,
     the buffer is left as initialised (param: require_gathered_buffer)."""
@@ -270,7 +252,6 @@ def _global_num_tokens(params, slot_name):
     return None
 
 
-@builtin_hook("source")
 def _dotted_field(params, slot_name):
     """Read a structured slot's dotted name off the batch (`a.b` → fb.a.b); None when any part
     is missing."""
@@ -287,7 +268,6 @@ def _dotted_field(params, slot_name):
     return source
 
 
-@builtin_hook("pre_capture")
 def _register_swa_out_cache_loc(params, slot_name):
     """Register the static out_cache_loc_swa buffer with the KV pool
     (side_inputs['token_to_kv_pool'].register_out_cache_loc_swa) so the capture records the
@@ -304,3 +284,14 @@ def _register_swa_out_cache_loc(params, slot_name):
         pool.register_out_cache_loc_swa(buffer)
 
     return pre_capture
+
+
+# The built-in hooks by name, each documented by its factory's docstring (and graphslot/slot_specs/README.md).
+BUILTIN_HOOKS: Dict[str, BuiltinHook] = {
+    "local_num_token_non_padded": BuiltinHook("post_fill", _local_num_token_non_padded),
+    "local_num_token_non_padded_cpu": BuiltinHook("post_fill", _local_num_token_non_padded_cpu),
+    "count_non_padded_tokens": BuiltinHook("post_fill", _count_non_padded_tokens, fills="raw_num_tokens"),
+    "global_num_tokens": BuiltinHook("post_fill", _global_num_tokens, fills="padded_num_tokens"),
+    "dotted_field": BuiltinHook("source", _dotted_field),
+    "register_swa_out_cache_loc": BuiltinHook("pre_capture", _register_swa_out_cache_loc),
+}

@@ -74,13 +74,14 @@ class ResolvedSlot(SlotKind):
         return math.prod(self.shape) * self.dtype_name.itemsize
 
 
-def coerce_param(name: str, ptype: str, value: Any) -> Any:
-    """``value`` as a ``ptype`` param (a dtype as its :class:`DTypeName`), else ValueError saying what was expected."""
+def coerce_param(name: str, ptype: str, value: Any, got: str = "got") -> Any:
+    """``value`` as a ``ptype`` param (a dtype as its :class:`DTypeName`), else ValueError saying what was expected.
+    Also checks a live param's value from its provider (``got="its provider returned"``) as one given at build."""
     if ptype == "dtype":
         dtype = parse_dtype(value)
         if dtype is None:
             raise ValueError(
-                f"param '{name}' is a dtype: pass torch.int64 or 'int64', got {value!r}" + spelling_hint(value)
+                f"param '{name}' is a dtype: pass torch.int64 or 'int64', {got} {shorten(value)}" + spelling_hint(value)
             )
         return dtype
     ok = {
@@ -90,19 +91,8 @@ def coerce_param(name: str, ptype: str, value: Any) -> Any:
         "str": isinstance(value, str),
     }[ptype]
     if not ok:
-        raise ValueError(f"param '{name}' is {ptype}, got {type(value).__name__} {value!r}")
+        raise ValueError(f"param '{name}' is {ptype}, {got} {type(value).__name__} {shorten(value)}")
     return one_nan(float(value)) if ptype == "float" else value
-
-
-def _live_value(name: str, ptype: str, value: Any) -> Any:
-    """A live param's value from its provider, checked as :func:`coerce_param` checks one
-    given at build (an int is not a str of digits, a float never becomes an int)."""
-    try:
-        return coerce_param(name, ptype, value)
-    except ValueError:
-        raise ValueError(
-            f"param '{name}' is {ptype}, its provider returned {type(value).__name__} {shorten(value)}"
-        ) from None
 
 
 def resolve_params(
@@ -132,7 +122,9 @@ def resolve_params(
             continue
         if spec.params[name].live and (isinstance(value, Live) or callable(value)):
             fn = value.fn if isinstance(value, Live) else value  # evaluated by the hooks at fill, then checked
-            values[name] = Live(fn, functools.partial(_live_value, name, spec.params[name].type))
+            values[name] = Live(
+                fn, functools.partial(coerce_param, name, spec.params[name].type, got="its provider returned")
+            )
             continue
         try:
             values[name] = coerce_param(name, spec.params[name].type, value)
