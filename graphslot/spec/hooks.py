@@ -145,10 +145,8 @@ SHARD_PARAMS = ("attn_tp_sharded", "attn_tp_rank", "attn_tp_size")
 
 
 def _shard(get, fail):
-    """``(rank, size)`` of this rank's share of the padded tokens, ``(0, 1)`` when not a slice of them
-    (sglang's ``not enable_prefill_cp and attn_tp_sharded_fn(n)``, whose default is
-    ``require_gathered_buffer()``). Params are read as sglang reads its runtime context: rank
-    and size only when sharded."""
+    """``(rank, size)`` of this rank's slice of the padded tokens, ``(0, 1)`` when not sliced: sglang's
+    ``not enable_prefill_cp and attn_tp_sharded_fn(n)``, read as sglang reads it (rank and size only when sharded)."""
     if get("enable_prefill_cp", False):
         return 0, 1
     sharded = get("attn_tp_sharded", None)
@@ -188,11 +186,8 @@ def _count(value: Any, field: str, slot_name: str) -> int:
 
 
 def _local_num_token_non_padded(params, slot_name):
-    """Real tokens of the step, from the batch: fb.global_num_token_non_padded (a tensor)
-    clamped to this attention-TP rank's slice of the padded tokens when sharded (params:
-    attn_tp_sharded, enable_prefill_cp, attn_tp_rank, attn_tp_size), else to the padded
-    count; without it fb.num_token_non_padded is copied; without both the buffer is left as
-    it is."""
+    """Real tokens of the step: fb.global_num_token_non_padded clamped to this rank's slice of the padded
+    tokens, else fb.num_token_non_padded copied, else nothing (slot_specs/README.md)."""
     bounds = _local_bounds(params, slot_name)
 
     def post_fill(buffer, fb, ctx):
@@ -221,10 +216,8 @@ def _local_num_token_non_padded(params, slot_name):
 
 
 def _local_num_token_non_padded_cpu(params, slot_name):
-    """Real tokens of the padded bucket, from the host int fb.global_num_token_non_padded_cpu
-    clamped to this attention-TP rank's slice of the bucket when sharded (params:
-    attn_tp_sharded, enable_prefill_cp, attn_tp_rank, attn_tp_size), else to the bucket;
-    without it, the raw token count of the step."""
+    """Real tokens of the padded bucket: the host int fb.global_num_token_non_padded_cpu clamped to this
+    rank's slice of the bucket, else the raw token count of the step (slot_specs/README.md)."""
     bounds = _local_bounds(params, slot_name)
 
     def post_fill(buffer, fb, ctx):
@@ -245,8 +238,7 @@ def _count_non_padded_tokens(params, slot_name):
 
 
 def _global_num_tokens(params, slot_name):
-    """With gathered (DP) buffers, every rank runs the padded token count: fill it. Without,
-    the buffer is left as initialised (param: require_gathered_buffer)."""
+    """With gathered (DP) buffers (require_gathered_buffer) every rank runs the padded token count: fill it."""
     if params.get("require_gathered_buffer"):
         return lambda buffer, fb, ctx: buffer.fill_(ctx.padded_num_tokens)
     return None
@@ -269,9 +261,8 @@ def _dotted_field(params, slot_name):
 
 
 def _register_swa_out_cache_loc(params, slot_name):
-    """Register the static out_cache_loc_swa buffer with the KV pool
-    (side_inputs['token_to_kv_pool'].register_out_cache_loc_swa) so the capture records the
-    fast path that writes into it."""
+    """Register the static out_cache_loc_swa buffer with side_inputs['token_to_kv_pool'], so the capture
+    records the fast path that writes into it."""
 
     def pre_capture(buffer, ctx):
         side = ctx.side_inputs or {}
