@@ -30,55 +30,52 @@ RESERVED_SLOT_NAMES = ("batch_size",)
 
 
 class Reporter:
+    """Collects the issues of one file; its expression checks report rather than raise."""
+
     def __init__(self, file: str, locations: Locations):
         self.file, self.locations, self.issues = file, locations, []
 
     def add(self, path: Tuple[Any, ...], message: str, slot: Optional[str] = None) -> None:
         self.issues.append(SpecIssue(self.file, self.locations.line(path), message, slot))
 
+    def expr(self, path, text: str, types: Dict[str, str], want: Tuple[str, ...], what: str, slot=None):
+        """The parsed expression, or None (reported) when it is malformed or of a type not in ``want``."""
+        try:
+            expr = Expr.parse(text)
+            got = expr.infer_type(types)
+        except ExprError as exc:
+            self.add(path, f"{what}: {exc}", slot)
+            return None
+        if got not in want and not (got == "int" and "float" in want):
+            self.add(path, f"{what} must be {' or '.join(want)}, but '{shorten(text, quote=False)}' is {got}", slot)
+            return None
+        return expr
 
-def check_expr(
-    text: str, types: Dict[str, str], want: Tuple[str, ...], path, report, what: str, slot: Optional[str] = None
-) -> Optional[Expr]:
-    try:
-        expr = Expr.parse(text)
-        got = expr.infer_type(types)
-    except ExprError as exc:
-        report.add(path, f"{what}: {exc}", slot)
-        return None
-    if got not in want and not (got == "int" and "float" in want):
-        report.add(path, f"{what} must be {' or '.join(want)}, but '{shorten(text, quote=False)}' is {got}", slot)
-        return None
-    return expr
-
-
-def check_no_live(
-    text: str, params: Dict[str, ParamSpec], path, report: Reporter, what: str, slot=None, runtime=False
-) -> bool:
-    """Report (and say whether) an expression names a live param (or with ``runtime`` a runtime
-    one): expressions other than pad values are baked in, and only hooks may read live params."""
-    try:
-        names = sorted(Expr.parse(text).names & params.keys())
-    except ExprError:
-        return False  # the syntax is reported where the expression is checked
-    live = [n for n in names if params[n].live]
-    runtime_used = [n for n in names if runtime and params[n].runtime]
-    if live:
-        report.add(
-            path,
-            f"{what} uses live param '{live[0]}': live params are evaluated at fill time by the "
-            "hooks that read them (ctx.params), so shapes, dtypes, enabled_if, pad values and "
-            "other params' defaults cannot use them",
-            slot,
-        )
-    elif runtime_used:
-        report.add(
-            path,
-            f"{what} uses runtime param '{runtime_used[0]}': runtime params are passed at fill time, "
-            "so only pad values may use them",
-            slot,
-        )
-    return bool(live or runtime_used)
+    def no_live(self, path, text: str, params: Dict[str, ParamSpec], what: str, slot=None, runtime=False) -> bool:
+        """Report (and say whether) an expression names a live param (or with ``runtime`` a runtime
+        one): expressions other than pad values are baked in, and only hooks may read live params."""
+        try:
+            names = sorted(Expr.parse(text).names & params.keys())
+        except ExprError:
+            return False  # the syntax is reported where the expression is checked
+        live = [n for n in names if params[n].live]
+        runtime_used = [n for n in names if runtime and params[n].runtime]
+        if live:
+            self.add(
+                path,
+                f"{what} uses live param '{live[0]}': live params are evaluated at fill time by the "
+                "hooks that read them (ctx.params), so shapes, dtypes, enabled_if, pad values and "
+                "other params' defaults cannot use them",
+                slot,
+            )
+        elif runtime_used:
+            self.add(
+                path,
+                f"{what} uses runtime param '{runtime_used[0]}': runtime params are passed at fill time, "
+                "so only pad values may use them",
+                slot,
+            )
+        return bool(live or runtime_used)
 
 
 def check_spec(
@@ -194,7 +191,7 @@ def check_params(params: Dict[str, ParamSpec], types: Dict[str, str], report: Re
         default = param.default
         if isinstance(default, str) and param.type in ("int", "float", "bool"):
             # A default naming its own param is a cycle (reported with the others), not an unknown name.
-            check_expr(default, types, (param.type,), path + ("default",), report, f"default of param '{name}'")
+            report.expr(path + ("default",), default, types, (param.type,), f"default of param '{name}'")
         else:
             try:
                 coerce_param(name, param.type, default)
@@ -226,7 +223,7 @@ def check_params(params: Dict[str, ParamSpec], types: Dict[str, str], report: Re
                 "what is allocated, and live params are read only by hooks",
             )
         if isinstance(default, str) and param.type in ("int", "float", "bool"):
-            check_no_live(default, params, path + ("default",), report, f"the default of param '{name}'")
+            report.no_live(path + ("default",), default, params, f"the default of param '{name}'")
 
 
 def check_presets(params: Dict[str, ParamSpec], presets: Dict[str, Dict[str, Any]], report: Reporter) -> None:
@@ -274,9 +271,9 @@ class SlotChecker:
     def expr(self, key: str, text: str, types: Dict[str, str], want: Tuple[str, ...], what: str, runtime=False):
         """The parsed expression, or None (reported): malformed, not ``want``, naming a live (or runtime) param."""
         path = self.path + (key,)
-        if check_no_live(text, self.params, path, self.report, what, self.shown_name, runtime=not runtime):
+        if self.report.no_live(path, text, self.params, what, self.shown_name, runtime=not runtime):
             return None
-        return check_expr(text, types, want, path, self.report, what, self.slot.name)
+        return self.report.expr(path, text, types, want, what, self.slot.name)
 
     def name(self) -> None:
         slot = self.slot
