@@ -5,6 +5,7 @@ bytes. Each check appends a :class:`SpecIssue` instead of raising, so every prob
 from __future__ import annotations
 
 import keyword
+import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .dtypes import dtype_hint, parse_dtype, value_fits_dtype
@@ -37,6 +38,11 @@ class Reporter:
 
     def add(self, path: Tuple[Any, ...], message: str, slot: Optional[str] = None) -> None:
         self.issues.append(SpecIssue(self.file, self.locations.line(path), message, slot))
+
+    def control(self, path, text: Any, what: str, allow: str = "", why: str = "") -> None:
+        bad = control_character(text, allow) if isinstance(text, str) else None
+        if bad is not None:
+            self.add(path, f"{what} contains the control character {char_name(bad)}{why}")
 
     def expr(self, path, text: str, types: Dict[str, str], want: Tuple[str, ...], what: str, slot=None):
         """The parsed expression, or None (reported) when it is malformed or of a type not in ``want``."""
@@ -102,10 +108,7 @@ def check_spec(
             "not starting with a digit): generated module names are made from it",
         )
     for path, text in descriptions:
-        bad = control_character(text, allow="\n\t")
-        if bad is not None:
-            message = f"description contains the control character {char_name(bad)}; only newlines and tabs are allowed"
-            report.add(path, message)
+        report.control(path, text, "description", "\n\t", "; only newlines and tabs are allowed")
     types = {n: p.type for n, p in params.items()}
     baked = {n: t for n, t in types.items() if not (params[n].runtime or params[n].live)}
     check_params(params, types, report)
@@ -150,13 +153,11 @@ def _check_total_bytes(slots, presets, default_values, max_bytes: int, report: R
             try:
                 if slot.enabled_if is not None and not evaluate_field(slot.enabled_if, values):
                     continue
-                numel = 1
-                for extent in slot.shape:
-                    numel *= max(int(evaluate_field(extent, env)), 0)
+                numel = math.prod(max(int(evaluate_field(extent, env)), 0) for extent in slot.shape)
             except ExprError as exc:
                 report.add(("slots", index, "shape"), f"shape at {where}: {exc}", slot.name)
                 return
-            nbytes = max(numel, 0) * slot_dtype(slot, values).itemsize
+            nbytes = numel * slot_dtype(slot, values).itemsize
             total += nbytes
             largest = max(largest, (nbytes, slot.name))
         if total > max_bytes:
@@ -202,12 +203,7 @@ def check_params(params: Dict[str, ParamSpec], types: Dict[str, str], report: Re
                     + (dtype_hint(default) if param.type == "dtype" else ""),
                 )
             else:
-                bad = control_character(default) if isinstance(default, str) else None
-                if bad is not None:
-                    report.add(
-                        path + ("default",),
-                        f"default of param '{name}' contains the control character {char_name(bad)}",
-                    )
+                report.control(path + ("default",), default, f"default of param '{name}'")
         if param.runtime and param.type not in ("int", "float", "bool"):
             report.add(path + ("runtime",), f"runtime param '{name}' must be int, float or bool")
         if param.live and param.runtime:
@@ -244,12 +240,7 @@ def check_presets(params: Dict[str, ParamSpec], presets: Dict[str, Dict[str, Any
             except ValueError as exc:
                 report.add(path, f"preset '{shown}': {exc}")
                 continue
-            bad = control_character(value) if isinstance(value, str) else None
-            if bad is not None:
-                report.add(
-                    path,
-                    f"preset '{shown}': the value of param '{name}' contains the control character {char_name(bad)}",
-                )
+            report.control(path, value, f"preset '{shown}': the value of param '{name}'")
 
 
 class SlotChecker:

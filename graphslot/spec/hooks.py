@@ -138,9 +138,6 @@ def bind_hook(ref: str, kind: str, slot_name: str, params: Mapping[str, Any], us
     )
 
 
-# --- built-in hooks -------------------------------------------------------------------
-
-
 SHARD_PARAMS = ("attn_tp_sharded", "attn_tp_rank", "attn_tp_size")
 
 

@@ -105,15 +105,12 @@ def resolve_params(
     """Every param's value: explicit override, else preset, else (evaluated) default. Dtype
     params come back as ``torch.dtype``, or with ``torch_dtypes=False`` as names (no torch)."""
     file, issues = spec.path, []
-    explicit: Dict[str, Any] = {}
-    if preset is not None:
-        if preset not in spec.presets:
-            known = ", ".join(sorted(spec.presets)) or "none"
-            raise SpecError.at(
-                file, None, f"unknown preset '{preset}' (presets: {known})" + did_you_mean(preset, spec.presets)
-            )
-        explicit.update(spec.presets[preset])
-    explicit.update(overrides or {})
+    if preset is not None and preset not in spec.presets:
+        known = ", ".join(sorted(spec.presets)) or "none"
+        raise SpecError.at(
+            file, None, f"unknown preset '{preset}' (presets: {known})" + did_you_mean(preset, spec.presets)
+        )
+    explicit = {**(spec.presets[preset] if preset is not None else {}), **(overrides or {})}
 
     values: Dict[str, Any] = {}
     for name, value in explicit.items():
