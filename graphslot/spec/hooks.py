@@ -81,9 +81,8 @@ def import_hook(ref: str, when_missing: str = "") -> Callable:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        missing = exc.name or module_name
         raise HookError(
-            f"cannot import module '{module_name}' for hook '{ref}': no module named '{missing}' in "
+            f"cannot import module '{module_name}' for hook '{ref}': no module named '{exc.name or module_name}' in "
             f"this Python environment ({sys.executable}){when_missing}"
         ) from None
     except ImportError as exc:

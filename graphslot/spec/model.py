@@ -68,17 +68,13 @@ class ParamSpec(_Strict):
     description: str = ""
     runtime: StrictBool = Field(
         False,
-        description=(
-            "A numeric value generated code keeps as an argument instead of baking it in. "
-            "Only pad values may use runtime params."
-        ),
+        description="A numeric value generated code keeps as an argument instead of baking it in. "
+        "Only pad values may use runtime params.",
     )
     live: StrictBool = Field(
         False,
-        description=(
-            "The value may be a provider (ctx) -> value given at build, evaluated when a hook reads "
-            "ctx.params[name] during a fill. Only hooks may read live params."
-        ),
+        description="The value may be a provider (ctx) -> value given at build, evaluated when a hook reads "
+        "ctx.params[name] during a fill. Only hooks may read live params.",
     )
 
 
@@ -132,10 +128,8 @@ class RegistrySpec(_Strict):
     presets: Dict[str, Dict[str, Any]] = Field(default_factory=dict, description="Named param sets, e.g. `eager`.")
     absent_fields: Literal["error", "skip"] = Field(
         "error",
-        description=(
-            "error: a copied slot's batch field that is None or missing is a SlotError unless the slot is "
-            "optional. skip: every slot copied from a batch field is optional (no copy, None carried)."
-        ),
+        description="error: a copied slot's batch field that is None or missing is a SlotError unless the slot is "
+        "optional. skip: every slot copied from a batch field is optional (no copy, None carried).",
     )
     slots: Tuple[SlotSpec, ...] = Field(min_length=1)
 

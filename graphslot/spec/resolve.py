@@ -1,6 +1,5 @@
-"""From a validated spec and a param set to concrete slots: ``resolve_params`` (defaults,
-a preset, overrides) then ``resolve_slots`` (every expression evaluated). The interpreter
-and the code generator both start from the result, so they cannot disagree on a spec."""
+"""From a validated spec and a param set to concrete slots: ``resolve_params`` then ``resolve_slots``.
+The interpreter and the code generator both start from the result, so they cannot disagree on a spec."""
 
 from __future__ import annotations
 
@@ -74,6 +73,10 @@ class ResolvedSlot(SlotKind):
         return math.prod(self.shape) * self.dtype_name.itemsize
 
 
+# The Python values each param type takes (a bool is not an int here).
+PYTHON_TYPES = {"bool": bool, "int": int, "float": (int, float), "str": str}
+
+
 def coerce_param(name: str, ptype: str, value: Any, got: str = "got") -> Any:
     """``value`` as a ``ptype`` param (a dtype as its :class:`DTypeName`), else ValueError saying what was expected.
     Also checks a live param's value from its provider (``got="its provider returned"``) as one given at build."""
@@ -84,13 +87,7 @@ def coerce_param(name: str, ptype: str, value: Any, got: str = "got") -> Any:
                 f"param '{name}' is a dtype: pass torch.int64 or 'int64', {got} {shorten(value)}" + spelling_hint(value)
             )
         return dtype
-    ok = {
-        "bool": isinstance(value, bool),
-        "int": isinstance(value, int) and not isinstance(value, bool),
-        "float": isinstance(value, (int, float)) and not isinstance(value, bool),
-        "str": isinstance(value, str),
-    }[ptype]
-    if not ok:
+    if not isinstance(value, PYTHON_TYPES[ptype]) or (isinstance(value, bool) and ptype != "bool"):
         raise ValueError(f"param '{name}' is {ptype}, {got} {type(value).__name__} {shorten(value)}")
     return one_nan(float(value)) if ptype == "float" else value
 
