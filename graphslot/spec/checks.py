@@ -28,6 +28,12 @@ KIND_OF = dict(int="an int", float="a number", bool="true or false", str="a stri
 MAX_RANK = 16
 # Attributes extract sets besides the slots' own.
 RESERVED_SLOT_NAMES = ("batch_size",)
+# Why an expression that is baked in cannot use a param of this kind.
+NOT_BAKED = {
+    "live": "live params are evaluated at fill time by the hooks that read them (ctx.params), so shapes, dtypes, "
+    "enabled_if, pad values and other params' defaults cannot use them",
+    "runtime": "runtime params are passed at fill time, so only pad values may use them",
+}
 
 
 class Reporter:
@@ -64,24 +70,11 @@ class Reporter:
             names = sorted(Expr.parse(text).names & params.keys())
         except ExprError:
             return False  # the syntax is reported where the expression is checked
-        live = [n for n in names if params[n].live]
-        runtime_used = [n for n in names if runtime and params[n].runtime]
-        if live:
-            self.add(
-                path,
-                f"{what} uses live param '{live[0]}': live params are evaluated at fill time by the "
-                "hooks that read them (ctx.params), so shapes, dtypes, enabled_if, pad values and "
-                "other params' defaults cannot use them",
-                slot,
-            )
-        elif runtime_used:
-            self.add(
-                path,
-                f"{what} uses runtime param '{runtime_used[0]}': runtime params are passed at fill time, "
-                "so only pad values may use them",
-                slot,
-            )
-        return bool(live or runtime_used)
+        kinds = ("live", "runtime") if runtime else ("live",)
+        used = next(((kind, n) for kind in kinds for n in names if getattr(params[n], kind)), None)
+        if used is not None:
+            self.add(path, f"{what} uses {used[0]} param '{used[1]}': {NOT_BAKED[used[0]]}", slot)
+        return used is not None
 
 
 def check_spec(
@@ -97,9 +90,8 @@ def check_spec(
     max_bytes: Optional[int] = DEFAULT_MAX_BYTES,
     structurally_valid: bool = False,
 ) -> List[SpecIssue]:
-    """All cross-key problems of a spec whose structurally valid parts are given (see
-    :func:`.load_spec` for ``import_hooks``); ``max_bytes`` (None: no cap) is checked only on
-    a ``structurally_valid`` spec without other problems."""
+    """All cross-key problems of a spec's structurally valid parts (``import_hooks``: see :func:`.load_spec`);
+    ``max_bytes`` (None: no cap) is checked only on a ``structurally_valid`` spec without other problems."""
     report = Reporter(file, locations)
     if isinstance(name, str) and not is_identifier(name):
         report.add(
@@ -144,10 +136,9 @@ def check_spec(
 
 def _check_total_bytes(slots, presets, default_values, max_bytes: int, report: Reporter) -> None:
     """The bytes the enabled slots take at VALIDATION_CAPACITIES, under every param set."""
-    caps = VALIDATION_CAPACITIES
-    where = ", ".join(f"{k}={v}" for k, v in caps.items())
+    where = ", ".join(f"{k}={v}" for k, v in VALIDATION_CAPACITIES.items())
     for preset, values in zip([None, *presets], default_values):
-        env = dict(values, **caps)
+        env = dict(values, **VALIDATION_CAPACITIES)
         total, largest = 0, (0, "")
         for index, slot in slots:
             try:

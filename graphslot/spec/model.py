@@ -193,8 +193,7 @@ class RegistrySpec(_Strict):
         return self._by_name[1][name]
 
     def slot_line(self, index: int, key: Optional[str] = None) -> Optional[int]:
-        path = ("slots", index) if key is None else ("slots", index, key)
-        return self.locations.line(path)
+        return self.locations.line(("slots", index) if key is None else ("slots", index, key))
 
     def param_line(self, name: str) -> Optional[int]:
         return self.locations.line(("params", name))
