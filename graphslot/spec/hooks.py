@@ -1,8 +1,6 @@
-"""Hooks: the code a spec names for what plain copying cannot express, by a ``build_registry(hooks=...)``
-name, a built-in name (:data:`BUILTIN_HOOKS`) or ``package.module:function``. Built-in hooks are
-*factories*: given the resolved params and the slot they return the callable to run, or ``None`` when
-with these params it has nothing to do, so generated code leaves the call out while the interpreter runs
-exactly the same callables."""
+"""Hooks: what a spec names for what plain copying cannot express (a ``build_registry(hooks=...)`` name, a
+built-in or ``package.module:function``). Built-ins are factories: given the params they return the callable
+to run, or None when there is nothing to do: generated code leaves that call out, the interpreter runs the same."""
 
 from __future__ import annotations
 

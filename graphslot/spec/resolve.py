@@ -3,6 +3,7 @@ The interpreter and the code generator both start from the result, so they canno
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from dataclasses import dataclass
@@ -163,14 +164,11 @@ MAX_PARAM_CHAIN = 64
 def too_long_chain(params: Mapping[str, Any]) -> Optional[str]:
     """The param to report for a chain of defaults longer than MAX_PARAM_CHAIN, else None (a cycle is
     reported by resolve_params); at most MAX_PARAM_CHAIN + 1 calls deep."""
-    deps: Dict[str, List[str]] = {}
+    deps: Dict[str, List[str]] = {name: [] for name in params}
     for name, param in params.items():
-        deps[name] = []
         if isinstance(param.default, str) and param.type in ("int", "float", "bool"):
-            try:
+            with contextlib.suppress(ExprError):  # a malformed default is reported where it is checked
                 deps[name] = sorted(Expr.parse(param.default).names & params.keys())
-            except ExprError:
-                pass
     depth: Dict[str, int] = {}
 
     def too_long(name: str, path: Tuple[str, ...]) -> Optional[str]:
