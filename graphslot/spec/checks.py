@@ -227,7 +227,7 @@ def check_presets(params: Dict[str, ParamSpec], presets: Dict[str, Dict[str, Any
                 report.add(path, f"preset '{shown}' sets unknown param {shorten(name)}" + did_you_mean(name, params))
                 continue
             try:
-                coerce_param(name, params[name].type, value)
+                coerce_param(name, params[name].type, value, show=shorten)
             except ValueError as exc:
                 report.add(path, f"preset '{shown}': {exc}")
                 continue

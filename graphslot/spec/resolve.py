@@ -7,7 +7,7 @@ import contextlib
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from .dtypes import DTypeName, parse_dtype, spelling_hint, torch_dtype, value_fits_dtype
 from .errors import ExprError, SpecError, SpecIssue, did_you_mean, shorten
@@ -78,18 +78,18 @@ class ResolvedSlot(SlotKind):
 PYTHON_TYPES = {"bool": bool, "int": int, "float": (int, float), "str": str}
 
 
-def coerce_param(name: str, ptype: str, value: Any, got: str = "got") -> Any:
+def coerce_param(name: str, ptype: str, value: Any, got: str = "got", show: Callable = repr) -> Any:
     """``value`` as a ``ptype`` param (a dtype as its :class:`DTypeName`), else ValueError saying what was expected.
     Also checks a live param's value from its provider (``got="its provider returned"``) as one given at build."""
     if ptype == "dtype":
         dtype = parse_dtype(value)
         if dtype is None:
             raise ValueError(
-                f"param '{name}' is a dtype: pass torch.int64 or 'int64', {got} {shorten(value)}" + spelling_hint(value)
+                f"param '{name}' is a dtype: pass torch.int64 or 'int64', {got} {show(value)}" + spelling_hint(value)
             )
         return dtype
     if not isinstance(value, PYTHON_TYPES[ptype]) or (isinstance(value, bool) and ptype != "bool"):
-        raise ValueError(f"param '{name}' is {ptype}, {got} {type(value).__name__} {shorten(value)}")
+        raise ValueError(f"param '{name}' is {ptype}, {got} {type(value).__name__} {show(value)}")
     return one_nan(float(value)) if ptype == "float" else value
 
 
@@ -115,14 +115,15 @@ def resolve_params(
         if name not in spec.params:
             issues.append(SpecIssue(file, None, f"unknown param '{name}'" + did_you_mean(name, spec.params)))
             continue
+        ptype = spec.params[name].type
         if spec.params[name].live and (isinstance(value, Live) or callable(value)):
             fn = value.fn if isinstance(value, Live) else value  # evaluated by the hooks at fill, then checked
             values[name] = Live(
-                fn, functools.partial(coerce_param, name, spec.params[name].type, got="its provider returned")
+                fn, functools.partial(coerce_param, name, ptype, got="its provider returned", show=shorten)
             )
             continue
         try:
-            values[name] = coerce_param(name, spec.params[name].type, value)
+            values[name] = coerce_param(name, ptype, value)
         except ValueError as exc:
             hint = "; a provider (a callable read at fill time) is only taken by a `live: true` param"
             hint = hint if callable(value) and not isinstance(value, type) else ""
