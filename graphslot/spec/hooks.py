@@ -1,9 +1,6 @@
-"""Hooks: the code a spec names for what plain copying cannot express, by a
-``build_registry(hooks={...})`` name, a built-in name (below) or ``package.module:function``.
-
-Built-in hooks are *factories*: given the resolved params and the slot they return the
-callable to run, or ``None`` when with these params it has nothing to do, so generated
-code leaves the call out while the interpreter runs exactly the same callables."""
+"""Hooks: what a spec names for what plain copying cannot express (a ``build_registry(hooks=...)`` name, a
+built-in or ``package.module:function``). Built-ins are factories: given the params they return the callable
+to run, or None when there is nothing to do: generated code leaves that call out, the interpreter runs the same."""
 
 from __future__ import annotations
 
@@ -49,32 +46,14 @@ def _is_tensor(value: Any) -> bool:
     return torch is not None and isinstance(value, torch.Tensor)
 
 
-HookFactory = Callable[[Mapping[str, Any], str], Optional[Callable]]
-
-
 @dataclass(frozen=True)
 class BuiltinHook:
     kind: str
-    factory: HookFactory
-    doc: str
+    factory: Callable[[Mapping[str, Any], str], Optional[Callable]]
     #: For a ``post_fill`` hook that only fills its whole buffer with one of the step's
     #: counts (``"raw_num_tokens"``, ``"padded_num_tokens"``): generated code writes that
     #: value through the step's grouped copy instead of calling the hook.
     fills: Optional[str] = None
-
-
-BUILTIN_HOOKS: Dict[str, BuiltinHook] = {}
-
-
-def builtin_hook(kind: str, fills: Optional[str] = None):
-    """Registers a factory as the built-in hook of its name (less the leading ``_``), documented by its docstring."""
-
-    def register(factory: HookFactory) -> HookFactory:
-        doc = " ".join((factory.__doc__ or "").split())  # None under python -OO
-        BUILTIN_HOOKS[factory.__name__.lstrip("_")] = BuiltinHook(kind, factory, doc, fills)
-        return factory
-
-    return register
 
 
 class HookError(ValueError):
@@ -100,9 +79,8 @@ def import_hook(ref: str, when_missing: str = "") -> Callable:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        missing = exc.name or module_name
         raise HookError(
-            f"cannot import module '{module_name}' for hook '{ref}': no module named '{missing}' in "
+            f"cannot import module '{module_name}' for hook '{ref}': no module named '{exc.name or module_name}' in "
             f"this Python environment ({sys.executable}){when_missing}"
         ) from None
     except ImportError as exc:
@@ -157,44 +135,38 @@ def bind_hook(ref: str, kind: str, slot_name: str, params: Mapping[str, Any], us
     )
 
 
-# --- built-in hooks -------------------------------------------------------------------
-
-
 SHARD_PARAMS = ("attn_tp_sharded", "attn_tp_rank", "attn_tp_size")
 
 
 def _shard(get, fail):
-    """``(sharded, rank, size)``: whether this rank's share of the padded tokens is a slice
-    of them (sglang's ``not enable_prefill_cp and attn_tp_sharded_fn(n)``, whose default is
-    ``require_gathered_buffer()``). Params are read as sglang reads its runtime context: rank
-    and size only when sharded."""
+    """``(rank, size)`` of this rank's slice of the padded tokens, ``(0, 1)`` when not sliced: sglang's
+    ``not enable_prefill_cp and attn_tp_sharded_fn(n)``, read as sglang reads it (rank and size only when sharded)."""
     if get("enable_prefill_cp", False):
-        return False, 0, 1
+        return 0, 1
     sharded = get("attn_tp_sharded", None)
-    if sharded is None:
-        sharded = get("require_gathered_buffer", False)
-    if not sharded:
-        return False, 0, 1
+    if not (get("require_gathered_buffer", False) if sharded is None else sharded):
+        return 0, 1
     rank, size = int(get("attn_tp_rank", 0)), int(get("attn_tp_size", 1))
     if not (size >= 1 and 0 <= rank < size):
         raise fail(
             f"attn_tp_rank={rank} must lie in [0, attn_tp_size={size}) when the "
             "non-padded count is sharded (attn_tp_sharded)"
         )
-    return True, rank, size
+    return rank, size
 
 
-def _attn_tp_shard(params, slot_name):
-    """``ctx -> (sharded, rank, size)``: decided once here from fixed params, or at
-    every fill from ``ctx.params`` when one of them is live."""
-    if not any(isinstance(params.get(name), Live) for name in SHARD_PARAMS):
-        fixed = _shard(params.get, HookError)
-        return lambda ctx: fixed
+def _local_bounds(params, slot_name):
+    """``ctx -> (tokens_per_rank, rank_offset)``: this rank's slice of the padded bucket (all of it
+    when replicated), sharded once here from fixed params, or at every fill when one of them is live."""
+    live = any(isinstance(params.get(name), Live) for name in SHARD_PARAMS)
+    fixed = None if live else _shard(params.get, HookError)
 
-    def shard(ctx):
-        return _shard(ctx.params.get, lambda message: SlotError(f"slot '{slot_name}': {message}"))
+    def bounds(ctx):
+        rank, size = fixed or _shard(ctx.params.get, lambda message: SlotError(f"slot '{slot_name}': {message}"))
+        per_rank = ctx.padded_num_tokens // size
+        return per_rank, per_rank * rank
 
-    return naming_slot(shard, slot_name)
+    return naming_slot(bounds, slot_name) if live else bounds
 
 
 def _count(value: Any, field: str, slot_name: str) -> int:
@@ -207,22 +179,10 @@ def _count(value: Any, field: str, slot_name: str) -> int:
         ) from None
 
 
-def _local_bounds(sharded, rank, size, padded_num_tokens):
-    """``(tokens_per_rank, rank_offset)`` of this rank's slice of the padded bucket (all of it when replicated)."""
-    if not sharded:
-        return padded_num_tokens, 0
-    per_rank = padded_num_tokens // size
-    return per_rank, per_rank * rank
-
-
-@builtin_hook("post_fill")
 def _local_num_token_non_padded(params, slot_name):
-    """Real tokens of the step, from the batch: fb.global_num_token_non_padded (a tensor)
-    clamped to this attention-TP rank's slice of the padded tokens when sharded (params:
-    attn_tp_sharded, enable_prefill_cp, attn_tp_rank, attn_tp_size), else to the padded
-    count; without it fb.num_token_non_padded is copied; without both the buffer is left as
-    it is."""
-    shard = _attn_tp_shard(params, slot_name)
+    """Real tokens of the step: fb.global_num_token_non_padded clamped to this rank's slice of the padded
+    tokens, else fb.num_token_non_padded copied, else nothing (slot_specs/README.md)."""
+    bounds = _local_bounds(params, slot_name)
 
     def post_fill(buffer, fb, ctx):
         global_count = getattr(fb, "global_num_token_non_padded", None)
@@ -235,7 +195,7 @@ def _local_num_token_non_padded(params, slot_name):
             elif local is not None:
                 buffer.fill_(_count(local, "num_token_non_padded", slot_name))
             return
-        per_rank, offset = _local_bounds(*shard(ctx), ctx.padded_num_tokens)
+        per_rank, offset = bounds(ctx)
         if _is_tensor(global_count):
             # Never `out=buffer`: a 0-d count would resize the static [1] buffer. Each op
             # costs a dispatch on the hot path: no subtraction of 0, no reshape where
@@ -249,42 +209,35 @@ def _local_num_token_non_padded(params, slot_name):
     return post_fill
 
 
-@builtin_hook("post_fill")
 def _local_num_token_non_padded_cpu(params, slot_name):
-    """Real tokens of the padded bucket, from the host int fb.global_num_token_non_padded_cpu
-    clamped to this attention-TP rank's slice of the bucket when sharded (params:
-    attn_tp_sharded, enable_prefill_cp, attn_tp_rank, attn_tp_size), else to the bucket;
-    without it, the raw token count of the step."""
-    shard = _attn_tp_shard(params, slot_name)
+    """Real tokens of the padded bucket: the host int fb.global_num_token_non_padded_cpu clamped to this
+    rank's slice of the bucket, else the raw token count of the step (slot_specs/README.md)."""
+    bounds = _local_bounds(params, slot_name)
 
     def post_fill(buffer, fb, ctx):
         global_count = getattr(fb, "global_num_token_non_padded_cpu", None)
         if global_count is None:
             buffer.fill_(ctx.raw_num_tokens)
             return
-        per_rank, offset = _local_bounds(*shard(ctx), ctx.padded_num_tokens)
+        per_rank, offset = bounds(ctx)
         count = _count(global_count, "global_num_token_non_padded_cpu", slot_name)
         buffer.fill_(min(max(count - offset, 0), per_rank))
 
     return post_fill
 
 
-@builtin_hook("post_fill", fills="raw_num_tokens")
 def _count_non_padded_tokens(params, slot_name):
     """Write the raw token count of the step (tokens of the padded bucket that are real)."""
     return lambda buffer, fb, ctx: buffer.fill_(ctx.raw_num_tokens)
 
 
-@builtin_hook("post_fill", fills="padded_num_tokens")
 def _global_num_tokens(params, slot_name):
-    """With gathered (DP) buffers, every rank runs the padded token count: fill it. Without,
-    the buffer is left as initialised (param: require_gathered_buffer)."""
+    """With gathered (DP) buffers (require_gathered_buffer) every rank runs the padded token count: fill it."""
     if params.get("require_gathered_buffer"):
         return lambda buffer, fb, ctx: buffer.fill_(ctx.padded_num_tokens)
     return None
 
 
-@builtin_hook("source")
 def _dotted_field(params, slot_name):
     """Read a structured slot's dotted name off the batch (`a.b` → fb.a.b); None when any part
     is missing."""
@@ -301,11 +254,9 @@ def _dotted_field(params, slot_name):
     return source
 
 
-@builtin_hook("pre_capture")
 def _register_swa_out_cache_loc(params, slot_name):
-    """Register the static out_cache_loc_swa buffer with the KV pool
-    (side_inputs['token_to_kv_pool'].register_out_cache_loc_swa) so the capture records the
-    fast path that writes into it."""
+    """Register the static out_cache_loc_swa buffer with side_inputs['token_to_kv_pool'], so the capture
+    records the fast path that writes into it."""
 
     def pre_capture(buffer, ctx):
         side = ctx.side_inputs or {}
@@ -318,3 +269,14 @@ def _register_swa_out_cache_loc(params, slot_name):
         pool.register_out_cache_loc_swa(buffer)
 
     return pre_capture
+
+
+# The built-in hooks by name, each documented by its factory's docstring (and graphslot/slot_specs/README.md).
+BUILTIN_HOOKS: Dict[str, BuiltinHook] = {
+    "local_num_token_non_padded": BuiltinHook("post_fill", _local_num_token_non_padded),
+    "local_num_token_non_padded_cpu": BuiltinHook("post_fill", _local_num_token_non_padded_cpu),
+    "count_non_padded_tokens": BuiltinHook("post_fill", _count_non_padded_tokens, fills="raw_num_tokens"),
+    "global_num_tokens": BuiltinHook("post_fill", _global_num_tokens, fills="padded_num_tokens"),
+    "dotted_field": BuiltinHook("source", _dotted_field),
+    "register_swa_out_cache_loc": BuiltinHook("pre_capture", _register_swa_out_cache_loc),
+}

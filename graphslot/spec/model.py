@@ -1,6 +1,5 @@
-"""The typed model of a slot spec file (pydantic): only the *shape* of a spec (which keys,
-which kinds of value). Rules relating keys to each other live in :mod:`.checks`, so every
-problem in a file is reported at once with its line."""
+"""The typed model of a slot spec file (pydantic): only its *shape* (which keys, which kinds of
+value); :mod:`.checks` relates keys to each other, so every problem in a file is reported at once."""
 
 from __future__ import annotations
 
@@ -29,19 +28,13 @@ MAX_PARAMS = 1024
 MAX_PRESETS = 32
 MAX_SLOTS = 4096
 
-# The model keeps the declared strings (its JSON Schema inlines the choices, and a bad one
-# is a `literal_error` the loader words); code compares them with the Axis/Padding enums.
-AxisName = Literal[AXES]  # type: ignore[valid-type]
-PaddingName = Literal[PADDINGS]  # type: ignore[valid-type]
-Adopt = Literal["allowed", "never"]
-AbsentFields = Literal["error", "skip"]
-ParamType = Literal[PARAM_TYPES]  # type: ignore[valid-type]
+# The model keeps the declared strings as Literals (its JSON Schema inlines the choices, and a
+# bad one is a `literal_error` the loader words); code compares them with the Axis/Padding enums.
 
 
 def one_nan(value: Any) -> Any:
-    """``value``, or for any NaN the one quiet NaN (sign bit clear): YAML's ``.nan`` has
-    its sign set, JSON's (a module's embedded spec) not, and a NaN must be the same
-    bits in generated code and in the interpreter, whichever form the spec came in."""
+    """``value``, or for any NaN the one quiet NaN: YAML's ``.nan`` has its sign bit set, JSON's not,
+    and a NaN must be the same bits in generated code and in the interpreter."""
     return math.nan if isinstance(value, float) and value != value else value
 
 
@@ -70,22 +63,18 @@ class FrozenDict(dict):
 
 
 class ParamSpec(_Strict):
-    type: ParamType = Field(description="Value type of the param.")
+    type: Literal[PARAM_TYPES] = Field(description="Value type of the param.")  # type: ignore[valid-type]
     default: Scalar = Field(description="A literal, or an expression over other params (int/float/bool params).")
     description: str = ""
     runtime: StrictBool = Field(
         False,
-        description=(
-            "A numeric value generated code keeps as an argument instead of baking it in. "
-            "Only pad values may use runtime params."
-        ),
+        description="A numeric value generated code keeps as an argument instead of baking it in. "
+        "Only pad values may use runtime params.",
     )
     live: StrictBool = Field(
         False,
-        description=(
-            "The value may be a provider (ctx) -> value given at build, evaluated when a hook reads "
-            "ctx.params[name] during a fill. Only hooks may read live params."
-        ),
+        description="The value may be a provider (ctx) -> value given at build, evaluated when a hook reads "
+        "ctx.params[name] during a fill. Only hooks may read live params.",
     )
 
 
@@ -98,12 +87,14 @@ class SlotSpec(_Strict, SlotKind):
         "slot (axis none)."
     )
     dtype: str = Field(description="A torch dtype name (int64, bfloat16, …) or a dtype-typed param.")
-    axis: AxisName = Field(description="bs: sliced by batch size; tokens: by token count; none: never sliced.")
+    axis: Literal[AXES] = Field(  # type: ignore[valid-type]
+        description="bs: sliced by batch size; tokens: by token count; none: never sliced."
+    )
     slice_dim: StrictInt = Field(0, description="The dimension the axis slices.")
     device: Optional[Literal["cpu"]] = Field(
         None, description="Omitted: the registry's device. cpu: a host buffer (e.g. seq_lens_cpu)."
     )
-    padding: Optional[PaddingName] = Field(
+    padding: Optional[Literal[PADDINGS]] = Field(  # type: ignore[valid-type]
         None, description="How the padded tail is made safe; required for bs/tokens axes."
     )
     pad_value: Optional[Scalar] = Field(
@@ -122,7 +113,7 @@ class SlotSpec(_Strict, SlotKind):
     post_fill: Optional[str] = Field(None, description="Hook (buffer, fb, ctx) run after the copies.")
     source: Optional[str] = Field(None, description="Hook (fb, ctx) -> tensor or None: the copy source.")
     pre_capture: Optional[str] = Field(None, description="Hook (buffer, ctx) run before graph capture.")
-    adopt: Adopt = Field(
+    adopt: Literal["allowed", "never"] = Field(
         "allowed", description="never: the registry owns the buffer; build_registry(buffers=<object>) never adopts it."
     )
     description: str = ""
@@ -135,12 +126,10 @@ class RegistrySpec(_Strict):
     description: str = ""
     params: Dict[str, ParamSpec] = Field(default_factory=dict)
     presets: Dict[str, Dict[str, Any]] = Field(default_factory=dict, description="Named param sets, e.g. `eager`.")
-    absent_fields: AbsentFields = Field(
+    absent_fields: Literal["error", "skip"] = Field(
         "error",
-        description=(
-            "error: a copied slot's batch field that is None or missing is a SlotError unless the slot is "
-            "optional. skip: every slot copied from a batch field is optional (no copy, None carried)."
-        ),
+        description="error: a copied slot's batch field that is None or missing is a SlotError unless the slot is "
+        "optional. skip: every slot copied from a batch field is optional (no copy, None carried).",
     )
     slots: Tuple[SlotSpec, ...] = Field(min_length=1)
 
@@ -168,10 +157,8 @@ class RegistrySpec(_Strict):
         return self._text
 
     def canonical(self) -> dict[str, Any]:
-        """The spec's meaning as plain data: the validated model with every default filled in
-        and every ``description`` dropped (comments, key order, quoting never reach it).
-        Keys added after specs had identities leave it while they hold their default, so a
-        spec that does not use them keeps its identity (and its generated modules stay current)."""
+        """The spec's meaning as plain data: every default filled in, every ``description`` dropped. Keys
+        added after specs had identities leave it at their default, so old identities stay current."""
         data = _lists(self.model_dump(mode="python", exclude=NOT_MEANING))
         for kind, items in (("spec", [data]), ("param", data["params"].values()), ("slot", data["slots"])):
             for item in items:
@@ -181,13 +168,11 @@ class RegistrySpec(_Strict):
         return data
 
     def canonical_json(self) -> str:
-        """:meth:`canonical` as one line of ASCII JSON with sorted keys (non-finite
-        floats as ``NaN``/``Infinity``): the same text for the same meaning."""
+        """:meth:`canonical` as one line of ASCII JSON, sorted keys: the same text for the same meaning."""
         return json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=True)
 
     def to_dict(self) -> Dict[str, Any]:
-        """The spec as plain data for :func:`graphslot.spec_from_dict` (defaults left out):
-        ``d = load_spec("decode").to_dict(); d["slots"].append(...)``."""
+        """The spec as plain data (defaults left out) for :func:`graphslot.spec_from_dict`."""
         return _lists(self.model_dump(mode="python", exclude_defaults=True))
 
     @property
@@ -208,8 +193,7 @@ class RegistrySpec(_Strict):
         return self._by_name[1][name]
 
     def slot_line(self, index: int, key: Optional[str] = None) -> Optional[int]:
-        path = ("slots", index) if key is None else ("slots", index, key)
-        return self.locations.line(path)
+        return self.locations.line(("slots", index) if key is None else ("slots", index, key))
 
     def param_line(self, name: str) -> Optional[int]:
         return self.locations.line(("params", name))

@@ -1,13 +1,13 @@
-"""From a validated spec and a param set to concrete slots: ``resolve_params`` (defaults,
-a preset, overrides) then ``resolve_slots`` (every expression evaluated). The interpreter
-and the code generator both start from the result, so they cannot disagree on a spec."""
+"""From a validated spec and a param set to concrete slots: ``resolve_params`` then ``resolve_slots``.
+The interpreter and the code generator both start from the result, so they cannot disagree on a spec."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from .dtypes import DTypeName, parse_dtype, spelling_hint, torch_dtype, value_fits_dtype
 from .errors import ExprError, SpecError, SpecIssue, did_you_mean, shorten
@@ -74,35 +74,23 @@ class ResolvedSlot(SlotKind):
         return math.prod(self.shape) * self.dtype_name.itemsize
 
 
-def coerce_param(name: str, ptype: str, value: Any) -> Any:
-    """``value`` as a ``ptype`` param (a dtype as its :class:`DTypeName`), else ValueError saying what was expected."""
+# The Python values each param type takes (a bool is not an int here).
+PYTHON_TYPES = {"bool": bool, "int": int, "float": (int, float), "str": str}
+
+
+def coerce_param(name: str, ptype: str, value: Any, got: str = "got", show: Callable = repr) -> Any:
+    """``value`` as a ``ptype`` param (a dtype as its :class:`DTypeName`), else ValueError saying what was expected.
+    Also checks a live param's value from its provider (``got="its provider returned"``) as one given at build."""
     if ptype == "dtype":
         dtype = parse_dtype(value)
         if dtype is None:
             raise ValueError(
-                f"param '{name}' is a dtype: pass torch.int64 or 'int64', got {value!r}" + spelling_hint(value)
+                f"param '{name}' is a dtype: pass torch.int64 or 'int64', {got} {show(value)}" + spelling_hint(value)
             )
         return dtype
-    ok = {
-        "bool": isinstance(value, bool),
-        "int": isinstance(value, int) and not isinstance(value, bool),
-        "float": isinstance(value, (int, float)) and not isinstance(value, bool),
-        "str": isinstance(value, str),
-    }[ptype]
-    if not ok:
-        raise ValueError(f"param '{name}' is {ptype}, got {type(value).__name__} {value!r}")
+    if not isinstance(value, PYTHON_TYPES[ptype]) or (isinstance(value, bool) and ptype != "bool"):
+        raise ValueError(f"param '{name}' is {ptype}, {got} {type(value).__name__} {show(value)}")
     return one_nan(float(value)) if ptype == "float" else value
-
-
-def _live_value(name: str, ptype: str, value: Any) -> Any:
-    """A live param's value from its provider, checked as :func:`coerce_param` checks one
-    given at build (an int is not a str of digits, a float never becomes an int)."""
-    try:
-        return coerce_param(name, ptype, value)
-    except ValueError:
-        raise ValueError(
-            f"param '{name}' is {ptype}, its provider returned {type(value).__name__} {shorten(value)}"
-        ) from None
 
 
 def resolve_params(
@@ -115,27 +103,27 @@ def resolve_params(
     """Every param's value: explicit override, else preset, else (evaluated) default. Dtype
     params come back as ``torch.dtype``, or with ``torch_dtypes=False`` as names (no torch)."""
     file, issues = spec.path, []
-    explicit: Dict[str, Any] = {}
-    if preset is not None:
-        if preset not in spec.presets:
-            known = ", ".join(sorted(spec.presets)) or "none"
-            raise SpecError.at(
-                file, None, f"unknown preset '{preset}' (presets: {known})" + did_you_mean(preset, spec.presets)
-            )
-        explicit.update(spec.presets[preset])
-    explicit.update(overrides or {})
+    if preset is not None and preset not in spec.presets:
+        known = ", ".join(sorted(spec.presets)) or "none"
+        raise SpecError.at(
+            file, None, f"unknown preset '{preset}' (presets: {known})" + did_you_mean(preset, spec.presets)
+        )
+    explicit = {**(spec.presets[preset] if preset is not None else {}), **(overrides or {})}
 
     values: Dict[str, Any] = {}
     for name, value in explicit.items():
         if name not in spec.params:
             issues.append(SpecIssue(file, None, f"unknown param '{name}'" + did_you_mean(name, spec.params)))
             continue
+        ptype = spec.params[name].type
         if spec.params[name].live and (isinstance(value, Live) or callable(value)):
             fn = value.fn if isinstance(value, Live) else value  # evaluated by the hooks at fill, then checked
-            values[name] = Live(fn, functools.partial(_live_value, name, spec.params[name].type))
+            values[name] = Live(
+                fn, functools.partial(coerce_param, name, ptype, got="its provider returned", show=shorten)
+            )
             continue
         try:
-            values[name] = coerce_param(name, spec.params[name].type, value)
+            values[name] = coerce_param(name, ptype, value)
         except ValueError as exc:
             hint = "; a provider (a callable read at fill time) is only taken by a `live: true` param"
             hint = hint if callable(value) and not isinstance(value, type) else ""
@@ -168,6 +156,34 @@ def resolve_params(
         n: torch_dtype(values[n]) if torch_dtypes and isinstance(values[n], DTypeName) else values[n]
         for n in spec.params
     }
+
+
+# Longest chain of param defaults naming each other (a -> b -> c is 3): resolve_params recurses along it.
+MAX_PARAM_CHAIN = 64
+
+
+def too_long_chain(params: Mapping[str, Any]) -> Optional[str]:
+    """The param to report for a chain of defaults longer than MAX_PARAM_CHAIN, else None (a cycle is
+    reported by resolve_params); at most MAX_PARAM_CHAIN + 1 calls deep."""
+    deps: Dict[str, List[str]] = {name: [] for name in params}
+    for name, param in params.items():
+        if isinstance(param.default, str) and param.type in ("int", "float", "bool"):
+            with contextlib.suppress(ExprError):  # a malformed default is reported where it is checked
+                deps[name] = sorted(Expr.parse(param.default).names & params.keys())
+    depth: Dict[str, int] = {}
+
+    def too_long(name: str, path: Tuple[str, ...]) -> Optional[str]:
+        if len(path) > MAX_PARAM_CHAIN:
+            return path[0]
+        for child in deps[name]:
+            found = None if child in path or child in depth else too_long(child, path + (child,))
+            if found is not None:
+                return found
+        depth[name] = 1 + max((depth.get(c, 0) for c in deps[name]), default=0)
+        return name if depth[name] > MAX_PARAM_CHAIN else None
+
+    found = (too_long(start, (start,)) for start in params if start not in depth)  # lazy: sees depth grow
+    return next((bad for bad in found if bad is not None), None)
 
 
 def evaluate_field(value: Any, env: Mapping[str, Any]) -> Any:
