@@ -225,9 +225,16 @@ def banner_lines(e: Any) -> List[str]:
 
 def _expected_constants(spec: RegistrySpec, e: Any) -> List[Tuple[str, str]]:
     """(name, source) of each constant, written apart from the emitter's (``repr``, :func:`params_literal`)."""
-    values = (e.spec.name, e.spec.identity, e.version, tuple(e.runtime), tuple(n.slot.name for n in e.names))
-    sources = [repr(v) for v in values[:3]] + [params_literal(e.baked)] + [repr(v) for v in values[3:]]
-    return list(zip(CONSTANTS, sources + [repr(e.source_label), repr(spec.canonical_json())]))
+    return [
+        ("SPEC_NAME", repr(e.spec.name)),
+        ("SPEC_IDENTITY", repr(e.spec.identity)),
+        ("GRAPHSLOT_VERSION", repr(e.version)),
+        ("PARAMS", params_literal(e.baked)),
+        ("RUNTIME_PARAMS", repr(tuple(e.runtime))),
+        ("SLOTS", repr(tuple(n.slot.name for n in e.names))),
+        ("SPEC_SOURCE", repr(e.source_label)),
+        ("SPEC_JSON", repr(spec.canonical_json())),
+    ]
 
 
 def render_module(spec: RegistrySpec, params: Mapping[str, Any], source_label=None, skip=()):

@@ -163,7 +163,9 @@ def normalise(source: str) -> str:
     out, pos = [], 0
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
         if token.type == tokenize.STRING:
-            start, end = token.start[1], token.end[1]  # one line: columns are offsets
+            (row, start), (_, end) = token.start, token.end
+            if row != 1:  # columns are offsets only on one line: never splice a multi-line source
+                raise ValueError(f"not a one-line expression: {source!r}")
             out += [source[pos:start], py_str(ast.literal_eval(token.string))]
             pos = end
     return "".join(out) + source[pos:]

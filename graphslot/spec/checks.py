@@ -63,14 +63,14 @@ class Reporter:
             return None
         return expr
 
-    def no_live(self, path, text: str, params: Dict[str, ParamSpec], what: str, slot=None, runtime=False) -> bool:
-        """Report (and say whether) an expression names a live param (or with ``runtime`` a runtime
+    def no_live(self, path, text: str, params: Dict[str, ParamSpec], what: str, slot=None, *, refuse_runtime=False):
+        """Report (and say whether) an expression names a live param (or with ``refuse_runtime`` a runtime
         one): expressions other than pad values are baked in, and only hooks may read live params."""
         try:
             names = sorted(Expr.parse(text).names & params.keys())
         except ExprError:
             return False  # the syntax is reported where the expression is checked
-        kinds = ("live", "runtime") if runtime else ("live",)
+        kinds = ("live", "runtime") if refuse_runtime else ("live",)
         used = next(((kind, n) for kind in kinds for n in names if getattr(params[n], kind)), None)
         if used is not None:
             self.add(path, f"{what} uses {used[0]} param '{used[1]}': {NOT_BAKED[used[0]]}", slot)
@@ -250,10 +250,10 @@ class SlotChecker:
         for check in (self.name, self.dtype, self.shape, self.padding, self.pad_value, self.enabled_if, self.hooks):
             check()
 
-    def expr(self, key: str, text: str, types: Dict[str, str], want: Tuple[str, ...], what: str, runtime=False):
+    def expr(self, key: str, text: str, types: Dict[str, str], want: Tuple[str, ...], what: str, allow_runtime=False):
         """The parsed expression, or None (reported): malformed, not ``want``, naming a live (or runtime) param."""
         path = self.path + (key,)
-        if self.report.no_live(path, text, self.params, what, self.shown_name, runtime=not runtime):
+        if self.report.no_live(path, text, self.params, what, self.shown_name, refuse_runtime=not allow_runtime):
             return None
         return self.report.expr(path, text, types, want, what, self.slot.name)
 
@@ -372,7 +372,8 @@ class SlotChecker:
         if slot.pad_value is None or not needs:
             return
         if isinstance(slot.pad_value, str):
-            if self.expr("pad_value", slot.pad_value, self.types, ("int", "float", "bool"), "pad_value", True) is None:
+            want = ("int", "float", "bool")
+            if self.expr("pad_value", slot.pad_value, self.types, want, "pad_value", allow_runtime=True) is None:
                 return
         for values in self.default_values:
             dtype = slot_dtype(slot, values)

@@ -162,7 +162,11 @@ def _local_bounds(params, slot_name):
     fixed = None if live else _shard(params.get, HookError)
 
     def bounds(ctx):
-        rank, size = fixed or _shard(ctx.params.get, lambda message: SlotError(f"slot '{slot_name}': {message}"))
+        rank, size = (
+            fixed
+            if fixed is not None
+            else _shard(ctx.params.get, lambda message: SlotError(f"slot '{slot_name}': {message}"))
+        )
         per_rank = ctx.padded_num_tokens // size
         return per_rank, per_rank * rank
 
