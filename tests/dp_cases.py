@@ -301,6 +301,15 @@ def count_collectives(rank: int, world_size: int) -> Dict[str, Any]:
         record["mode"] = "idle" if dp.last.idle else "eager" if dp.last.padded_bs is None else "graph"
         steps.append(record)
 
+    lifecycle: List[Dict[str, Any]] = []  # the first step's sizes after release(), then after recapture()
+    for change in (dp.runner.release, dp.runner.recapture):
+        change()
+        counter.take()  # recapture's own collectives are not the step's
+        record = call(dp, requests.batch(STEPS[0][rank], len(STEPS) + len(lifecycle)))
+        record["mode"] = "eager" if dp.last.padded_bs is None else "graph"
+        record["eager_reasons"] = dp.runner.metrics()["eager_reasons"]
+        lifecycle.append(record)
+
     rt = build_reference_model(max_num_reqs=16)
     adapter = ReferenceDPDecodeAdapter(rt, DPAttention())
     guarded = DPDecodeRunner(adapter, DPExchange(), max_bs=MAX_BS, progress=False, guard=True)
@@ -316,7 +325,7 @@ def count_collectives(rank: int, world_size: int) -> Dict[str, Any]:
             record["invalid"] = call(guarded, fb)
         record.update(call(guarded, fb))
         guard_steps.append(record)
-    return {"steps": steps, "guard_steps": guard_steps, "confirm": [dp.confirm, guarded.confirm]}
+    return {"steps": steps, "lifecycle": lifecycle, "guard_steps": guard_steps, "confirm": [dp.confirm, guarded.confirm]}
 
 
 def hook_fails_after_the_exchange(rank: int, world_size: int) -> None:

@@ -274,6 +274,15 @@ def test_a_steady_step_runs_one_collective_graph_eager_or_skipped(counted):
         assert [len(rec["collectives"]) for rec in steps] == [1] * len(STEPS), [rec["collectives"] for rec in steps]
 
 
+def test_released_graphs_make_every_rank_run_eager_until_recaptured(counted):
+    for run in counted:  # a released runner captures nothing on its own: the ranks agree on eager
+        released, recaptured = run["lifecycle"]
+        assert (released["mode"], released["error"], len(released["collectives"])) == ("eager", None, 1)
+        assert released["eager_reasons"].get("graphs released") == 1
+        assert (recaptured["mode"], recaptured["error"], len(recaptured["collectives"])) == ("graph", None, 1)
+        assert recaptured["eager_reasons"] == released["eager_reasons"]
+
+
 @pytest.mark.parametrize("step, dp_step, error", [
     (WRONG_SHAPE_STEP, 3, "SlotError: spec 'decode', slot 'positions': expected shape [1], got [1, 1] (copy_ would "
                           "broadcast or fail)"),

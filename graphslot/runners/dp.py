@@ -294,8 +294,8 @@ class DPDecodeRunner:
                              f"adapter's spec_params or the runner config; they are {dp}")
 
     def locally_runnable(self, fb: Any) -> bool:
-        """This rank's say: a graph can run its batch, given a size that fits."""
-        return fb is None or self.adapter.tokens_per_bs(fb) == self.k
+        """This rank's say: a graph can run its batch, given a size that fits (none after ``runner.release()``)."""
+        return not self.runner.released and (fb is None or self.adapter.tokens_per_bs(fb) == self.k)
 
     def agree(self, counts: List[int], flags: List[bool], longest: int = 0) -> Optional[int]:
         """The padded size every rank picks from the same counts, flags and longest context
@@ -346,7 +346,7 @@ class DPDecodeRunner:
         adapter, k = self.adapter, self.k
         num_tokens = 0 if fb is None else adapter.num_tokens(fb)
         runnable = self.locally_runnable(fb)
-        reason = None if runnable else self.runner.eager_reason(fb)  # another forward mode: no peer's count needed
+        reason = None if runnable or fb is None else self.runner.eager_reason(fb)  # no peer's count needed
         longest = self.adapter.context_len(fb) if self.runner.bucketed and runnable and fb is not None else 0
         batch = adapter.make_dummy_batch(1, k) if fb is None else fb
         if runnable and self.runner.dispatch.rows_for_tokens(num_tokens) <= self.runner.dispatch.largest:
