@@ -42,6 +42,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
 from ...runners.breakable import eager_on_graph
+from .cache import _gather
 
 #: The implementations a model can be routed over, and the name each is registered as.
 ROUTED = {"sdpa": "graphslot_sdpa", "eager": "graphslot_eager"}
@@ -113,8 +114,8 @@ def prefill_attend(module: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     pool.set_kv(layer, meta.loc, k[0].transpose(0, 1).reshape(t, k.shape[1], -1),
                 v[0].transpose(0, 1).reshape(t, v.shape[1], -1))
     slots, mask = meta.keys_and_mask(layer, q.dtype)
-    keys = pool.k_buffer[layer].index_select(0, slots).transpose(0, 1).unsqueeze(0)
-    values = pool.v_buffer[layer].index_select(0, slots).transpose(0, 1).unsqueeze(0)
+    keys = _gather(pool.k_buffer[layer], slots).transpose(0, 1).unsqueeze(0)
+    values = _gather(pool.v_buffer[layer], slots).transpose(0, 1).unsqueeze(0)
     return attend(module, q, keys, values, mask, scaling)
 
 
