@@ -306,9 +306,6 @@ class DecodeGraphRunner(PhaseRunner):
         """Why ``fb`` cannot replay a graph, or None when it can."""
         return self._decide(fb)[0]
 
-    def can_run(self, fb: Any) -> bool:
-        return self.eager_reason(fb) is None
-
     def padded_bs(self, fb: Any) -> int:
         return self.dispatch.pad(self._needed_bs(fb, self.adapter.batch_size(fb)))
 
@@ -391,10 +388,6 @@ class DecodeGraphRunner(PhaseRunner):
         return self.stats.histogram
 
     # -- figures ---------------------------------------------------------------------
-    @property
-    def static_bytes(self) -> int:
-        return self.registry.nbytes
-
     def external_inputs(self, bs: int, context: Optional[int] = None) -> List[torch.Tensor]:
         """Tensors the graph of size ``bs`` (and bucket ``context``) reads that nothing keeps
         current: not a slot buffer, not declared static by the adapter, not made by the

@@ -121,6 +121,15 @@ class PhaseRunner:
             graph = self.graphs[self._key(a, b)]
         return graph
 
+    def can_run(self, fb: Any) -> bool:
+        """Whether ``fb`` replays a graph (the subclass's ``eager_reason(fb)`` is None)."""
+        return self.eager_reason(fb) is None
+
+    @property
+    def static_bytes(self) -> int:
+        """Bytes of the static input buffers."""
+        return self.registry.nbytes
+
     # -- lifecycle -------------------------------------------------------------------
     def reset_index_buffers(self) -> None:
         """Zero every index-semantic slot buffer in place (``index: true``: padded with

@@ -166,9 +166,6 @@ class PrefillGraphRunner(PhaseRunner):
             return TOO_MANY_TOKENS
         return RELEASED if self.released else None
 
-    def can_run(self, fb: Any) -> bool:
-        return self.eager_reason(fb) is None
-
     def bucket(self, fb: Any) -> int:
         n = self.adapter.num_tokens(fb)
         return self._ascending[bisect.bisect_left(self._ascending, n)]
@@ -209,10 +206,6 @@ class PrefillGraphRunner(PhaseRunner):
         return self.adapter.forward_eager(fb)
 
     # -- figures ---------------------------------------------------------------------
-    @property
-    def static_bytes(self) -> int:
-        return self.registry.nbytes
-
     def external_inputs(self, n: int, requests: Optional[int] = None) -> List[torch.Tensor]:
         """Tensors key ``(n, requests)``'s graph reads that nothing keeps current (tape only)."""
         declared = [s.buffer for s in self.registry.active] + statics(self.adapter)
