@@ -102,3 +102,12 @@ def test_no_collection_leaves_an_engines_own_freeze_alone():
         assert gc.isenabled() and gc.get_freeze_count() == frozen
     finally:
         gc.unfreeze()
+
+
+def test_backend_name_says_what_auto_and_a_backend_object_give():
+    from graphslot.graphs.backend import backend_name
+    from graphslot.graphs.tape import TapeBackend
+
+    assert [backend_name("auto", "cpu"), backend_name("auto", "cuda:0"), backend_name("cpu", "cuda:0")] == [
+        "cpu", "cuda", "cpu"]
+    assert backend_name(TapeBackend(), "cuda:0") == "cpu"  # an object is what it is, whatever the device

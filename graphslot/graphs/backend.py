@@ -115,6 +115,13 @@ def _has_pool(backend: Any) -> bool:
     return hasattr(type(backend), "pool") or "pool" in getattr(backend, "__dict__", {})
 
 
+def backend_name(backend: Any, device: torch.device | str) -> str:
+    """The name of the backend ``backend`` (a name, ``"auto"`` or a backend object) gives on ``device``."""
+    if not isinstance(backend, str):
+        return backend.name
+    return ("cuda" if torch.device(device).type == "cuda" else "cpu") if backend == "auto" else backend
+
+
 def get_graph_backend(name: Any, device: torch.device | str, *, pool: Any = None) -> GraphBackend:
     """A new backend capturing into ``pool`` (None: a pool of its own); ``"auto"`` picks
     ``cuda`` for CUDA devices, else ``cpu``. A backend object is returned as it is (its
@@ -128,8 +135,7 @@ def get_graph_backend(name: Any, device: torch.device | str, *, pool: Any = None
                              "give the pool to the backend, or a backend name")
         return name
     device = torch.device(device)
-    if name == "auto":
-        name = "cuda" if device.type == "cuda" else "cpu"
+    name = backend_name(name, device)
     # Imported here: both modules import GraphCaptureError from this one.
     if name == "cuda":
         from .cuda import CudaGraphBackend

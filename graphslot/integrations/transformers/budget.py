@@ -39,6 +39,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from ...graphs.backend import backend_name
 from ...runners.decode import DecodeRunnerConfig
 from ...runners.dispatch import capture_sizes, context_ladder
 from ...spec.budget import BufferBudgetError, byte_cap, format_bytes
@@ -207,4 +208,4 @@ def check_decode_graphs(device: torch.device, kv: PoolSize, config: DecodeRunner
         device, kv, max_bs=config.max_bs, per_row=per_row, per_position=per_position,
         sizes=capture_sizes(config.max_bs, config.capture_bs, config.capture_bs_multiple, max_requests),
         contexts=context_ladder(config.context_buckets, context) or [context],
-        kept=config.backend == "cpu" or (config.backend == "auto" and device.type != "cuda"))
+        kept=backend_name(config.backend, device) == "cpu")
