@@ -364,15 +364,12 @@ class DPDecodeRunner:
         """The host steps after the exchange (on a checked batch, none of the runner's own
         can fail); the forward, to run. ``real``: the batch is the rank's, not a dummy."""
         dispatch, counts = self.runner.dispatch, step.global_num_tokens
-        if step.padded_bs is not None:
-            prepared = self.runner.prepare(mine.batch, count=real, longest=max(step.contexts))
-            if (prepared.bs, prepared.context) != (step.padded_bs, step.context):  # the check made them equal
-                raise RuntimeError(f"DP rank {self.exchange.rank}: the runner pads to {prepared.bs} (context "
-                                   f"{prepared.context}), the ranks agreed on {step.padded_bs} (context "
-                                   f"{step.context})")
-            return functools.partial(self._replay, prepared, real)
         rows = max(counts)
         needed = dispatch.rows_for_tokens(rows)
+        if step.padded_bs is not None:  # the size and bucket the ranks agreed on (_check made raw_bs * k our count)
+            raw_bs = self.adapter.batch_size(mine.batch)
+            return functools.partial(self._replay, self.runner._prepare(mine.batch, raw_bs, needed, step.context, real),
+                                     real)
         reason = None
         if real:  # in the runner's metrics and histogram, as a fallback of its own would be
             reason = (mine.reason or dispatch.size_problem(needed) or dispatch.context_problem(max(step.contexts))
