@@ -20,38 +20,25 @@ Eager runs are plain calls too, so installing the proxy changes no result.
 The op takes tensors only: the layer's K/V cache tensors (declared mutated: the op
 writes the new tokens' K/V into them), the batch's KV slot indices and the layer id; the
 attention backend itself is not a tensor, so the op finds it through an integer handle
-(:func:`register_backend`). The metadata is read from the backend when the op runs.
+(:func:`~graphslot.runners.piecewise.op_handle`). The metadata is read from the backend
+when the op runs.
 """
 
 from __future__ import annotations
 
-import itertools
-from typing import Any, Dict, Optional
+from typing import Any, Optional
 
 import torch
 from torch import nn
 
 from ..runners.breakable import eager_on_graph
+from ..runners.piecewise import op_handle, op_object
 from .attention import TorchAttentionBackend
 from .forward_batch import ForwardBatch
 from .model import Attention
 
 #: The split-op name the piecewise capture mode is told about (the adapters' ``split_ops``).
 ATTENTION_OP = "graphslot_ref::attention"
-
-_BACKENDS: Dict[int, TorchAttentionBackend] = {}
-_NEXT = itertools.count(1)
-
-
-def register_backend(backend: TorchAttentionBackend) -> int:
-    """An integer handle the op uses to find ``backend`` (registered once)."""
-    for handle, b in _BACKENDS.items():
-        if b is backend:
-            return handle
-    handle = next(_NEXT)
-    _BACKENDS[handle] = backend
-    return handle
-
 
 class _OutLoc:
     """The two batch fields the backend's forward reads."""
@@ -67,7 +54,7 @@ class _OutLoc:
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
               v_cache: torch.Tensor, out_cache_loc: torch.Tensor, out_cache_loc_swa: Optional[torch.Tensor],
               layer_id: int, handle: int) -> torch.Tensor:
-    backend = _BACKENDS[handle]
+    backend = op_object(handle)
     out = backend.forward(q, k, v, layer_id, _OutLoc(out_cache_loc, out_cache_loc_swa))
     # A custom op may not return an alias of an input.
     return out.clone() if out.untyped_storage().data_ptr() == q.untyped_storage().data_ptr() else out
@@ -89,7 +76,7 @@ class GraphAttentionBackend:
 
     def __init__(self, inner: TorchAttentionBackend):
         self.inner = inner
-        self.handle = register_backend(inner)
+        self.handle = op_handle(inner)
 
     def forward(self, q, k, v, layer, fb):
         layer_id = int(getattr(layer, "layer_id", layer))

@@ -28,6 +28,7 @@ is an error: Python code between two Dynamo graphs would run at capture only.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
@@ -42,6 +43,24 @@ from ..graphs.util import entered
 # ------------------------------------------------------------ the Dynamo backend
 
 _STATE = threading.local()
+_OP_OBJECTS: Dict[int, Any] = {}
+_NEXT_HANDLE = itertools.count(1)
+
+
+def op_handle(obj: Any) -> int:
+    """An integer naming ``obj`` to a split op (a custom op takes no Python objects): one per object, which is
+    kept for the process (:func:`op_object` reads it back when the op runs)."""
+    handle = getattr(obj, "_graphslot_handle", None)
+    if handle is None or _OP_OBJECTS.get(handle) is not obj:
+        handle = next(_NEXT_HANDLE)
+        _OP_OBJECTS[handle] = obj
+        obj._graphslot_handle = handle
+    return handle
+
+
+def op_object(handle: int) -> Any:
+    """The object :func:`op_handle` named ``handle``."""
+    return _OP_OBJECTS[handle]
 
 
 def op_name(target: Any) -> Optional[str]:

@@ -32,9 +32,8 @@ module (what the model's implementation reads: ``num_key_value_groups``,
 from __future__ import annotations
 
 import copy
-import itertools
 import sys
-from typing import Any, Dict, Optional
+from typing import Any, Optional
 
 import torch
 from transformers import AttentionInterface
@@ -42,6 +41,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
 from ...runners.breakable import eager_on_graph
+from ...runners.piecewise import op_handle, op_object
 from .cache import _gather
 
 #: The implementations a model can be routed over, and the name each is registered as.
@@ -52,20 +52,6 @@ ROUTED = {"sdpa": "graphslot_sdpa", "eager": "graphslot_eager"}
 ROUTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 #: The split ops of a piecewise capture (decode, prefill).
 SPLIT_OPS = ("graphslot_hf::attention", "graphslot_hf::prefill_attention")
-
-_OBJECTS: Dict[int, Any] = {}
-_NEXT = itertools.count(1)
-
-
-def handle(obj: Any) -> int:
-    """An integer naming ``obj`` to the custom ops (one per object, kept for the process)."""
-    h = getattr(obj, "_graphslot_handle", None)
-    if h is None or _OBJECTS.get(h) is not obj:
-        h = next(_NEXT)
-        _OBJECTS[h] = obj
-        obj._graphslot_handle = h
-    return h
-
 
 def inner_implementation(config: Any) -> Optional[str]:
     """``"sdpa"`` or ``"eager"`` of a routed config (or of one not routed), else None."""
@@ -85,7 +71,7 @@ def route_attention(model: Any) -> None:
                          f"{model.config._attn_implementation!r}; graphslot routes {' or '.join(ROUTED)}")
     for m in model.modules():
         if hasattr(m, "layer_idx") and hasattr(m, "num_key_value_groups"):
-            handle(m)
+            op_handle(m)
             if m.config is model.config:
                 m.config = copy.copy(model.config)
             m.config._attn_implementation = ROUTED[inner]
@@ -128,7 +114,7 @@ eager_prefill_attend = eager_on_graph(prefill_attend)
 @torch.library.custom_op(SPLIT_OPS[0], mutates_args=())
 def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
                  scaling: float, module: int) -> torch.Tensor:
-    return attend(_OBJECTS[module], q, k, v, mask, scaling)
+    return attend(op_object(module), q, k, v, mask, scaling)
 
 
 @attention_op.register_fake
@@ -139,7 +125,7 @@ def _attention_fake(q, k, v, mask, scaling, module):
 @torch.library.custom_op(SPLIT_OPS[1], mutates_args=("k_cache", "v_cache"))
 def prefill_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                          v_cache: torch.Tensor, scaling: float, module: int, meta: int) -> torch.Tensor:
-    return prefill_attend(_OBJECTS[module], q, k, v, _OBJECTS[meta], scaling)
+    return prefill_attend(op_object(module), q, k, v, op_object(meta), scaling)
 
 
 @prefill_attention_op.register_fake
@@ -154,6 +140,7 @@ def graphslot_attention(module: Any, query: torch.Tensor, key: torch.Tensor, val
     if scaling is None:
         scaling = float(query.shape[-1]) ** -0.5
     compiling = torch.compiler.is_compiling()
+    # Under compile the handles op_handle set are read as attributes, which dynamo takes as constants.
     if graphslot_prefill is None:
         if compiling:
             out = attention_op(query, key, value, attention_mask, scaling, module._graphslot_handle)

@@ -30,8 +30,9 @@ from typing import Any, Iterable, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
+from ...runners.piecewise import op_handle
 from ...runners.prefill_adapter import PrefillAdapter
-from .attention import ROUTED_FAMILIES, SPLIT_OPS, handle, route_attention
+from .attention import ROUTED_FAMILIES, SPLIT_OPS, route_attention
 from .cache import PagedCache
 
 
@@ -190,7 +191,7 @@ class HFPrefillAdapter(PrefillAdapter):
         # Kept while large enough: graphs already captured read (and their ops find) this one.
         if meta is None or meta.rows.shape[0] < max_bs or meta.token_req.shape[0] < max_num_tokens:
             self.meta = PrefillMetadata(self.cache, max_bs, max_num_tokens)
-            handle(self.meta)  # what the piecewise op finds it by
+            op_handle(self.meta)  # what the piecewise op finds it by
 
     def init_capture_metadata(self, num_tokens: int, view: Any) -> None:
         # Under capture="full" the graph gathers this many positions per request for good.
