@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import graphslot as gs
+from graphslot.generated import decode_default
 from graphslot.registry.buffers import BufferPool
 
 MODES = ("interpreted", "generated")
@@ -117,7 +118,7 @@ def test_a_pool_that_shares_one_tensor_between_two_slots_is_refused(mode, strict
         "slot name (gs.BufferPool shares by (name, numel, dtype, device), so only across registries)")
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", MODES + (decode_default,), ids=MODES + ("checked-in module",))
 def test_the_shipped_decode_spec_refuses_a_pool_sharing_by_shape(mode, strict):
     """The issue's case: positions and input_ids one tensor, the view's positions were the ids."""
     with pytest.raises(gs.SlotError, match="^spec 'decode': slots 'input_ids' and 'positions' were given the same"):
