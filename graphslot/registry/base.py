@@ -13,7 +13,7 @@ from ..spec.hooks import CaptureContext, FillContext
 from ..spec.live import context_factory, live_view
 from ..spec.model import RegistrySpec
 from ..spec.resolve import ResolvedSlot
-from .buffers import SharePool, allocate_buffer
+from .buffers import SharePool, allocate_buffer, refuse_shared_memory
 from .stepcheck import StepChecker
 
 
@@ -115,6 +115,7 @@ class SlotRegistry:
                 buffer = allocate_buffer(resolved.name, resolved.shape, resolved.dtype, device, init, pool, adopted)
             self._slots[resolved.name] = Slot(resolved, buffer, hooks.get(resolved.name, {}))
         self.active: Tuple[Slot, ...] = tuple(s for s in self._slots.values() if s.enabled)
+        refuse_shared_memory(spec.name, {s.name: s.buffer for s in self.active}, pool, adopt)
         self.checker = StepChecker(spec.name, self.active, max_bs, max_num_tokens, strict)
         self.make_view = ViewMaker(self.view_names(), spec.name)
 

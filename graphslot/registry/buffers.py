@@ -11,7 +11,8 @@ from typing import Any, Dict, Mapping, Protocol, Tuple, runtime_checkable
 
 import torch
 
-from ..spec.errors import SlotError
+from ..spec.errors import SlotError, shorten
+from .stepcheck import describe, overlaps
 
 
 @runtime_checkable
@@ -44,9 +45,8 @@ class BufferPool:
         if first != init:
             shared = f"shared buffer ({tensor.numel()} x {tensor.dtype} on {tensor.device})"
             needs = f"was first registered with initial value {first!r}, this registry needs {init!r}"
-            raise SlotError(
-                f"slot '{name}': {shared} {needs}; give both the same pad value, or build one without share_pool"
-            )
+            fix = "give both the same pad value, or build this registry with a pool of its own (or buffers=None)"
+            raise SlotError(f"slot '{name}': {shared} {needs}; {fix}")
         return canonical.view(tensor.shape), False
 
     def __len__(self) -> int:
@@ -67,19 +67,17 @@ def refuse_strided(where: str, how: str, tensor: torch.Tensor) -> None:
 
 def allocate_buffer(name: str, shape: tuple, dtype: torch.dtype, device, init_value=None, pool=None, adopt=None):
     """A full-capacity buffer, adopted from ``adopt`` or pooled when asked; filled with ``init_value`` when
-    fresh. Its address never changes afterwards."""
+    fresh. What is adopted or pooled must have this shape, dtype and device. Its address never changes afterwards."""
+    device = torch.device(device)
     if adopt is not None:
-        tensor = adopt
-        for part in name.split("."):  # an attribute, a mapping key or a dotted path
-            tensor = tensor.get(part) if isinstance(tensor, dict) else getattr(tensor, part, None)
-            if tensor is None:
-                fix = "give it one, or declare the slot `adopt: never`"
-                raise SlotError(f"slot '{name}': buffers= has no tensor '{name}' to adopt; {fix}")
-        if not isinstance(tensor, torch.Tensor):
-            raise SlotError(f"slot '{name}': buffers= holds {type(tensor).__name__}, expected a torch.Tensor")
+        tensor = adopted_tensor(name, adopt)
         if tuple(tensor.shape) != tuple(shape) or tensor.dtype != dtype:
             want, got = f"{list(shape)} dtype {dtype}", f"{list(tensor.shape)} dtype {tensor.dtype}"
             raise SlotError(f"slot '{name}': cannot adopt the tensor: expected shape {want}, got shape {got}")
+        if not _same_device(tensor.device, device):
+            where = f"expected device {device}, got {tensor.device}"
+            fix = f"pass a tensor on {device} (.to('{device}') gives one)"
+            raise SlotError(f"slot '{name}': cannot adopt the tensor: {where}; {fix}")
         refuse_strided(f"slot '{name}'", "buffers", tensor)
         return tensor  # adopted tensors are already initialised by their owner
     try:
@@ -90,10 +88,90 @@ def allocate_buffer(name: str, shape: tuple, dtype: torch.dtype, device, init_va
         raise
     fresh = True
     if pool is not None:
-        buffer, fresh = pool.share(name, buffer, init_value)
+        buffer, fresh = pooled(name, buffer, init_value, pool)
     if fresh and init_value is not None:
         buffer.fill_(init_value)
     return buffer
+
+
+def adopted_tensor(name: str, adopt: Any) -> torch.Tensor:
+    """The tensor ``adopt`` holds for slot ``name`` (an attribute, a mapping key or a dotted path of them); a
+    SlotError naming the slot when there is none, or when looking it up raises."""
+    tensor = adopt
+    try:
+        for part in name.split("."):
+            tensor = tensor.get(part) if isinstance(tensor, Mapping) else getattr(tensor, part, None)
+            if tensor is None:
+                break
+    except Exception as exc:  # an engine object's own __getattr__ or property
+        raised = f"{type(exc).__name__}: {shorten(exc, quote=False)}"
+        fix = f"give buffers= a tensor '{name}', or declare the slot `adopt: never`"
+        raise SlotError(f"slot '{name}': looking up its tensor in buffers= raised {raised}; {fix}") from exc
+    if tensor is None:
+        fix = "give it one, or declare the slot `adopt: never`"
+        raise SlotError(f"slot '{name}': buffers= has no tensor '{name}' to adopt; {fix}")
+    if not isinstance(tensor, torch.Tensor):
+        raise SlotError(f"slot '{name}': buffers= holds {type(tensor).__name__}, expected a torch.Tensor")
+    return tensor
+
+
+def pooled(name: str, buffer: torch.Tensor, init_value: Any, pool: SharePool) -> Tuple[torch.Tensor, bool]:
+    """``pool.share``'s tensor for slot ``name`` and whether it is fresh; SlotError naming the pool and the slot
+    unless it has ``buffer``'s shape, dtype and device."""
+    try:
+        shared = pool.share(name, buffer, init_value)
+    except SlotError:
+        raise
+    except Exception as exc:
+        exc.add_note(f"graphslot: while sharing the buffer of slot '{name}' through the pool {type(pool).__name__}")
+        raise
+    tensor = shared[0] if isinstance(shared, tuple) and len(shared) == 2 else None
+    if not isinstance(tensor, torch.Tensor):
+        got = f"{describe(shared)}, expected (tensor, fresh)"
+    elif not fits(tensor, buffer.shape, buffer.dtype, buffer.device):
+        expected = layout(buffer.shape, buffer.dtype, buffer.device)
+        got = f"{layout(tensor.shape, tensor.dtype, tensor.device)}, expected {expected}"
+    else:
+        return tensor, shared[1]
+    fix = "a pool's share() must return a tensor of the shape, dtype and device it was given"
+    raise SlotError(f"slot '{name}': the pool {type(pool).__name__} returned {got}; {fix}")
+
+
+#: What to do when two slots' buffers share memory, by where the buffers came from.
+OWN_MEMORY = {
+    "adopted": "give each slot in buffers= a tensor of its own (views of one allocation must not overlap)",
+    "pool": "a pool must return a tensor of its own for each slot name"
+    " (gs.BufferPool shares by (name, numel, dtype, device), so only across registries)",
+    "bound": "bind a tensor of its own to each slot",
+}
+
+
+def refuse_shared_memory(spec_name: str, buffers: Mapping[str, torch.Tensor], pool: Any, adopt: Any) -> None:
+    """SlotError naming two slots whose buffers share memory (device and byte ranges, as strict mode judges a
+    source's aliasing): within one registry every slot has memory of its own. A pool shares across registries."""
+    order = {name: index for index, name in enumerate(buffers)}
+    pairs = [(sorted(found[:2], key=order.get), found[2]) for found in overlaps(buffers.items())]
+    if not pairs:
+        return
+    names, nbytes = min(pairs, key=lambda pair: (order[pair[0][1]], order[pair[0][0]]))  # the first in spec order
+    first, second = names
+    a = buffers[first]
+    b = buffers[second]
+    kind = "adopted" if adopt is not None else "pool" if pool is not None else "bound"
+    origin = {"adopted": "buffers= adopted", "pool": f"from the pool {type(pool).__name__}", "bound": "bound"}[kind]
+    if (a.data_ptr(), a.shape, a.stride(), a.dtype) == (b.data_ptr(), b.shape, b.stride(), b.dtype):
+        what = f"slots '{first}' and '{second}' were given the same tensor ({origin})"
+    else:
+        what = f"the buffers of slots '{first}' and '{second}' overlap ({nbytes} bytes on {a.device}, {origin})"
+    raise SlotError(f"spec '{spec_name}': {what}; every slot of a registry needs memory of its own: {OWN_MEMORY[kind]}")
+
+
+def fits(tensor: torch.Tensor, shape: tuple, dtype: torch.dtype, device: torch.device) -> bool:
+    return tuple(tensor.shape) == tuple(shape) and tensor.dtype == dtype and _same_device(tensor.device, device)
+
+
+def layout(shape: tuple, dtype: torch.dtype, device: torch.device) -> str:
+    return f"shape {list(shape)} {dtype} on {device}"
 
 
 def check_given_buffers(spec_name: str, slots, buffers: Any, device: torch.device) -> Dict[str, torch.Tensor]:
@@ -110,8 +188,8 @@ def check_given_buffers(spec_name: str, slots, buffers: Any, device: torch.devic
         at = f"spec '{spec_name}', slot '{slot.name}'"
         if not isinstance(tensor, torch.Tensor):
             raise SlotError(f"{at}: buffers= has {'no tensor' if tensor is None else type(tensor).__name__} for it")
-        if tuple(tensor.shape) != slot.shape or tensor.dtype != slot.dtype or not _same_device(tensor.device, where):
-            got = f"shape {list(tensor.shape)} {tensor.dtype} on {tensor.device}"
+        if not fits(tensor, slot.shape, slot.dtype, where):
+            got = layout(tensor.shape, tensor.dtype, tensor.device)
             raise SlotError(f"{at}: buffers= holds {got}, expected {list(slot.shape)} {slot.dtype} on {where}")
         refuse_strided(at, "bind", tensor)
         given[slot.name] = tensor
