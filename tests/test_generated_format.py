@@ -21,16 +21,18 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 from typing import List
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 
 import graphslot as gs
 from graphslot.codegen.generator import render_module
 from graphslot.codegen.layout import Chain, assign, call, condition, list_of, normalise, py_str
 
-from test_codegen_differential import SHIPPED, cases
+from test_codegen_differential import SHIPPED, build_pair, cases
 
 REPO = Path(__file__).resolve().parent.parent
 COMMITTED = sorted(p for p in (REPO / "graphslot" / "generated").glob("*.py") if p.name != "__init__.py")
@@ -155,6 +157,38 @@ def test_ruff_format_leaves_modules_of_random_specs_as_they_are(case):
     assert result.returncode == 0 and result.stdout == text, result.stderr
     check = ruff("check", "--select", "E4,E7,E9,F", "--output-format", "concise", "-", stdin=text)
     assert check.returncode == 0, check.stdout
+
+
+# Issue 44: a random spec of this shape bound ``dt_carrier`` and never read it (ruff F841). Its device copies mix
+# int32 and int64 (the tails), but the one head read from the batch is of the carrier dtype (int32), so there
+# was no source to check and the views were taken unconditionally, on the CPU too.
+CARRIER_HEAD_ONLY = textwrap.dedent("""
+    name: carrier_head_only
+    slots:
+      - {name: input_ids, shape: [max_bs], dtype: int32, axis: bs, padding: zero}
+      - {name: positions, shape: [max_bs], dtype: int64, axis: bs, padding: zero, source: feed_positions}
+""")
+
+
+def test_a_module_whose_mixed_copies_read_only_carrier_heads_has_no_unused_local():
+    spec = gs.parse_spec(CARRIER_HEAD_ONLY, "carrier.yaml")
+    text = render_module(spec, gs.resolve_params(spec))
+    check = ruff("check", "--select", "E4,E7,E9,F", "--output-format", "concise", "-", stdin=text)
+    assert check.returncode == 0, check.stdout
+    assert "if dt_carrier:" in text  # the views on CUDA only, as for any mixed group
+
+
+def test_a_module_whose_mixed_copies_read_only_carrier_heads_fills_as_the_interpreter():
+    spec = gs.parse_spec(CARRIER_HEAD_ONLY, "carrier.yaml")
+    hooks = {"feed_positions": lambda fb, ctx: fb.pos}
+    interp, gen = build_pair(spec, 4, 4, hooks=hooks)
+    batch = SimpleNamespace(input_ids=torch.tensor([5, 6], dtype=torch.int32), pos=torch.tensor([7, 8, 9]))
+    for reg in (interp, gen):
+        for slot in reg.active:
+            slot.buffer.fill_(-1)
+        reg.fill_from(batch, raw_bs=2, padded_bs=4, raw_num_tokens=2, padded_num_tokens=4)
+    for name, expected in (("input_ids", [5, 6, 0, 0]), ("positions", [7, 8, 9, 0])):
+        assert interp.slot(name).buffer.tolist() == gen.slot(name).buffer.tolist() == expected, name
 
 
 # --- literals ----------------------------------------------------------------------------------
