@@ -29,10 +29,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 
 import graphslot as gs
+from graphslot.api import build
 from graphslot.codegen.generator import render_module
 from graphslot.codegen.layout import Chain, assign, call, condition, list_of, normalise, py_str
 
-from test_codegen_differential import SHIPPED, build_pair, cases
+from test_codegen_differential import SHIPPED, cases
 
 REPO = Path(__file__).resolve().parent.parent
 COMMITTED = sorted(p for p in (REPO / "graphslot" / "generated").glob("*.py") if p.name != "__init__.py")
@@ -178,17 +179,24 @@ def test_a_module_whose_mixed_copies_read_only_carrier_heads_has_no_unused_local
     assert "if dt_carrier:" in text  # the views on CUDA only, as for any mixed group
 
 
-def test_a_module_whose_mixed_copies_read_only_carrier_heads_fills_as_the_interpreter():
+CUDA = pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                          reason="needs a CUDA GPU")])
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_a_module_whose_mixed_copies_read_only_carrier_heads_fills_as_the_interpreter(device):
+    """The typed copies on the CPU, the one-dtype views on CUDA: the interpreter's buffers either way."""
     spec = gs.parse_spec(CARRIER_HEAD_ONLY, "carrier.yaml")
     hooks = {"feed_positions": lambda fb, ctx: fb.pos}
-    interp, gen = build_pair(spec, 4, 4, hooks=hooks)
-    batch = SimpleNamespace(input_ids=torch.tensor([5, 6], dtype=torch.int32), pos=torch.tensor([7, 8, 9]))
-    for reg in (interp, gen):
+    batch = SimpleNamespace(input_ids=torch.tensor([5, 6], dtype=torch.int32, device=device),
+                            pos=torch.tensor([7, 8, 9], device=device))
+    for impl in ("interpreted", "generated"):
+        reg = build(spec, device=device, max_bs=4, max_num_tokens=4, hooks=hooks, impl=impl)
         for slot in reg.active:
             slot.buffer.fill_(-1)
         reg.fill_from(batch, raw_bs=2, padded_bs=4, raw_num_tokens=2, padded_num_tokens=4)
-    for name, expected in (("input_ids", [5, 6, 0, 0]), ("positions", [7, 8, 9, 0])):
-        assert interp.slot(name).buffer.tolist() == gen.slot(name).buffer.tolist() == expected, name
+        got = {name: reg.slot(name).buffer.tolist() for name in ("input_ids", "positions")}
+        assert got == {"input_ids": [5, 6, 0, 0], "positions": [7, 8, 9, 0]}, impl
 
 
 # --- literals ----------------------------------------------------------------------------------
