@@ -418,7 +418,16 @@ class PagedCache(Cache):
         return slots.tolist()
 
     def free_request(self, row: int, slots: Sequence[int]) -> None:
-        self.pool.free(list(slots))
+        """Give back a request's row and KV slots, both or neither: a row or slot not in
+        use (freed already, or never allocated) is a ValueError naming the row, and
+        nothing is freed."""
+        slots = list(slots)
+        try:
+            self.req_to_token_pool.check_free(row)
+            self.pool.check_free(slots)
+        except ValueError as exc:
+            raise ValueError(f"PagedCache.free_request(row={row}): {exc}; nothing was freed") from None
+        self.pool.free(slots)
         self.req_to_token_pool.free(row)
 
     @property
