@@ -200,3 +200,17 @@ class PagedKVCache:
             loc = loc.long()  # index_copy_ takes int64 only; slot specs may narrow (int32 SWA slots)
         self.k_buffer[layer].index_copy_(0, loc, k.to(self.dtype))
         self.v_buffer[layer].index_copy_(0, loc, v.to(self.dtype))
+
+
+def free_request(rows: ReqToTokenPool, kv: PagedKVCache, row: int, slots: Slots, where: str = "free_request") -> None:
+    """Give back a request's ``row`` of ``rows`` and its KV ``slots`` of ``kv``, both or
+    neither: a row or slot not in use (freed already, or never allocated) is a ValueError
+    naming ``where`` and the row, and nothing is freed."""
+    slots = host_slots(slots)
+    try:
+        rows.check_free(row)
+        kv.check_free(slots)
+    except ValueError as exc:
+        raise ValueError(f"{where}(row={row}): {exc}; nothing was freed") from None
+    kv.free(slots)
+    rows.free(row)

@@ -68,7 +68,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from ...kvpool import ReqToTokenPool
+from ...kvpool import ReqToTokenPool, free_request
 from ...spec.budget import BufferBudgetError, byte_cap, format_bytes
 from .budget import MAX_KV_BYTES_ENV, device_memory, table_bytes
 from .families import mask_route
@@ -418,17 +418,8 @@ class PagedCache(Cache):
         return slots.tolist()
 
     def free_request(self, row: int, slots: Sequence[int]) -> None:
-        """Give back a request's row and KV slots, both or neither: a row or slot not in
-        use (freed already, or never allocated) is a ValueError naming the row, and
-        nothing is freed."""
-        slots = list(slots)
-        try:
-            self.req_to_token_pool.check_free(row)
-            self.pool.check_free(slots)
-        except ValueError as exc:
-            raise ValueError(f"PagedCache.free_request(row={row}): {exc}; nothing was freed") from None
-        self.pool.free(slots)
-        self.req_to_token_pool.free(row)
+        """Give back a request's row and KV slots, both or neither (:func:`graphslot.kvpool.free_request`)."""
+        free_request(self.req_to_token_pool, self.pool, row, slots, "PagedCache.free_request")
 
     @property
     def available_slots(self) -> int:
