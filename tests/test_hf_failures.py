@@ -17,8 +17,7 @@ import pytest
 
 transformers = pytest.importorskip("transformers")
 
-from graphslot.integrations.transformers import ContinuousBatcher, tiny_model  # noqa: E402
-from graphslot.integrations.transformers.requests import RequestFailed  # noqa: E402
+from graphslot.integrations.transformers import ContinuousBatcher, RequestFailed, tiny_model  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 
