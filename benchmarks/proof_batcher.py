@@ -48,11 +48,14 @@ class Shape:
 
 def serve(engine, prompts: List[List[int]], which: List[int], new_tokens: List[int]) -> Dict[str, Any]:
     """All requests at once, run to the end: their tokens and the decode sizes."""
-    handles, reqs = {}, {}
+    handles: Dict[int, Any] = {}
+    reqs: Dict[int, int] = {}
     for p, n in zip(which, new_tokens):
         req = engine.add_request(prompts[p], n)
-        handles[req.rid], reqs[req.rid] = req, p
-    sizes, start = [], time.perf_counter()
+        handles[req.rid] = req
+        reqs[req.rid] = p
+    sizes = []
+    start = time.perf_counter()
     while not engine.done:
         sizes.append(engine.step().decode_batch_size)
     return {"tokens": {r: h.output for r, h in handles.items()}, "which": reqs, "sizes": sizes,
@@ -63,8 +66,12 @@ def changing_trace(engine, prompts: List[List[int]], shape: Shape, seed: int) ->
     """Requests arrive (2..new_tokens tokens each) so that each step's decode batch differs
     in size from the last one's; then the batcher drains."""
     rng = random.Random(seed)
-    handles, which, sizes = {}, {}, []
-    last, step, start = 0, 0, time.perf_counter()
+    handles: Dict[int, Any] = {}
+    which: Dict[int, int] = {}
+    sizes: List[int] = []
+    last = 0
+    step = 0
+    start = time.perf_counter()
     while step < shape.trace_steps or not engine.done:
         if step < shape.trace_steps:
             running = len(engine.running)
@@ -75,7 +82,8 @@ def changing_trace(engine, prompts: List[List[int]], shape: Shape, seed: int) ->
             for _ in range(rng.choice(arrivals)):
                 p = rng.randrange(len(prompts))
                 req = engine.add_request(prompts[p], rng.randint(2, shape.new_tokens))
-                handles[req.rid], which[req.rid] = req, p
+                handles[req.rid] = req
+                which[req.rid] = p
         last = engine.step().decode_batch_size
         sizes.append(last)
         step += 1

@@ -113,7 +113,9 @@ def build_llama(smoke: bool, device: torch.device, seed: int = 0):
         _scale_weights(model, torch.Generator(device=device).manual_seed(seed))
     model = model.to(torch.float32 if smoke else torch.bfloat16).eval()
     gen = model.generation_config
-    gen.eos_token_id, gen.pad_token_id, gen.do_sample = None, 0, False
+    gen.eos_token_id = None
+    gen.pad_token_id = 0
+    gen.do_sample = False
     return model
 
 
@@ -172,7 +174,9 @@ def ro_generate(forward: Callable, model, prompts: List[List[int]], new_tokens: 
     CUDAGraph Trees when ``graphs``), as an HF user decodes with a compiled model."""
     import transformers
 
-    bs, length, dev = len(prompts), len(prompts[0]), model.device
+    bs = len(prompts)
+    length = len(prompts[0])
+    dev = model.device
     cache = transformers.StaticCache(config=model.config, max_cache_len=context)
     with torch.no_grad():
         logits = model(input_ids=torch.tensor(prompts, device=dev), past_key_values=cache, use_cache=True,
@@ -196,8 +200,3 @@ def reduce_overhead(model, smoke: bool) -> Callable:
     eager backend (no graphs on the CPU)."""
     return torch.compile(model, fullgraph=True, **({"backend": "eager"} if smoke else {"mode": "reduce-overhead"}))
 
-
-def run_piece(main: Callable[[argparse.Namespace], Any], description: str) -> int:
-    args = piece_args(description)
-    main(args)
-    return 0

@@ -51,7 +51,8 @@ def engines(s, prompts: List[List[int]], new_tokens: int) -> Dict[str, Callable[
     import bench_hf_serving
     from graphslot.integrations.transformers import ContinuousBatcher
 
-    model, bs = s.model, len(prompts)
+    model = s.model
+    bs = len(prompts)
     if getattr(s, "batcher", None) is None:  # one for every batch size: captured once
         s.batcher = ContinuousBatcher(model, max_bs=s.max_bs, max_context_len=s.context, eos_token_id=(),
                                       mix_prefill=False, backend="cpu" if s.smoke else "auto",
