@@ -98,7 +98,7 @@ def cuda_test_files() -> List[str]:
 def plan(part: int, smoke: bool, out: Path) -> List[Piece]:
     cli = [PY, "-m", "graphslot.cli", "demo", "--json"]
     if part == 1:
-        pytest = [PY, "-m", "pytest", "-m", "cuda", "-x", "-q", "-rsfE", "-p", "no:cacheprovider", *cuda_test_files()]
+        pytest = [PY, "-m", "pytest", "-m", "cuda", "-x", "-rsfE", "-p", "no:cacheprovider", *cuda_test_files()]
         decode = cli + (["--backend", "cpu", "--steps", "20"] if smoke else [])
         prefill = cli + ["--workload", "prefill"] + (["--backend", "cpu", "--batches", "4"] if smoke else [])
         modes = [script("demo", out, "breakable,piecewise", smoke)] if smoke else [

@@ -73,7 +73,9 @@ def summarize(part: int, records: Dict[str, Any]) -> Dict[str, Any]:
     elif part == 3:
         capture = result_of(records, "capture")
         summary["capture"] = {mode: {"seconds": c.get("capture_s"), "reserved": c.get("memory", {}).get("reserved"),
-                                     "dynamo_graphs": c.get("dynamo", {}).get("unique_graphs"), **c.get("targets", {})}
+                                     "dynamo_graphs": c.get("dynamo", {}).get("unique_graphs"),
+                                     "seconds_met": c.get("targets", {}).get("seconds_met"),
+                                     "reserved_met": c.get("targets", {}).get("reserved_met")}
                               for mode, c in capture.items() if mode in ("full", "breakable", "piecewise")}
         summary["gap"] = (capture.get("gap") or {}).get("targets")
     else:
