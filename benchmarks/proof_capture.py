@@ -36,16 +36,34 @@ def dynamo_counts() -> dict:
             "unique_graphs": counters["stats"]["unique_graphs"]}
 
 
+class Marks(list):
+    """The metered adapter's per-size marks, reporting each new one."""
+
+    def __init__(self, on_mark):
+        super().__init__()
+        self.on_mark = on_mark
+
+    def append(self, mark) -> None:
+        super().append(mark)
+        self.on_mark(len(self))
+
+
 def capture(rec: Recorder, s, mode: str) -> None:
     import bench_gpu_fastpath as fastpath
     from graphslot.reference import build_reference_model
     from graphslot.runners.decode import DecodeGraphRunner
 
     rt = build_reference_model(s.config, s.device, s.dtype, max_num_reqs=s.max_bs)
-    marks: list = []
     traces = dynamo_counts()
     before = memory(s.device)
     start = time.perf_counter()
+
+    def progress(started: int) -> None:  # a capture cut at the deadline still says how far it got
+        now = dynamo_counts()
+        rec[mode] = {"partial": True, "sizes_started": started, "seconds_so_far": time.perf_counter() - start,
+                     "dynamo": {k: now[k] - traces[k] for k in now}}
+
+    marks = Marks(progress)
     runner = DecodeGraphRunner(fastpath.MeteredAdapter(rt, marks), max_bs=s.max_bs, capture=mode, progress=False)
     seconds = time.perf_counter() - start
     total = grown(before, memory(s.device))

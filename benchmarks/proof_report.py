@@ -74,6 +74,7 @@ def summarize(part: int, records: Dict[str, Any]) -> Dict[str, Any]:
         capture = result_of(records, "capture")
         summary["capture"] = {mode: {"seconds": c.get("capture_s"), "reserved": c.get("memory", {}).get("reserved"),
                                      "dynamo_graphs": c.get("dynamo", {}).get("unique_graphs"),
+                                     "partial": c.get("partial", False),
                                      "seconds_met": c.get("targets", {}).get("seconds_met"),
                                      "reserved_met": c.get("targets", {}).get("reserved_met")}
                               for mode, c in capture.items() if mode in ("full", "breakable", "piecewise")}
@@ -170,6 +171,10 @@ def capture_table(capture: Dict[str, Any]) -> List[str]:
         c = capture.get(mode)
         if not c:
             lines.append(f"  {mode:<10} not measured")
+            continue
+        if c.get("partial"):
+            lines.append(f"  {mode:<10} cut: {c['sizes_started']} sizes started in {c['seconds_so_far']:.1f} s, "
+                         f"Dynamo graphs so far {c['dynamo']['unique_graphs']}")
             continue
         t = c["targets"]
         lines.append(f"  {mode:<10} {c['sizes']:>3}  {c['capture_s']:6.2f} s ({'ok' if t['seconds_met'] else 'over'}"
