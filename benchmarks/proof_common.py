@@ -77,8 +77,12 @@ def target_device(smoke: bool) -> torch.device:
 def describe(device: torch.device) -> Dict[str, Any]:
     import platform
 
-    return {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__,
-            "python": platform.python_version(), "date": time.strftime("%Y-%m-%d")}
+    found = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__,
+             "python": platform.python_version(), "date": time.strftime("%Y-%m-%d")}
+    if device.type != "cuda":
+        found["null_figures"] = ("CUDA only (kernel launches, GPU time, the CUDA allocator's memory): no CUDA device "
+                                 "here (--smoke: the CPU tape backend)")
+    return found
 
 
 def sync(device: torch.device) -> None:
