@@ -45,8 +45,9 @@ phases, and everything of the runner's own that can fail comes before its one co
   the fill's own checks, none of which depends on the padded size); a batch no graph
   runs gets its eager reason; an idle rank makes and checks its dummy batch. Nothing is
   written but a fresh ``global_num_tokens_cpu`` list on the batch.
-- *exchange*: the one all-gather of a steady step, four ints a rank: the counts and
-  flags above and whether the check raised. When any rank's did, every rank raises
+- *exchange*: the one all-gather of a steady step, six ints a rank: the call and
+  lifecycle generation (below), the counts and flags above and whether the check
+  raised. When any rank's did, every rank raises
   :class:`DPStepError` naming the failing rank(s) and each one's own error (the
   messages are gathered only then, in a second collective off the steady path).
 - *run*: every rank computes the same answer, fills the batch's
