@@ -26,6 +26,7 @@ from ..graphs.util import no_collection
 from ..log import progress_bar
 from .capture import capture_mode
 from .config import GraphRunnerConfig
+from .graph_count import KNOBS, check_graph_count, describe_count
 from .report import CaptureTimer, describe_keys
 
 Key = Tuple[int, Optional[int]]
@@ -100,7 +101,11 @@ class PhaseRunner:
                             self.registry.nbytes)
 
     def _capture_keys(self, keys: Sequence[Key]) -> float:
-        """Capture ``keys`` in order (largest first); seconds taken."""
+        """Capture ``keys`` in order (largest first); seconds taken. Refused before any
+        capture when the runner would then hold more than ``max_graphs`` graphs."""
+        planned = {self._pair(k) for k in self.graphs} | set(keys)
+        what = f"{self.phase} capture={self.capture_mode.name!r} ({describe_count(planned, *self.key_words)})"
+        check_graph_count(len(planned), self.config.max_graphs, what, KNOBS[self.phase], lazy_hint=not self.config.lazy)
         bar = progress_bar(keys, show=self.config.progress, desc=f"Capturing {self.phase} graphs", unit="graph",
                            leave=False)
         with self._timer(keys) as timer, no_collection():  # one full collection for all keys, not one per graph
@@ -109,6 +114,11 @@ class PhaseRunner:
                 timer.count += 1
         self.capture_seconds += timer.seconds
         return timer.seconds
+
+    def capture_all(self) -> None:
+        """Capture every key not captured yet (after ``defer_capture``; construction does
+        it otherwise)."""
+        self._capture_keys([key for key in self.graph_keys if self._key(*key) not in self.graphs])
 
     def graph(self, a: int, b: Optional[int] = None) -> Graph:
         """The graph of key ``(a, b)`` (decode: batch size ``bs`` and context bucket or
