@@ -175,4 +175,5 @@ def test_the_runners_package_exports_its_public_api():
     assert set(runners.__all__) == {  # what an engine needs (docs/api.md); the rest stays in its module
         "DecodeGraphRunner", "DecodeRunnerConfig", "DecodeAdapter", "PrefillAdapter", "PrefillGraphRunner",
         "PrefillRunnerConfig", "eager_on_graph", "EagerRunner", "DPDecodeRunner", "DPExchange", "DPStepError",
-        "AdapterContractError", "ReplayGuardError"}
+        "AdapterContractError", "ReplayGuardError", "ModelGraphRunner", "GraphKey", "BatchDescriptor", "Dispatcher",
+        "Dispatch", "GraphCountError"}
