@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from graphslot.graphs import TapeBackend
+from graphslot.graphs import CudaGraphBackend, TapeBackend
 from graphslot.reference import build_reference_model, make_decode_batch, make_extend_batch
 from graphslot.reference.adapter import ReferenceDecodeAdapter
 from graphslot.reference.numerics import output_check
@@ -34,20 +34,14 @@ from graphslot.runners.prefill import NOT_A_PREFILL, TOO_MANY_REQUESTS, PrefillR
 LAYERS = 2  # the reference model's: a piecewise replay runs LAYERS + 1 pieces
 
 
-class CountingTape(TapeBackend):
-    """The tape, counting the replays of the graphs it captured (a piecewise step replays
-    one per piece)."""
+class Counting:
+    """A graph backend counting the replays of the graphs it captured, whole or begun and
+    ended (a piecewise step replays one per piece)."""
 
-    def __init__(self):
-        super().__init__()
-        self.replays = 0
+    replays = 0
 
-    def begin_capture(self):
-        opened = super().begin_capture()
-        end = opened.end
-
-        def counted_end(output):
-            graph = end(output)
+    def counted(self, graph):
+        if not getattr(graph, "counted", False):  # the tape's capture() ends a begun capture: once
             replay = graph.replay
 
             def counting_replay():
@@ -55,10 +49,25 @@ class CountingTape(TapeBackend):
                 replay()
 
             graph.replay = counting_replay
-            return graph
+            graph.counted = True
+        return graph
 
-        opened.end = counted_end
+    def capture(self, fn, *, warmup=1):
+        return self.counted(super().capture(fn, warmup=warmup))
+
+    def begin_capture(self):
+        opened = super().begin_capture()
+        end = opened.end
+        opened.end = lambda output: self.counted(end(output))
         return opened
+
+
+class CountingTape(Counting, TapeBackend):
+    pass
+
+
+class CountingCuda(Counting, CudaGraphBackend):
+    pass
 
 
 class Requests:
@@ -211,6 +220,21 @@ def test_without_decode_batches_the_prefill_runner_declines_and_the_step_runs_ea
              (lambda: reqs.decode(2), Dispatch(FULL, GraphKey(2))),
              (lambda: reqs.decode(3), Dispatch(EAGER, None, NOT_A_PREFILL))]
     run_steps(rt, runner, backend, steps)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_cuda_graphs_every_step_matches_eager_and_replays_a_graph_from_one_pool():
+    rt = build_reference_model(device="cuda", max_num_reqs=64)
+    backend = CountingCuda("cuda")
+    runner = model_runner(rt, backend)
+    assert {r.graph_pool for r in runner.runners.values()} == {runner.graph_pool}
+    backend.replays = 0
+    run_steps(rt, runner, backend, serving_steps(Requests(rt)))
+    runner.recapture()
+    run_steps(rt, runner, backend, serving_steps(Requests(rt, seed=5))[:4])
+    runner.release()
+    assert len(runner.dispatcher) == 0
 
 
 def test_bad_modes_and_missing_adapters_are_named():
