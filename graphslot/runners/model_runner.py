@@ -117,26 +117,20 @@ class ModelGraphRunner:
                       buffers=BufferPool() if buffers is None else buffers, max_bs=max_bs, lazy=False)
         if progress is not None:
             shared["progress"] = progress
-        #: The phase runner of each ``(mode, variant)``, piecewise first (the larger token
-        #: count sizes the shared attention metadata before the full graphs read it).
+        #: The phase runner of each ``(mode, variant)``, none captured yet.
         self.runners: Dict[Tuple[str, str], Any] = {}
-        if PIECEWISE in self.modes:
+        if PIECEWISE in self.modes:  # first: the larger token count sizes the shared attention metadata
             config = runner_config(PrefillRunnerConfig, prefill_config,
                                    dict(shared, capture="piecewise", max_num_tokens=max_num_tokens))
-            for variant in adapter_variants(prefill_adapter):
-                self.runners[(PIECEWISE, variant)] = PrefillGraphRunner(
-                    bound_adapter(prefill_adapter, variant), config, defer_capture=True)
+            self._add_runners(PIECEWISE, PrefillGraphRunner, prefill_adapter, config)
         if FULL in self.modes:
             config = runner_config(DecodeRunnerConfig, decode_config, dict(shared, capture="full"))
-            for variant in adapter_variants(decode_adapter):
-                self.runners[(FULL, variant)] = DecodeGraphRunner(
-                    bound_adapter(decode_adapter, variant), config, defer_capture=True)
+            self._add_runners(FULL, DecodeGraphRunner, decode_adapter, config)
         full = [runner for (mode, _), runner in self.runners.items() if mode == FULL]
         self._full_k = full[0].k if full else None
         self._bucketed = bool(full) and full[0].bucketed
         self._reader = prefill_adapter if prefill_adapter is not None else decode_adapter
-        self._variant_of = next((getattr(a, "variant") for a in (decode_adapter, prefill_adapter)
-                                 if hasattr(a, "variant")), None)
+        self._variant_of = next((a.variant for a in (decode_adapter, prefill_adapter) if hasattr(a, "variant")), None)
         #: The captured keys of every mode: what can replay.
         self.dispatcher = Dispatcher()
         self._keys: Dict[Tuple[str, str], Set[GraphKey]] = {}
@@ -148,6 +142,11 @@ class ModelGraphRunner:
         self.eager_log = PerReason(log)
         if not defer_capture:
             self.capture()
+
+    def _add_runners(self, mode: str, cls: type, adapter: Any, config: Any) -> None:
+        """One deferred ``cls`` runner per variant of ``adapter``, over its bound adapter."""
+        for variant in adapter_variants(adapter):
+            self.runners[(mode, variant)] = cls(bound_adapter(adapter, variant), config, defer_capture=True)
 
     @staticmethod
     def _check_modes(modes: Sequence[str], decode_adapter: Any, prefill_adapter: Any) -> Tuple[str, ...]:
@@ -276,7 +275,7 @@ class ModelGraphRunner:
         self._replays[choice.mode] += 1
         self._variants[key.variant] += 1
         if choice.mode == FULL:
-            step = runner.prepare(fb)
+            step = runner.prepare(fb, longest=desc.context)
             self._agree(choice, (step.bs, step.context))
             return runner.launch(step)
         self._agree(choice, (runner.bucket(fb), runner.request_slots(fb)))
