@@ -149,7 +149,7 @@ def test_the_public_capture_view_recaptures_a_size_on_any_backend():
 
 def test_decode_and_prefill_configs_share_one_base():
     shared = {"max_bs", "capture", "split_ops", "backend", "graph_pool", "capture_context", "impl", "params",
-              "progress", "warmup", "warmup_sizes", "lazy", "max_bytes"}
+              "progress", "warmup", "warmup_sizes", "lazy", "max_bytes", "buffers", "max_graphs"}
     base = set(GraphRunnerConfig.__dataclass_fields__)
     assert base == shared
     assert issubclass(DecodeRunnerConfig, GraphRunnerConfig) and issubclass(PrefillRunnerConfig, GraphRunnerConfig)
@@ -175,4 +175,5 @@ def test_the_runners_package_exports_its_public_api():
     assert set(runners.__all__) == {  # what an engine needs (docs/api.md); the rest stays in its module
         "DecodeGraphRunner", "DecodeRunnerConfig", "DecodeAdapter", "PrefillAdapter", "PrefillGraphRunner",
         "PrefillRunnerConfig", "eager_on_graph", "EagerRunner", "DPDecodeRunner", "DPExchange", "DPStepError",
-        "AdapterContractError", "ReplayGuardError"}
+        "AdapterContractError", "ReplayGuardError", "ModelGraphRunner", "GraphKey", "BatchDescriptor", "Dispatcher",
+        "Dispatch", "GraphCountError"}

@@ -34,15 +34,27 @@ class ReferenceLayerStack(nn.Module):
         return hidden
 
 
+def as_extend(fb: ForwardBatch) -> ForwardBatch:
+    """``fb`` as an EXTEND batch: itself, or a DECODE batch as one new token per request
+    (its ``seq_lens`` already count the token, as an extend's do)."""
+    if not fb.forward_mode.is_decode():
+        return fb
+    return dataclasses.replace(fb, forward_mode=ForwardMode.EXTEND, extend_seq_lens_cpu=[1] * fb.batch_size)
+
+
 class ReferencePrefillAdapter(PrefillAdapter):
     """``install_attention=False`` leaves the model's attention as it is (not graph-safe in
-    any mode but ``full``: what the proxy is for)."""
+    any mode but ``full``: what the proxy is for). ``decode_batches=True``: a DECODE batch
+    is a prefill too, of one new token per request after its cached prefix (what a
+    :class:`~graphslot.runners.model_runner.ModelGraphRunner` needs for its piecewise
+    graphs to serve the decode steps no full graph holds)."""
 
     split_ops = (ATTENTION_OP,)
 
-    def __init__(self, runtime: ReferenceRuntime, *, install_attention: bool = True):
+    def __init__(self, runtime: ReferenceRuntime, *, install_attention: bool = True, decode_batches: bool = False):
         self.runtime = runtime
         self.device = runtime.device
+        self.decode_batches = decode_batches
         if install_attention:
             install_graph_attention(runtime.model)
 
@@ -79,7 +91,10 @@ class ReferencePrefillAdapter(PrefillAdapter):
         self.runtime.attn_backend.init_forward_metadata_extend_padded(None, num_tokens)
 
     def init_replay_metadata(self, num_tokens: int, view: ForwardBatch, raw_fb: ForwardBatch) -> None:
-        self.runtime.attn_backend.init_forward_metadata_extend_padded(raw_fb, num_tokens)
+        self.runtime.attn_backend.init_forward_metadata_extend_padded(as_extend(raw_fb), num_tokens)
+
+    def is_prefill(self, fb: ForwardBatch) -> bool:
+        return fb.forward_mode.is_extend() or (self.decode_batches and fb.forward_mode.is_decode())
 
     def make_dummy_batch(self, num_tokens: int) -> ForwardBatch:
         dev = self.device

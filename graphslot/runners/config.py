@@ -12,9 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager, Mapping, Optional, Sequence, Type, TypeVar
+from typing import Any, Callable, ContextManager, Dict, Mapping, Optional, Sequence, Type, TypeVar
+
+from ..api import is_pool
 
 C = TypeVar("C", bound="GraphRunnerConfig")
+
+#: The default of ``GraphRunnerConfig.max_graphs``.
+DEFAULT_MAX_GRAPHS = 512
 
 
 @dataclass
@@ -59,6 +64,19 @@ class GraphRunnerConfig:
     #: Cap on the registry's buffer bytes (``build_registry(max_bytes=)``); None:
     #: ``GRAPHSLOT_MAX_BUFFER_BYTES``, else 4 GiB.
     max_bytes: Optional[int] = None
+    #: Where the registry's static tensors come from, as ``build_registry(buffers=)``:
+    #: None allocates them; a pool (``graphslot.BufferPool``) shares them with every
+    #: registry built from it (the runners of a ``ModelGraphRunner``); anything else is
+    #: adopted from.
+    buffers: Any = None
+    #: Most graphs the runner captures: a capture that would take it past them is refused
+    #: before any graph is captured, with an error naming the knobs that make keys.
+    max_graphs: int = DEFAULT_MAX_GRAPHS
+
+
+def registry_buffers(buffers: Any) -> Dict[str, Any]:
+    """``buffers`` as ``graphslot.api.build`` takes it: ``pool=`` or ``adopt=``."""
+    return {"pool": buffers} if is_pool(buffers) else {"adopt": buffers}
 
 
 def runner_config(cls: Type[C], config: Optional[C], overrides: Mapping[str, Any]) -> C:

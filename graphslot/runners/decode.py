@@ -42,7 +42,7 @@ from ..planning.histogram import BatchSizeHistogram
 from ..spec.errors import SlotError
 from .adapter import DecodeAdapter
 from .batch import check_batch_rows, check_dummy_batch, check_slice_output, describe_dummy
-from .config import GraphRunnerConfig, runner_config
+from .config import GraphRunnerConfig, registry_buffers, runner_config
 from .contract import check_adapter, statics
 from .dispatch import SizeDispatcher, capture_sizes, context_ladder, other_forward_mode
 from .guard import ReplayGuard, guard_wanted, runner_tensors
@@ -135,7 +135,7 @@ class DecodeGraphRunner(PhaseRunner):
         max_bs = self.dispatch.largest
         self.registry = build(config.spec, max_bs=max_bs, max_num_tokens=max_bs * self.k, device=self.device,
                                        params={**adapter.spec_params(), **config.params}, impl=config.impl,
-                                       max_bytes=config.max_bytes)
+                                       max_bytes=config.max_bytes, **registry_buffers(config.buffers))
         p = self.registry.params
         self.gathered = bool(p.get("require_gathered_buffer"))
         self._dp_ranks = int(p.get("dp_size", 1)) if p.get("require_mlp_tp_gather") else 1
@@ -193,10 +193,6 @@ class DecodeGraphRunner(PhaseRunner):
         self._observers = tuple(observers)
 
     # -- capture ---------------------------------------------------------------------
-    def capture_all(self) -> None:
-        """Capture every size (after ``defer_capture``; construction does it otherwise)."""
-        self._capture_keys(self.graph_keys)
-
     def _capture_one(self, bs: int, context: Optional[int] = None) -> Graph:
         return self.capture_on(self.backend, bs, context=context, warmup=self._warmup())[0]
 

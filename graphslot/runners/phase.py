@@ -31,6 +31,7 @@ from ..graphs.util import no_collection
 from ..log import progress_bar
 from .capture import capture_mode, checked_context
 from .config import GraphRunnerConfig
+from .graph_count import KNOBS, check_graph_count, describe_count
 from .report import CaptureTimer, describe_keys
 
 Key = Tuple[int, Optional[int]]
@@ -117,7 +118,11 @@ class PhaseRunner:
                             self.registry.nbytes)
 
     def _capture_keys(self, keys: Sequence[Key]) -> float:
-        """Capture ``keys`` in order (largest first); seconds taken."""
+        """Capture ``keys`` in order (largest first); seconds taken. Refused before any
+        capture when the runner would then hold more than ``max_graphs`` graphs."""
+        planned = {self._pair(k) for k in self.graphs} | set(keys)
+        what = f"{self.phase} capture={self.capture_mode.name!r} ({describe_count(planned, *self.key_words)})"
+        check_graph_count(len(planned), self.config.max_graphs, what, KNOBS[self.phase], lazy_hint=not self.config.lazy)
         bar = progress_bar(keys, show=self.config.progress, desc=f"Capturing {self.phase} graphs", unit="graph",
                            leave=False)
         first = not self.graphs  # no graph read the tensors as they were before: the guard's snapshot is now
@@ -129,6 +134,11 @@ class PhaseRunner:
         if first and self.guard is not None:
             self.guard.refresh()
         return timer.seconds
+
+    def capture_all(self) -> None:
+        """Capture every key not captured yet (after ``defer_capture``; construction does
+        it otherwise)."""
+        self._capture_keys([key for key in self.graph_keys if self._key(*key) not in self.graphs])
 
     def graph(self, a: int, b: Optional[int] = None) -> Graph:
         """The graph of key ``(a, b)`` (decode: batch size ``bs`` and context bucket or

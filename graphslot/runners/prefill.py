@@ -27,7 +27,7 @@ from ..graphs.backend import Graph, GraphCaptureError
 from ..log import PerReason, get_logger
 from ..spec.errors import SlotError
 from .batch import check_dummy_batch, describe_dummy
-from .config import GraphRunnerConfig, runner_config
+from .config import GraphRunnerConfig, registry_buffers, runner_config
 from .contract import check_adapter, statics
 from .dispatch import capture_sizes, positive_ints
 from .phase import RELEASED, PhaseRunner
@@ -86,7 +86,9 @@ class PrefillGraphRunner(PhaseRunner):
     key_words = ("token bucket", "request slots")
     _log = log
 
-    def __init__(self, adapter: PrefillAdapter, config: Optional[PrefillRunnerConfig] = None, **overrides: Any):
+    def __init__(self, adapter: PrefillAdapter, config: Optional[PrefillRunnerConfig] = None, *,
+                 defer_capture: bool = False, **overrides: Any):
+        """``defer_capture``: capture nothing yet, :meth:`capture_all` does."""
         config = runner_config(PrefillRunnerConfig, config, overrides)
         #: Where the registry's buffers and the graphs live: the adapter's ``device``, else its model's.
         self.device = check_adapter(adapter, PrefillAdapter, PrefillAdapter.REQUIRED_HOOKS)
@@ -99,7 +101,8 @@ class PrefillGraphRunner(PhaseRunner):
         params = {**adapter.spec_params(), **config.params, "register_input_embeds": True,
                   "hidden_size": adapter.hidden_size, "embed_dtype": adapter.hidden_dtype}
         self.registry = build("prefill", max_bs=self.max_bs, max_num_tokens=self.buckets[0], device=self.device,
-                                       params=params, impl=config.impl, max_bytes=config.max_bytes)
+                                       params=params, impl=config.impl, max_bytes=config.max_bytes,
+                                       **registry_buffers(config.buffers))
         self._init_graphs(config, adapter.split_ops)
         #: ``capture="full"``: the request-slot counts a graph is keyed by, largest first; None otherwise.
         self.request_buckets: Optional[List[int]] = None
@@ -115,7 +118,7 @@ class PrefillGraphRunner(PhaseRunner):
         adapter.init_graph_state(self.max_bs, self.buckets[0])
         #: Eager fallbacks logged (INFO), per reason: the first, then every 1000th.
         self.eager_log = PerReason(log)
-        if not config.lazy:
+        if not (config.lazy or defer_capture):
             self._capture_keys(self.graph_keys)
 
     @property
