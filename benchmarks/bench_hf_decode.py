@@ -51,7 +51,10 @@ SMOKE = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_l
 
 
 class Setup:
-    def __init__(self, smoke: bool, seed: int = 0):
+    """The model (``model``: one of that shape, dtype and device, e.g. gpu_proof's with
+    fan-in scaled weights; default: transformers' init), prompts and sizes."""
+
+    def __init__(self, smoke: bool, seed: int = 0, model: Any = None):
         import transformers
 
         self.smoke = smoke
@@ -62,15 +65,17 @@ class Setup:
         self.max_bs = 4 if smoke else 32
         self.batch_sizes = [1, 2, 4] if smoke else [1, 8, 32]
         self.steps = 5 if smoke else 30
-        config = transformers.LlamaConfig(**(SMOKE if smoke else FULL))
-        config._attn_implementation = "sdpa"
-        torch.manual_seed(seed)
-        with torch.device(self.device):
-            self.model = transformers.LlamaForCausalLM(config).to(self.dtype).eval()
-        self.config = config
+        if model is None:
+            config = transformers.LlamaConfig(**(SMOKE if smoke else FULL))
+            config._attn_implementation = "sdpa"
+            torch.manual_seed(seed)
+            with torch.device(self.device):
+                model = transformers.LlamaForCausalLM(config).to(self.dtype).eval()
+        self.model = model
+        self.config = model.config
         gen = torch.Generator().manual_seed(seed)
-        self.prompts = torch.randint(1, config.vocab_size, (self.max_bs, self.prompt), generator=gen)
-        self.fed = torch.randint(1, config.vocab_size, (self.max_bs,), generator=gen).tolist()
+        self.prompts = torch.randint(1, self.config.vocab_size, (self.max_bs, self.prompt), generator=gen)
+        self.fed = torch.randint(1, self.config.vocab_size, (self.max_bs,), generator=gen).tolist()
 
     def sync(self) -> None:
         if self.device.type == "cuda":

@@ -3,6 +3,8 @@ graphslot's runners and integrations need)."""
 
 from __future__ import annotations
 
+import inspect
+import operator
 import os
 import types
 from typing import Any, Callable, Dict, Mapping, Optional, Union
@@ -51,6 +53,21 @@ def bind_slot_hooks(spec: RegistrySpec, slots: list, params: Mapping[str, Any], 
     return bound
 
 
+def is_pool(buffers: Any) -> bool:
+    """Whether ``buffers=`` is a pool (it has a callable ``share``) rather than something to adopt from. Looked up
+    statically: an engine object's ``__getattr__`` or property is not run (it may raise, or be a slot's tensor)."""
+    share = inspect.getattr_static(buffers, "share", None)
+    return callable(share) or isinstance(share, (staticmethod, classmethod))
+
+
+def as_count(value: Any) -> Any:
+    """A capacity that is an int in all but type (a numpy integer: ``operator.index`` takes it) as that int; a
+    bool, a float or anything else as it is, for ``resolve_slots`` to refuse in one line naming the argument."""
+    if isinstance(value, (bool, int)) or not hasattr(type(value), "__index__"):
+        return value
+    return operator.index(value)
+
+
 def build_registry(
     spec: Union[RegistrySpec, str, os.PathLike, types.ModuleType],
     *,
@@ -64,7 +81,7 @@ def build_registry(
 ) -> SlotRegistry:
     """Allocate (or take) a registry's static buffers and bind its ``fill_from`` / ``extract``; the arguments are
     described in docs/api.md ("The registry"). Strict checks and the byte cap are per process (graphslot.env)."""
-    pool = buffers if callable(getattr(buffers, "share", None)) else None
+    pool = buffers if is_pool(buffers) else None
     options = dict(device=device, max_bs=max_bs, max_num_tokens=max_num_tokens, params=params, hooks=hooks, impl=impl)
     return build(spec, **options, pool=pool, adopt=None if pool is not None else buffers)
 
@@ -102,6 +119,8 @@ def build(
         raise TypeError(f"build_registry: spec must be {kinds}, got {type(spec).__name__}")
     if not isinstance(spec, RegistrySpec):
         spec = load_spec(spec)
+    max_bs = as_count(max_bs)
+    max_num_tokens = as_count(max_num_tokens)
     resolved_params = resolve_params(spec, params, preset)
     slots = resolve_slots(spec, resolved_params, max_bs, max_num_tokens)
     sizes = ((s.name, s.nbytes) for s in slots if s.enabled)

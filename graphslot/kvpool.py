@@ -15,7 +15,7 @@ that no real request ever reads.
 from __future__ import annotations
 
 from collections import deque
-from typing import Deque, Iterable, List, Sequence, Tuple, Union
+from typing import Deque, Iterable, List, Sequence, Set, Tuple, Union
 
 import torch
 
@@ -36,7 +36,12 @@ class FreeList:
 
     The indices never handed out are a range (``_fresh`` up to ``size``), handed out
     before any that came back (``_returned``, in the order they came back): the queue
-    of every index, without a Python object per slot no one has used yet."""
+    of every index, without a Python object per slot no one has used yet.
+
+    The indices handed out and not yet given back are ``_held`` (one entry per index in
+    use, none for the rest): giving back one that is not held (given back twice, or
+    never handed out) is refused before anything changes, since the list would then
+    hand it out twice."""
 
     def __init__(self, size: int, what: str):
         if size < 2:
@@ -45,6 +50,7 @@ class FreeList:
         self.what = what
         self._fresh = 1
         self._returned: Deque[int] = deque()
+        self._held: Set[int] = set()
 
     @property
     def available(self) -> int:
@@ -56,13 +62,31 @@ class FreeList:
         fresh = range(self._fresh, min(self.size, self._fresh + n))
         self._fresh += len(fresh)
         pop = self._returned.popleft
-        return [*fresh, *(pop() for _ in range(n - len(fresh)))]
+        out = [*fresh, *(pop() for _ in range(n - len(fresh)))]
+        self._held.update(out)
+        return out
 
     def give_back(self, items: Iterable[int]) -> None:
+        """Return ``items`` to the list; all or nothing: an index out of range, not held
+        (freed already, or never handed out) or repeated is a ValueError naming it, and
+        then nothing is given back."""
+        items = self.check_held(items)
+        self._held.difference_update(items)
+        self._returned.extend(items)
+
+    def check_held(self, items: Iterable[int]) -> List[int]:
+        """``items`` as a list when every one may be given back (in range, handed out and
+        not given back since, named once), else the ValueError :meth:`give_back` raises."""
+        items = list(items)
+        seen: Set[int] = set()
         for i in items:
             if not 0 < i < self.size:
                 raise ValueError(f"{self.what}: cannot free index {i}")
-            self._returned.append(i)
+            if i not in self._held or i in seen:
+                raise ValueError(f"{self.what}: cannot free index {i}: it is not in use (freed already, or never "
+                                 "handed out); freeing it again would hand it out twice")
+            seen.add(i)
+        return items
 
 
 class ReqToTokenPool:
@@ -86,7 +110,15 @@ class ReqToTokenPool:
         return self._free.take(n)
 
     def free(self, indices: Union[int, Slots]) -> None:
-        self._free.give_back([indices] if isinstance(indices, int) else host_slots(indices))
+        self._free.give_back(self._rows(indices))
+
+    def check_free(self, indices: Union[int, Slots]) -> None:
+        """Raise what :meth:`free` would (a row not in use), changing nothing."""
+        self._free.check_held(self._rows(indices))
+
+    @staticmethod
+    def _rows(indices: Union[int, Slots]) -> List[int]:
+        return [indices] if isinstance(indices, int) else host_slots(indices)
 
     def write(self, req_pool_idx: int, start: int, slots: torch.Tensor) -> None:
         """Record ``slots`` as the KV slots of positions ``start, start+1, ...``."""
@@ -154,6 +186,10 @@ class PagedKVCache:
     def free(self, slots: Slots) -> None:
         self._free.give_back(host_slots(slots))
 
+    def check_free(self, slots: Slots) -> None:
+        """Raise what :meth:`free` would (a slot not in use), changing nothing."""
+        self._free.check_held(host_slots(slots))
+
     def set_kv(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write ``k``/``v`` (``[n, *layer_shapes(layer)]``) at ``loc`` in the layer's slot space.
 
@@ -164,3 +200,17 @@ class PagedKVCache:
             loc = loc.long()  # index_copy_ takes int64 only; slot specs may narrow (int32 SWA slots)
         self.k_buffer[layer].index_copy_(0, loc, k.to(self.dtype))
         self.v_buffer[layer].index_copy_(0, loc, v.to(self.dtype))
+
+
+def free_request(rows: ReqToTokenPool, kv: PagedKVCache, row: int, slots: Slots, where: str = "free_request") -> None:
+    """Give back a request's ``row`` of ``rows`` and its KV ``slots`` of ``kv``, both or
+    neither: a row or slot not in use (freed already, or never allocated) is a ValueError
+    naming ``where`` and the row, and nothing is freed."""
+    slots = host_slots(slots)
+    try:
+        rows.check_free(row)
+        kv.check_free(slots)
+    except ValueError as exc:
+        raise ValueError(f"{where}(row={row}): {exc}; nothing was freed") from None
+    kv.free(slots)
+    rows.free(row)

@@ -302,7 +302,7 @@ def count_collectives(rank: int, world_size: int) -> Dict[str, Any]:
         steps.append(record)
 
     lifecycle: List[Dict[str, Any]] = []  # the first step's sizes after release(), then after recapture()
-    for change in (dp.runner.release, dp.runner.recapture):
+    for change in (dp.release, dp.recapture):  # collective calls: every rank makes them
         change()
         counter.take()  # recapture's own collectives are not the step's
         record = call(dp, requests.batch(STEPS[0][rank], len(STEPS) + len(lifecycle)))
@@ -342,6 +342,72 @@ def hook_fails_after_the_exchange(rank: int, world_size: int) -> None:
     for step, actions in enumerate(STEPS[:HOOK_STEP + 1]):
         if step == HOOK_STEP and rank == 1:
             adapter.init_replay_metadata = MetadataFails(adapter)
+        dp(requests.batch(actions[rank], step))
+
+
+LIFECYCLE_STEP = 2  # (3, 1): a graph step, where rank 1 calls release() or recapture() alone
+
+
+def lifecycle_alone(rank: int, world_size: int, call: str, lazy: bool, on_error: str) -> Dict[str, Any]:
+    """The scripted session where, at LIFECYCLE_STEP, rank 1 calls ``dp.<call>()`` while rank
+    0 runs the step. ``on_error``: "retry": both catch the DPStepError, call ``<call>()``
+    together, run the step, and go on; then rank 1 alone releases its runner's graphs
+    behind the DP runner's back and both run a step; "raise": no rank catches it. Also what
+    the rank's own runner says to ``<call>()``."""
+    from graphslot.reference.dp_model import DPAttention, ReferenceDPDecodeAdapter
+    from graphslot.runners.dp import DPDecodeRunner, DPExchange, DPStepError
+
+    torch.set_num_threads(1)
+    rt = build_reference_model(max_num_reqs=16)
+    dp = DPDecodeRunner(ReferenceDPDecodeAdapter(rt, DPAttention()), DPExchange(), max_bs=MAX_BS, progress=False,
+                        lazy=lazy)
+    try:
+        getattr(dp.runner, call)()
+        direct = None
+    except RuntimeError as exc:
+        direct = str(exc)
+    requests = RankRequests(rt, rank)
+    logits: List[Any] = []
+    errors: List[Dict[str, Any]] = []
+
+    def attempt(run: Any) -> None:
+        try:
+            run()
+        except DPStepError as exc:
+            if on_error == "raise":
+                raise
+            errors.append({"message": str(exc), "failed_ranks": exc.failed_ranks, "generation": dp.runner.generation,
+                           "graphs": sorted(dp.runner.graphs)})
+
+    for step, actions in enumerate(STEPS):
+        fb = requests.batch(actions[rank], step)
+        if step == LIFECYCLE_STEP:
+            attempt(getattr(dp, call) if rank == 1 else lambda: dp(fb))
+            getattr(dp, call)()  # together this time
+        out = dp(fb)
+        logits.append(None if out is None else out.detach().cpu().clone())
+    if rank == 1:
+        dp.runner.release_graphs()  # not through the DP runner: the next exchange sees the generations differ
+    attempt(lambda: dp(requests.batch(STEPS[0][rank], len(STEPS))))
+    return {"direct": direct, "errors": errors, "logits": logits, "generation": dp.runner.generation}
+
+
+def hangs_after_the_exchange(rank: int, world_size: int) -> None:
+    """Rank 1's replay metadata hook never returns, after the exchange of a graph step:
+    rank 0 waits for it in the forward's gather."""
+    import time
+
+    from graphslot.reference.dp_model import DPAttention, ReferenceDPDecodeAdapter
+    from graphslot.runners.dp import DPDecodeRunner, DPExchange
+
+    torch.set_num_threads(1)
+    rt = build_reference_model(max_num_reqs=16)
+    adapter = ReferenceDPDecodeAdapter(rt, DPAttention())
+    dp = DPDecodeRunner(adapter, DPExchange(), max_bs=MAX_BS, progress=False, guard=False, capture_bs=[4])
+    requests = RankRequests(rt, rank)
+    for step, actions in enumerate(STEPS[:HOOK_STEP + 1]):
+        if step == HOOK_STEP and rank == 1:
+            adapter.init_replay_metadata = lambda *args: time.sleep(600)
         dp(requests.batch(actions[rank], step))
 
 

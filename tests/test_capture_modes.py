@@ -273,6 +273,40 @@ def test_a_weight_changed_in_place_needs_no_recapture():
     assert all(same_as_eager(rt, runner, fb) for fb in steps)
 
 
+def reached_weights(rt):
+    """A weight reached each way the reference model reaches one: the Parameter itself
+    (the embedding, an RMSNorm), through a view taken at capture (``weight.t()`` of a
+    linear layer) and a buffer (RoPE's cos/sin table)."""
+    model = rt.model
+    return {"embedding": model.embed_tokens.weight, "rmsnorm": model.layers[0].input_layernorm.weight,
+            "linear": model.layers[0].mlp.down_proj.weight, "buffer": model.rotary.cos_sin_cache}
+
+
+@pytest.mark.parametrize("capture", CAPTURE_MODES)
+def test_weights_rebound_without_recapture_stay_stale_as_on_a_gpu(capture):
+    """``p.data = new`` (a weight loader) is not seen by a graph, which reads the memory it was
+    captured with; an in-place write is; recapture() reads the new tensors. Issue 44."""
+    rt = runtime()
+    runner = decode_runner(rt, capture)
+    steps = decode_steps(rt, sizes=(3, 1, 4, 2) * 4)
+    for name, weight in reached_weights(rt).items():
+        old = weight.data
+        weight.data = old * 1.5 + 0.25
+        fb = next(steps)
+        out = runner(fb).clone()
+        fresh = rt.forward(fb)
+        weight.data = old  # eager on the old storage: what a stale graph computes
+        assert not torch.equal(out, fresh) and torch.equal(out, rt.forward(fb)), name
+        with torch.no_grad():
+            old.copy_(old * 1.5 + 0.25)  # in place: seen without recapture
+        assert same_as_eager(rt, runner, next(steps)), name
+    for weight in reached_weights(rt).values():
+        weight.data = weight.data * 0.5
+    assert not same_as_eager(rt, runner, next(steps))
+    runner.recapture()
+    assert same_as_eager(rt, runner, next(steps)) and same_as_eager(rt, runner, next(steps))
+
+
 # ------------------------------------------------------------------------------ CUDA
 
 

@@ -123,7 +123,8 @@ def test_capture_schedule():
     assert capture_sizes(12) == [12, 8, 4, 2, 1]  # the cap itself is captured
     assert capture_sizes(40, multiple=4) == [40, 32, 24, 16, 8, 4]
     assert capture_sizes(40, max_requests=20) == [20, 16, 8, 4, 2, 1]
-    assert capture_sizes(16, explicit=[3, 1, 7, 30]) == [7, 3, 1]
+    assert capture_sizes(16, explicit=[3, 1, 7, 3]) == [7, 3, 1]  # duplicates merged, largest first
+    assert capture_sizes(16, explicit=[3, 1, 7, 12], max_requests=8) == [7, 3, 1]  # beyond the request pool
     with pytest.raises(ValueError, match="no batch size"):
         capture_sizes(3, multiple=4)
 

@@ -320,6 +320,53 @@ def test_without_the_guard_a_hook_that_raises_after_the_exchange_fails_as_the_fo
     assert info.value.culprits == [1] and "DPStepError" not in info.value.details
 
 
+AFTER_A_LIFECYCLE_ERROR = (", and no rank ran its call: release() and recapture() on a DP runner are collective, "
+                           "every rank calls them between the same two steps; all may go on, or all stop")
+
+
+@pytest.mark.parametrize("call, lazy", [("release", True), ("recapture", True), ("recapture", False)])
+def test_a_rank_that_releases_or_recaptures_alone_fails_every_rank_naming_it_and_all_can_go_on(call, lazy):
+    ranks = launch(dp_cases.lifecycle_alone, WORLD, call, lazy, "retry", timeout=TIMEOUT)
+    for rank, run in enumerate(ranks):
+        assert run["direct"] == (f"{call}() on this decode runner: its DPDecodeRunner owns it, whose ranks release "
+                                 f"and recapture together: call release() or recapture() on the DPDecodeRunner, on "
+                                 f"every rank between the same two steps")
+        alone, behind_its_back = run["errors"]
+        # No rank released, captured or ran the step: the same error on both, naming rank 1.
+        assert alone["failed_ranks"] == [1] and alone["generation"] == 0, (rank, alone)
+        assert alone["message"] == (f"DP rank 1 failed agreeing on what to call: RuntimeError: it called {call}() "
+                                    f"while rank(s) 0 called a step; every rank raised this error"
+                                    f"{AFTER_A_LIFECYCLE_ERROR}")
+        assert behind_its_back["failed_ranks"] == [1]
+        assert behind_its_back["message"] == (
+            "DP rank 1 failed agreeing on what to call: RuntimeError: it had its graphs released or recaptured 2 "
+            "time(s) while rank(s) 0 had its graphs released or recaptured 1 time(s); every rank raised this error"
+            f"{AFTER_A_LIFECYCLE_ERROR}")
+    assert [run["generation"] for run in ranks] == [1, 2]
+    reference = dp_cases.single_process_logits(WORLD)  # every step, the one after the refused call included
+    for s in range(len(STEPS)):
+        for rank in range(WORLD):
+            mine, ref = ranks[rank]["logits"][s], reference[s][rank]
+            assert (mine is None) if ref is None else torch.equal(mine, ref), (s, rank)
+
+
+def test_the_launch_names_the_rank_that_released_alone():
+    with pytest.raises(RankFailure) as info:
+        launch(dp_cases.lifecycle_alone, WORLD, "release", True, "raise", timeout=TIMEOUT)
+    assert info.value.summary == ("DP rank 1 of 2 failed: RuntimeError: it called release() while rank(s) 0 called a "
+                                  "step; rank 0 stopped because rank 1 failed")
+    assert info.value.culprits == [1]
+
+
+def test_a_rank_hung_after_the_exchange_is_told_from_the_rank_waiting_for_it():
+    with pytest.raises(RankFailure) as info:  # rank 0 waits in the forward's gather until the deadline
+        launch(dp_cases.hangs_after_the_exchange, WORLD, timeout=45.0)
+    assert re.fullmatch(r"DP rank 1 of 2 did not finish: still running after \d+ s outside any collective; killed; "
+                        r"rank 0 stopped waiting for rank 1", info.value.summary), info.value.summary
+    assert info.value.culprits == [1]
+    assert info.value.details.startswith("rank 1's stack:\n") and "in <lambda>" in info.value.details
+
+
 @pytest.fixture(scope="module", params=["generated", "interpreted", "strict"])
 def decode_registry(request):
     rt = build_reference_model(max_num_reqs=16)
@@ -375,8 +422,8 @@ def test_check_step_refuses_raw_counts_no_fill_can_take(decode_registry, raw_bs,
 
 def test_a_hung_rank_fails_the_launch_naming_it_not_the_rank_waiting_for_it():
     start = time.monotonic()
-    with pytest.raises(RankFailure, match=r"^DP rank 1 of 2 still running after \d+ s \(a hang in a collective\?\); "
-                                          r"killed; rank 0 stopped waiting for rank 1$") as info:
+    with pytest.raises(RankFailure, match=r"^DP rank 1 of 2 did not finish: still running after \d+ s outside any "
+                                          r"collective; killed; rank 0 stopped waiting for rank 1\n") as info:
         launch(dp_cases.barrier_without_rank_one, WORLD, timeout=90.0)
     assert info.value.culprits == [1]
     assert time.monotonic() - start < 60  # rank 0's collective timed out: the launch did not wait for the deadline
@@ -384,8 +431,10 @@ def test_a_hung_rank_fails_the_launch_naming_it_not_the_rank_waiting_for_it():
 
 def test_ranks_still_running_at_the_deadline_are_killed():
     start = time.monotonic()
-    with pytest.raises(RankFailure, match=r"^DP ranks 0, 1 of 2 still running after 10 s \(a hang in a collective\?\); "
-                                          r"killed$"):
+    # Outside any collective when their stacks came in time; else (still importing torch, say) unknown.
+    with pytest.raises(RankFailure, match=r"^DP ranks 0, 1 of 2 (did not finish: still running after 1\d s outside "
+                                          r"any collective|still running after 1\d s \(a hang in a collective\?\)); "
+                                          r"killed"):
         launch(dp_cases.sleep_forever, WORLD, timeout=10.0)
     assert time.monotonic() - start < 20
 
@@ -447,6 +496,29 @@ def test_the_verdict_names_every_rank_that_raised_the_same_error_and_no_one_when
                       WORLD)
     assert failure.summary == f"DP ranks 0, 1 of 2 failed: {same[0]}: {same[1]}"
     assert verdict(Watched({}, {0: (1.0, 0), 1: (1.0, 0)}, [], 1.0), WORLD) is None
+
+
+def stack(*frames):
+    lines = [f'  File "{path}", line {line} in {function}' for path, line, function in frames]
+    return "\n".join(["Current thread 0x1 (most recent call first):", *lines,
+                      '  File "/x/graphslot/reference/dp_launch.py", line 99 in _rank_main'])
+
+
+def test_the_verdict_tells_a_rank_stuck_outside_any_collective_from_the_ranks_waiting_in_one():
+    from graphslot.reference.dp_launch import in_collective
+
+    c10d = stack(("/x/torch/distributed/distributed_c10d.py", 10, "all_gather_into_tensor"), ("/x/dp.py", 5, "step"))
+    tape = stack(("/x/torch/_ops.py", 1279, "__call__"), ("/x/graphslot/graphs/tape/replay.py", 42, "_run_collective"))
+    stuck = stack(("/nowhere/hook.py", 3, "init_replay_metadata"), ("/x/graphslot/runners/decode.py", 350, "_prepare"))
+    assert (in_collective(c10d), in_collective(tape), in_collective(stuck), in_collective("")) == (True, True, False,
+                                                                                                   None)
+    failure = verdict(Watched({}, {}, [0, 1, 2], 30.4, {0: c10d, 1: stuck, 2: tape}), 3)
+    assert (failure.summary, failure.culprits) == (
+        "DP rank 1 of 3 did not finish: still running after 30 s outside any collective; killed; ranks 0, 2 stopped "
+        "waiting for rank 1", [1])
+    assert failure.details == f"rank 1's stack:\n{stuck}"
+    unknown = verdict(Watched({}, {}, [0, 1], 30.0, {0: c10d}), WORLD)  # no stack says who: both named alike
+    assert unknown.summary == "DP ranks 0, 1 of 2 still running after 30 s (a hang in a collective?); killed"
 
 
 # -------------------------------------------------------------------------------- demo

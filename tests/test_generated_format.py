@@ -21,12 +21,15 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 from typing import List
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 
 import graphslot as gs
+from graphslot.api import build
 from graphslot.codegen.generator import render_module
 from graphslot.codegen.layout import Chain, assign, call, condition, list_of, normalise, py_str
 
@@ -155,6 +158,45 @@ def test_ruff_format_leaves_modules_of_random_specs_as_they_are(case):
     assert result.returncode == 0 and result.stdout == text, result.stderr
     check = ruff("check", "--select", "E4,E7,E9,F", "--output-format", "concise", "-", stdin=text)
     assert check.returncode == 0, check.stdout
+
+
+# Issue 44: a random spec of this shape bound ``dt_carrier`` and never read it (ruff F841). Its device copies mix
+# int32 and int64 (the tails), but the one head read from the batch is of the carrier dtype (int32), so there
+# was no source to check and the views were taken unconditionally, on the CPU too.
+CARRIER_HEAD_ONLY = textwrap.dedent("""
+    name: carrier_head_only
+    slots:
+      - {name: input_ids, shape: [max_bs], dtype: int32, axis: bs, padding: zero}
+      - {name: positions, shape: [max_bs], dtype: int64, axis: bs, padding: zero, source: feed_positions}
+""")
+
+
+def test_a_module_whose_mixed_copies_read_only_carrier_heads_has_no_unused_local():
+    spec = gs.parse_spec(CARRIER_HEAD_ONLY, "carrier.yaml")
+    text = render_module(spec, gs.resolve_params(spec))
+    check = ruff("check", "--select", "E4,E7,E9,F", "--output-format", "concise", "-", stdin=text)
+    assert check.returncode == 0, check.stdout
+    assert "if dt_carrier:" in text  # the views on CUDA only, as for any mixed group
+
+
+CUDA = pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                          reason="needs a CUDA GPU")])
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_a_module_whose_mixed_copies_read_only_carrier_heads_fills_as_the_interpreter(device):
+    """The typed copies on the CPU, the one-dtype views on CUDA: the interpreter's buffers either way."""
+    spec = gs.parse_spec(CARRIER_HEAD_ONLY, "carrier.yaml")
+    hooks = {"feed_positions": lambda fb, ctx: fb.pos}
+    batch = SimpleNamespace(input_ids=torch.tensor([5, 6], dtype=torch.int32, device=device),
+                            pos=torch.tensor([7, 8, 9], device=device))
+    for impl in ("interpreted", "generated"):
+        reg = build(spec, device=device, max_bs=4, max_num_tokens=4, hooks=hooks, impl=impl)
+        for slot in reg.active:
+            slot.buffer.fill_(-1)
+        reg.fill_from(batch, raw_bs=2, padded_bs=4, raw_num_tokens=2, padded_num_tokens=4)
+        got = {name: reg.slot(name).buffer.tolist() for name in ("input_ids", "positions")}
+        assert got == {"input_ids": [5, 6, 0, 0], "positions": [7, 8, 9, 0]}, impl
 
 
 # --- literals ----------------------------------------------------------------------------------

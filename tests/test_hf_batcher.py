@@ -364,8 +364,8 @@ def test_eos_ends_a_request_at_that_token(model):
     ([1, 2], 2.5, TypeError, "add_request: max_new_tokens must be an int >= 1, got 2.5"),
     ([1, 2], True, TypeError, "add_request: max_new_tokens must be an int >= 1, got True"),
     ([1, 2], 0, ValueError, "add_request: max_new_tokens must be an int >= 1, got 0"),
-    ([1, 2], 16, ValueError, ("a request of 2 prompt tokens and 16 new tokens needs 17 cache positions, more "
-                              "than max_context_len=16")),
+    ([1, 2], 16, ValueError, ("add_request: a request of 2 prompt tokens and 16 new tokens needs 17 cache "
+                              "positions, more than max_context_len=16")),
 ])
 def test_a_request_is_refused_naming_what_is_wrong(model, prompt, max_new_tokens, error, message):
     engine = make_engine(model)

@@ -481,7 +481,7 @@ def test_the_smallest_temperature_is_greedy_through_the_engine(model):
 
 def test_a_refused_prompt_in_a_stream_queues_none(model):
     engine = make_engine(model)
-    with pytest.raises(ValueError, match=r"^add_request: prompt\[0\] is 300, outside"):
+    with pytest.raises(ValueError, match=r"^prompts\[1\]: add_request: prompt\[0\] is 300, outside"):
         engine.stream([[1, 2], [300]], 3)
     assert engine.done and all(r.finish_reason == "abort" for r in engine.requests.values())
     with pytest.raises(ValueError, match=r"^ContinuousBatcher: seed must be an int >= 0, got -3$"):

@@ -127,3 +127,41 @@ def test_a_free_list_hands_out_what_a_first_in_first_out_queue_of_every_index_wo
             free.give_back(back)
             model.extend(back)
         assert free.available == len(model)
+
+
+def test_a_free_list_refuses_an_index_freed_twice_or_never_handed_out():
+    """A second free put the index in the queue twice: ``available`` grew past the pool and
+    the same index was handed out to two owners."""
+    free = FreeList(5, "pool")
+    took = free.take(2)
+    free.give_back(took)
+    with pytest.raises(ValueError, match=r"^pool: cannot free index 1: it is not in use \(freed already, or never "
+                                         r"handed out\)"):
+        free.give_back(took)
+    with pytest.raises(ValueError, match=r"^pool: cannot free index 4: it is not in use"):
+        free.give_back([4])
+    held = free.take(2)
+    with pytest.raises(ValueError, match=r"^pool: cannot free index 3: it is not in use"):
+        free.give_back([held[0], 3])  # all or nothing: held[0] stays handed out
+    with pytest.raises(ValueError, match=f"^pool: cannot free index {held[0]}: it is not in use"):
+        free.give_back([held[0], held[0]])
+    assert free.available == 2
+    assert sorted(free.take(2)) == [1, 2] and free.available == 0
+
+
+def test_the_paged_cache_refuses_a_request_freed_twice_and_frees_nothing_then():
+    hf = pytest.importorskip("graphslot.integrations.transformers")  # the `hf` extra
+    cache = hf.PagedCache(hf.tiny_config("llama"), max_requests=2, max_context_len=4)
+    row = cache.alloc_request()
+    slots = cache.alloc_tokens(row, 0, 2)
+    slots_free, rows_free = cache.available_slots, cache.available_requests
+    cache.free_request(row, slots)
+    with pytest.raises(ValueError, match=rf"^PagedCache.free_request\(row={row}\): ReqToTokenPool: cannot free "
+                                         rf"index {row}: it is not in use .*; nothing was freed$"):
+        cache.free_request(row, slots)
+    assert (cache.available_slots, cache.available_requests) == (slots_free + 2, rows_free + 1)
+    other = cache.alloc_request()
+    with pytest.raises(ValueError, match=r"PagedKVCache: cannot free index 7: it is not in use"):
+        cache.free_request(other, [7])  # a slot never handed out: the row stays in use
+    assert cache.available_requests == rows_free
+    assert {cache.alloc_request()} | {other} == {1, 2}

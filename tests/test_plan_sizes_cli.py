@@ -90,7 +90,8 @@ def test_a_runner_dump_is_read_as_it_was_written(capsys, tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (["--graphs", "0"], "argument --graphs: expected a positive integer, got '0'"),
-    (["--graphs", "513"], "argument --graphs: at most 512 graphs, got 513"),
+    (["--graphs", "513"], "argument --graphs: 513 is over the limit of 512 (the plan is exact dynamic programming "
+                          "over graphs and sizes)"),
     (["--graphs", "2", "--memory", "1GiB"], "give one budget: --graphs or --memory"),
     (["--memory", "1GiB"], "--memory needs a memory model: --graph-bytes and/or --row-bytes"),
     (["--row-bytes", "1MiB"], "--graph-bytes and --row-bytes need --memory"),

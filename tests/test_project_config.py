@@ -127,6 +127,24 @@ def test_output_dir_must_stay_inside_the_project(tmp_path, monkeypatch):
     assert len(errors) == 1 and "'.' resolves to" in errors[0]
 
 
+@pytest.mark.parametrize("line, named, what", [('specs = ["loop/tiny.yaml"]', "specs: 'loop/tiny.yaml'", "a file"),
+                                               ('output_dir = "loop/gen"', "output_dir 'loop/gen'", "a directory")])
+def test_a_path_through_a_symbolic_link_loop_is_named_as_one_outside_is(tmp_path, monkeypatch, capsys, line, named,
+                                                                          what):
+    """``Path.resolve`` raises RuntimeError on a loop (Python 3.11): it was a traceback from
+    ``generate`` and an error naming neither the line nor the entry from the others."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    text = f"[tool.graphslot]\n{line}\n" + (OUTPUT if what == "a directory" else "")
+    expected = (f"pyproject.toml:2: [tool.graphslot] {named} cannot be resolved (a loop of symbolic links); it must "
+                f"name {what} inside the directory of pyproject.toml")
+    assert _errors(tmp_path, text) == [expected]
+    for argv in (["generate"], ["validate"], ["show", "tiny"]):
+        assert main(argv) == 1, argv
+        out, err = capsys.readouterr()
+        assert expected in out + err and "Traceback" not in out + err, argv
+
+
 def test_non_utf8_pyproject(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "pyproject.toml").write_bytes(b'[tool.graphslot]\noutput_dir = "g\xff"\n')
@@ -273,7 +291,7 @@ def test_listed_specs_must_stay_inside_the_project_and_are_never_read_outside(tm
     for listed, problem in cases.items():
         text = f'[tool.graphslot]\noutput_dir = "gen"\nspecs = ["specs/tiny.yaml", "{listed}"]\n' + OUTPUT
         assert _errors(project, text) == [f"pyproject.toml:3: [tool.graphslot] specs: '{listed}' {problem}"]
-        for argv in (["generate"], ["validate", "secret"], ["show", "secret"]):
+        for argv in (["generate"], ["validate"], ["validate", "secret"], ["show", "secret"]):
             assert main(argv) == 1, argv
             out, err = capsys.readouterr()
             assert f"pyproject.toml:3: [tool.graphslot] specs: '{listed}' {problem}" in out + err, argv

@@ -520,7 +520,7 @@ def test_pool_sharers_must_agree_on_the_initial_value(first, second):
         build(once_spec(second), pool=pool)
     assert str(err.value) == (f"slot 'shared': shared buffer (4 x torch.int64 on cpu) was first registered with "
                               f"initial value {first}, this registry needs {second}; give both the same pad value, "
-                              "or build one without share_pool")
+                              "or build this registry with a pool of its own (or buffers=None)")
     assert a.slot("shared").buffer.tolist() == [first] * 4
 
 

@@ -1,13 +1,16 @@
-"""The replay guard names a tensor that moved since capture; runner metrics count
-replays per size, padded rows and eager fallbacks by reason."""
+"""The replay guard names a tensor that moved since capture, and is re-armed whenever the
+runner captures afresh (a weight reload then recapture(): issue 44, item 9); runner
+metrics count replays per size, padded rows and eager fallbacks by reason."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
 from graphslot.reference import build_reference_model, make_decode_batch, make_extend_batch
 from graphslot.reference.adapter import ReferenceDecodeAdapter
+from graphslot.reference.numerics import output_check
 from graphslot.runners.adapter import DecodeAdapter
 from graphslot.runners.decode import DecodeGraphRunner
 from graphslot.runners.guard import GUARD_ENV, ReplayGuardError
@@ -56,6 +59,49 @@ def test_a_weight_replaced_through_data_is_named():
     with pytest.raises(ReplayGuardError, match=r"static tensor 'model.embed_tokens.weight' moved since capture: "
                                                r"was \[128, 64\] float32 at .*, now \[128, 64\] float64"):
         runner.replay(batch(2))
+
+
+def reload_a_weight(rt):
+    """A new Parameter for one layer weight: what a weight reload does (the graphs read the old one)."""
+    proj = rt.model.layers[0].mlp.down_proj
+    proj.weight = nn.Parameter(proj.weight * 1.5, requires_grad=False)
+
+
+def same_as_eager(rt, runner, fb):
+    return output_check(rt.device)(runner(fb).clone(), rt.forward(fb))
+
+
+def test_a_weight_reload_then_recapture_replays_the_new_weights_with_the_guard_on():
+    rt, runner, batch = setup(guard=True)
+    assert same_as_eager(rt, runner, batch(3))
+    reload_a_weight(rt)
+    with pytest.raises(ReplayGuardError, match="static tensor 'model.layers.0.mlp.down_proj.weight' moved"):
+        runner(batch(3))  # the graphs read the old weight: the guard says so
+    runner.recapture()
+    assert [same_as_eager(rt, runner, batch(n)) for n in (1, 2, 3, 4)] == [True] * 4
+    assert runner.metrics()["replays"] == 5
+
+
+def test_lazy_captures_with_the_guard_on():
+    rt, runner, batch = setup(guard=True, lazy=True)
+    assert same_as_eager(rt, runner, batch(1)) and same_as_eager(rt, runner, batch(3))  # each a new key
+    assert sorted(runner.graphs) == [1, 4]
+    reload_a_weight(rt)
+    runner.release()  # lazy: the next steps capture again, reading the new weight
+    assert same_as_eager(rt, runner, batch(2)) and same_as_eager(rt, runner, batch(1))
+    reload_a_weight(rt)
+    runner.recapture()  # the keys captured so far (2 and 1), with the weight reloaded again
+    assert sorted(runner.graphs) == [1, 2]
+    assert same_as_eager(rt, runner, batch(3)) and same_as_eager(rt, runner, batch(2))  # 4: a new key, lazily
+    assert runner.metrics()["replays"] == 6
+
+
+def test_a_lazy_capture_beside_stale_graphs_does_not_hide_them():
+    rt, runner, batch = setup(guard=True, lazy=True)
+    runner(batch(1))
+    rt.req_to_token_pool.req_to_token = rt.req_to_token_pool.req_to_token.clone()  # the graph of 1 reads the old
+    with pytest.raises(ReplayGuardError, match="static tensor 'req_to_token_pool.req_to_token' moved since capture"):
+        runner(batch(3))  # a new key's capture keeps the snapshot the graph of 1 was captured with
 
 
 def test_the_guard_is_off_unless_asked(monkeypatch):

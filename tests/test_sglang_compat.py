@@ -191,7 +191,8 @@ def random_step(case: Case, rng: random.Random, g: torch.Generator, sgl_reg):
 # --- comparing --------------------------------------------------------------------------
 
 def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().reshape(-1).view(torch.uint8)
+    # a copy with unit strides: contiguous() keeps a strided [1] tensor as it is, and view() refuses it
+    return t.clone(memory_format=torch.contiguous_format).reshape(-1).view(torch.uint8)
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -206,10 +206,18 @@ def decode_source(max_bs: int, max_tokens: int, **extra) -> SimpleNamespace:
         **extra)
 
 
-def clone_source(src: SimpleNamespace) -> SimpleNamespace:
+def strided(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s values in a strided tensor (every other element of a wider one, last stride 2)."""
+    wide = torch.zeros(*t.shape, 2, dtype=t.dtype)
+    wide[..., 0] = t
+    return wide[..., 0]
+
+
+def clone_source(src: SimpleNamespace, layout=torch.Tensor.clone) -> SimpleNamespace:
+    """A copy of ``src``, each tensor made by ``layout``."""
     def clone(v):
         if isinstance(v, torch.Tensor):
-            return v.clone()
+            return layout(v)
         if isinstance(v, dict):
             return {k: clone(x) for k, x in v.items()}
         if isinstance(v, SimpleNamespace):
@@ -218,12 +226,16 @@ def clone_source(src: SimpleNamespace) -> SimpleNamespace:
     return clone(src)
 
 
+@pytest.mark.parametrize("layout", [torch.Tensor.clone, strided], ids=["dense", "strided"])
 @pytest.mark.parametrize("kind", ["decode", "prefill"])
-def test_source_adoption_and_structured_slots_match_sglang(kind):
+def test_source_adoption_and_structured_slots_match_sglang(kind, layout):
+    """Strided: sglang binds a tensor of any layout (the drop-in refused one at its first
+    fill, as graphslot's generated code cannot take it; its interpreter fills it)."""
     max_bs, max_tokens = 4, 8
     rng, g = random.Random(kind), torch.Generator().manual_seed(3)
-    src_a = decode_source(max_bs, max_tokens)
-    src_b = clone_source(src_a)
+    src_a = clone_source(decode_source(max_bs, max_tokens), layout)
+    src_b = clone_source(src_a, layout)
+    assert (layout is strided) == (not src_b.input_ids.is_contiguous())
     common = dict(device=CPU, max_bs=max_bs, max_num_token=max_tokens, cache_loc_dtype=torch.int64,
                   enable_num_token_non_padded=True, attn_tp_sharded_fn=lambda n: n % 4 == 0)
     if kind == "decode":

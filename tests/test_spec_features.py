@@ -334,3 +334,17 @@ def test_a_runner_resets_index_skip_buffers_to_their_sentinel_not_to_zero():
     PhaseRunner.reset_index_buffers(SimpleNamespace(registry=reg))
     assert [b.tolist() for b in reg.slot("slot_mapping").buffers()] == [[-1] * 6, [-1] * 6]  # host and device
     assert reg.slot("chosen").buffer.tolist() == [P] * 6  # not an index slot
+
+
+def test_a_staged_slots_two_buffers_are_two_to_the_identity_check():
+    """No two buffers of a registry overlap: a staged slot's host tensor may not be another slot's buffer."""
+    text = STAGED + "  - {name: other, shape: [max_num_tokens], dtype: int32, axis: tokens, padding: zero}\n"
+    shared = torch.zeros(4, dtype=torch.int32)
+    with pytest.raises(gs.SlotError) as info:
+        gs.build_registry(parse(text), device="cpu", max_bs=4, max_num_tokens=4, impl="interpreted",
+                          buffers={"ids": (shared, torch.zeros(4, dtype=torch.int32)), "other": shared})
+    assert str(info.value).startswith("spec 'staged': slots 'ids (host)' and 'other' were given the same tensor")
+    one = torch.zeros(4, dtype=torch.int32)  # one tensor for both halves of one staged slot: allowed
+    reg = gs.build_registry(parse(text), device="cpu", max_bs=4, max_num_tokens=4, impl="interpreted",
+                            buffers={"ids": (one, one), "other": torch.zeros(4, dtype=torch.int32)})
+    assert reg.slot("ids").buffers() == (one,)

@@ -363,3 +363,18 @@ def test_out_arguments_are_not_inputs_but_in_place_targets_are():
     graph = capture(fn)
     [external] = graph.external_inputs([x])
     assert external is acc
+
+
+def test_a_weight_rebound_after_capture_is_an_external_input_the_graph_still_reads():
+    lin = nn.Linear(4, 4, bias=False)
+    emb = nn.Embedding(6, 4)
+    ids = torch.tensor([1, 3])
+
+    with torch.no_grad():
+        graph = capture(lambda: lin(emb(ids)))
+    params = [lin.weight, emb.weight]
+    assert graph.external_inputs([ids, *params]) == []
+    old = emb.weight.data
+    emb.weight.data = old.clone()  # what the graph reads is no longer the model's weight
+    [external] = graph.external_inputs([ids, *params])
+    assert external is not emb.weight and external.data_ptr() == old.data_ptr()

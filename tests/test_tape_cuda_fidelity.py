@@ -16,10 +16,12 @@ NEEDS_NUMPY = pytest.mark.skipif(np is None, reason="needs NumPy (not a graphslo
 import torch
 import torch.nn.functional as F
 import torch.utils._python_dispatch as python_dispatch
+from torch import nn
 
 from graphslot.graphs import tape
-from graphslot.graphs.backend import GraphCaptureError
+from graphslot.graphs.backend import GraphCaptureError, get_graph_backend
 from graphslot.graphs.tape import TapeBackend, TapeGraph
+from graphslot.reference.model import RMSNorm
 
 TESTED: dict[str, list[str]] = {}
 
@@ -395,6 +397,56 @@ def test_a_failure_building_the_replay_is_a_capture_error_naming_the_op(monkeypa
         capture(lambda: x * 2)
 
 
+# -- poisoned-capture / frozen-python / capture-allocations ----------------------------------------
+
+
+@difference("poisoned-capture")
+def test_a_capture_error_the_callable_catches_still_fails_the_capture():
+    def fn():
+        try:
+            x.sum().item()
+        except GraphCaptureError:
+            pass
+        return x + 1
+
+    with pytest.raises(GraphCaptureError, match=r"^host sync during graph capture: aten\._local_scalar_dense"):
+        capture(fn)
+
+
+@difference("frozen-python")
+def test_python_branches_scalars_and_names_are_frozen_at_capture():
+    state = {"double": False, "scale": 3.0, "tensor": torch.ones(4)}
+    graph = capture(lambda: (state["tensor"] * 2 if state["double"] else state["tensor"] + 1) * state["scale"])
+    first = state["tensor"]
+    state.update(double=True, scale=100.0, tensor=torch.full((4,), 7.0))
+    first.fill_(5.0)
+    graph.replay()
+    assert graph.output.tolist() == [18.0] * 4  # (5 + 1) * 3: the branch, scalar and tensor of capture
+
+
+@difference("capture-allocations")
+def test_memory_allocated_in_a_capture_keeps_its_address_and_empty_is_not_refilled():
+    static = torch.ones(4)
+    made = {}
+
+    def fn():
+        made["empty"] = torch.empty(4)  # no kernel: replay leaves it as it is
+        made["zeros"] = torch.zeros(4)  # a fill kernel: rewritten every replay
+        made["zeros"][1:].add_(static[1:])
+        return made["zeros"] * 2
+
+    graph = capture(fn)
+    out = graph.output
+    addresses = [t.data_ptr() for t in (made["empty"], made["zeros"], out)]
+    made["empty"].fill_(9.0)
+    made["zeros"].fill_(9.0)
+    static.fill_(3.0)
+    graph.replay()
+    assert graph.output is out and [t.data_ptr() for t in (made["empty"], made["zeros"], out)] == addresses
+    assert made["empty"].tolist() == [9.0] * 4
+    assert made["zeros"].tolist() == [0.0, 3.0, 3.0, 3.0] and out.tolist() == [0.0, 6.0, 6.0, 6.0]
+
+
 # -- memory-pool / streams / rng -----------------------------------------------------------------
 
 
@@ -483,3 +535,133 @@ def test_random_ops_draw_from_the_global_generator_at_replay():
     assert torch.equal(graph.output, plain)  # the replay drew what eager code would have
     assert not torch.equal(torch.rand(3), plain)
 
+
+# -- rebound-tensor ------------------------------------------------------------------------------
+
+cuda_only = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+BACKENDS = ["cpu", pytest.param("cuda", marks=cuda_only)]
+
+
+class Weights(nn.Module):
+    """A tensor a graph reads, reached each way a model reaches one; ``step`` reads it
+    from the static input ``x`` (ids, for the embedding)."""
+
+    def __init__(self, how: str, device: str) -> None:
+        super().__init__()
+        self.how = how
+        self.x = torch.randn(3, 4, device=device)
+        self.ids = torch.tensor([2, 0, 5], device=device)
+        self.emb = nn.Embedding(6, 4, device=device)
+        self.norm = RMSNorm(4, 1e-6).to(device)
+        self.lin = nn.Linear(4, 4, bias=False, device=device)
+        self.register_buffer("scale", torch.randn(4, device=device))
+        self.plain = torch.randn(4, device=device)  # an attribute, neither parameter nor buffer
+        closed = torch.randn(4, device=device)
+        self.closure = lambda x: x - closed  # a tensor held by a Python closure
+        self.closed = closed
+
+    @property
+    def target(self) -> torch.Tensor:
+        """The tensor the step reads (whose storage a weight reload rebinds)."""
+        return {"embedding": self.emb.weight, "rmsnorm": self.norm.weight, "linear": self.lin.weight,
+                "transposed": self.lin.weight, "buffer": self.scale, "attribute": self.plain,
+                "closure": self.closed}[self.how]
+
+    def step(self) -> torch.Tensor:
+        if self.how == "embedding":
+            return self.emb(self.ids) * 1  # the Parameter itself reaches aten.embedding
+        if self.how == "rmsnorm":
+            return self.norm(self.x)  # the Parameter itself reaches aten.mul
+        if self.how == "linear":
+            return self.lin(self.x)  # F.linear takes a view (aten.t) of the Parameter
+        if self.how == "transposed":
+            return self.x @ self.lin.weight.t()
+        if self.how == "buffer":
+            return self.x * self.scale
+        if self.how == "attribute":
+            return self.x * self.plain
+        return self.closure(self.x)
+
+
+WAYS = ["embedding", "rmsnorm", "linear", "transposed", "buffer", "attribute", "closure"]
+
+
+def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit for bit on the CPU; on a GPU, a graph's kernels may differ from eager ones in the last bits."""
+    return torch.equal(a, b) if a.device.type == "cpu" else torch.allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def captured(weights: Weights, backend: str):
+    with torch.no_grad():
+        return get_graph_backend(backend, weights.x.device).capture(weights.step, warmup=1)
+
+
+@difference("rebound-tensor")
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("how", WAYS)
+def test_a_tensor_rebound_after_capture_is_not_seen(how, backend):
+    weights = Weights(how, "cpu" if backend == "cpu" else "cuda")
+    graph = captured(weights, backend)
+    with torch.no_grad():
+        before = weights.step().clone()
+        old = weights.target.data  # kept: on a GPU the graph reads this memory
+        weights.target.data = old + 1.0  # what weight loaders do
+        after = weights.step()
+        graph.replay()
+        assert not same(after, before)
+        assert same(graph.output, before)  # stale: the capture-time storage
+        weights.target.data.mul_(3.0)  # a write into the new storage: not seen either
+        graph.replay()
+        assert same(graph.output, before)
+        old.add_(2.0)  # a write into the storage the graph was captured with: seen
+        graph.replay()
+        weights.target.data = old
+        assert same(graph.output, weights.step())
+
+
+@difference("rebound-tensor")
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("write", ["data.copy_", "copy_"])
+@pytest.mark.parametrize("how", WAYS)
+def test_a_tensor_written_in_place_after_capture_is_seen(how, write, backend):
+    weights = Weights(how, "cpu" if backend == "cpu" else "cuda")
+    graph = captured(weights, backend)
+    with torch.no_grad():
+        before = weights.step().clone()
+        new = weights.target + 1.0
+        (weights.target.data if write == "data.copy_" else weights.target).copy_(new)
+        graph.replay()
+        assert not same(graph.output, before)
+        assert same(graph.output, weights.step())
+
+
+@difference("rebound-tensor")
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("how", WAYS)
+def test_a_capture_after_rebinding_reads_the_new_tensor(how, backend):
+    weights = Weights(how, "cpu" if backend == "cpu" else "cuda")
+    captured(weights, backend)
+    with torch.no_grad():
+        weights.target.data = weights.target.data + 1.0
+        expected = weights.step()
+    graph = captured(weights, backend)
+    graph.replay()
+    assert same(graph.output, expected)
+
+
+@difference("rebound-tensor")
+def test_a_tensor_rebound_during_capture_is_read_as_each_op_saw_it():
+    weight = nn.Parameter(torch.ones(4), requires_grad=False)
+    first = weight.data
+    second = torch.full((4,), 2.0)
+
+    def fn():
+        before = x * weight
+        weight.data = second  # between two ops: each reads the storage it saw
+        return before, x * weight
+
+    graph = capture(fn)
+    first.fill_(10.0)
+    second.fill_(20.0)
+    graph.replay()
+    assert graph.output[0].tolist() == (x * 10).tolist() and graph.output[1].tolist() == (x * 20).tolist()

@@ -12,7 +12,8 @@ import sys
 from ..spec.dtypes import import_torch
 from ..spec.files import display_path
 from ..spec.loading import shipped_spec_path
-from .common import Command, positive_int
+from . import limits
+from .common import Command
 
 HELP = """Time fill_from + extract: generated vs interpreted vs hand-written.
 
@@ -28,11 +29,17 @@ the interpreter, which a loaded machine moves) is named with its margin, exit 0.
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
-    parser.add_argument("--iters", type=positive_int, default=2000, help="calls per sample (default 2000)")
-    parser.add_argument("--repeats", type=positive_int, default=7, help="samples; the median is kept (default 7)")
+    parser.add_argument("--iters", type=limits.MAX_ITERS.argument(), default=2000,
+                        help=f"calls per sample (default 2000, at most {limits.MAX_ITERS.most})")
+    parser.add_argument("--repeats", type=limits.MAX_REPEATS.argument(), default=7,
+                        help=f"samples; the median is kept (default 7, at most {limits.MAX_REPEATS.most}; "
+                             f"--iters × --repeats at most {limits.MAX_CALLS.most})")
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    calls = args.iters * args.repeats
+    limits.MAX_CALLS.check(parser, "--repeats", calls,
+                           got=f"--iters {args.iters} × --repeats {args.repeats} = {calls} calls")
     spec = display_path(shipped_spec_path("decode"))
     print(f"graphslot bench: fill_from + extract of the shipped decode spec ({spec}), generated vs interpreted vs "
           f"hand-written, {args.repeats} repeats x {args.iters} iters per batch size", file=sys.stderr)

@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict
 from ..spec.budget import BufferBudgetError
 from ..spec.dtypes import import_torch
 from . import limits
-from .common import Command, fail, positive_int
+from .common import Command, fail
 
 HELP = """Run the reference model through the graph runners and check it against eager.
 
@@ -62,16 +62,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="registry code (default generated)")
     parser.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto",
                         help="graph backend (auto: cuda on a GPU machine, else the cpu tape)")
-    parser.add_argument("--steps", type=positive_int, help=f"decode only: scheduler steps (default 300, at most {limits.MAX_STEPS.most}; "
+    parser.add_argument("--steps", type=limits.MAX_STEPS.argument(),
+                        help=f"decode only: scheduler steps (default 300, at most {limits.MAX_STEPS.most}; "
                              f"with --dp, --dp × --steps at most {limits.MAX_RANK_STEPS.most})")
-    parser.add_argument("--dp", type=positive_int, help=f"decode only: data-parallel ranks to spawn (default 1: "
-                                                         f"one process; at most {limits.MAX_DP.most})")
-    parser.add_argument("--batches", type=positive_int, help=f"prefill only: batches (default 50, at most {limits.MAX_BATCHES.most})")
+    parser.add_argument("--dp", type=limits.MAX_DP.argument(),
+                        help=f"decode only: data-parallel ranks to spawn (default 1: one process; at most "
+                             f"{limits.MAX_DP.most})")
+    parser.add_argument("--batches", type=limits.MAX_BATCHES.argument(),
+                        help=f"prefill only: batches (default 50, at most {limits.MAX_BATCHES.most})")
     parser.add_argument("--runner", choices=("all", "breakable", "piecewise"),
                         help="prefill only: runner(s) to run (default all: both)")
-    parser.add_argument("--max-bs", type=positive_int, default=None,
-                        help=f"largest batch size: captured (decode, default 16; hf models 8; at most {limits.MAX_BS.most}) "
-                             f"or per prefill batch (prefill, default 8, at most {limits.PREFILL_MAX_BS.most})")
+    parser.add_argument("--max-bs", type=limits.MAX_BS.argument(), default=None,
+                        help=f"largest batch size: captured (decode, default 16; hf models 8; at most "
+                             f"{limits.MAX_BS.most}) or per prefill batch (prefill, default 8, at most "
+                             f"{limits.PREFILL_MAX_BS.most})")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
 
 
@@ -122,9 +126,6 @@ def check_counts(args: argparse.Namespace, parser: argparse.ArgumentParser) -> N
     prefill = args.workload == "prefill"
     (limits.PREFILL_MAX_BS if prefill else limits.MAX_BS).check(
         parser, "--max-bs", args.max_bs, " for --workload prefill" if prefill else "")
-    limits.MAX_STEPS.check(parser, "--steps", args.steps)
-    limits.MAX_BATCHES.check(parser, "--batches", args.batches)
-    limits.MAX_DP.check(parser, "--dp", args.dp)
     if args.dp > 1:
         limits.MAX_RANK_STEPS.check(parser, "--steps", args.dp * args.steps,
                                     got=f"--dp {args.dp} × --steps {args.steps} = {args.dp * args.steps} rank-steps")

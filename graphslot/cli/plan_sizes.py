@@ -15,7 +15,8 @@ from typing import Any, Dict, Optional
 from ..planning.histogram import BatchSizeHistogram, HistogramError
 from ..planning.planner import MAX_GRAPHS, default_ladder, evaluate, plan_capture_sizes
 from ..spec.errors import shorten
-from .common import Command, fail, format_table, positive_int
+from . import limits
+from .common import Command, fail, format_table
 
 HELP = """Propose decode capture sizes from the batch sizes a runner served.
 
@@ -42,22 +43,15 @@ def byte_count(text: str) -> int:
     return int(float(match.group(1)) * unit)
 
 
-def graph_count(text: str) -> int:
-    count = positive_int(text)
-    if count > MAX_GRAPHS:
-        raise argparse.ArgumentTypeError(f"at most {MAX_GRAPHS} graphs, got {count}")
-    return count
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("histogram", metavar="HISTOGRAM.json",
                         help="a runner's histogram.save() output, or a JSON object {\"size\": steps}")
-    parser.add_argument("--graphs", type=graph_count, metavar="N",
+    parser.add_argument("--graphs", type=limits.MAX_PLAN_GRAPHS.argument(), metavar="N",
                         help=f"capture at most N graphs (at most {MAX_GRAPHS}; default: as many as the default "
                              "ladder captures up to max_bs)")
-    parser.add_argument("--max-bs", type=positive_int, metavar="M",
+    parser.add_argument("--max-bs", type=limits.MAX_CAPACITY.argument(), metavar="M",
                         help="largest graph, always captured; larger batches run eager (default: the largest "
-                             "size served)")
+                             f"size served; at most {limits.MAX_CAPACITY.most})")
     parser.add_argument("--memory", type=byte_count, metavar="BYTES",
                         help="instead of --graphs: graphs whose memory sums to at most BYTES, each taking "
                              "--graph-bytes + --row-bytes x its size")

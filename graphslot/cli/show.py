@@ -11,8 +11,9 @@ from ..spec.errors import shorten
 from ..spec.loading import load_spec
 from ..spec.model import RegistrySpec
 from ..spec.resolve import ResolvedSlot, resolve_params, resolve_slots
+from . import limits
 from .common import (Command, add_spec_reading_options, format_table, format_value, hook_import_path, human_bytes,
-                     import_hooks_wanted, json_value, param_arg, positive_int, unchecked_hook_imports)
+                     import_hooks_wanted, json_value, param_arg, unchecked_hook_imports)
 
 HELP = """Print the buffers a spec allocates for a param set.
 
@@ -61,9 +62,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--param", action="append", type=param_arg, default=[], metavar="NAME=VALUE",
                         help="set a param; VALUE is a YAML scalar (4, int32, true); repeatable")
     parser.add_argument("--preset", metavar="NAME", help="start from one of the spec's presets")
-    parser.add_argument("--max-bs", type=positive_int, default=256, metavar="N", help="batch capacity (default 256)")
-    parser.add_argument("--max-num-tokens", type=positive_int, default=256, metavar="N",
-                        help="token capacity (default 256)")
+    capacity = limits.MAX_CAPACITY
+    parser.add_argument("--max-bs", type=capacity.argument(), default=256, metavar="N",
+                        help=f"batch capacity (default 256, at most {capacity.most})")
+    parser.add_argument("--max-num-tokens", type=capacity.argument(), default=256, metavar="N",
+                        help=f"token capacity (default 256, at most {capacity.most})")
     parser.add_argument("--json", action="store_true", help="print the table as JSON")
     add_spec_reading_options(parser)
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..spec.dtypes import import_torch
 from . import limits
-from .common import Command, fail, positive_int, seed_int
+from .common import Command, fail, seed_int
 
 HELP = """Prove a model safe under its spec's padding; find stale inputs.
 
@@ -53,10 +53,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=("auto", "cpu", "cuda"),
                         help="reference model only: graph backend (auto, the default: cuda on a GPU machine, else "
                              "the cpu tape)")
-    parser.add_argument("--max-bs", type=positive_int,
+    parser.add_argument("--max-bs", type=limits.MAX_BS.argument(),
                         help=f"reference model only: largest graph (default 8, at most {limits.MAX_BS.most})")
-    parser.add_argument("--samples", type=positive_int, default=2,
-                        help="raw sizes replayed per captured size (default 2; the smallest is always one)")
+    parser.add_argument("--samples", type=limits.MAX_SAMPLES.argument(), default=2,
+                        help=f"raw sizes replayed per captured size (default 2, at most {limits.MAX_SAMPLES.most}; "
+                             "the smallest is always one)")
     parser.add_argument("--seed", type=seed_int, default=0,
                         help="seed of the raw-size sample and the reference batches (0 to 2**64-1)")
     parser.add_argument("--no-audit", action="store_true", help="skip the stale-input audit")
@@ -80,7 +81,6 @@ def check_arguments(args: argparse.Namespace, parser: argparse.ArgumentParser) -
     for name, (_, default) in REFERENCE_ONLY.items():
         if getattr(args, name) is None:
             setattr(args, name, default)
-    limits.MAX_BS.check(parser, "--max-bs", args.max_bs)
 
 
 def load_entry(reference: str) -> Any:

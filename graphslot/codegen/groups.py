@@ -124,10 +124,8 @@ class CopyGroup:
             return []
         if not self.mixed:
             return self._block("", False, indent)
-        operands = self._viewable()
-        if not operands:
-            return self._block("", True, indent)
-        pad, lines = " " * indent, condition("if", Chain("and", ("dt_carrier",) + tuple(operands)), indent)
+        # on CUDA only, and then only for sources the views take (none to check: the heads are of the carrier dtype)
+        pad, lines = " " * indent, condition("if", Chain("and", ("dt_carrier",) + tuple(self._viewable())), indent)
         lines += self._block("", True, indent + 4)
         lines += [f"{pad}else:", f"{pad}    # the CPU, another dtype or layout: typed copies (copy_ casts)"]
         return lines + self._block("t", False, indent + 4)

@@ -108,7 +108,7 @@ class GeneratedRegistry(SlotRegistry):
             )
             if not isinstance(buffers, dict):
                 raise _damaged(module, spec, "allocate", type(buffers).__name__, "a dict of buffers")
-        super().__init__(spec, slots, hooks, params, buffers=buffers, **kwargs)
+        super().__init__(spec, slots, hooks, params, buffers=buffers, pool=pool, adopt=source, **kwargs)
         self.module, self._hooks = module, hooks
         self._buffers = {slot.name: slot.binding for slot in self.active}  # a staged slot's: (host, device)
         for slot in self.active:

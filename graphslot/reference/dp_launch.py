@@ -16,13 +16,24 @@ rank reported an error of its own; so is a rank whose function returned while th
 others still waited for it in a collective, when they only lost their peer ("DP rank 1
 of 2 returned while rank 0 still waited for it in a collective; rank 0 stopped because
 rank 1 returned early").
+
+A rank still running when the watch ends (the deadline, or the grace after a peer's
+error) is asked for its Python stack first (``faulthandler`` on ``SIGUSR1``, which
+answers even inside a blocking C call): a rank waiting in a collective (a frame in
+``torch.distributed``, the tape's collective replay, or a line that calls a collective
+op) waited for the others; one running elsewhere did not finish and is named, with its
+stack ("DP rank 1 of 2 did not finish: still running after 30 s outside any collective;
+killed; rank 0 stopped waiting for rank 1").
 """
 
 from __future__ import annotations
 
 import datetime
+import faulthandler
+import linecache
 import os
 import pickle
+import re
 import signal
 import socket
 import sys
@@ -45,6 +56,13 @@ MAX_TRACEBACK_CHARS = 20_000
 #: What gloo or NCCL says when a collective's peer is gone: a consequence, not a cause.
 PEER_LOST = ("connection closed by peer", "connection reset by peer", "timed out waiting",
              "watchdog caught collective operation timeout", "nccl communicator was aborted")
+#: The signal a rank dumps its Python stack on, and how long the launcher waits for the dump.
+STACK_SIGNAL = signal.SIGUSR1
+STACK_WAIT = 2.0
+#: A source line that calls a collective (a frame of a rank waiting in one).
+COLLECTIVE_CALL = re.compile(r"\b(all_gather|all_reduce|reduce_scatter|all_to_all|broadcast|barrier|wait_tensor|"
+                             r"send|recv)\w*\(")
+FRAME = re.compile(r'^\s*File "(.*)", line (\d+) in (\S+)')
 
 
 class RankFailure(RuntimeError):
@@ -97,6 +115,8 @@ def rank_report(rank: int, exc: BaseException) -> RankReport:
 
 def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int, backend: str,
                timeout: float, args: Sequence[Any], out_dir: str, report: Any) -> None:
+    stacks = open(stack_path(out_dir, rank), "w")  # open until the rank ends (os._exit)
+    faulthandler.register(STACK_SIGNAL, file=stacks, all_threads=True)
     try:
         if backend == "nccl":
             import torch
@@ -139,16 +159,39 @@ def _ranks(ranks: Sequence[int]) -> str:
     return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
 
 
+def stack_path(out_dir: str, rank: int) -> Path:
+    return Path(out_dir) / f"rank{rank}.stack"
+
+
+def main_stack(dump: str) -> str:
+    """The rank's main thread in a ``faulthandler`` dump (the one running ``_rank_main``); "" if none."""
+    return next((block for block in dump.split("\n\n") if " in _rank_main" in block), "")
+
+
+def in_collective(stack: str) -> Optional[bool]:
+    """Whether a rank's main-thread stack waits in a collective: its innermost frame
+    outside torch's own dispatch is in ``torch.distributed``, is the tape's collective
+    replay, or calls a collective; None for no stack."""
+    frames = [m.groups() for m in map(FRAME.match, stack.splitlines()) if m]
+    for path, line, function in frames:  # most recent call first
+        if "/torch/distributed/" in path or function == "_run_collective":
+            return True
+        if "/torch/" not in path:
+            return bool(COLLECTIVE_CALL.search(linecache.getline(path, int(line))))
+    return None if not frames else False
+
+
 @dataclass
 class Watched:
     """How the ranks ended: their reports, the ranks that exited (when, with what
     code, by the monotonic clock), those still running when the watch ended (then
-    killed), and how long it ran."""
+    killed), how long it ran, and the main-thread stacks of those still running."""
 
     reports: Dict[int, RankReport]
     exits: Dict[int, Tuple[float, int]]
     running: List[int]
     seconds: float
+    stacks: Dict[int, str] = field(default_factory=dict)
 
 
 def verdict(w: Watched, world_size: int) -> Optional[RankFailure]:
@@ -183,8 +226,15 @@ def verdict(w: Watched, world_size: int) -> Optional[RankFailure]:
         what = f"returned while {_ranks(lost)} still waited for {'it' if len(done) == 1 else 'them'} in a collective"
         details = w.reports[lost[0]].traceback
     elif w.running:
-        culprits, waiting = list(w.running), True
-        what = f"still running after {w.seconds:.0f} s (a hang in a collective?); killed"
+        waiting = True
+        stuck = [r for r in w.running if in_collective(w.stacks.get(r, "")) is False]
+        if stuck:  # they did not finish; the others waited for them in a collective, or stopped waiting
+            culprits = stuck
+            what = f"did not finish: still running after {w.seconds:.0f} s outside any collective; killed"
+            details = "\n\n".join(f"rank {r}'s stack:\n{w.stacks[r]}" for r in stuck)
+        else:
+            culprits = list(w.running)
+            what = f"still running after {w.seconds:.0f} s (a hang in a collective?); killed"
     elif w.reports:
         first = min(w.reports.values(), key=lambda r: r.time)
         culprits, details = [first.rank], first.traceback
@@ -216,15 +266,16 @@ def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float =
             p.start()
         for _, sender in pipes:
             sender.close()  # the ranks hold theirs: a reader sees EOF once its rank is gone
-        failure = verdict(watch(procs, [reader for reader, _ in pipes], timeout), world_size)
+        failure = verdict(watch(procs, [reader for reader, _ in pipes], timeout, out_dir), world_size)
         if failure is not None:
             raise failure
         return [pickle.loads((Path(out_dir) / f"rank{rank}.pkl").read_bytes()) for rank in range(world_size)]
 
 
-def watch(procs: List[Any], readers: List[Any], timeout: float) -> Watched:
+def watch(procs: List[Any], readers: List[Any], timeout: float, out_dir: Optional[str] = None) -> Watched:
     """Wait until every rank has ended, or for a moment after the first failure (so the
-    others can report theirs), or until ``timeout``; then kill what still runs."""
+    others can report theirs), or until ``timeout``; then kill what still runs, after
+    reading its stack (``out_dir``: where the ranks dump them)."""
     started = time.monotonic()
     end = started + timeout
     reports: Dict[int, RankReport] = {}
@@ -243,6 +294,7 @@ def watch(procs: List[Any], readers: List[Any], timeout: float) -> Watched:
             own = any(not r.consequence for r in reports.values())
             end = min(end, time.monotonic() + (GRACE_AFTER_ERROR if own else GRACE_AFTER_CONSEQUENCE))
     running = [rank for rank in range(len(procs)) if rank not in exits]
+    stacks = {} if out_dir is None else dump_stacks(procs, running, out_dir)
     for rank in running:
         procs[rank].kill()
     for p in procs:
@@ -250,7 +302,27 @@ def watch(procs: List[Any], readers: List[Any], timeout: float) -> Watched:
     for rank, reader in unread.items():  # sent just before the end; a killed writer's reader ends in EOF
         if reader.poll(0):
             _read(reader, rank, reports)
-    return Watched(reports, exits, running, time.monotonic() - started)
+    return Watched(reports, exits, running, time.monotonic() - started, stacks)
+
+
+def dump_stacks(procs: List[Any], ranks: List[int], out_dir: str) -> Dict[int, str]:
+    """The main-thread stacks of ``ranks`` (still running), each dumped on STACK_SIGNAL;
+    a rank that does not answer within STACK_WAIT seconds is left out."""
+    for rank in ranks:
+        try:
+            os.kill(procs[rank].pid, STACK_SIGNAL)
+        except ProcessLookupError:  # ended just now
+            pass
+    stacks: Dict[int, str] = {}
+    end = time.monotonic() + STACK_WAIT
+    while len(stacks) < len(ranks) and time.monotonic() < end:
+        time.sleep(0.05)
+        for rank in ranks:
+            path = stack_path(out_dir, rank)
+            stack = main_stack(path.read_text(errors="replace")) if path.exists() else ""
+            if stack:
+                stacks[rank] = stack
+    return stacks
 
 
 def _read(reader: Any, rank: int, reports: Dict[int, RankReport]) -> None:

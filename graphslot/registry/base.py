@@ -13,7 +13,7 @@ from ..spec.hooks import CaptureContext, FillContext
 from ..spec.live import context_factory, live_view
 from ..spec.model import RegistrySpec
 from ..spec.resolve import ResolvedSlot
-from .buffers import SharePool, allocate_buffer, allocate_staged
+from .buffers import SharePool, allocate_buffer, allocate_staged, refuse_shared_memory
 from .stepcheck import StepChecker
 
 
@@ -149,6 +149,13 @@ class SlotRegistry:
                 host, buffer = buffer
             self._slots[resolved.name] = Slot(resolved, buffer, hooks.get(resolved.name, {}), host)
         self.active: Tuple[Slot, ...] = tuple(s for s in self._slots.values() if s.enabled)
+        # a staged slot's two buffers are two to the identity check (one tensor for both: one)
+        owned = {
+            f"{s.name} (host)" if b is s.host and len(s.buffers()) == 2 else s.name: b
+            for s in self.active
+            for b in s.buffers()
+        }
+        refuse_shared_memory(spec.name, owned, pool, adopt)
         self.checker = StepChecker(spec.name, self.active, max_bs, max_num_tokens, strict)
         self.make_view = ViewMaker(self.view_names(), spec.name)
 

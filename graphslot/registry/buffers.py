@@ -11,7 +11,8 @@ from typing import Any, Dict, Mapping, Protocol, Tuple, runtime_checkable
 
 import torch
 
-from ..spec.errors import SlotError
+from ..spec.errors import SlotError, shorten
+from .stepcheck import describe, overlaps
 
 
 @runtime_checkable
@@ -44,9 +45,8 @@ class BufferPool:
         if first != init:
             shared = f"shared buffer ({tensor.numel()} x {tensor.dtype} on {tensor.device})"
             needs = f"was first registered with initial value {first!r}, this registry needs {init!r}"
-            raise SlotError(
-                f"slot '{name}': {shared} {needs}; give both the same pad value, or build one without share_pool"
-            )
+            fix = "give both the same pad value, or build this registry with a pool of its own (or buffers=None)"
+            raise SlotError(f"slot '{name}': {shared} {needs}; {fix}")
         return canonical.view(tensor.shape), False
 
     def __len__(self) -> int:
@@ -65,35 +65,15 @@ def refuse_strided(where: str, how: str, tensor: torch.Tensor) -> None:
         raise SlotError(f"{where}: {how}= holds a non-contiguous tensor ({layout}); {fix}")
 
 
-def adoptee(name: str, adopt: Any) -> Any:
-    """What ``buffers=`` holds for slot ``name``: an attribute, a mapping key or a dotted path; SlotError if nothing."""
-    value = adopt
-    for part in name.split("."):
-        value = value.get(part) if isinstance(value, dict) else getattr(value, part, None)
-        if value is None:
-            fix = "give it one, or declare the slot `adopt: never`"
-            raise SlotError(f"slot '{name}': buffers= has no tensor '{name}' to adopt; {fix}")
-    return value
-
-
-def check_adopted(name: str, tensor: Any, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
-    """``tensor`` if it can be slot ``name``'s buffer: a dense tensor of its shape and dtype; else SlotError."""
-    if not isinstance(tensor, torch.Tensor):
-        raise SlotError(f"slot '{name}': buffers= holds {type(tensor).__name__}, expected a torch.Tensor")
-    if tuple(tensor.shape) != tuple(shape) or tensor.dtype != dtype:
-        want, got = f"{list(shape)} dtype {dtype}", f"{list(tensor.shape)} dtype {tensor.dtype}"
-        raise SlotError(f"slot '{name}': cannot adopt the tensor: expected shape {want}, got shape {got}")
-    refuse_strided(f"slot '{name}'", "buffers", tensor)
-    return tensor
-
-
 def allocate_buffer(
     name: str, shape: tuple, dtype: torch.dtype, device, init_value=None, pool=None, adopt=None, pin: bool = False
 ):
     """A full-capacity buffer, adopted from ``adopt`` or pooled when asked; filled with ``init_value`` when
-    fresh (``pin``: in pinned host memory). Its address never changes afterwards."""
+    fresh (``pin``: in pinned host memory). What is adopted or pooled must have this shape, dtype and device. Its
+    address never changes afterwards."""
+    device = torch.device(device)
     if adopt is not None:
-        return check_adopted(name, adoptee(name, adopt), shape, dtype)  # already initialised by their owner
+        return check_adopted(name, adopted_tensor(name, adopt), shape, dtype, device)  # initialised by its owner
     try:
         buffer = torch.zeros(shape, dtype=dtype, device=device, pin_memory=pin)
     except (RuntimeError, MemoryError) as exc:  # out of memory: the type stays, the slot is named
@@ -102,20 +82,34 @@ def allocate_buffer(
         raise
     fresh = True
     if pool is not None:
-        buffer, fresh = pool.share(name, buffer, init_value)
+        buffer, fresh = pooled(name, buffer, init_value, pool)
     if fresh and init_value is not None:
         buffer.fill_(init_value)
     return buffer
 
 
+def check_adopted(name: str, tensor: torch.Tensor, shape: tuple, dtype: torch.dtype, device) -> torch.Tensor:
+    """``tensor`` if it can be slot ``name``'s buffer: dense, of its shape, dtype and device; else SlotError."""
+    if tuple(tensor.shape) != tuple(shape) or tensor.dtype != dtype:
+        want, got = f"{list(shape)} dtype {dtype}", f"{list(tensor.shape)} dtype {tensor.dtype}"
+        raise SlotError(f"slot '{name}': cannot adopt the tensor: expected shape {want}, got shape {got}")
+    if not _same_device(tensor.device, device):
+        where = f"expected device {device}, got {tensor.device}"
+        fix = f"pass a tensor on {device} (.to('{device}') gives one)"
+        raise SlotError(f"slot '{name}': cannot adopt the tensor: {where}; {fix}")
+    refuse_strided(f"slot '{name}'", "buffers", tensor)
+    return tensor
+
+
 def allocate_staged(name: str, shape: tuple, dtype: torch.dtype, device, init_value=None, pool=None, adopt=None):
     """A staged slot's ``(host, device)`` buffers: adopted (:func:`staged_tensors`), else allocated, the host one
     pinned when the device is CUDA (and pooled as ``'<name> (host)'``, never as the device one)."""
+    device = torch.device(device)
     if adopt is not None:
-        host, dev = staged_tensors(f"slot '{name}'", adoptee(name, adopt), torch.device(device))
-        checked = check_adopted(f"{name} (host)", host, shape, dtype)
-        return checked, checked if dev is host else check_adopted(name, dev, shape, dtype)
-    pin = torch.device(device).type == "cuda" and torch.cuda.is_available()
+        host, dev = staged_tensors(f"slot '{name}'", adopted_value(name, adopt), device)
+        checked = check_adopted(f"{name} (host)", host, shape, dtype, torch.device("cpu"))
+        return checked, checked if dev is host else check_adopted(name, dev, shape, dtype, device)
+    pin = device.type == "cuda" and torch.cuda.is_available()
     host = allocate_buffer(f"{name} (host)", shape, dtype, "cpu", init_value, pool, pin=pin)
     return host, allocate_buffer(name, shape, dtype, device, init_value, pool)
 
@@ -145,6 +139,93 @@ def staged_tensors(where: str, value: Any, device: torch.device) -> Tuple[torch.
     return host, host if same and host.device == dev.device else dev
 
 
+def adopted_tensor(name: str, adopt: Any) -> torch.Tensor:
+    """The tensor ``adopt`` holds for slot ``name`` (:func:`adopted_value`); a SlotError naming the slot when it
+    is not a tensor."""
+    tensor = adopted_value(name, adopt)
+    if not isinstance(tensor, torch.Tensor):
+        raise SlotError(f"slot '{name}': buffers= holds {type(tensor).__name__}, expected a torch.Tensor")
+    return tensor
+
+
+def adopted_value(name: str, adopt: Any) -> Any:
+    """What ``adopt`` holds for slot ``name`` (an attribute, a mapping key or a dotted path of them); a
+    SlotError naming the slot when there is nothing, or when looking it up raises."""
+    tensor = adopt
+    try:
+        for part in name.split("."):
+            tensor = tensor.get(part) if isinstance(tensor, Mapping) else getattr(tensor, part, None)
+            if tensor is None:
+                break
+    except Exception as exc:  # an engine object's own __getattr__ or property
+        raised = f"{type(exc).__name__}: {shorten(exc, quote=False)}"
+        fix = f"give buffers= a tensor '{name}', or declare the slot `adopt: never`"
+        raise SlotError(f"slot '{name}': looking up its tensor in buffers= raised {raised}; {fix}") from exc
+    if tensor is None:
+        fix = "give it one, or declare the slot `adopt: never`"
+        raise SlotError(f"slot '{name}': buffers= has no tensor '{name}' to adopt; {fix}")
+    return tensor
+
+
+def pooled(name: str, buffer: torch.Tensor, init_value: Any, pool: SharePool) -> Tuple[torch.Tensor, bool]:
+    """``pool.share``'s tensor for slot ``name`` and whether it is fresh; SlotError naming the pool and the slot
+    unless it has ``buffer``'s shape, dtype and device."""
+    try:
+        shared = pool.share(name, buffer, init_value)
+    except SlotError:
+        raise
+    except Exception as exc:
+        exc.add_note(f"graphslot: while sharing the buffer of slot '{name}' through the pool {type(pool).__name__}")
+        raise
+    tensor = shared[0] if isinstance(shared, tuple) and len(shared) == 2 else None
+    if not isinstance(tensor, torch.Tensor):
+        got = f"{describe(shared)}, expected (tensor, fresh)"
+    elif not fits(tensor, buffer.shape, buffer.dtype, buffer.device):
+        expected = layout(buffer.shape, buffer.dtype, buffer.device)
+        got = f"{layout(tensor.shape, tensor.dtype, tensor.device)}, expected {expected}"
+    else:
+        return tensor, shared[1]
+    fix = "a pool's share() must return a tensor of the shape, dtype and device it was given"
+    raise SlotError(f"slot '{name}': the pool {type(pool).__name__} returned {got}; {fix}")
+
+
+#: What to do when two slots' buffers share memory, by where the buffers came from.
+OWN_MEMORY = {
+    "adopted": "give each slot in buffers= a tensor of its own (views of one allocation must not overlap)",
+    "pool": "a pool must return a tensor of its own for each slot name"
+    " (gs.BufferPool shares by (name, numel, dtype, device), so only across registries)",
+    "bound": "bind a tensor of its own to each slot",
+}
+
+
+def refuse_shared_memory(spec_name: str, buffers: Mapping[str, torch.Tensor], pool: Any, adopt: Any) -> None:
+    """SlotError naming two slots whose buffers share memory (device and byte ranges, as strict mode judges a
+    source's aliasing): within one registry every slot has memory of its own. A pool shares across registries."""
+    order = {name: index for index, name in enumerate(buffers)}
+    pairs = [(sorted(found[:2], key=order.get), found[2]) for found in overlaps(buffers.items())]
+    if not pairs:
+        return
+    names, nbytes = min(pairs, key=lambda pair: (order[pair[0][1]], order[pair[0][0]]))  # the first in spec order
+    first, second = names
+    a = buffers[first]
+    b = buffers[second]
+    kind = "adopted" if adopt is not None else "pool" if pool is not None else "bound"
+    origin = {"adopted": "buffers= adopted", "pool": f"from the pool {type(pool).__name__}", "bound": "bound"}[kind]
+    if (a.data_ptr(), a.shape, a.stride(), a.dtype) == (b.data_ptr(), b.shape, b.stride(), b.dtype):
+        what = f"slots '{first}' and '{second}' were given the same tensor ({origin})"
+    else:
+        what = f"the buffers of slots '{first}' and '{second}' overlap ({nbytes} bytes on {a.device}, {origin})"
+    raise SlotError(f"spec '{spec_name}': {what}; every slot of a registry needs memory of its own: {OWN_MEMORY[kind]}")
+
+
+def fits(tensor: torch.Tensor, shape: tuple, dtype: torch.dtype, device: torch.device) -> bool:
+    return tuple(tensor.shape) == tuple(shape) and tensor.dtype == dtype and _same_device(tensor.device, device)
+
+
+def layout(shape: tuple, dtype: torch.dtype, device: torch.device) -> str:
+    return f"shape {list(shape)} {dtype} on {device}"
+
+
 def check_given_buffers(spec_name: str, slots, buffers: Any, device: torch.device) -> Dict[str, Any]:
     """``build(bind=...)``: a tensor of the resolved shape, dtype and device for every enabled slot (a staged one:
     its two, as :func:`staged_tensors` takes them), bound as it is; SlotError naming the first that does not fit."""
@@ -158,18 +239,18 @@ def check_given_buffers(spec_name: str, slots, buffers: Any, device: torch.devic
         at = f"spec '{spec_name}', slot '{slot.name}'"
         if slot.staged and value is not None:
             host, dev = staged_tensors(at, value, device)
-            pair = (_fits(f"{at} (host)", host, slot, torch.device("cpu")), _fits(at, dev, slot, device))
+            pair = (_bound(f"{at} (host)", host, slot, torch.device("cpu")), _bound(at, dev, slot, device))
             given[slot.name] = (pair[0], pair[0]) if dev is host else pair
         else:
-            given[slot.name] = _fits(at, value, slot, torch.device("cpu") if slot.host else device)
+            given[slot.name] = _bound(at, value, slot, torch.device("cpu") if slot.host else device)
     return given
 
 
-def _fits(at: str, tensor: Any, slot, where: torch.device) -> torch.Tensor:
+def _bound(at: str, tensor: Any, slot, where: torch.device) -> torch.Tensor:
     if not isinstance(tensor, torch.Tensor):
         raise SlotError(f"{at}: buffers= has {'no tensor' if tensor is None else type(tensor).__name__} for it")
-    if tuple(tensor.shape) != slot.shape or tensor.dtype != slot.dtype or not _same_device(tensor.device, where):
-        got = f"shape {list(tensor.shape)} {tensor.dtype} on {tensor.device}"
+    if not fits(tensor, slot.shape, slot.dtype, where):
+        got = layout(tensor.shape, tensor.dtype, tensor.device)
         raise SlotError(f"{at}: buffers= holds {got}, expected {list(slot.shape)} {slot.dtype} on {where}")
     refuse_strided(at, "bind", tensor)
     return tensor

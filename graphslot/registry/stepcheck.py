@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from typing import AbstractSet, Any, Iterable, Optional, Tuple
+from typing import AbstractSet, Any, Iterable, Iterator, Optional, Tuple
 
 import torch
 
@@ -183,17 +183,39 @@ def byte_extent(t: torch.Tensor) -> Tuple[int, int]:
     return start + low * item, start + (high + 1) * item
 
 
-def extent_tables(buffers: Iterable[Tuple[str, torch.Tensor]]) -> dict:
-    """Per device, the buffers' byte extents as ``(starts, reach)``: starts sorted, and with each the farthest
-    ``(end, name)`` so far, so which buffer a tensor's bytes overlap is one bisection."""
+def sorted_extents(buffers: Iterable[Tuple[str, torch.Tensor]]) -> dict:
+    """Per device, the buffers' non-empty byte extents as ``(start, end, name)``, in address order (ties in the
+    order given)."""
     by_device: dict = {}
     for name, buffer in buffers:
         start, end = byte_extent(buffer)
         if end > start:
             by_device.setdefault(buffer.device, []).append((start, end, name))
+    for extents in by_device.values():
+        extents.sort(key=lambda extent: extent[:2])
+    return by_device
+
+
+def extent_tables(buffers: Iterable[Tuple[str, torch.Tensor]]) -> dict:
+    """Per device, the buffers' byte extents as ``(starts, reach)``: starts sorted, and with each the farthest
+    ``(end, name)`` so far, so which buffer a tensor's bytes overlap is one bisection."""
     tables = {}
-    for device, extents in by_device.items():
-        extents.sort()
+    for device, extents in sorted_extents(buffers).items():
         reach = list(itertools.accumulate(((end, name) for _, end, name in extents), max))
         tables[device] = ([start for start, _, _ in extents], reach)
     return tables
+
+
+def overlaps(buffers: Iterable[Tuple[str, torch.Tensor]]) -> Iterator[Tuple[str, str, int]]:
+    """For each of ``buffers`` whose bytes overlap an earlier one's on its device (in address order), the earlier
+    one reaching farthest, itself and how many bytes they share. Meta tensors have no memory to share: left out."""
+    for device, extents in sorted_extents(buffers).items():
+        if device.type == "meta":
+            continue
+        (_, farthest, owner), *rest = extents
+        for start, end, name in rest:
+            if farthest > start:
+                yield owner, name, min(farthest, end) - start
+            if end > farthest:
+                farthest = end
+                owner = name

@@ -17,11 +17,13 @@ piecewise  ``torch.compile`` split at the adapter's split ops,   around each pie
 ``compile(fn)`` is what the runner calls inside its graph body instead of ``fn`` (the
 decode forward, the prefill layer stack): ``fn`` itself, or (piecewise) ``fn`` compiled
 to split at the split ops. ``capture(backend, run, warmup=, context=)`` captures one
-run of ``run``; ``context`` is the engine's factory of context managers (or None).
+run of ``run``; ``context`` is the engine's factory of context managers (or None),
+which the runner checks first (:func:`checked_context`).
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, ContextManager, Optional, Sequence, Tuple
 
 from ..graphs.backend import Graph, GraphBackend
@@ -90,3 +92,72 @@ def capture_mode(name: str, split_ops: Optional[Sequence[str]] = None) -> Any:
     if name == "piecewise":
         return PiecewiseCapture(split_ops or ())
     raise ValueError(f"unknown capture mode {name!r}; choose one of: {', '.join(CAPTURE_MODES)}")
+
+
+#: What ``capture_context=`` must be, for the errors that say it was not.
+CONTEXT_RULE = ("capture_context must be a zero-argument callable returning a fresh context manager each call (a "
+                "@contextlib.contextmanager function itself, sglang's graph_capture, lambda: my_context())")
+
+
+def _is_context_manager(value: Any) -> bool:
+    kind = type(value)
+    return hasattr(kind, "__enter__") and hasattr(kind, "__exit__")
+
+
+def _describe(value: Any) -> str:
+    return f"{type(value).__name__} {repr(value)[:80]}"
+
+
+def checked_context(factory: ContextFactory) -> ContextFactory:
+    """The engine's ``capture_context`` factory, checked now (a TypeError naming
+    ``capture_context`` when it is no zero-argument callable, or is a context manager
+    object rather than a factory of them) and at each call (:class:`_CheckedContext`)."""
+    if factory is None:
+        return None
+    if not callable(factory) or (not isinstance(factory, type) and _is_context_manager(factory)):
+        raise TypeError(f"{CONTEXT_RULE}; got {_describe(factory)}")
+    try:
+        inspect.signature(factory).bind()
+    except TypeError:
+        raise TypeError(f"{CONTEXT_RULE}; got {_describe(factory)}, which needs arguments") from None
+    except ValueError:  # no signature to read (a builtin): the first call tells
+        pass
+    return _CheckedContext(factory)
+
+
+class _CheckedContext:
+    """A ``capture_context`` factory whose every result is checked: a context manager
+    (else a TypeError naming ``capture_context``), and, when it is the very object an
+    earlier call returned, one that can be entered again (a ``@contextmanager`` object
+    cannot: a TypeError saying so instead of its own ``AttributeError``)."""
+
+    def __init__(self, factory: Callable[[], ContextManager[Any]]):
+        self.factory = factory
+        self._last: Any = None
+
+    def __call__(self) -> ContextManager[Any]:
+        made = self.factory()
+        if not _is_context_manager(made):
+            raise TypeError(f"capture_context() returned {_describe(made)}, not a context manager; {CONTEXT_RULE}")
+        again = made is self._last
+        self._last = made
+        return _Reentered(made) if again else made
+
+
+class _Reentered:
+    """A context manager ``capture_context`` returned before: entered through this, so a
+    one-shot one fails with an error naming ``capture_context``."""
+
+    def __init__(self, inner: ContextManager[Any]):
+        self.inner = inner
+
+    def __enter__(self) -> Any:
+        try:
+            return self.inner.__enter__()
+        except Exception as exc:
+            raise TypeError(f"capture_context() returned the same {type(self.inner).__name__} object as at an earlier "
+                            f"capture, and entering it again failed ({type(exc).__name__}: {exc}): it can be entered "
+                            f"once only (as a @contextmanager one); {CONTEXT_RULE}") from exc
+
+    def __exit__(self, *exc_info: Any) -> Any:
+        return self.inner.__exit__(*exc_info)

@@ -36,6 +36,8 @@ class GraphRunnerConfig:
     graph_pool: Any = None
     #: A zero-argument factory of context managers entered around every capture: once per
     #: graph under "full", once per segment or piece otherwise (sglang's ``graph_capture()``).
+    #: Each call returns a fresh context manager (or one that can be entered again); the
+    #: runner checks it (:func:`~graphslot.runners.capture.checked_context`).
     capture_context: Optional[Callable[[], ContextManager[Any]]] = None
     #: The registry's implementation: "generated", "interpreted" or a generated module.
     impl: Any = "generated"

@@ -106,6 +106,8 @@ class PreparedReplay(NamedTuple):
     needed: Optional[int]
     #: The context bucket replayed; None without buckets.
     context: Optional[int] = None
+    #: The runner's :attr:`~graphslot.runners.phase.PhaseRunner.generation` when staged.
+    generation: int = 0
 
 
 class DecodeGraphRunner(PhaseRunner):
@@ -151,6 +153,8 @@ class DecodeGraphRunner(PhaseRunner):
         check_slice_output(adapter)
         adapter.init_graph_state(max_bs, max_bs * self.k)
         self.shared_outputs = SharedOutputs(max_bs, max_bs * self.k) if config.share_outputs else None
+        self.guard = (ReplayGuard(lambda: runner_tensors(self.registry, adapter))
+                      if guard_wanted(config.guard) else None)
         if not (config.lazy or defer_capture):
             self._capture_keys(self.graph_keys)
         #: Counters of replays, padding and eager fallbacks (``metrics()``), and the raw
@@ -160,8 +164,6 @@ class DecodeGraphRunner(PhaseRunner):
         self.eager_log = PerReason(log)
         self._eager_message = f"decode step ran eager: %s (%d rows needed; captured sizes {describe_sizes(self.dispatch.sizes)})"
         self._observers: Tuple[StepObserver, ...] = ()
-        self.guard = (ReplayGuard(lambda: runner_tensors(self.registry, adapter))
-                      if guard_wanted(config.guard) else None)
 
     @property
     def captured_sizes(self) -> List[int]:
@@ -334,25 +336,38 @@ class DecodeGraphRunner(PhaseRunner):
     def _prepare(self, fb: Any, raw_bs: int, needed: int, context: Optional[int], count: bool) -> PreparedReplay:
         adapter, reg, k = self.adapter, self.registry, self.k
         bs = self.dispatch.pad(needed)
-        graph = self.graph(bs, context)  # before the fill: a lazy capture fills the buffers with its dummy batch
-        if context is not None:
-            adapter.set_context_bucket(context)
-        reg.fill_from(fb, raw_bs=raw_bs, padded_bs=bs, raw_num_tokens=raw_bs * k, padded_num_tokens=bs * k, side_inputs=self._side)
-        if self._observers:
-            for observer in self._observers:
-                observer.after_fill(raw_bs, bs)
-        view = reg.extract(fb, padded_bs=bs, padded_num_tokens=bs * k)
-        self._set_dp(view, bs * k)
-        with torch.no_grad():
-            adapter.init_replay_metadata(bs, view, fb)
-        if self.guard is not None:
-            self.guard.check()
-        return PreparedReplay(graph, raw_bs, bs, needed if count else None, context)
+        self.steps_in_progress += 1  # from here to the staged step, release() and recapture() refuse
+        try:
+            graph = self.graph(bs, context)  # before the fill: a lazy capture fills the buffers with its dummy batch
+            if context is not None:
+                adapter.set_context_bucket(context)
+            reg.fill_from(fb, raw_bs=raw_bs, padded_bs=bs, raw_num_tokens=raw_bs * k, padded_num_tokens=bs * k,
+                          side_inputs=self._side)
+            if self._observers:
+                for observer in self._observers:
+                    observer.after_fill(raw_bs, bs)
+            view = reg.extract(fb, padded_bs=bs, padded_num_tokens=bs * k)
+            self._set_dp(view, bs * k)
+            with torch.no_grad():
+                adapter.init_replay_metadata(bs, view, fb)
+            if self.guard is not None:
+                self.guard.check()
+        finally:
+            self.steps_in_progress -= 1
+        return PreparedReplay(graph, raw_bs, bs, needed if count else None, context, self.generation)
 
     def launch(self, step: PreparedReplay) -> Any:
-        """Replay a step :meth:`prepare` staged; its outputs, as :meth:`replay` returns them."""
-        graph, raw_bs, bs, needed, context = step
-        graph.replay()
+        """Replay a step :meth:`prepare` staged; its outputs, as :meth:`replay` returns them.
+        A RuntimeError when the runner was released or recaptured since (prepare it again)."""
+        graph, raw_bs, bs, needed, context, generation = step
+        if generation != self.generation:
+            raise RuntimeError("this step was prepared before a release() or recapture(): its graph and buffers are "
+                               "stale; prepare it again")
+        self.steps_in_progress += 1  # eager segments and split ops run engine code during the replay
+        try:
+            graph.replay()
+        finally:
+            self.steps_in_progress -= 1
         if needed is not None:
             self.stats.replayed(raw_bs, bs, needed, context)
         k = self.k

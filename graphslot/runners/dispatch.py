@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import bisect
 import operator
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 from ..planning.planner import default_ladder
 
@@ -42,22 +42,52 @@ def other_forward_mode(num_tokens_per_bs: int) -> str:
     return f"not {num_tokens_per_bs} token(s) per request (another forward mode)"
 
 
+def positive_ints(where: str, values: Any) -> List[int]:
+    """``values`` (a sequence) as ints, each checked: a TypeError naming ``where`` and the
+    value for one that is not an int (a float, a bool, a string), a ValueError for one
+    below 1. Order and duplicates are kept."""
+    if isinstance(values, (str, bytes)):
+        raise TypeError(f"{where} must be a sequence of ints, got {type(values).__name__} {values!r}")
+    try:
+        items = list(values)
+    except TypeError:
+        raise TypeError(f"{where} must be a sequence of ints, got {type(values).__name__} {values!r}") from None
+    for value in items:
+        if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+            raise TypeError(f"{where} must hold ints, got {value!r} ({type(value).__name__}) in {items!r}")
+    ints = [operator.index(value) for value in items]
+    for value in ints:
+        if value < 1:
+            raise ValueError(f"{where} must be ints >= 1, got {value} in {ints}")
+    return ints
+
+
 def capture_sizes(
     max_bs: int,
     explicit: Optional[Sequence[int]] = None,
     multiple: Optional[int] = None,
     max_requests: Optional[int] = None,
+    *,
+    name: str = "capture_bs",
 ) -> List[int]:
-    """Sizes to capture, largest first (so the largest graph sizes the shared pool).
+    """Sizes to capture, largest first (so the largest graph sizes the shared pool),
+    duplicates merged.
 
-    A default schedule also gets its cap itself, so every batch up to the cap runs;
-    sizes beyond the request pool can never be filled and are dropped.
+    A default schedule also gets its cap itself, so every batch up to the cap runs.
+    Explicit sizes (``name``: the argument they came from, for errors) must be ints from
+    1 to ``max_bs`` (a TypeError or ValueError naming the value otherwise); those beyond
+    the request pool can never be filled and are dropped.
     """
     cap = max_bs if max_requests is None else min(max_bs, max_requests)
     if explicit is None:
         sizes = default_ladder(cap)
     else:
-        sizes = [bs for bs in explicit if 1 <= bs <= cap]
+        sizes = positive_ints(name, explicit)
+        beyond = [bs for bs in sizes if bs > max_bs]
+        if beyond:
+            raise ValueError(f"{name} {sizes}: {beyond[0]} is beyond max_bs {max_bs} (no batch that large runs a "
+                             f"graph): drop it, or raise max_bs")
+        sizes = [bs for bs in sizes if bs <= cap]
     if multiple:
         sizes = [bs for bs in sizes if bs % multiple == 0]
     if not sizes:

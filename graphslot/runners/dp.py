@@ -45,8 +45,9 @@ phases, and everything of the runner's own that can fail comes before its one co
   the fill's own checks, none of which depends on the padded size); a batch no graph
   runs gets its eager reason; an idle rank makes and checks its dummy batch. Nothing is
   written but a fresh ``global_num_tokens_cpu`` list on the batch.
-- *exchange*: the one all-gather of a steady step, four ints a rank: the counts and
-  flags above and whether the check raised. When any rank's did, every rank raises
+- *exchange*: the one all-gather of a steady step, six ints a rank: the call and
+  lifecycle generation (below), the counts and flags above and whether the check
+  raised. When any rank's did, every rank raises
   :class:`DPStepError` naming the failing rank(s) and each one's own error (the
   messages are gathered only then, in a second collective off the steady path).
 - *run*: every rank computes the same answer, fills the batch's
@@ -77,6 +78,13 @@ ready for the next step: all ranks may go on with their next step (the failed st
 batches ran nowhere; the engine retries or drops them) or all stop. Both are consistent;
 what is not is some going on while others stop: those wait in the next exchange for
 ranks that never come (a launcher's timeout ends that).
+
+Lifecycle: :meth:`DPDecodeRunner.release` and :meth:`DPDecodeRunner.recapture` are
+collective calls, which every rank makes between the same two steps (the rank's own
+``runner.release()`` and ``recapture()`` refuse). Each is an exchange of a step's shape
+whose first two ints, in a step's too, say what the rank calls and its lifecycle
+generation: ranks that differ raise :class:`DPStepError` on every rank naming the odd
+one(s), before any releases, captures or steps; a steady step stays at one collective.
 """
 
 from __future__ import annotations
@@ -102,6 +110,11 @@ from .guard import guard_wanted
 MAX_ERROR_CHARS = 2000
 #: The end of a step's DPStepError: what the ranks may do next.
 AFTER_A_STEP_ERROR = ", and no rank ran this step: all may go on with their next step, or all stop"
+#: What a rank calls at an exchange, by the code it sends first.
+CALLS = ("a step", "release()", "recapture()")
+#: The end of the DPStepError of ranks that differ in their call or their graphs' lifecycle.
+AFTER_A_LIFECYCLE_ERROR = (", and no rank ran its call: release() and recapture() on a DP runner are collective, "
+                           "every rank calls them between the same two steps; all may go on, or all stop")
 
 
 def _all_gather_into(out: torch.Tensor, mine: torch.Tensor, group: Any) -> None:
@@ -147,12 +160,14 @@ class DPExchange:
         self.size = dist.get_world_size(self.group)
         self.device = torch.device(device)
 
-    def __call__(self, num_tokens: int, can_run: bool, failed: bool = False, longest: int = 0
-                 ) -> Tuple[List[int], List[bool], List[bool], List[int]]:
-        """Every rank's token count, can-run flag, failed flag and longest context."""
-        rows = self._gather_ints([num_tokens, int(can_run), int(failed), longest])
-        return ([row[0] for row in rows], [bool(row[1]) for row in rows], [bool(row[2]) for row in rows],
-                [row[3] for row in rows])
+    def __call__(self, num_tokens: int, can_run: bool, failed: bool = False, longest: int = 0, *, call: int = 0,
+                 generation: int = 0) -> Tuple[List[int], List[bool], List[bool], List[int]]:
+        """Every rank's token count, can-run flag, failed flag and longest context; first
+        :func:`check_calls` on what each calls (``call``, in :data:`CALLS`) and its ``generation``."""
+        rows = self._gather_ints([call, generation, num_tokens, int(can_run), int(failed), longest])
+        check_calls([row[0] for row in rows], [row[1] for row in rows], self.rank)
+        return ([row[2] for row in rows], [bool(row[3]) for row in rows], [bool(row[4]) for row in rows],
+                [row[5] for row in rows])
 
     def failed(self, mine: bool) -> List[bool]:
         """Every rank's failed flag: one int a rank."""
@@ -177,6 +192,19 @@ class DPExchange:
         told = self.gather_objects(None if error is None else describe_error(error))
         failures = {r: told[r] or ("Error", "(no message)") for r, bad in enumerate(failed) if bad}
         raise DPStepError(failures, self.rank, where, after) from error
+
+
+def check_calls(calls: List[int], generations: List[int], rank: int) -> None:
+    """Raise :class:`DPStepError`, the same on every rank (all hold these lists), naming
+    the ranks whose call (:data:`CALLS`), else whose lifecycle generation, is not most ranks'."""
+    for values, say in ((calls, lambda v: f"called {CALLS[v]}"),
+                        (generations, lambda v: f"had its graphs released or recaptured {v} time(s)")):
+        if len(set(values)) > 1:
+            usual = min(set(values), key=lambda v: (-values.count(v), v))  # on a tie: a step, or the fewest
+            others = ", ".join(str(r) for r, v in enumerate(values) if v == usual)
+            failures = {r: ("RuntimeError", f"it {say(v)} while rank(s) {others} {say(usual)}")
+                        for r, v in enumerate(values) if v != usual}
+            raise DPStepError(failures, rank, "agreeing on what to call", AFTER_A_LIFECYCLE_ERROR)
 
 
 def buffer_params(spec: RegistrySpec) -> List[str]:
@@ -275,6 +303,9 @@ class DPDecodeRunner:
             raise SlotError(f"DP ranks disagree on {'; '.join(differ)}: every rank must build its runner alike "
                             "(captured sizes, settings, slot spec and buffer params), or their captures and steps "
                             "run different collectives, which hang or abort; nothing was captured")
+        runner.lifecycle_owner = ("its DPDecodeRunner owns it, whose ranks release and recapture together: call "
+                                  "release() or recapture() on the DPDecodeRunner, on every rank between the same "
+                                  "two steps")
         if not config.lazy:
             runner.capture_all()
         self.runner, self.exchange = runner, exchange
@@ -306,18 +337,43 @@ class DPDecodeRunner:
             return None
         return dispatch.pad(needed)
 
+    # -- lifecycle -------------------------------------------------------------------
+    def release(self) -> None:
+        """``runner.release()`` on every rank: a collective call (see the module's doc)."""
+        self._agree_on("release()")
+        self.runner.release_graphs()
+
+    def recapture(self) -> None:
+        """``runner.recapture()`` on every rank: a collective call (see the module's doc)."""
+        self._agree_on("recapture()")
+        self.runner.recapture_graphs()
+
+    def _agree_on(self, call: str) -> None:
+        self.runner.check_lifecycle_call(call, owner=True)  # in a step: this rank's error alone, as a hook's
+        self.exchange(0, False, call=CALLS.index(call), generation=self.runner.generation)
+
+    # -- steps -----------------------------------------------------------------------
     def __call__(self, fb: Any) -> Optional[Any]:
         """This rank's outputs (its rows only), or None when idle or when every rank is.
         Raises :class:`DPStepError` on every rank when any rank's batch failed the checks
-        before the exchange."""
+        before the exchange, or a rank called :meth:`release` or :meth:`recapture` instead."""
+        self.runner.steps_in_progress += 1  # the whole step: a hook's release() or recapture() is refused
+        try:
+            return self._step(fb)
+        finally:
+            self.runner.steps_in_progress -= 1
+
+    def _step(self, fb: Any) -> Optional[Any]:
         self.steps += 1
         where = f"at DP step {self.steps}"
         try:
             mine, error = self._check(fb), None
         except Exception as exc:  # noqa: BLE001 -- whatever it is, every rank must hear of it
             mine, error = None, exc
-        counts, flags, failed, contexts = (self.exchange(0, False, True) if mine is None else
-                                           self.exchange(mine.num_tokens, mine.runnable, False, mine.longest))
+        generation = self.runner.generation
+        counts, flags, failed, contexts = (
+            self.exchange(0, False, True, generation=generation) if mine is None else
+            self.exchange(mine.num_tokens, mine.runnable, False, mine.longest, generation=generation))
         self.exchange.settle(error, failed, f"{where}, before the exchange", AFTER_A_STEP_ERROR)
         mine.counts[:] = counts  # the batch's global_num_tokens_cpu: fresh every step, never stale
         padded = self.agree(counts, flags, max(contexts))

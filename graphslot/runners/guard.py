@@ -8,6 +8,11 @@ adapter declares static and compares its data pointer, shape and dtype with what
 were at capture; a difference raises :class:`ReplayGuardError` naming the tensor,
 logged first at WARNING (``graphslot.runners.guard``).
 
+The snapshot is taken again whenever the runner captures with no graph left from
+before: at construction (or the first lazy capture), at ``recapture()`` (after a weight
+reload, say) and at the first capture after ``release()``. A lazy capture beside graphs
+captured earlier keeps it: those graphs still read what it holds.
+
 On with ``GRAPHSLOT_DEBUG=1`` or ``DecodeRunnerConfig(guard=True)``; it costs one
 ``data_ptr()`` and two comparisons per tensor per replay (``benchmarks/bench_guard.py``).
 """
@@ -59,15 +64,20 @@ def _describe(sig: Tuple[int, torch.Size, torch.dtype]) -> str:
 
 
 class ReplayGuard:
-    """Snapshot at construction (right after capture); :meth:`check` before each replay."""
+    """Snapshot at construction and at each :meth:`refresh` (right after capture);
+    :meth:`check` before each replay."""
 
     def __init__(self, tensors: Callable[[], Iterable[Named]]):
         self._tensors = tensors
         self._names: List[str] = []
         self._expected: List[Tuple[int, torch.Size, torch.dtype]] = []
-        for name, t in tensors():
-            self._names.append(name)
-            self._expected.append(_signature(t))
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Take the snapshot again: what graphs captured from now on read."""
+        named = list(self._tensors())
+        self._names = [name for name, _ in named]
+        self._expected = [_signature(t) for _, t in named]
 
     def check(self) -> None:
         seen = [(name, _signature(t)) for name, t in self._tensors()]

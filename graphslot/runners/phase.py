@@ -14,7 +14,12 @@ engine's capture context, the capture loop, lazy capture and the lifecycle:
 
 Both keep every static input buffer where it is and first reset the index-semantic
 ones (``index: true`` slots, which the spec pads with ``zero``): what they held may
-index a KV pool, request pool or rope table that has changed since.
+index a KV pool, request pool or rope table that has changed since. Both are for
+between steps: called while a step runs (from an adapter hook, a step observer, the
+forward) they raise, as the step has fetched its graph and filled its buffers already
+(:attr:`PhaseRunner.steps_in_progress`); a runner whose lifecycle another owns (the DP
+runner's, which every rank must call alike) refuses them too, saying what to call.
+Each bumps :attr:`PhaseRunner.generation`.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from ..graphs.backend import Graph, GraphBackend, get_graph_backend
 from ..graphs.util import no_collection
 from ..log import progress_bar
 from ..spec.kinds import INDEX_SKIP
-from .capture import capture_mode
+from .capture import capture_mode, checked_context
 from .config import GraphRunnerConfig
 from .report import CaptureTimer, describe_keys
 
@@ -45,6 +50,9 @@ class PhaseRunner:
     key_words = ("batch size", "context buckets")
     config: GraphRunnerConfig
     registry: Any
+    #: The replay guard (:mod:`.guard`; decode, when on), re-armed whenever graphs are
+    #: captured with none before (construction, recapture, after release); None: off.
+    guard: Optional[Any] = None
 
     def _init_graphs(self, config: GraphRunnerConfig, adapter_split_ops: Optional[Sequence[str]]) -> None:
         if config.warmup_sizes not in ("all", "largest"):
@@ -53,6 +61,7 @@ class PhaseRunner:
         self.backend: GraphBackend = get_graph_backend(config.backend, self.device, pool=config.graph_pool)
         #: How a graph is made (:mod:`graphslot.runners.capture`).
         self.capture_mode = capture_mode(config.capture, config.split_ops or adapter_split_ops)
+        self._capture_context = checked_context(config.capture_context)
         #: Captured graphs by key (lazy: those captured so far).
         self.graphs: Dict[Any, Graph] = {}
         #: True after :meth:`release` (not lazy): steps run eager until :meth:`recapture`.
@@ -60,6 +69,14 @@ class PhaseRunner:
         self._released_keys: List[Key] = []
         #: Seconds spent capturing (lazy: so far).
         self.capture_seconds = 0.0
+        #: Steps whose host part is running (fetching the graph to replaying it): release()
+        #: and recapture() refuse while it is not 0. A count: a DP step holds one around its own.
+        self.steps_in_progress = 0
+        #: Bumped by every release() and recapture(): a step staged before one is stale.
+        self.generation = 0
+        #: Set by whatever owns this runner's lifecycle (the DP runner): what to call
+        #: instead of release() and recapture(), which are then refused.
+        self.lifecycle_owner: Optional[str] = None
 
     @property
     def graph_pool(self) -> Any:
@@ -84,7 +101,7 @@ class PhaseRunner:
     def _capture(self, backend: GraphBackend, run: Any, warmup: int) -> Graph:
         """``run`` captured by the capture mode on ``backend`` (the engine's capture
         context entered on the runner's own backend only)."""
-        context = self.config.capture_context if backend is self.backend else None
+        context = self._capture_context if backend is self.backend else None
         return self.capture_mode.capture(backend, run, warmup=warmup, context=context)
 
     def _warmup(self) -> int:
@@ -104,11 +121,14 @@ class PhaseRunner:
         """Capture ``keys`` in order (largest first); seconds taken."""
         bar = progress_bar(keys, show=self.config.progress, desc=f"Capturing {self.phase} graphs", unit="graph",
                            leave=False)
+        first = not self.graphs  # no graph read the tensors as they were before: the guard's snapshot is now
         with self._timer(keys) as timer, no_collection():  # one full collection for all keys, not one per graph
             for a, b in bar:
                 self.graphs[self._key(a, b)] = self._capture_one(a, b)
                 timer.count += 1
         self.capture_seconds += timer.seconds
+        if first and self.guard is not None:
+            self.guard.refresh()
         return timer.seconds
 
     def graph(self, a: int, b: Optional[int] = None) -> Graph:
@@ -140,22 +160,46 @@ class PhaseRunner:
             for buffer in slot.buffers() if index else ():
                 buffer.fill_(slot.resolved.pad_value if index == INDEX_SKIP else 0)
 
+    def check_lifecycle_call(self, call: str, *, owner: bool = False) -> None:
+        """Raise when ``call`` (``"release()"``, ``"recapture()"``) may not run now: a step
+        is in progress, or (``owner`` False) another object owns the lifecycle."""
+        if self.steps_in_progress:
+            raise RuntimeError(
+                f"{call} was called during a {self.phase} step (from an adapter hook such as init_replay_metadata, "
+                f"a step observer, or the forward): the step has fetched its graph and filled its buffers, which "
+                f"{call} would drop or overwrite before the replay; call {call} between steps")
+        if self.lifecycle_owner is not None and not owner:
+            raise RuntimeError(f"{call} on this {self.phase} runner: {self.lifecycle_owner}")
+
     def release(self) -> None:
         """Drop every graph and give the backend's own pool memory back (a pool the engine
         gave is the engine's to empty). Steps then run eager, or, ``lazy``, capture again
-        on demand. The static input buffers stay where they are."""
+        on demand. The static input buffers stay where they are. Between steps only
+        (:meth:`check_lifecycle_call`)."""
+        self.check_lifecycle_call("release()")
+        self.release_graphs()
+
+    def recapture(self) -> None:
+        """Capture the keys captured so far (or before :meth:`release`) again, after the
+        weights, a LoRA or the KV cache changed; the static input buffers stay where they
+        are. Nothing captured yet (lazy): nothing to do. Between steps only
+        (:meth:`check_lifecycle_call`)."""
+        self.check_lifecycle_call("recapture()")
+        self.recapture_graphs()
+
+    def release_graphs(self) -> None:
+        """:meth:`release` once allowed (for the lifecycle's owner, which checks first)."""
         if self.graphs:
             self._released_keys = [self._pair(k) for k in self.graphs]
+        self.generation += 1
         self.reset_index_buffers()
         self.graphs.clear()
         self.backend.release()
         self.released = not self.config.lazy
 
-    def recapture(self) -> None:
-        """Capture the keys captured so far (or before :meth:`release`) again, after the
-        weights, a LoRA or the KV cache changed; the static input buffers stay where they
-        are. Nothing captured yet (lazy): nothing to do."""
+    def recapture_graphs(self) -> None:
+        """:meth:`recapture` once allowed (for the lifecycle's owner, which checks first)."""
         keys = [self._pair(k) for k in self.graphs] or self._released_keys
-        self.release()
+        self.release_graphs()
         self._capture_keys(keys)
         self.released = False

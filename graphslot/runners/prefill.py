@@ -29,7 +29,7 @@ from ..spec.errors import SlotError
 from .batch import check_dummy_batch, describe_dummy
 from .config import GraphRunnerConfig, runner_config
 from .contract import check_adapter, statics
-from .dispatch import capture_sizes
+from .dispatch import capture_sizes, positive_ints
 from .phase import RELEASED, PhaseRunner
 from .prefill_adapter import PrefillAdapter, resolve_layer_stack
 
@@ -51,13 +51,15 @@ def default_token_buckets(max_num_tokens: int) -> List[int]:
 
 
 def token_buckets(max_num_tokens: int, explicit: Optional[Sequence[int]] = None) -> List[int]:
-    """Buckets to capture, largest first; a default schedule also gets its cap."""
+    """Buckets to capture, largest first, duplicates merged; a default schedule also gets
+    its cap. Explicit buckets must be ints >= 1 (a TypeError or ValueError naming
+    ``token_buckets`` and the value otherwise); ``max_num_tokens`` caps only the default."""
     if explicit is None:
         sizes = default_token_buckets(max_num_tokens)
         if max_num_tokens >= 1 and max_num_tokens not in sizes:
             sizes.append(max_num_tokens)
     else:
-        sizes = [n for n in explicit if n >= 1]
+        sizes = positive_ints("token_buckets", explicit)
     if not sizes:
         raise ValueError(f"no token bucket to capture (max_num_tokens={max_num_tokens}, buckets={explicit})")
     return sorted(set(int(n) for n in sizes), reverse=True)
@@ -100,8 +102,9 @@ class PrefillGraphRunner(PhaseRunner):
                                        params=params, impl=config.impl, max_bytes=config.max_bytes)
         self._init_graphs(config, adapter.split_ops)
         #: ``capture="full"``: the request-slot counts a graph is keyed by, largest first; None otherwise.
-        self.request_buckets: Optional[List[int]] = (
-            capture_sizes(self.max_bs, config.request_buckets) if self.capture_mode.name == "full" else None)
+        self.request_buckets: Optional[List[int]] = None
+        if self.capture_mode.name == "full":
+            self.request_buckets = capture_sizes(self.max_bs, config.request_buckets, name="request_buckets")
         self._requests_ascending = sorted(self.request_buckets or [self.max_bs])
         #: What every graph runs: the layer stack, or (piecewise) it compiled to split at the split ops.
         self.captured_fn = self.capture_mode.compile(self.stack)
@@ -186,14 +189,19 @@ class PrefillGraphRunner(PhaseRunner):
         bs, raw = adapter.batch_size(fb), adapter.num_tokens(fb)
         n, requests = self.bucket(fb), self.request_slots(fb)
         rows = bs if requests is None else requests
-        graph = self.graph(n, requests)  # before the fill: a lazy capture fills the buffers with its dummy batch
+        self.steps_in_progress += 1  # from the graph's fetch to its replay, release() and recapture() refuse
+        try:
+            graph = self.graph(n, requests)  # before the fill: a lazy capture fills the buffers with its dummy batch
+            with torch.no_grad():
+                reg.fill_from(fb, raw_bs=bs, padded_bs=rows, raw_num_tokens=raw, padded_num_tokens=n,
+                              side_inputs=self._side)
+                view = reg.extract(fb, padded_bs=rows, padded_num_tokens=n)
+                view.input_embeds[:raw].copy_(adapter.embed(fb))
+                self.prepare_replay(n, view, fb)
+                graph.replay()
+        finally:
+            self.steps_in_progress -= 1
         with torch.no_grad():
-            reg.fill_from(fb, raw_bs=bs, padded_bs=rows, raw_num_tokens=raw, padded_num_tokens=n,
-                          side_inputs=self._side)
-            view = reg.extract(fb, padded_bs=rows, padded_num_tokens=n)
-            view.input_embeds[:raw].copy_(adapter.embed(fb))
-            self.prepare_replay(n, view, fb)
-            graph.replay()
             return adapter.logits(graph.output[:raw], fb)
 
     def __call__(self, fb: Any) -> Any:

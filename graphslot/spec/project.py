@@ -77,8 +77,11 @@ def path_escape(root: Path, value: str, what: str = "a directory") -> Optional[s
     """Why ``value`` (relative to ``root``) does not name ``what`` inside the project, symbolic links followed
     (None when it does): nothing is read or written outside the project a pyproject.toml belongs to."""
     root = root.resolve()
-    out = (root / value).resolve()
     inside = f"it must name {what} inside the directory of pyproject.toml"
+    try:
+        out = (root / value).resolve()
+    except (OSError, RuntimeError):  # RuntimeError: a loop, before Python 3.13
+        return f"{_shown(value)} cannot be resolved (a loop of symbolic links); {inside}"
     return None if root in out.parents else f"{_shown(value)} resolves to {out}, outside the project ({root}); {inside}"
 
 

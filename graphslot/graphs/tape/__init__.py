@@ -1,10 +1,13 @@
 """The ``cpu`` graph backend: CUDA-graph semantics on the CPU.
 
 Capture runs the callable once under a TorchDispatchMode that records every
-ATen op with its tensors *by reference*. Replay re-runs the recorded ops on
-those same tensors and writes each result into the tensor the op produced at
-capture, so every address stays fixed and Python control flow, Python scalars
-and shapes are frozen at capture -- exactly what a CUDA graph does. It is not a
+ATen op with its tensors, each pinned to the storage, shape, stride and offset
+it had when the op ran (an alias of that memory, taken at record time). Replay
+re-runs the recorded ops on that memory and writes each result into the tensor
+the op produced at capture, so every address stays fixed -- rebinding a tensor
+later (``p.data = new``) does not reach the graph, writing into it does -- and
+Python control flow, Python scalars and shapes are frozen at capture -- exactly
+what a CUDA graph does. It is not a
 re-run of the Python function, so runner bugs that only a GPU graph would show
 (stale inputs, values read on the host, data-dependent shapes, host data copied
 in) show up in CPU tests too.
@@ -87,6 +90,28 @@ unsupported-op          sparse and other layouts may capture       any op on a t
                                                                    strided, or that the tape cannot record,
                                                                    raises GraphCaptureError naming the op
                                                                    (stricter)
+poisoned-capture        an op that fails stream capture            the same: the first GraphCaptureError
+                        invalidates it: the callable catching the  fails the capture at ``end`` even if the
+                        error does not save the capture, which     callable caught it
+                        fails at its end
+frozen-python           Python runs once, at capture: its          the same: replay re-runs the recorded ops,
+                        branches, Python scalars and which tensor  not the function
+                        a name or attribute holds are baked in
+capture-allocations     memory allocated in a capture is the       the same (and no other graph writes there:
+                        graph's, at fixed addresses:               see ``memory-pool``)
+                        ``torch.empty`` runs no kernel (replay
+                        leaves what the last replay wrote); fills
+                        (``zeros``, ``full``, ``arange``) and
+                        results are rewritten by every replay,
+                        outputs in place
+rebound-tensor          a graph reads the memory each tensor had   the same, for a tensor an op got itself
+                        at capture: ``p.data = new`` after it      (an embedding's Parameter), through a view
+                        (what weight loaders do) is not seen,      (``weight.t()`` in a linear layer), as a
+                        in-place writes (``p.copy_(new)``,         buffer or from a closure: each is pinned
+                        ``p.data.copy_(new)``) are; a new capture  at record time to its storage, size,
+                        (``recapture()``) reads the new tensor.    stride and offset; the old storage is kept
+                        Once nothing holds the old storage,        alive, so replay reads the old values
+                        replay reads freed memory                  (laxer)
 memory-pool             the graphs of a backend share one pool:    nothing is freed or shared: every tensor
                         memory freed during capture is reused,     keeps its own memory, so a replay never
                         so replaying one graph may overwrite       overwrites another graph's tensors

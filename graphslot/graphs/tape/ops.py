@@ -1,5 +1,6 @@
 """What the tape knows of an ATen op: its kind (what replay does with it), its check, and
-the record of one call; and the walks over the tensors of op arguments.
+the record of one call, its tensors pinned to the memory they had (:class:`Pins`); and
+the walks over the tensors of op arguments.
 
 Kinds: ``alloc`` (no kernel: nothing to replay), ``scalar`` (0-dim host data, a
 constant of the graph), ``view`` (aliases, no kernel), ``mutate`` (writes an input:
@@ -64,15 +65,49 @@ def op_info(func: torch._ops.OpOverload) -> OpInfo:
 
 @dataclass
 class Record:
-    """One op as captured: its tensors by reference."""
+    """One op as captured: its tensors as :class:`Pins` aliases."""
 
     func: torch._ops.OpOverload
     info: OpInfo
     args: tuple
     kwargs: dict
     out: Any
-    metas: list  # (tensor, metadata right after the op) for every tensor it touched
     value: Optional[torch.Tensor] = None  # a host scalar's value at capture
+
+
+class Pins:
+    """Aliases of the tensors a capture's ops touch, each pinned to what an op saw: the
+    storage, size, stride and offset the tensor had right after the op ran.
+
+    A CUDA graph reads the addresses it was captured with. A tensor rebound later
+    (``p.data = new``, what weight loaders do) has new storage that the graph never reads,
+    while in-place writes into the old storage (``p.copy_(new)``) it does read. Replay runs
+    on these aliases, so the same holds on the tape whether an op got the tensor itself
+    (the Parameter of an embedding) or a view of it (``weight.t()`` in ``F.linear``); and
+    an in-place view op later in the capture (``squeeze_`` inside ``F.linear`` on 1-D
+    input) changes the tensor object, not what the earlier op read. One alias per tensor
+    and metadata, made at record time: replay does no extra work.
+    """
+
+    def __init__(self) -> None:
+        # (id, metadata, storage) -> (tensor, alias); the tensor is kept so its id stays its own
+        self._aliases: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def swapped(self, x: Any, metas: list) -> Any:
+        """``x`` (op arguments or results) with each tensor replaced by its alias;
+        ``metas``: ``(tensor, metadata)`` of each, right after the op."""
+        new = {}
+        for t, seen in metas:
+            key = (id(t), seen, storage(t))
+            if key not in self._aliases:
+                with torch.no_grad():
+                    self._aliases[key] = (t, t.as_strided(*seen))
+            new[id(t)] = self._aliases[key][1]
+        return swap(x, new)
+
+    def given(self) -> dict[int, torch.Tensor]:
+        """id of an alias -> the tensor the op got."""
+        return {id(alias): t for t, alias in self._aliases.values()}
 
 
 def tensors(x: Any) -> Iterator[torch.Tensor]:

@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..backend import GraphCaptureError
 from .checks import HOST_READS, MethodCheck, unsupported_error
-from .ops import Record, meta, op_info, tensors, unrecordable
+from .ops import Pins, Record, meta, op_info, tensors, unrecordable
 from .replay import TapeGraph
 
 
@@ -27,6 +27,7 @@ class _Capture:
 
     def __init__(self) -> None:
         self.records: list[Record] = []
+        self.pins = Pins()
         self.error: Optional[GraphCaptureError] = None
 
     def fail(self, error: GraphCaptureError) -> GraphCaptureError:
@@ -45,12 +46,13 @@ class _Capture:
         if why is None:
             try:
                 metas = [(t, meta(t)) for t in tensors((args, kwargs, out))]
+                pinned_args, pinned_kwargs, pinned_out = self.pins.swapped((args, kwargs, out), metas)
             except Exception as e:  # a tensor the checks above let through
                 why = f"{type(e).__name__}: {e}"
         if why is not None:
             raise self.fail(unsupported_error(name, why))
         value = out.clone() if info.kind == "scalar" else None
-        self.records.append(Record(func, info, args, kwargs, out, metas, value))
+        self.records.append(Record(func, info, pinned_args, pinned_kwargs, pinned_out, value))
         return out
 
 
@@ -221,7 +223,7 @@ class OpenTapeCapture:
         capture = self._finish()
         if capture.error is not None:
             raise capture.error
-        return TapeGraph(capture.records, output)
+        return TapeGraph(capture.records, output, capture.pins.given())
 
     def abort(self) -> None:
         if self._capture is not None:

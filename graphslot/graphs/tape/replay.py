@@ -1,5 +1,6 @@
 """Replay of a captured tape: :class:`TapeGraph` re-runs the recorded ops on the
-capture's own tensors and writes each result where the op put it at capture."""
+memory the capture's tensors had (:class:`~.ops.Pins`) and writes each result where
+the op put it at capture."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 
 from ..backend import GraphCaptureError
 from .checks import unsupported_error
-from .ops import Record, meta, storage, swap, tensors
+from .ops import Record, meta, storage, tensors
 
 
 def _naming_op(rec: Record, build: Callable[[Record], Any]) -> Any:
@@ -53,10 +54,12 @@ class TapeGraph:
     reads that nothing keeps current (:meth:`external_inputs`).
     """
 
-    def __init__(self, records: list[Record], output: Any) -> None:
+    def __init__(self, records: list[Record], output: Any, given: Optional[dict[int, torch.Tensor]] = None) -> None:
         self.output = output
         self.ops: list[str] = [str(r.func) for r in records]
-        self._records = [_naming_op(r, self._pin_metadata) for r in records]
+        self._records = records
+        #: id of a recorded tensor (a :class:`~.ops.Pins` alias) -> the tensor the op got
+        self._given = given or {}
         #: Storages the graph allocates or writes: its own, never a stale input.
         self.produced: set[int] = self._produced_storages()
         steps = (_naming_op(r, self._step) for r in self._records)
@@ -72,24 +75,6 @@ class TapeGraph:
         with torch.inference_mode():
             for step in self._steps:
                 step()
-
-    @staticmethod
-    def _pin_metadata(rec: Record) -> Record:
-        """Point the record at its tensors as they were when the op ran.
-
-        An in-place view op later in the capture (``squeeze_`` inside
-        ``F.linear`` on 1-D input) changes a tensor object's shape; the op that
-        ran before it must keep seeing the old shape, on the same storage.
-        """
-        new = {}
-        for t, seen in rec.metas:
-            if meta(t) != seen and id(t) not in new:
-                with torch.no_grad():
-                    new[id(t)] = t.as_strided(*seen)
-        if new:
-            rec.args, rec.kwargs, rec.out = swap((rec.args, rec.kwargs, rec.out), new)
-        rec.metas = []
-        return rec
 
     @staticmethod
     def _fresh_outputs(rec: Record) -> list[tuple[int, torch.Tensor]]:
@@ -146,8 +131,14 @@ class TapeGraph:
             for t in tensors(reads):
                 ptr = storage(t)
                 if ptr and ptr not in known and ptr not in found:
-                    found[ptr] = t
+                    found[ptr] = self._named(t)
         return list(found.values())
+
+    def _named(self, t: torch.Tensor) -> torch.Tensor:
+        """The tensor an op got, for ``t`` pinned to it, while it still is what ``t`` reads."""
+        given = self._given.get(id(t))
+        same = given is not None and storage(given) == storage(t) and meta(given) == meta(t)
+        return given if same else t
 
     def describe_external_inputs(self, statics: Iterable[torch.Tensor] = ()) -> list[str]:
         """``"(4, 8) float32"`` per external input, for error messages."""

@@ -8,7 +8,10 @@ code that fills and views them is graphslot's: the registry's slots form one spe
 :mod:`.entries`), and ``graphslot.api.build(spec, bind=...)`` binds its
 generated ``fill_from`` / ``extract`` to those buffers at the first ``fill_from`` or
 ``extract_buffer`` after a change. A registration only marks the registry for
-rebinding; identical slot sets share one compiled module per process.
+rebinding; identical slot sets share one compiled module per process. sglang binds a
+tensor of any layout; generated code needs dense buffers (it views those of several
+dtypes as one integer dtype, and ``build`` refuses a strided one), so a registry holding
+a strided ``bind=`` tensor is filled by graphslot's interpreter, which is proven equal to it.
 """
 
 from __future__ import annotations
@@ -18,11 +21,15 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from ...api import build
-from ...registry.base import ViewMaker
-from ...spec.errors import shorten
+from ... import env
+from ...api import bind_slot_hooks, build
+from ...registry.base import SlotRegistry, ViewMaker
+from ...registry.buffers import refuse_strided
+from ...registry.interpreter import InterpretedRegistry
+from ...spec.errors import SlotError, shorten
 from ...spec.loading import spec_from_dict
 from ...spec.model import RegistrySpec
+from ...spec.resolve import resolve_params, resolve_slots
 from .entries import ABSENT_FIELDS, CODE_LABEL, buffer_shape, check_entry, slot_entry
 from .sglang_env import SGLANG_POOL
 from .slots import FillContext, policy_name, same_tensor_view
@@ -152,12 +159,25 @@ class CudaGraphBufferRegistry:
             self._fill = _no_fill
             self._extract = lambda fb, *, padded_bs, padded_num_tokens: make_view(fb, {"batch_size": padded_bs})
             return
-        spec, params, preset = self._base if self._base else (None, {}, None)
-        self._bound = build(
-            composite_spec(spec, self._entries), device=self.device, max_bs=self.max_bs,
-            max_num_tokens=self.max_num_tokens, params=params, preset=preset, hooks=self._hooks, bind=self._buffers,
-            context=FillContext.make, max_bytes=NO_CAP)
+        base, params, preset = self._base if self._base else (None, {}, None)
+        spec = composite_spec(base, self._entries)
+        if all(map(dense, self._buffers.values())):
+            self._bound = build(spec, device=self.device, max_bs=self.max_bs, max_num_tokens=self.max_num_tokens,
+                                params=params, preset=preset, hooks=self._hooks, bind=self._buffers,
+                                context=FillContext.make, max_bytes=NO_CAP)
+        else:
+            self._bound = self._interpreted(spec, params, preset)
         self._fill, self._extract = self._bound.fill_from, self._bound.extract
+
+    def _interpreted(self, spec: RegistrySpec, params: Dict[str, Any], preset: Optional[str]) -> SlotRegistry:
+        """graphslot's interpreter over these buffers, strided ones included (``build`` refuses
+        those for generated code's sake); the buffers were checked at ``register_slot``."""
+        resolved = resolve_params(spec, params, preset)
+        slots = resolve_slots(spec, resolved, self.max_bs, self.max_num_tokens)
+        hooks = bind_slot_hooks(spec, slots, resolved, self._hooks)
+        return InterpretedRegistry(spec, slots, hooks, resolved, max_bs=self.max_bs, max_num_tokens=self.max_num_tokens,
+                                   device=torch.device(self.device), buffers=self._buffers,
+                                   strict=env.STRICT.enabled(), context=FillContext.make)
 
     def _fill_skipping(self, skip_slots: Any) -> Callable:
         if self._fill is None:
@@ -211,6 +231,15 @@ class CudaGraphBufferRegistry:
                 srcs.append(src)
         for dsts, srcs in groups.values():
             torch._foreach_copy_(dsts, srcs)
+
+
+def dense(tensor: torch.Tensor) -> bool:
+    """Whether generated code can take ``tensor`` as a buffer (graphslot's rule, :func:`refuse_strided`)."""
+    try:
+        refuse_strided("", "bind", tensor)
+    except SlotError:
+        return False
+    return True
 
 
 def skip_set(skip_slots: Any) -> frozenset:

@@ -44,6 +44,7 @@ from .cache import PagedCache, PagedCacheLayer, kv_geometry  # noqa: E402
 from .engine import ContinuousBatcher, Request, StepOutput, TokenEvent  # noqa: E402
 from .families import REFUSED  # noqa: E402
 from .prefill import HFPrefillAdapter, PrefillStep, prefill_step  # noqa: E402
+from .requests import RequestFailed  # noqa: E402
 from .geometry import LayerGeometry, attention_layers, bytes_per_slot  # noqa: E402
 from .models import FAMILIES, TESTED_FAMILIES, PerRequestHF, Recipe, tiny_config, tiny_model  # noqa: E402
 from .sampling import SamplingParams, greedy  # noqa: E402
@@ -51,6 +52,6 @@ from .sampling import SamplingParams, greedy  # noqa: E402
 __all__ = [
     "MIN_TRANSFORMERS", "TESTED_FAMILIES", "DecodeStep", "HFDecodeAdapter", "HFPrefillAdapter", "PrefillStep",
     "prefill_step", "check_model", "LayerGeometry", "PagedCache", "PagedCacheLayer", "attention_layers",
-    "bytes_per_slot", "kv_geometry", "ContinuousBatcher", "Request", "StepOutput", "TokenEvent", "greedy",
-    "SamplingParams", "REFUSED", "FAMILIES", "PerRequestHF", "Recipe", "tiny_config", "tiny_model",
+    "bytes_per_slot", "kv_geometry", "ContinuousBatcher", "Request", "RequestFailed", "StepOutput", "TokenEvent",
+    "greedy", "SamplingParams", "REFUSED", "FAMILIES", "PerRequestHF", "Recipe", "tiny_config", "tiny_model",
 ]

@@ -38,6 +38,7 @@ from .attention import ROUTED_FAMILIES, SPLIT_OPS, inner_implementation, route_a
 from .cache import PagedCache, with_cache
 from .families import capture_shims, family_problem
 from .models import TESTED_FAMILIES
+from .rope import per_row_rope, rope_problem
 #: Attention implementations that take the cache's additive 4-D mask.
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
 
@@ -65,7 +66,7 @@ def check_model(model: Any, allow_untested: bool = False, max_context_len: Optio
     """Refuse, saying why, a model the adapter would run wrong (or could not capture)."""
     config = model.config
     family = getattr(config, "model_type", None)
-    problem = family_problem(model, max_context_len)
+    problem = family_problem(model, max_context_len) or rope_problem(model)
     if problem is not None:
         raise ValueError(f"{type(model).__name__}: {problem}")
     if family not in TESTED_FAMILIES and not allow_untested:
@@ -109,7 +110,7 @@ class HFDecodeAdapter(DecodeAdapter):
         bs = self.batch_size(step)
         ids, pos = step.input_ids.view(bs, -1), step.positions.view(bs, -1)
         self.cache.bind(step.out_cache_loc, step.req_pool_indices)
-        with torch.no_grad():
+        with torch.no_grad(), per_row_rope(self.model):
             out = self.model(input_ids=ids, position_ids=pos, **self._cache_arg, use_cache=True,
                              attention_mask=self.cache.attention_mask(pos, self.model.dtype))
         return out.logits.flatten(0, 1)

@@ -14,6 +14,7 @@ import torch
 from .adapter import DecodeStep
 from .cache import MASK_2D, PagedCache, with_cache
 from .requests import Pending, Request
+from .rope import per_row_rope
 
 
 #: What one prefill forward costs beside its tokens, in padded tokens: the weights read
@@ -102,7 +103,7 @@ def _forward(model: Any, cache: PagedCache, admitted: List[Tuple[Request, int, L
     ids, pos = torch.tensor(ids, device=dev), torch.tensor(pos, device=dev)
     cache.bind(torch.tensor(loc, device=dev).view(-1), torch.tensor([row for _, row, _ in admitted], device=dev))
     extra = {"logits_to_keep": keep} if keep else {}
-    with torch.no_grad(), cache.gathering(width):
+    with torch.no_grad(), cache.gathering(width), per_row_rope(model):
         logits = model(input_ids=ids, position_ids=pos, **with_cache(model, cache), use_cache=True,
                        attention_mask=cache.attention_mask(pos, model.dtype), **extra).logits
     # column of row i's prompt token 0 among the logits' columns
@@ -185,7 +186,7 @@ def packed_logits(model: Any, cache: PagedCache, seqs: Sequence[Packed]) -> torc
 
     cache.bind_packed(i64(loc), i64(keys))
     mask = cache.packed_mask(i64(query_seqs), i64(pos), i64(key_seqs), i64(key_pos), model.dtype)
-    with torch.no_grad():
+    with torch.no_grad(), per_row_rope(model):  # packed: a longrope model never packs (rope.plan)
         out = model(input_ids=i64(ids).view(1, -1), position_ids=i64(pos).view(1, -1), **with_cache(model, cache),
                     use_cache=True, attention_mask=mask, logits_to_keep=i64(last))
     return out.logits[0]

@@ -68,7 +68,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from ...kvpool import ReqToTokenPool
+from ...kvpool import ReqToTokenPool, free_request
 from ...spec.budget import BufferBudgetError, byte_cap, format_bytes
 from .budget import MAX_KV_BYTES_ENV, device_memory, table_bytes
 from .families import mask_route
@@ -418,8 +418,8 @@ class PagedCache(Cache):
         return slots.tolist()
 
     def free_request(self, row: int, slots: Sequence[int]) -> None:
-        self.pool.free(list(slots))
-        self.req_to_token_pool.free(row)
+        """Give back a request's row and KV slots, both or neither (:func:`graphslot.kvpool.free_request`)."""
+        free_request(self.req_to_token_pool, self.pool, row, slots, "PagedCache.free_request")
 
     @property
     def available_slots(self) -> int:

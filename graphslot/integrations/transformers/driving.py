@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterator, List, Sequence
 
-from .requests import Request, TokenEvent
+from .requests import FINISH_ERROR, Request, RequestFailed, TokenEvent
+
+
+def raise_failed(reqs: Sequence[Request]) -> None:
+    """Raise :class:`RequestFailed` for the first of ``reqs`` a step failed because of."""
+    for req in reqs:
+        if req.finish_reason == FINISH_ERROR:
+            raise RequestFailed(req.rid, req.error) from req.error
 
 
 class Driving:
@@ -19,7 +26,9 @@ class Driving:
         It hands out every token of its requests, whoever stepped the engine (this
         iterator, another one, or ``step()``); when it has none to hand out it steps the
         engine itself (other requests advance too). Closing the iterator (``close()``,
-        or dropping it), even before its first token, aborts the unfinished ones."""
+        or dropping it), even before its first token, aborts the unfinished ones. When a
+        step failed because of one of them (:mod:`.recovery`), it raises
+        :class:`~.requests.RequestFailed` after that request's tokens (and aborts the others)."""
         reqs = self._add_all(prompts, max_new_tokens, params)
 
         def events() -> Iterator[Any]:
@@ -32,6 +41,7 @@ class Driving:
                         sent = [len(req.output) for req in reqs]
                         done = all(req.finished for req in reqs)
                     yield from new
+                    raise_failed(reqs)
                     if done:
                         return
                     if not new:
@@ -46,17 +56,25 @@ class Driving:
         return stream
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, **params: Any) -> List[Request]:
-        """Like :meth:`stream`, run to the end: the finished requests, in the order of ``prompts``."""
+        """Like :meth:`stream`, run to the end: the finished requests, in the order of
+        ``prompts`` (:class:`~.requests.RequestFailed` when a step failed because of one,
+        once all of them finished)."""
         reqs = self._add_all(prompts, max_new_tokens, params)
         while not all(req.finished for req in reqs):
             self.step()
+        raise_failed(reqs)
         return reqs
 
     def _add_all(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, params: Dict[str, Any]) -> List[Request]:
         reqs: List[Request] = []
         try:
-            for prompt in prompts:
-                reqs.append(self.add_request(prompt, max_new_tokens, **params))
+            for i, prompt in enumerate(prompts):
+                try:
+                    reqs.append(self.add_request(prompt, max_new_tokens, **params))
+                except (TypeError, ValueError) as exc:
+                    if type(exc) not in (TypeError, ValueError):
+                        raise
+                    raise type(exc)(f"prompts[{i}]: {exc}") from exc  # which of the prompts was refused
         except BaseException:
             for req in reqs:
                 self.abort(req.rid)

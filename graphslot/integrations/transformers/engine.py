@@ -20,7 +20,9 @@ returned), the rows and slots go back (what the step wrote to the KV pool went t
 so nothing reads it), the requests it admitted stay at the head of the waiting queue,
 no request changes, and the exception propagates: calling ``step()`` again gives the
 tokens an uninterrupted run gives (a seeded draw is a function of the request's seed and
-token index, so a retry draws the same). Streaming callbacks run after the commit.
+token index, so a retry draws the same); unless one request alone is to blame, which is
+then dropped and the step computed without it (:mod:`.recovery`). Streaming callbacks
+run after the commit.
 
 :meth:`~ContinuousBatcher.add_request` and :meth:`~ContinuousBatcher.abort` take a lock
 and may be called from any thread, and from ``sample``: an abort while a step runs takes
@@ -46,6 +48,7 @@ import torch
 
 from ...graphs.cuda import CudaGraphBackend
 from ...runners.decode import DecodeGraphRunner, DecodeRunnerConfig
+from . import rope
 from .adapter import HFDecodeAdapter, check_model
 from .batches import Packed, decode_step, packed_fits, packed_logits, prefill_logits, split_prompt_logprobs
 from .budget import Allocations, check_decode_graphs, pool_size
@@ -53,16 +56,15 @@ from .cache import PagedCache, forward_takes, kv_geometry
 from .checks import count, flag, stop_ids, token_ids
 from .driving import Driving
 from .families import packs
+from .generation import generation_settings
 from .geometry import bytes_per_slot, text_config
 from .requests import FINISH_ABORT, Lane, Pending, Picks, Request, StepOutput, TokenEvent, notify
-from .sampling import (Choice, Row, Sampler, SamplingParams, block, check_seed, generation_defaults, model_eos,
-                       request_seed, sampling_params, to_host, with_logprobs)
-
-#: The sampling keywords of :meth:`ContinuousBatcher.add_request` a custom ``sample`` replaces.
-SAMPLING_KEYWORDS = ("do_sample", "temperature", "top_k", "top_p", "seed")
+from .picking import Picking
+from .recovery import Recovery
+from .sampling import Sampler, check_seed, generation_defaults, model_eos, request_seed, to_host
 
 
-class ContinuousBatcher(Driving):
+class ContinuousBatcher(Driving, Picking, Recovery):
     """Decode a stream of requests with a transformers causal LM through graphs.
 
     * ``max_bs`` caps the running batch and the captured sizes; ``max_requests``
@@ -112,12 +114,15 @@ class ContinuousBatcher(Driving):
         self.eos_token_ids: Tuple[int, ...] = (model_eos(model, self.vocab_size) if eos_token_id is None else
                                                stop_ids(eos_token_id, self.vocab_size, f"{where}: eos_token_id"))
         self.defaults = generation_defaults(model)
+        #: What the model's generation_config blocks (its settings that would change generate's tokens and are
+        #: not applied are refused here: :mod:`.generation`).
+        self.generation = generation_settings(model, self.vocab_size)
         self.min_new_tokens = count(getattr(getattr(model, "generation_config", None), "min_new_tokens", None) or 0,
                                     "min_new_tokens", "model.generation_config", minimum=0)
         self.seed = (int(torch.empty((), dtype=torch.int64).random_().item()) if seed is None
                      else check_seed(seed, where))
         device = torch.device(model.device)
-        check_model(model, allow_untested)  # before the probe runs the model
+        check_model(model, allow_untested, max_context_len)  # before the probe runs the model
         runner_options = {"progress": False, "context_buckets": "auto", **runner_options}
         if device.type == "cuda" and runner_options.get("backend", "auto") in ("auto", "cuda"):
             runner_options["backend"] = CudaGraphBackend(device, pool=runner_options.pop("graph_pool", None),
@@ -144,7 +149,7 @@ class ContinuousBatcher(Driving):
         #: A step that admits requests while others run packs both in one eager forward (:meth:`_mixed`).
         mix_prefill = flag(mix_prefill, "mix_prefill", where, allow_none=True)
         self.mix_prefill = ((device.type == "cpu" if mix_prefill is None else mix_prefill)
-                            and self.last_logits_only and packs(self.cache.config))
+                            and self.last_logits_only and packs(self.cache.config) and not rope.plan(model))
         self.runner = DecodeGraphRunner(self.adapter, runner_config)
         self.waiting: Deque[Request] = deque()
         self.running: List[Request] = []
@@ -185,13 +190,17 @@ class ContinuousBatcher(Driving):
         # The last new token is sampled, never fed: it needs no cache position.
         need = len(prompt) + max_new_tokens - 1
         if need > self.cache.max_context_len:
-            raise ValueError(f"a request of {len(prompt)} prompt tokens and {max_new_tokens} new tokens needs "
-                             f"{need} cache positions, more than max_context_len={self.cache.max_context_len}")
+            raise ValueError(f"{where}: a request of {len(prompt)} prompt tokens and {max_new_tokens} new tokens "
+                             f"needs {need} cache positions, more than max_context_len={self.cache.max_context_len}")
+        crossing = rope.crossing_problem(self.model, len(prompt), max_new_tokens)
+        if crossing is not None:
+            raise ValueError(f"{where}: {crossing}")
         params = self._sampling(where, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
                                 seed=seed)
         min_new = self.min_new_tokens if min_new_tokens is None else count(min_new_tokens, "min_new_tokens", where, 0)
         if min_new > max_new_tokens:
             raise ValueError(f"add_request: min_new_tokens={min_new} is more than max_new_tokens={max_new_tokens}")
+        min_new = max(min_new, self.generation.min_new(len(prompt), max_new_tokens))  # generation_config.min_length
         eos = self.eos_token_ids if eos_token_id is None else stop_ids(eos_token_id, self.vocab_size,
                                                                        f"{where}: eos_token_id")
         stops = tuple(sorted(set(eos) | set(token_ids(stop_token_ids, self.vocab_size, f"{where}: stop_token_ids"))))
@@ -212,16 +221,6 @@ class ContinuousBatcher(Driving):
             self.requests[rid] = req
             self.waiting.append(req)
         return req
-
-    def _sampling(self, where: str, **given: Any) -> SamplingParams:
-        if self.sample is not None:
-            named = [name for name in SAMPLING_KEYWORDS if given[name] is not None]
-            if named:
-                raise ValueError(f"{where}: {named[0]} is set, but this engine picks tokens with its sample= function, "
-                                 "which replaces per-request sampling: drop it, or build the engine without sample=")
-        seed = given.pop("seed")
-        return sampling_params(where, self.defaults, 0 if seed is None else check_seed(seed, where),
-                               seeded=seed is not None, **given)
 
     def abort(self, rid: int) -> None:
         """Drop a request, waiting or running (a client that went away); a finished one stays
@@ -253,13 +252,16 @@ class ContinuousBatcher(Driving):
             self._stepping = True
         pending = Pending()
         try:
-            self._compute(pending)
+            try:
+                self._compute(pending)
+            except Exception as exc:
+                self._release(pending)
+                pending = self._recover(pending, exc)  # or raises exc: no request alone is to blame
         except BaseException:
-            with self._lock:
-                try:
-                    self.cache.pool.free(pending.slots)
-                    self.cache.req_to_token_pool.free(pending.rows)
-                finally:
+            try:
+                self._release(pending)
+            finally:
+                with self._lock:
                     self._end_step(None)
             raise
         with self._lock:
@@ -270,11 +272,15 @@ class ContinuousBatcher(Driving):
         notify(pending.tokens)
         return pending.out
 
-    def _compute(self, p: Pending) -> None:
-        """Everything a step computes, into ``p``; no request changes."""
+    def _compute(self, p: Pending, only: Optional[Request] = None) -> None:
+        """Everything a step computes, into ``p``; no request changes. ``only``: the step of
+        that one request (running, or admitted if it waits), as :mod:`.recovery` asks."""
         out, reads = p.out, []
-        self._admit(p)
-        p.lanes = [Lane(r, r.row, r.cached, r.output[-1], len(r.output)) for r in self.running]
+        with self._lock:
+            queue = self.waiting if only is None else [req for req in self.waiting if req is only]
+        self._admit(p, queue)
+        p.lanes = [Lane(r, r.row, r.cached, r.output[-1], len(r.output)) for r in self.running
+                   if only is None or r is only]
         if p.admitted and p.lanes and self.mix_prefill and self._mixed(p):
             return
         prefill = prompt_part = fresh = None
@@ -359,6 +365,14 @@ class ContinuousBatcher(Driving):
             p.record(lane.req, lane.emitted, tokens[i], lps and lps[i], top and top[i], ended)
         return True
 
+    def _release(self, p: Pending) -> None:
+        """Give back the rows and slots a computed step took (once: they are forgotten)."""
+        with self._lock:
+            self.cache.pool.free(p.slots)
+            self.cache.req_to_token_pool.free(p.rows)
+            p.slots = []
+            p.rows = []
+
     def _commit(self, p: Pending) -> None:
         """Apply a computed step: list operations only, nothing here can fail halfway."""
         for req, row, slots in p.admitted:
@@ -393,16 +407,16 @@ class ContinuousBatcher(Driving):
             self._aborts.clear()
             self._stepping = False
 
-    def _admit(self, p: Pending) -> None:
+    def _admit(self, p: Pending, queue: Sequence[Request]) -> None:
         """Take rows and prompt slots for the waiting requests there is room for: a free
         row, and slots for its every token beside what the running requests may still
         take (so a running request never runs out). The queue is indexed, not iterated:
         another thread may append to it meanwhile."""
         cache, i = self.cache, 0
         free = cache.available_slots - sum(r.need - r.cached for r in self.running)
-        while (i < len(self.waiting) and len(self.running) + i < self.max_bs and cache.available_requests
-               and free >= self.waiting[i].need):
-            req = self.waiting[i]
+        while (i < len(queue) and len(self.running) + i < self.max_bs and cache.available_requests
+               and free >= queue[i].need):
+            req = queue[i]
             row = cache.alloc_request()
             p.rows.append(row)
             slots = cache.alloc_tokens(row, 0, len(req.prompt))
@@ -410,20 +424,6 @@ class ContinuousBatcher(Driving):
             p.admitted.append((req, row, slots))
             free -= req.need
             i += 1
-
-    def _row(self, req: Request, index: int) -> Row:
-        return Row(req.sampling, index, req.stop_token_ids if index < req.min_new_tokens else (),
-                   -1 if req.logprobs is None else req.top_n)
-
-    def _choose(self, logits: torch.Tensor, rows: List[Row]) -> Choice:
-        """The built-in sampler, or ``sample`` (checked) when set."""
-        if self.sample is None:
-            return self.sampler(logits, rows)
-        tokens = token_ids(self.sample(block(logits, rows)), self.vocab_size, "sample(logits)")
-        if len(tokens) != logits.shape[0]:
-            raise ValueError(f"sample must return one token id per row of logits: got {len(tokens)} for "
-                             f"{logits.shape[0]}")
-        return with_logprobs(logits, rows, torch.tensor(tokens, dtype=torch.int64, device=logits.device))
 
     def _fed(self, lanes: List[Lane], fresh: Optional[torch.Tensor]) -> Union[List[int], torch.Tensor]:
         """The decode's input ids: the running requests' last tokens (host), then the tokens
@@ -433,15 +433,15 @@ class ContinuousBatcher(Driving):
             return known
         return torch.cat([torch.tensor(known, dtype=torch.int64, device=fresh.device), fresh])
 
-    def _drop(self, req: Request) -> None:
-        """Abort ``req`` between steps (under the lock); a finished request stays as it is."""
+    def _drop(self, req: Request, reason: str = FINISH_ABORT) -> None:
+        """Abort (or fail) ``req`` between steps (under the lock); a finished request stays as it is."""
         if req.finished:
             return
         if req.row:
-            self._finish(req, FINISH_ABORT)
+            self._finish(req, reason)
         else:
             self.waiting.remove(req)
-            req.finished, req.finish_reason = True, FINISH_ABORT
+            req.finished, req.finish_reason = True, reason
 
     def _finish(self, req: Request, reason: str) -> None:
         req.finished, req.finish_reason = True, reason

@@ -31,6 +31,14 @@ REFUSED: Dict[str, str] = {
 }
 
 
+#: Families that look each position up in a table of ``config.max_position_embeddings``
+#: rows (learnt, or sinusoids computed once): a position past it is an IndexError in the
+#: forward (GPT-2's ``wpe``, OPT's and BioGPT's ``embed_positions``, GPT-J's sinusoids...;
+#: XGLM grows its table from the cache's length, which a paged cache does not report).
+#: Rope and alibi families compute any position.
+POSITION_TABLES = ("gpt2", "gpt_bigcode", "gptj", "opt", "biogpt", "xglm", "ctrl")
+
+
 def mask_route(config: Any) -> str:
     """``"2d"`` for the families that build alibi from a 2-D padding mask (Bloom, Falcon with
     ``alibi=True``), ``"4d"`` for the rest (see :mod:`.cache`)."""
@@ -102,6 +110,11 @@ def family_problem(model: Any, max_context_len: Optional[int] = None) -> Optiona
         return ("experts_implementation='eager' cannot be captured: its loop over experts reads the routing on the "
                 "host (one_hot checks indices with .item(), nonzero has a data-dependent shape); call "
                 "model.set_experts_implementation('grouped_mm') (transformers' default) or 'batched_mm' first")
+    positions = getattr(config, "max_position_embeddings", None)
+    if family in POSITION_TABLES and max_context_len is not None and positions and max_context_len > positions:
+        return (f"max_context_len={max_context_len} is more than the model's {positions} positions "
+                f"(config.max_position_embeddings={positions}): its position table ends there, so a longer request "
+                f"would fail in the forward; pass max_context_len <= {positions}")
     max_seq_len = getattr(config, "max_seq_len", None)
     if family == "mpt" and max_context_len is not None and max_seq_len is not None and max_context_len > max_seq_len:
         return (f"MPT slices its alibi bias to the key length, at most config.max_seq_len={max_seq_len}; "

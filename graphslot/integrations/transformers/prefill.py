@@ -34,6 +34,7 @@ from ...runners.piecewise import op_handle
 from ...runners.prefill_adapter import PrefillAdapter
 from .attention import ROUTED_FAMILIES, SPLIT_OPS, route_attention
 from .cache import PagedCache
+from .rope import rope_types
 
 
 
@@ -150,6 +151,12 @@ class HFPrefillAdapter(PrefillAdapter):
                              f"Llama-like decoder layers only ({', '.join(ROUTED_FAMILIES)})")
         if model.training:
             raise ValueError(f"{type(model).__name__} is in training mode; call model.eval() first")
+        kinds = rope_types(model)
+        if kinds:
+            raise ValueError(f"{type(model).__name__}: rope_type {kinds[0]!r} depends on each sequence's length, and "
+                             "the prefill layer stack packs every request's tokens in one row, so they would share "
+                             "one choice; prefill this model with ContinuousBatcher (longrope is chosen per request "
+                             "there)")
         route_attention(model)
         self.model, self.cache, self.device = model, cache, cache.device
         self.meta: Optional[PrefillMetadata] = None

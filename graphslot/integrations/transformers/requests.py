@@ -22,6 +22,18 @@ FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
 #: ``Request.finish_reason``: :meth:`~.engine.ContinuousBatcher.abort` ended it.
 FINISH_ABORT = "abort"
+#: ``Request.finish_reason``: a step failed because of it (``Request.error``), and it was dropped.
+FINISH_ERROR = "error"
+
+
+class RequestFailed(RuntimeError):
+    """What a stream of a request, or ``generate`` of it, raises when a step failed because
+    of it (the request's ``error`` is the cause)."""
+
+    def __init__(self, rid: int, error: BaseException):
+        super().__init__(f"request {rid} failed and was dropped: a step failed because of it alone "
+                         f"({type(error).__name__}: {error})")
+        self.rid = rid
 
 
 class TokenEvent(NamedTuple):
@@ -53,8 +65,10 @@ class Request:
     row: int = 0  # request-pool row once admitted (0: not admitted)
     slots: List[int] = field(default_factory=list)  # KV slot per cached position
     finished: bool = False
-    #: FINISH_STOP, FINISH_LENGTH or FINISH_ABORT once finished.
+    #: FINISH_STOP, FINISH_LENGTH, FINISH_ABORT or FINISH_ERROR once finished.
     finish_reason: Optional[str] = None
+    #: What a step raised because of this request alone (finish_reason FINISH_ERROR).
+    error: Optional[BaseException] = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
     #: Token ids that end the request (its EOS ids and stop_token_ids), sorted.
     stop_token_ids: Tuple[int, ...] = ()
@@ -108,6 +122,9 @@ class StepOutput:
     #: Requests whose :meth:`~.engine.ContinuousBatcher.abort` came while the step ran (and that
     #: did not finish in it): they got the step's tokens and left at its end.
     aborted: List[int] = field(default_factory=list)
+    #: Requests a failed attempt at this step raised for alone: dropped (FINISH_ERROR,
+    #: ``Request.error``) and the step computed again without them.
+    failed: List[int] = field(default_factory=list)
 
 
 class Lane(NamedTuple):

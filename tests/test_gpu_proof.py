@@ -1,0 +1,134 @@
+"""benchmarks/gpu_proof.py, the script a lent GPU runs once (issue 45): its --smoke run on
+the CPU exercises every part end to end (about 3 minutes here: every piece is a process
+of its own), and the orchestrator records a piece that fails or hangs and goes on."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+if str(BENCHMARKS) not in sys.path:
+    sys.path.insert(0, str(BENCHMARKS))
+
+import gpu_proof  # noqa: E402
+import proof_report  # noqa: E402
+
+PART_FILES = {1: "part1_correctness.json", 2: "part2_fill.json", 3: "part3_capture.json", 4: "part4_serving.json"}
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu_proof")
+    rc = gpu_proof.main(["--smoke", "--out", str(out)])
+    return rc, out, {part: json.loads((out / name).read_text()) for part, name in PART_FILES.items()}
+
+
+def test_smoke_runs_every_part_and_every_piece_to_its_end(smoke):
+    rc, out, parts = smoke
+    assert rc == 0
+    env = json.loads((out / "environment.json").read_text())
+    assert env["torch"] and env["wheels"]["installed"] == []  # --smoke runs on this machine's packages
+    for part, result in parts.items():
+        assert result["part"] == part and result["smoke"] is True
+        assert set(result) == {"part", "name", "smoke", "budget_s", "seconds", "pieces", "summary"}
+        for name, piece in result["pieces"].items():
+            assert piece["rc"] == 0 and not piece["timed_out"], (name, piece.get("tail"))
+            assert isinstance(piece["result"], dict), name
+        assert result["summary"]["every_piece_ran"] is True
+
+
+def test_part1_checks_tests_demos_and_the_batcher_around_reduce_overhead(smoke):
+    summary = smoke[2][1]["summary"]
+    # On the CPU every CUDA test skips, each saying why; the two-GPU one says so.
+    assert summary["tests"]["skipped"] > 0 and summary["tests"]["failed"] == 0
+    assert summary["two_gpu_skips"] >= 1
+    assert summary["demo_mismatches"] == {"decode full (cli)": 0, "prefill breakable+piecewise (cli)": 0,
+                                          "decode breakable": 0, "decode piecewise": 0}
+    assert set(summary["batcher_tokens_equal"]) == {
+        "batch 1", "batch 2", "batch 4", "trace", "reduce-overhead batch 1", "reduce-overhead batch 2",
+        "after reduce-overhead: batch", "after reduce-overhead: trace"}
+    assert all(summary["batcher_tokens_equal"].values()) and summary["correct"] is True
+    batcher = smoke[2][1]["pieces"]["batcher"]["result"]
+    trace = batcher["trace"]
+    assert trace["steps_changing_size"] == trace["steps"]  # the batch changes size every step
+
+
+def test_part2_times_the_dropin_against_both_sglang_paths(smoke):
+    result = smoke[2][2]
+    fill = result["pieces"]["fill"]["result"]
+    if fill.get("skipped"):
+        assert fill["sglang"] is None and "sglang missing" in fill["skipped"]
+        return
+    assert [(r["raw"], r["padded"]) for r in fill["rows"]] == [(3, 4), (30, 32), (200, 256)]
+    assert fill["null_figures"].startswith("CUDA only")  # why the launches below are null
+    for row in fill["rows"]:
+        for name in ("graphslot", "sglang", "sglang_fast_path"):
+            assert row[f"{name}_us"] > 0 and row[f"{name}_launches"] is None  # kernels: CUDA only
+        assert row["sglang_same_buffers"] and row["sglang_fast_path_same_buffers"]
+    assert result["summary"]["targets"]["one_gpu_event_per_padded_fill"] is None
+
+
+def test_part3_captures_in_every_mode_and_times_the_gap(smoke):
+    summary = smoke[2][3]["summary"]
+    assert set(summary["capture"]) == {"full", "breakable", "piecewise"}
+    assert summary["capture"]["piecewise"]["dynamo_graphs"] == 4  # one trace per size (4 in smoke)
+    assert summary["capture"]["full"]["dynamo_graphs"] == 0
+    full = summary["capture"]["full"]
+    assert full["reserved"] is None and full["reserved_met"] is None  # CUDA's allocator only
+    assert full["seconds"] > 0 and full["seconds_met"] == (full["seconds"] <= 5.0)
+    assert summary["gap"]["bs"] == 8 and summary["gap"]["gap_met"] is None
+
+
+def test_part4_serves_every_engine_and_the_trace(smoke):
+    result = smoke[2][4]
+    serving = result["pieces"]["serving"]["result"]
+    assert set(serving["batches"]) == {"1", "2", "4"}
+    for row in serving["batches"].values():
+        assert set(row) == {"generate", "graphslot", "reduce_overhead", "hf_cb"}
+        assert all(e["equal"] == e["total"] and e["tokens_per_s"] > 0 for e in row.values())
+    assert {"graphslot", "reduce_overhead_per_size", "reduce_overhead_padded_to_max"} <= set(serving["trace"])
+    assert result["summary"]["targets"]["ahead_of_reduce_overhead_on_trace"] in (True, False)
+
+
+# -- the orchestrator alone (no torch in the pieces: seconds) ------------------------------
+def fake_piece(name: str, code: str) -> gpu_proof.Piece:
+    return gpu_proof.Piece(name, [sys.executable, "-c", code], kind="stdout_json")
+
+
+def test_a_failing_or_hanging_piece_is_recorded_and_the_next_part_runs(tmp_path, monkeypatch, capsys):
+    pieces = {2: [fake_piece("crash", "import sys; print('boom: CUDA error', file=sys.stderr); sys.exit(3)"),
+                  fake_piece("hang", "import time; time.sleep(600)")],
+              3: [fake_piece("fine", "print('{\"x\": 1}')")]}
+    monkeypatch.setattr(gpu_proof, "plan", lambda part, smoke, out: pieces[part])
+    monkeypatch.setattr(gpu_proof, "environment", lambda env, wheels: {"wheels": wheels})
+    monkeypatch.setitem(gpu_proof.PARTS, 2, ("fill", 3, 0))  # the hanging piece gets 3 s
+    assert gpu_proof.main(["--smoke", "--parts", "2,3", "--out", str(tmp_path)]) == 1
+    part2 = json.loads((tmp_path / "part2_fill.json").read_text())["pieces"]
+    assert part2["crash"]["rc"] == 3 and "boom: CUDA error" in part2["crash"]["tail"]
+    assert part2["hang"]["timed_out"] is True and part2["hang"]["seconds"] < 30
+    part3 = json.loads((tmp_path / "part3_capture.json").read_text())["pieces"]
+    assert part3["fine"]["rc"] == 0 and part3["fine"]["result"] == {"x": 1} and "tail" not in part3["fine"]
+    out = capsys.readouterr().out
+    assert "crash: FAILED (rc 3)" in out and "hang: TIMED OUT" in out and "failed or cut: part 2 crash, part 2 hang" in out
+
+
+def test_pytest_output_is_read_with_its_skip_reasons():
+    text = ("ss.F\n=== short test summary info ===\nSKIPPED [1] tests/test_dp.py:508: needs 2 CUDA GPUs\n"
+            "SKIPPED [3] tests/test_a.py:9: needs a CUDA GPU\nFAILED tests/test_b.py::test_x - assert 0\n"
+            "1 failed, 1 passed, 4 skipped, 70 deselected in 3.21s\n")
+    got = proof_report.parse_pytest(text)
+    assert (got["failed"], got["passed"], got["skipped"], got["deselected"]) == (1, 1, 4, 70)
+    assert [s["reason"] for s in got["two_gpu_skips"]] == ["needs 2 CUDA GPUs"]
+    assert got["failures"] == ["FAILED tests/test_b.py::test_x - assert 0"]
+
+
+def test_bad_parts_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        gpu_proof.main(["--smoke", "--parts", "1,7"])
+    assert "--parts takes part numbers among [1, 2, 3, 4], e.g. 1,3; got '1,7'" in capsys.readouterr().err

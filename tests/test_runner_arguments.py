@@ -1,0 +1,124 @@
+"""Runner arguments refused at construction, naming the argument and the value (issue 44):
+captured sizes and buckets that used to be cleaned silently (item 10), and a capture
+context that is no factory of fresh context managers (item 11)."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+
+import pytest
+import torch
+from test_capture_modes import decode_runner, prefill_runner, runtime
+
+from graphslot.runners.capture import CAPTURE_MODES
+from graphslot.runners.dispatch import capture_sizes
+from graphslot.runners.prefill import token_buckets
+
+RULE = ("capture_context must be a zero-argument callable returning a fresh context manager each call (a "
+        "@contextlib.contextmanager function itself, sglang's graph_capture, lambda: my_context())")
+
+
+# ------------------------------------------------------------- sizes and buckets (item 10)
+
+
+@pytest.mark.parametrize("sizes, error, message", [
+    ([1, 2, 8], ValueError, "capture_bs [1, 2, 8]: 8 is beyond max_bs 4 (no batch that large runs a graph): drop it, "
+                            "or raise max_bs"),
+    ([0, 2], ValueError, "capture_bs must be ints >= 1, got 0 in [0, 2]"),
+    ([-3, 4], ValueError, "capture_bs must be ints >= 1, got -3 in [-3, 4]"),
+    ([2.5, 4], TypeError, "capture_bs must hold ints, got 2.5 (float) in [2.5, 4]"),
+    ([True, 4], TypeError, "capture_bs must hold ints, got True (bool) in [True, 4]"),
+    ([2.0], TypeError, "capture_bs must hold ints, got 2.0 (float) in [2.0]"),
+    (["2"], TypeError, "capture_bs must hold ints, got '2' (str) in ['2']"),
+    (4, TypeError, "capture_bs must be a sequence of ints, got int 4"),
+])
+def test_bad_capture_bs_is_refused_at_construction(sizes, error, message):
+    with pytest.raises(error, match=f"^{re.escape(message)}$"):
+        decode_runner(runtime(), "full", capture_bs=sizes)
+
+
+def test_capture_bs_is_merged_and_sorted_and_numpy_like_ints_count():
+    runner = decode_runner(runtime(), "full", capture_bs=[2, 1, 4, 2, torch.tensor(1).item()])
+    assert runner.captured_sizes == [4, 2, 1]
+    assert capture_sizes(8, [torch.tensor(3)]) == [3]  # anything with __index__
+
+
+@pytest.mark.parametrize("buckets, error, message", [
+    ([16.9, 32], TypeError, "token_buckets must hold ints, got 16.9 (float) in [16.9, 32]"),
+    ([True, 16], TypeError, "token_buckets must hold ints, got True (bool) in [True, 16]"),
+    ([0, -4, 16], ValueError, "token_buckets must be ints >= 1, got 0 in [0, -4, 16]"),
+    ("16", TypeError, "token_buckets must be a sequence of ints, got str '16'"),
+])
+@pytest.mark.parametrize("capture", CAPTURE_MODES)
+def test_bad_token_buckets_are_refused_at_construction(capture, buckets, error, message):
+    with pytest.raises(error, match=f"^{re.escape(message)}$"):
+        prefill_runner(runtime(), capture, token_buckets=buckets)
+
+
+def test_token_buckets_are_merged_and_sorted():
+    assert token_buckets(256, [32, 16, 32]) == [32, 16]
+    assert token_buckets(16, [64]) == [64]  # max_num_tokens caps the default schedule only
+
+
+def test_bad_request_buckets_are_refused_naming_them():
+    with pytest.raises(ValueError, match=r"^request_buckets \[4, 16\]: 16 is beyond max_bs 8 "):
+        prefill_runner(runtime(), "full", request_buckets=[4, 16])
+    with pytest.raises(TypeError, match=r"^request_buckets must hold ints, got 2.5 \(float\) in \[2.5\]$"):
+        prefill_runner(runtime(), "full", request_buckets=[2.5])
+
+
+# ------------------------------------------------------------------ capture_context (item 11)
+
+
+@contextlib.contextmanager
+def nothing():
+    yield
+
+
+class Reentrant:
+    """A context manager that may be entered again and again."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+@pytest.mark.parametrize("context, message", [
+    (nothing(), f"{RULE}; got _GeneratorContextManager "),  # the context manager, not its factory
+    (Reentrant(), f"{RULE}; got Reentrant "),
+    (42, f"{RULE}; got int 42"),
+    (lambda device: nothing(), f"{RULE}; got function "),
+])
+@pytest.mark.parametrize("phase", ["decode", "prefill"])
+def test_a_capture_context_that_is_no_factory_is_refused_at_construction(phase, context, message):
+    make = decode_runner if phase == "decode" else prefill_runner
+    with pytest.raises(TypeError, match=f"^{re.escape(message)}"):
+        make(runtime(), "full", capture_context=context)
+
+
+@pytest.mark.parametrize("made", [None, 3, "ctx"])
+@pytest.mark.parametrize("capture", CAPTURE_MODES)
+def test_a_capture_context_that_returns_no_context_manager_is_named(capture, made):
+    with pytest.raises(TypeError, match=f"^capture_context\\(\\) returned {type(made).__name__} .*, not a context "
+                                        f"manager; {re.escape(RULE)}$"):
+        decode_runner(runtime(), capture, capture_context=lambda: made)
+
+
+@pytest.mark.parametrize("capture", CAPTURE_MODES)
+def test_a_capture_context_that_returns_one_one_shot_object_each_time_is_named(capture):
+    once = nothing()
+    with pytest.raises(TypeError, match=r"^capture_context\(\) returned the same _GeneratorContextManager object as at "
+                                        r"an earlier capture, and entering it again failed \(AttributeError: .*\): it "
+                                        r"can be entered once only \(as a @contextmanager one\); " + re.escape(RULE)):
+        decode_runner(runtime(), capture, capture_context=lambda: once)
+
+
+@pytest.mark.parametrize("capture", CAPTURE_MODES)
+def test_good_capture_contexts_still_work(capture):
+    shared = Reentrant()
+    for context in (nothing, lambda: shared, Reentrant, contextlib.nullcontext, torch.no_grad):
+        runner = decode_runner(runtime(), capture, capture_context=context)
+        assert len(runner.graphs) == 3
