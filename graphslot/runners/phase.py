@@ -29,6 +29,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..graphs.backend import Graph, GraphBackend, get_graph_backend
 from ..graphs.util import no_collection
 from ..log import progress_bar
+from ..spec.kinds import INDEX_SKIP
 from .capture import capture_mode, checked_context
 from .config import GraphRunnerConfig
 from .graph_count import KNOBS, check_graph_count, describe_count
@@ -162,11 +163,12 @@ class PhaseRunner:
 
     # -- lifecycle -------------------------------------------------------------------
     def reset_index_buffers(self) -> None:
-        """Zero every index-semantic slot buffer in place (``index: true``: padded with
-        ``zero``, so a zero is what a padded row holds): nothing stale indexes a pool."""
+        """Reset every index-semantic slot buffer in place to what a padded row holds (``index: true``: zero,
+        ``index: skip``: its negative pad value), a staged slot's two: nothing stale indexes a pool."""
         for slot in self.registry.active:
-            if slot.resolved.index:
-                slot.buffer.zero_()
+            index = slot.resolved.index
+            for buffer in slot.buffers() if index else ():
+                buffer.fill_(slot.resolved.pad_value if index == INDEX_SKIP else 0)
 
     def check_lifecycle_call(self, call: str, *, owner: bool = False) -> None:
         """Raise when ``call`` (``"release()"``, ``"recapture()"``) may not run now: a step
