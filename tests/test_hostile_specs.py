@@ -534,7 +534,7 @@ def test_long_values_are_cut_in_messages():
     assert errors(SPEC + "    " + "k" * 400 + ": 1\n") == [
         "spec.yaml:8: slot 'x': unknown key '" + "k" * 79 + "…'; allowed keys: name, shape, dtype, axis, "
         "slice_dim, device, padding, pad_value, index, optional, enabled_if, copy_from_fb, post_fill, source, "
-        "pre_capture, adopt, description"]
+        "pre_capture, adopt, extra_rows, reset_to, staged, description"]
 
 
 def test_a_wrongly_typed_value_makes_short_lines():

@@ -21,9 +21,9 @@ EXPRESSIONS_MAY_USE = (
     "expressions may use names, int/float/bool literals, + - * // %, comparisons, and/or/not, "
     "'a if c else b', max(), min()"
 )
-PADDINGS = "zero, fill_sentinel, keep_pad, foreach_copy, fill_once"
+PADDINGS = "zero, fill_sentinel, keep_pad, foreach_copy, fill_once, repeat_last"
 SLOT_KEYS = ("name, shape, dtype, axis, slice_dim, device, padding, pad_value, index, optional, enabled_if, "
-             "copy_from_fb, post_fill, source, pre_capture, adopt, description")
+             "copy_from_fb, post_fill, source, pre_capture, adopt, extra_rows, reset_to, staged, description")
 
 
 def test_make_slot_yaml_alone_is_a_valid_spec():

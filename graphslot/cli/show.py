@@ -30,7 +30,7 @@ def show_json(spec: RegistrySpec, resolved: Sequence[ResolvedSlot], params: Dict
     """What ``show`` prints as a table, as one JSON object."""
     slots = [{
         "name": r.name, "shape": list(r.shape), "dtype": str(r.dtype_name), "axis": r.axis,
-        "slice_dim": r.slice_dim, "padding": slot.padding,
+        "slice_dim": r.slice_dim, "padding": None if slot.padding is None else str(r.padding),
         "pad_value": json_value(r.pad_value) if r.fills_at_allocation else None,
         "device": "cpu", "host": r.host,
         "bytes": r.nbytes if r.enabled else None, "enabled": r.enabled,
@@ -46,7 +46,7 @@ def show_json(spec: RegistrySpec, resolved: Sequence[ResolvedSlot], params: Dict
 def show_rows(spec: RegistrySpec, resolved: Sequence[ResolvedSlot], device: str = "cpu") -> List[List[str]]:
     rows = []
     for slot, r in zip(spec.slots, resolved):  # resolve_slots keeps spec order
-        padding = slot.padding or "-"
+        padding = "-" if slot.padding is None else str(r.padding)  # a str param's: its value
         if r.pad_value is not None and r.fills_at_allocation:
             padding += f" ({format_value(r.pad_value)})"
         axis = r.axis + (f" (dim {r.slice_dim})" if r.slice_dim else "")

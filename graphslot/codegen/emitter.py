@@ -14,10 +14,12 @@ from ..spec.dtypes import DTypeName, dtype_name, is_torch_dtype
 from ..spec.expr import Expr, python_literal
 from ..spec.hooks import BUILTIN_HOOKS, HOOK_SIGNATURES, is_import_reference
 from ..spec.model import RegistrySpec
-from ..spec.resolve import ResolvedSlot, copied_as_rows, depends_on_capacity, resolve_slot
+from ..spec.errors import SpecError, SpecIssue
+from ..spec.policy import ChoiceError
+from ..spec.resolve import ResolvedSlot, copied_as_rows, depends_on_capacity, resolve_slot, tail_problems_of
 from .embedded import canonical_parts
 from .groups import Copies, plan_copies
-from .layout import Chain, Item, assign, call, concatenated, condition, dict_of, layout, method, normalise
+from .layout import Chain, Item, assign, call, concatenated, condition, dict_of, flat, layout, method, normalise
 from .layout import py_str, subscript, tuple_of
 from .names import CAPACITY, RUNTIME_HELPERS, TEMPLATE_HELPERS, SlotNames, dtype_src, runtime_local, shape_name
 from .names import shape_src, slot_idents, unique
@@ -58,13 +60,21 @@ class Emitter:
 
     def _symbolic_slots(self) -> List[ResolvedSlot]:
         """The slots resolved with capacities left symbolic (``None``): one module serves every max_bs."""
-        slots = []
+        slots, issues = [], []
         for i, spec_slot in enumerate(self.spec.slots):
             fixed = [None if depends_on_capacity(e) else e for e in spec_slot.shape]
             placeholder = spec_slot.model_copy(update={"shape": tuple(1 if e is None else e for e in fixed)})
-            resolved = resolve_slot(placeholder, self.params, 1, 1, self.spec.slot_line(i), self.spec.absent_fields)
+            try:  # a choice (padding, reset_to) a param makes is checked with these params, as a build checks it
+                resolved = resolve_slot(placeholder, self.params, 1, 1, self.spec.slot_line(i), self.spec.absent_fields)
+            except ChoiceError as exc:
+                issues.append(SpecIssue(self.spec.path, self.spec.slot_line(i, exc.key), str(exc), spec_slot.name))
+                continue
+            problems = tail_problems_of(spec_slot, resolved, self.params) if resolved.enabled else []
+            issues += [SpecIssue(self.spec.path, self.spec.slot_line(i, k), m, spec_slot.name) for k, m in problems]
             shape = tuple(None if e is None else n for e, n in zip(fixed, resolved.shape))
             slots.append(dataclasses.replace(resolved, shape=shape, rows=copied_as_rows(spec_slot)))
+        if issues:
+            raise SpecError(issues)
         return slots
 
     def _expected_hooks(self, slot: ResolvedSlot) -> List[str]:
@@ -139,6 +149,10 @@ def allocate_lines(em: Emitter) -> List[str]:
     for s in (n.slot for n in em.names):
         where = py_str("cpu") if s.host else "device"
         args = [py_str(s.name), shape_src(em.extents(s)), dtype_src(s.dtype_name), where]
+        if s.staged:  # (host, device): a runtime helper, so a module without staged slots reads as before
+            args += [em.pad_src(s) if s.fills_at_allocation else "None", "pool", "source" if s.adopt else "None"]
+            entries.append((py_str(s.name), call("__gs_allocate_staged", *args)))
+            continue
         args += [em.pad_src(s)] if s.fills_at_allocation else []
         args += [] if s.adopt else ["adopt=False"]  # `adopt: never`: registry-owned whatever adopt= holds
         entries.append((py_str(s.name), call("new_buffer", *args)))
@@ -168,7 +182,9 @@ def bind_lines(em: Emitter, copies: Copies, shapes: Shapes, others: List[str]) -
     """``bind``'s own statements: runtime params, the buffers ``others`` use, hooks, constants, the view maker."""
     lines, used = [], _used_names(others)
     for n in em.names:
-        if n.buf in used:
+        if n.slot.staged and {n.buf, n.view_buf} & used:  # a staged slot's buffers: (host, device)
+            lines += assign(f"{n.buf}, {n.view_buf}", subscript("buffers", py_str(n.slot.name)), BODY)
+        elif n.buf in used:
             lines += assign(n.buf, subscript("buffers", py_str(n.slot.name)), BODY)
     for n in em.names:
         for kind in em.hooks[n.slot.name]:
@@ -198,8 +214,37 @@ def plan_fields(copies: Copies, shapes: Shapes) -> List[Tuple[str, Item]]:
     """(name, value) of everything a plan holds: the groups' lists, other heads and tails, the shapes."""
     fields = [f for g in copies.groups for p in g.prefixes() for f in g.plan_fields(p)]
     fields += [(f"head_{n.ident}", n.head()) for n in copies.separate_copies]
-    fields += [(f"tail_{n.ident}", n.narrow(*n.counts)) for n in copies.separate_resets]
+    fields += [(f"tail_{n.ident}", n.narrow(n.counts[0], n.tail_end)) for n in copies.separate_resets]
+    fields += [field for n in copies.repeats for field in _repeat_fields(n)]
+    fields += [field for n in copies.staged for field in _stage_fields(n)]
     return fields + [(name, call("torch.Size", shape_src(extents))) for name, extents in shapes.in_plan]
+
+
+def _repeat_fields(n: SlotNames) -> List[Tuple[str, Item]]:
+    """A repeat_last tail and what it copies: the head's last row expanded (an empty head: zeros)."""
+    dst, start = f"rep_dst_{n.ident}", n.counts[0]
+    k, raw = n.slot.extra_rows, n.pad_counts[0]
+    before = raw if k == 1 else f"{raw} + {k - 1}" if k else f"{raw} - 1"  # the head's last row: start - 1
+    last = method(n.narrow(before, start), "expand_as", dst)
+    src = last if k else f"{flat(last)} if {raw} else torch.zeros_like({dst})"
+    return [(dst, n.narrow(start, n.tail_end)), (f"rep_src_{n.ident}", src)]
+
+
+def _stage_fields(n: SlotNames) -> List[Tuple[str, Item]]:
+    """A staged slot's copy: the device rows and the host rows (``[:padded]``, or whole under reset_to: capacity)."""
+    whole = n.counts is None or n.slot.to_capacity
+    rows = [(buf, buf if whole else n.narrow(None, n.counts[1], buf=buf)) for buf in (n.view_buf, n.buf)]
+    return [(f"stage_dst_{n.ident}", rows[0][1]), (f"stage_src_{n.ident}", rows[1][1])]
+
+
+def _guards(copies: Copies) -> Dict[str, str]:
+    """Plan fields that are None on a step where they have nothing to do: the condition under which they are set."""
+    guards = {f"tail_{n.ident}": f"{n.counts[0]} < {n.tail_end}" for n in copies.separate_resets}
+    for n in copies.repeats:
+        guards[f"rep_dst_{n.ident}"] = guards[f"rep_src_{n.ident}"] = f"{n.counts[0]} < {n.tail_end}"
+    for n in copies.staged:  # one tensor for both buffers: staged in name only, no copy
+        guards[f"stage_dst_{n.ident}"] = guards[f"stage_src_{n.ident}"] = f"{n.buf} is not {n.view_buf}"
+    return guards
 
 
 def plan_lines(copies: Copies, shapes: Shapes) -> List[str]:
@@ -208,12 +253,11 @@ def plan_lines(copies: Copies, shapes: Shapes) -> List[str]:
     for name, extents, dtype, count in copies.values:
         value = call("torch.full", shape_src(extents), count, f"dtype={dtype_src(dtype)}", "device=device")
         lines += assign(name, value, CLOSURE)
-    resets = {f"tail_{n.ident}": n.counts for n in copies.separate_resets}
+    guards = _guards(copies)
     for name, value in plan_fields(copies, shapes):
-        if name in resets:  # None when the step has no tail, so the fill skips it
-            raw, padded = resets[name]
-            lines += [" " * CLOSURE + f"{name} = None", " " * CLOSURE + f"if {raw} < {padded}:"]
-        lines += assign(name, value, CLOSURE + 4 if name in resets else CLOSURE)
+        if name in guards:  # None when the step has nothing for it to do, so the fill skips it
+            lines += [" " * CLOSURE + f"{name} = None", " " * CLOSURE + f"if {guards[name]}:"]
+        lines += assign(name, value, CLOSURE + 4 if name in guards else CLOSURE)
     return lines + assign("plan", tuple_of([name for name, _ in plan_fields(copies, shapes)]), CLOSURE)
 
 
@@ -264,6 +308,12 @@ def fill_lines(em: Emitter, copies: Copies, shapes: Shapes) -> List[str]:
     for n in em.fill_names:
         if "post_fill" in em.hooks[n.slot.name]:
             lines += layout(call(f"hook_post_fill_{n.ident}", n.buf, "fb", "ctx"), FILL)
+    for n in copies.repeats:  # after every hook: a computed head is repeated too
+        lines += [f"{pad}if rep_dst_{n.ident} is not None:"]
+        lines += layout(call(f"rep_dst_{n.ident}.copy_", f"rep_src_{n.ident}"), FILL + 4)
+    for n in copies.staged:  # last: the host buffer as the fill left it
+        lines += [f"{pad}if stage_dst_{n.ident} is not None:"]
+        lines += layout(call(f"stage_dst_{n.ident}.copy_", f"stage_src_{n.ident}", "non_blocking=True"), FILL + 4)
     return lines
 
 

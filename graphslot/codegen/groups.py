@@ -142,6 +142,8 @@ class Copies:
     separate_resets: List[SlotNames]  # tails no group takes: their own fill_
     separate_copies: List[SlotNames]  # heads no group takes: their own copy_
     source_copies: List[SlotNames]  # heads a source hook gives
+    repeats: List[SlotNames] = field(default_factory=list)  # repeat_last tails: one copy_ each, after the hooks
+    staged: List[SlotNames] = field(default_factory=list)  # staged slots: one copy_ host to device each, last
 
     def copied(self, order: List[SlotNames]) -> List[SlotNames]:
         """The slots whose batch field is read and checked, in slot order."""
@@ -158,17 +160,18 @@ def plan_copies(em: "Emitter") -> Copies:
     resets, copies, sourced = [], [], []
     for n in em.fill_names:
         s = n.slot
-        group = host.setdefault(s.dtype_name, CopyGroup(f"host_{s.dtype_name}")) if s.host else dev
+        # the fill writes a staged slot's host buffer: it joins the host-side copies
+        group = host.setdefault(s.dtype_name, CopyGroup(f"host_{s.dtype_name}")) if s.fills_host else dev
         if s.resets_tail and n.tail_rows() is not None:  # from a constant as long as the axis' capacity
             value = em.pad_src(s)
-            key = (s.host, s.dtype_name, s.axis, value)
+            key = (s.fills_host, s.dtype_name, s.axis, value)
             name = unique(names, pad_name(*key), repr(key))
-            constants.setdefault(name, PadConstant(name, s.host, s.dtype_name, value, CAPACITY[s.axis]))
-            group.tails.append((n, subscript(name, ":".join(n.counts))))
+            constants.setdefault(name, PadConstant(name, s.fills_host, s.dtype_name, value, CAPACITY[s.axis]))
+            group.tails.append((n, subscript(name, f"{n.pad_counts[0]}:{n.pad_end}")))
         elif s.resets_tail:
             resets.append(n)
         # a computed slot whose only hook, a built-in, fills it with a step count: the device group writes it
-        fused = em.hooks[s.name] == ["post_fill"] and not (s.host or s.copy_from_fb or s.resets_tail)
+        fused = em.hooks[s.name] == ["post_fill"] and not (s.fills_host or s.copy_from_fb or s.resets_tail)
         builtin = BUILTIN_HOOKS.get(s.post_fill) if fused and not is_import_reference(s.post_fill) else None
         count = builtin.fills if builtin else None
         if count is not None:
@@ -188,4 +191,8 @@ def plan_copies(em: "Emitter") -> Copies:
     groups = [g for g in host.values() if g.heads or g.optional_heads or g.tails] + [dev]
     for g in groups:
         g.choose_carrier()
-    return Copies(groups, dev, list(constants.values()), list(values.values()), resets, copies, sourced)
+    repeats = [n for n in em.fill_names if n.slot.repeats_last]
+    staged = [n for n in em.fill_names if n.slot.staged]
+    return Copies(
+        groups, dev, list(constants.values()), list(values.values()), resets, copies, sourced, repeats, staged
+    )

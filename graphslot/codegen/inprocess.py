@@ -110,11 +110,13 @@ class GeneratedRegistry(SlotRegistry):
                 raise _damaged(module, spec, "allocate", type(buffers).__name__, "a dict of buffers")
         super().__init__(spec, slots, hooks, params, buffers=buffers, pool=pool, adopt=source, **kwargs)
         self.module, self._hooks = module, hooks
-        self._buffers = {slot.name: slot.buffer for slot in self.active}
+        self._buffers = {slot.name: slot.binding for slot in self.active}  # a staged slot's: (host, device)
         for slot in self.active:
-            buffer, resolved = slot.buffer, slot.resolved
+            buffer, resolved, given = slot.buffer, slot.resolved, buffers.get(slot.name)
             fits = tuple(buffer.shape) == resolved.shape and buffer.dtype == resolved.dtype
-            if buffers.get(slot.name) is not buffer or not fits:
+            pair = isinstance(given, tuple) and len(given) == 2 and given[0] is slot.host and given[1] is buffer
+            same = pair if resolved.staged else given is buffer
+            if not same or not fits:
                 message = "generated allocate() disagrees with the spec; regenerate the module (graphslot generate)"
                 raise SpecError([SpecIssue(spec.path, resolved.line, message, slot.name)])
         self.fill_from, self.extract = self._bind(module, self.checker)

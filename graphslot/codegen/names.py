@@ -22,7 +22,9 @@ _MODULE_NAMES = frozenset(
     "torch max_bs max_num_tokens device params pool source buffers hooks plans views make_plan fill_from make_views "
     "extract allocate bind make_view fields exc grad plan entry new_buffer l O I".split()
 ) | frozenset(dir(builtins))
-_GENERATED_PREFIXES = tuple("rt_ buf_ hook_ pad src shape_ val_ dt_ head_ tail_ dsts view_ __gs_".split())
+_GENERATED_PREFIXES = tuple(
+    "rt_ buf_ hook_ pad src shape_ val_ dt_ head_ tail_ dsts view_ host_ rep_ stage_ __gs_".split()
+)
 
 # graphslot.codegen.runtime helpers a module may use, (name, the mangled name it binds); the template always
 # uses the last four.
@@ -30,7 +32,7 @@ RUNTIME_HELPERS = tuple(
     tuple(pair.split(":"))
     for pair in "SourceMismatch:__gs_Mismatch foreach_copy:__gs_foreach_copy hook:__gs_hook allocate_buffer:"
     "__gs_allocate ViewMaker:__gs_ViewMaker grad_enabled:__gs_grad_enabled "
-    "set_grad_enabled:__gs_set_grad_enabled".split()
+    "set_grad_enabled:__gs_set_grad_enabled allocate_staged:__gs_allocate_staged".split()
 )
 TEMPLATE_HELPERS = frozenset({"__gs_allocate", "__gs_ViewMaker", "__gs_grad_enabled", "__gs_set_grad_enabled"})
 
@@ -57,6 +59,9 @@ _RESERVED_TAG = re.compile(r"zero|true|false|inf|neginf|nan|negnan|neg[0-9].*|x[
 
 
 def _extent_tag(source: str) -> str:
+    count, plus, extra = source.partition(" + ")  # a count with extra rows: ``raw_bs + 1`` -> ``bs_plus1``
+    if plus and count in _EXTENT_TAGS and extra.isdigit():
+        return f"{_EXTENT_TAGS[count]}_plus{extra}"
     return _EXTENT_TAGS.get(source) or (source if source.isdigit() else "x" + _digest(source))
 
 
@@ -117,22 +122,37 @@ class SlotNames:
     """One slot's generated identifiers and slices (prefixed: no slot name can be a local like ``plan``)."""
 
     def __init__(self, slot: ResolvedSlot, ident: str):
-        self.slot, self.ident, self.buf, self.src = slot, ident, f"buf_{ident}", f"src_{ident}"
-        self.counts: Optional[Tuple[str, str]] = COUNTS.get(slot.axis)
+        self.slot, self.ident, self.src = slot, ident, f"src_{ident}"
+        # The buffer the graph reads (views, a staging copy's target) and the one the fill writes: a staged
+        # slot's host buffer.
+        self.view_buf = f"buf_{ident}"
+        self.buf = f"host_{ident}" if slot.staged else self.view_buf
+        steps, k = COUNTS.get(slot.axis), slot.extra_rows
+        #: The counts along the sliced dimension, extra rows included: the head ``[:raw + k]``, the view
+        #: ``[:padded + k]``; ``pad_counts``: the same without them (a pad constant's slice, as long as the tail).
+        self.counts: Optional[Tuple[str, str]] = steps if steps is None or not k else tuple(f"{c} + {k}" for c in steps)
+        self.pad_counts = steps
+        #: Where a written tail ends: the padded count, or the buffer's end under ``reset_to: capacity``.
+        self.tail_end = self.pad_end = None
+        if steps is not None:
+            capacity = CAPACITY[slot.axis]
+            self.pad_end = capacity if slot.to_capacity else steps[1]
+            self.tail_end = (f"{capacity} + {k}" if k else capacity) if slot.to_capacity else self.counts[1]
         self.split = slot.shape[0] if slot.rows else None  # L for a slot copied as rows (``mrope_positions``)
         # A head is dense (as ``_foreach_copy_``'s fast path needs) only when sliced on the outermost dimension.
         self.dense_narrow = all(n == 1 for n in slot.shape[: slot.slice_dim])
 
-    def narrow(self, start: Optional[str], stop: str, row: Optional[int] = None) -> Item:
-        """The buffer sliced along its sliced dimension (in row ``row`` of a slot copied as rows)."""
+    def narrow(self, start: Optional[str], stop: str, row: Optional[int] = None, buf: Optional[str] = None) -> Item:
+        """The buffer the fill writes (or ``buf``) sliced along its sliced dimension (in row ``row`` of a slot
+        copied as rows)."""
         lead = f"{row}, " if row is not None else ":, " * self.slot.slice_dim
-        return subscript(self.buf, f"{lead}{start or ''}:{stop}")
+        return subscript(buf or self.buf, f"{lead}{start or ''}:{stop}")
 
     def head(self) -> Item:
         return self.buf if self.counts is None else self.narrow(None, self.counts[0])
 
     def padded_view(self) -> Item:
-        return self.buf if self.counts is None else self.narrow(None, self.counts[1])
+        return self.view_buf if self.counts is None else self.narrow(None, self.counts[1], buf=self.view_buf)
 
     def head_rows(self) -> Optional[List[Item]]:
         """The dense destinations of the head, or None where it has none."""
@@ -143,8 +163,8 @@ class SlotNames:
     def tail_rows(self) -> Optional[List[Item]]:
         """The 1-D tail rows, or None (a wider tail's constant pad would double its memory)."""
         if self.split is not None:
-            return [self.narrow(*self.counts, i) for i in range(self.split)]
-        return [self.narrow(*self.counts)] if len(self.slot.shape) == 1 else None
+            return [self.narrow(self.counts[0], self.tail_end, i) for i in range(self.split)]
+        return [self.narrow(self.counts[0], self.tail_end)] if len(self.slot.shape) == 1 else None
 
     def read_source(self, indent: int) -> List[str]:
         """``src_<slot> = fb.<slot>``; getattr where the field may be absent or is a keyword."""

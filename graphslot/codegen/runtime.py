@@ -9,6 +9,7 @@ import torch
 
 from ..registry.base import ViewMaker as ViewMaker
 from ..registry.buffers import allocate_buffer as allocate_buffer
+from ..registry.buffers import allocate_staged as allocate_staged
 from ..spec.hooks import FillContext as FillContext
 from .handshake import MODULE_FORMAT as MODULE_FORMAT, GeneratedModuleMismatch as GeneratedModuleMismatch
 from .handshake import require as require

@@ -13,31 +13,61 @@ from ..spec.hooks import CaptureContext, FillContext
 from ..spec.live import context_factory, live_view
 from ..spec.model import RegistrySpec
 from ..spec.resolve import ResolvedSlot
-from .buffers import SharePool, allocate_buffer, refuse_shared_memory
+from .buffers import SharePool, allocate_buffer, allocate_staged, refuse_shared_memory
 from .stepcheck import StepChecker
 
 
 class Slot:
-    """One slot of a registry: its resolved declaration and, when enabled, its buffer."""
+    """One slot of a registry: its resolved declaration and, when enabled, its buffer (the one the graph reads); a
+    staged slot also has ``host``, the host buffer a fill writes (``buffer`` itself when one tensor is both)."""
 
-    __slots__ = ("resolved", "buffer", "hooks", "name", "enabled")
+    __slots__ = ("resolved", "buffer", "hooks", "name", "enabled", "host")
 
-    def __init__(self, resolved: ResolvedSlot, buffer: Optional[torch.Tensor], hooks: Dict[str, Callable]):
-        self.resolved, self.buffer, self.hooks = resolved, buffer, hooks
+    def __init__(
+        self,
+        resolved: ResolvedSlot,
+        buffer: Optional[torch.Tensor],
+        hooks: Dict[str, Callable],
+        host: Optional[torch.Tensor] = None,
+    ):
+        self.resolved, self.buffer, self.hooks, self.host = resolved, buffer, hooks, host
         self.name, self.enabled = resolved.name, resolved.enabled
 
+    @property
+    def filled(self) -> Optional[torch.Tensor]:
+        """The buffer a fill writes: a staged slot's host buffer, else the buffer."""
+        return self.buffer if self.host is None else self.host
+
+    @property
+    def binding(self) -> Any:
+        """What generated code binds: the buffer, or a staged slot's ``(host, device)`` pair."""
+        return self.buffer if self.host is None else (self.host, self.buffer)
+
+    def buffers(self) -> Tuple[torch.Tensor, ...]:
+        """Its distinct buffers (a staged slot's two, unless one tensor is both)."""
+        return (self.buffer,) if self.host is None or self.host is self.buffer else (self.host, self.buffer)
+
     def count(self, bs: int, num_tokens: int) -> Optional[int]:
-        """How many rows of the sliced dimension a step uses (None: the whole buffer)."""
-        return self.resolved.axis.select(bs, num_tokens)
+        """How many rows of the sliced dimension a step uses, ``extra_rows`` included (None: the whole buffer)."""
+        n = self.resolved.axis.select(bs, num_tokens)
+        return n if n is None else n + self.resolved.extra_rows
 
     def head(self, n: Optional[int]) -> torch.Tensor:
-        return self.buffer if n is None else self.buffer.narrow(self.resolved.slice_dim, 0, n)
+        """The first ``n`` rows of the buffer a fill writes."""
+        return self.filled if n is None else self.filled.narrow(self.resolved.slice_dim, 0, n)
+
+    def tail_end(self, padded_bs: int, padded_num_tokens: int) -> int:
+        """Where the tail a policy writes ends: the padded count, or the buffer's end under ``reset_to: capacity``."""
+        if self.resolved.to_capacity:
+            return self.buffer.shape[self.resolved.slice_dim]
+        return self.count(padded_bs, padded_num_tokens)
 
     def slice_for(self, padded_bs: int, padded_num_tokens: int) -> torch.Tensor:
-        """The view a step exposes: ``[:padded]`` along the slot's sliced dimension."""
+        """The view a step exposes: ``[:padded]`` along the slot's sliced dimension, of the buffer the graph reads."""
         if self.buffer is None:
             raise SlotError(f"slot '{self.name}' is disabled with these params and has no buffer")
-        return self.head(self.count(padded_bs, padded_num_tokens))
+        n = self.count(padded_bs, padded_num_tokens)
+        return self.buffer if n is None else self.buffer.narrow(self.resolved.slice_dim, 0, n)
 
     def __repr__(self) -> str:
         s = self.resolved
@@ -112,10 +142,16 @@ class SlotRegistry:
                 device = "cpu" if resolved.host else self.device
                 init = resolved.pad_value if resolved.fills_at_allocation else None
                 adopted = adopt if resolved.adopt else None
-                buffer = allocate_buffer(resolved.name, resolved.shape, resolved.dtype, device, init, pool, adopted)
-            self._slots[resolved.name] = Slot(resolved, buffer, hooks.get(resolved.name, {}))
+                allocate = allocate_staged if resolved.staged else allocate_buffer  # staged: (host, device)
+                buffer = allocate(resolved.name, resolved.shape, resolved.dtype, device, init, pool, adopted)
+            host = None
+            if resolved.staged and isinstance(buffer, tuple):
+                host, buffer = buffer
+            self._slots[resolved.name] = Slot(resolved, buffer, hooks.get(resolved.name, {}), host)
         self.active: Tuple[Slot, ...] = tuple(s for s in self._slots.values() if s.enabled)
-        refuse_shared_memory(spec.name, {s.name: s.buffer for s in self.active}, pool, adopt)
+        owned = {s.name: s.buffer for s in self.active}
+        owned.update({f"{s.name} (host)": s.host for s in self.active if s.host is not None and s.host is not s.buffer})
+        refuse_shared_memory(spec.name, owned, pool, adopt)
         self.checker = StepChecker(spec.name, self.active, max_bs, max_num_tokens, strict)
         self.make_view = ViewMaker(self.view_names(), spec.name)
 
@@ -138,7 +174,16 @@ class SlotRegistry:
 
     @property
     def nbytes(self) -> int:
-        return sum(s.buffer.numel() * s.buffer.element_size() for s in self.active)
+        return sum(b.numel() * b.element_size() for s in self.active for b in s.buffers())
+
+    def host_buffer(self, name: str) -> torch.Tensor:
+        """The host buffer of slot ``name``: a staged slot's (the one the fill writes and the engine's host code
+        reads), or a ``device: cpu`` slot's buffer."""
+        slot = self.slot(name)
+        if slot.enabled and (slot.host is not None or slot.resolved.host):
+            return slot.filled
+        why = "is disabled with these params" if not slot.enabled else "is neither staged nor device: cpu"
+        raise SlotError(f"spec '{self.spec.name}', slot '{name}' has no host buffer: it {why}")
 
     def fill_from_skipping(self, names: AbstractSet[str]) -> Callable[..., None]:
         """A fill like ``fill_from`` that leaves the enabled slots among ``names`` alone (the engine staged them;

@@ -65,23 +65,33 @@ def refuse_strided(where: str, how: str, tensor: torch.Tensor) -> None:
         raise SlotError(f"{where}: {how}= holds a non-contiguous tensor ({layout}); {fix}")
 
 
-def allocate_buffer(name: str, shape: tuple, dtype: torch.dtype, device, init_value=None, pool=None, adopt=None):
+def check_adopted(name: str, tensor: Any, shape: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``tensor`` if it can be slot ``name``'s buffer: a dense tensor of its shape, dtype and device; else
+    SlotError."""
+    if not isinstance(tensor, torch.Tensor):
+        raise SlotError(f"slot '{name}': buffers= holds {type(tensor).__name__}, expected a torch.Tensor")
+    if tuple(tensor.shape) != tuple(shape) or tensor.dtype != dtype:
+        want, got = f"{list(shape)} dtype {dtype}", f"{list(tensor.shape)} dtype {tensor.dtype}"
+        raise SlotError(f"slot '{name}': cannot adopt the tensor: expected shape {want}, got shape {got}")
+    if not _same_device(tensor.device, device):
+        where = f"expected device {device}, got {tensor.device}"
+        fix = f"pass a tensor on {device} (.to('{device}') gives one)"
+        raise SlotError(f"slot '{name}': cannot adopt the tensor: {where}; {fix}")
+    refuse_strided(f"slot '{name}'", "buffers", tensor)
+    return tensor
+
+
+def allocate_buffer(
+    name: str, shape: tuple, dtype: torch.dtype, device, init_value=None, pool=None, adopt=None, pin: bool = False
+):
     """A full-capacity buffer, adopted from ``adopt`` or pooled when asked; filled with ``init_value`` when
-    fresh. What is adopted or pooled must have this shape, dtype and device. Its address never changes afterwards."""
+    fresh (``pin``: in pinned host memory). What is adopted or pooled must have this shape, dtype and device. Its
+    address never changes afterwards."""
     device = torch.device(device)
     if adopt is not None:
-        tensor = adopted_tensor(name, adopt)
-        if tuple(tensor.shape) != tuple(shape) or tensor.dtype != dtype:
-            want, got = f"{list(shape)} dtype {dtype}", f"{list(tensor.shape)} dtype {tensor.dtype}"
-            raise SlotError(f"slot '{name}': cannot adopt the tensor: expected shape {want}, got shape {got}")
-        if not _same_device(tensor.device, device):
-            where = f"expected device {device}, got {tensor.device}"
-            fix = f"pass a tensor on {device} (.to('{device}') gives one)"
-            raise SlotError(f"slot '{name}': cannot adopt the tensor: {where}; {fix}")
-        refuse_strided(f"slot '{name}'", "buffers", tensor)
-        return tensor  # adopted tensors are already initialised by their owner
+        return check_adopted(name, adoptee(name, adopt), shape, dtype, device)  # already initialised by its owner
     try:
-        buffer = torch.zeros(shape, dtype=dtype, device=device)
+        buffer = torch.zeros(shape, dtype=dtype, device=device, pin_memory=pin)
     except (RuntimeError, MemoryError) as exc:  # out of memory: the type stays, the slot is named
         what = f"shape {list(shape)}, {dtype}, on {device}"
         exc.add_note(f"graphslot: while allocating the buffer of slot '{name}' ({what})")
@@ -94,25 +104,23 @@ def allocate_buffer(name: str, shape: tuple, dtype: torch.dtype, device, init_va
     return buffer
 
 
-def adopted_tensor(name: str, adopt: Any) -> torch.Tensor:
-    """The tensor ``adopt`` holds for slot ``name`` (an attribute, a mapping key or a dotted path of them); a
-    SlotError naming the slot when there is none, or when looking it up raises."""
-    tensor = adopt
+def adoptee(name: str, adopt: Any) -> Any:
+    """What ``adopt`` holds for slot ``name`` (an attribute, a mapping key or a dotted path of them); a SlotError
+    naming the slot when there is nothing, or when looking it up raises."""
+    value = adopt
     try:
         for part in name.split("."):
-            tensor = tensor.get(part) if isinstance(tensor, Mapping) else getattr(tensor, part, None)
-            if tensor is None:
+            value = value.get(part) if isinstance(value, Mapping) else getattr(value, part, None)
+            if value is None:
                 break
     except Exception as exc:  # an engine object's own __getattr__ or property
         raised = f"{type(exc).__name__}: {shorten(exc, quote=False)}"
         fix = f"give buffers= a tensor '{name}', or declare the slot `adopt: never`"
         raise SlotError(f"slot '{name}': looking up its tensor in buffers= raised {raised}; {fix}") from exc
-    if tensor is None:
+    if value is None:
         fix = "give it one, or declare the slot `adopt: never`"
         raise SlotError(f"slot '{name}': buffers= has no tensor '{name}' to adopt; {fix}")
-    if not isinstance(tensor, torch.Tensor):
-        raise SlotError(f"slot '{name}': buffers= holds {type(tensor).__name__}, expected a torch.Tensor")
-    return tensor
+    return value
 
 
 def pooled(name: str, buffer: torch.Tensor, init_value: Any, pool: SharePool) -> Tuple[torch.Tensor, bool]:
@@ -135,6 +143,43 @@ def pooled(name: str, buffer: torch.Tensor, init_value: Any, pool: SharePool) ->
         return tensor, shared[1]
     fix = "a pool's share() must return a tensor of the shape, dtype and device it was given"
     raise SlotError(f"slot '{name}': the pool {type(pool).__name__} returned {got}; {fix}")
+
+
+def allocate_staged(name: str, shape: tuple, dtype: torch.dtype, device, init_value=None, pool=None, adopt=None):
+    """A staged slot's ``(host, device)`` buffers: adopted (:func:`staged_tensors`), else allocated, the host one
+    pinned when the device is CUDA (and pooled as ``'<name> (host)'``, never as the device one)."""
+    if adopt is not None:
+        host, dev = staged_tensors(f"slot '{name}'", adoptee(name, adopt), torch.device(device))
+        checked = check_adopted(f"{name} (host)", host, shape, dtype, torch.device("cpu"))
+        return checked, checked if dev is host else check_adopted(name, dev, shape, dtype, torch.device(device))
+    pin = torch.device(device).type == "cuda" and torch.cuda.is_available()
+    host = allocate_buffer(f"{name} (host)", shape, dtype, "cpu", init_value, pool, pin=pin)
+    return host, allocate_buffer(name, shape, dtype, device, init_value, pool)
+
+
+def staged_tensors(where: str, value: Any, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+    """A staged slot's adoptee as its ``(host, device)`` tensors: an object with ``.cpu`` and ``.gpu`` tensors
+    (vLLM's ``CpuGpuBuffer``) or a ``(host, device)`` pair. The host one must be on the CPU and the device one on
+    ``device``; the same memory for both (a build whose device is the host) comes back as one tensor, twice.
+    ``where`` (``slot 'x'``) starts the SlotError's message."""
+    pair = (getattr(value, "cpu", None), getattr(value, "gpu", None))
+    if not all(isinstance(t, torch.Tensor) for t in pair):
+        pair = tuple(value) if isinstance(value, (tuple, list)) and len(value) == 2 else (None, None)
+    host, dev = pair
+    if not (isinstance(host, torch.Tensor) and isinstance(dev, torch.Tensor)):
+        what = "an object with .cpu and .gpu tensors (vLLM's CpuGpuBuffer) or a (host, device) pair of tensors"
+        raise SlotError(f"{where} is staged: buffers= must hold {what} for it, got {type(value).__name__}")
+    if host.device.type != "cpu":
+        raise SlotError(f"{where} is staged: its host tensor must be on the CPU, got one on {host.device}")
+    if not _same_device(dev.device, device):
+        raise SlotError(f"{where} is staged: its device tensor must be on {device}, got one on {dev.device}")
+    same = (host.data_ptr(), host.shape, host.stride(), host.dtype) == (
+        dev.data_ptr(),
+        dev.shape,
+        dev.stride(),
+        dev.dtype,
+    )
+    return host, host if same and host.device == dev.device else dev
 
 
 #: What to do when two slots' buffers share memory, by where the buffers came from.
@@ -174,26 +219,34 @@ def layout(shape: tuple, dtype: torch.dtype, device: torch.device) -> str:
     return f"shape {list(shape)} {dtype} on {device}"
 
 
-def check_given_buffers(spec_name: str, slots, buffers: Any, device: torch.device) -> Dict[str, torch.Tensor]:
-    """``build(bind=...)``: a tensor of the resolved shape, dtype and device for every enabled slot, bound as
-    it is; SlotError naming the first slot that does not fit."""
+def check_given_buffers(spec_name: str, slots, buffers: Any, device: torch.device) -> Dict[str, Any]:
+    """``build(bind=...)``: a tensor of the resolved shape, dtype and device for every enabled slot (a staged one:
+    its two, as :func:`staged_tensors` takes them), bound as it is; SlotError naming the first that does not fit."""
     if not isinstance(buffers, Mapping):
         raise SlotError(f"spec '{spec_name}': buffers= must map slot names to tensors, got {type(buffers).__name__}")
     given = {}
     for slot in slots:
         if not slot.enabled:
             continue
-        tensor = buffers.get(slot.name)
-        where = torch.device("cpu") if slot.host else device
+        value = buffers.get(slot.name)
         at = f"spec '{spec_name}', slot '{slot.name}'"
-        if not isinstance(tensor, torch.Tensor):
-            raise SlotError(f"{at}: buffers= has {'no tensor' if tensor is None else type(tensor).__name__} for it")
-        if not fits(tensor, slot.shape, slot.dtype, where):
-            got = layout(tensor.shape, tensor.dtype, tensor.device)
-            raise SlotError(f"{at}: buffers= holds {got}, expected {list(slot.shape)} {slot.dtype} on {where}")
-        refuse_strided(at, "bind", tensor)
-        given[slot.name] = tensor
+        if slot.staged and value is not None:
+            host, dev = staged_tensors(at, value, device)
+            pair = (_fits(f"{at} (host)", host, slot, torch.device("cpu")), _fits(at, dev, slot, device))
+            given[slot.name] = (pair[0], pair[0]) if dev is host else pair
+        else:
+            given[slot.name] = _fits(at, value, slot, torch.device("cpu") if slot.host else device)
     return given
+
+
+def _fits(at: str, tensor: Any, slot, where: torch.device) -> torch.Tensor:
+    if not isinstance(tensor, torch.Tensor):
+        raise SlotError(f"{at}: buffers= has {'no tensor' if tensor is None else type(tensor).__name__} for it")
+    if not fits(tensor, slot.shape, slot.dtype, where):
+        got = layout(tensor.shape, tensor.dtype, tensor.device)
+        raise SlotError(f"{at}: buffers= holds {got}, expected {list(slot.shape)} {slot.dtype} on {where}")
+    refuse_strided(at, "bind", tensor)
+    return tensor
 
 
 def _same_device(a: torch.device, b: torch.device) -> bool:

@@ -47,22 +47,23 @@ class InterpretedRegistry(SlotRegistry):
             hook = slot.hooks.get("source") if slot.resolved.copy_from_fb else None
             src = None if hook is None else check.hook_source(slot.name, hook(fb, ctx))
             if src is not None:
-                d = slot.resolved.slice_dim
-                hook_copies.append((slot.buffer.narrow(d, 0, src.shape[d]) if src.dim() else slot.buffer, src))
+                d, buffer = slot.resolved.slice_dim, slot.filled
+                hook_copies.append((buffer.narrow(d, 0, src.shape[d]) if src.dim() else buffer, src))
 
-        # 1. copy heads; device copies grouped by dtype pair, one kernel each
+        # 1. copy heads (a staged slot's into its host buffer); device copies grouped by dtype pair, one kernel each
         groups: Dict[tuple, list] = {}
         for dst, src in copies:
             groups.setdefault((dst.device, dst.dtype, src.dtype), []).append((dst, src))
         for pairs in groups.values():
             torch._foreach_copy_([dst for dst, _ in pairs], [src for _, src in pairs])
 
-        # 2. make the padded tail safe
+        # 2. make the padded tail safe: [raw:padded] (extra rows included), or to the end under reset_to: capacity
         for slot in active:
             spec = slot.resolved
-            raw, padded = slot.count(raw_bs, raw_num_tokens), slot.count(padded_bs, padded_num_tokens)
-            if spec.resets_tail and raw < padded:
-                slot.buffer.narrow(spec.slice_dim, raw, padded - raw).fill_(spec.tail_value)
+            if spec.resets_tail:
+                start, end = slot.count(raw_bs, raw_num_tokens), slot.tail_end(padded_bs, padded_num_tokens)
+                if start < end:
+                    slot.filled.narrow(spec.slice_dim, start, end - start).fill_(spec.tail_value)
 
         # 3. source hooks' results go to [:len(src)], after the resets
         for dst, src in hook_copies:
@@ -72,7 +73,26 @@ class InterpretedRegistry(SlotRegistry):
         for slot in active:
             hook = slot.hooks.get("post_fill")
             if hook is not None:
-                hook(slot.buffer, fb, ctx)
+                hook(slot.filled, fb, ctx)
+
+        # 5. repeat tails: each repeat_last tail takes its head's last row (an empty head: zeros), after every hook
+        for slot in active:
+            spec = slot.resolved
+            start, end = slot.count(raw_bs, raw_num_tokens), slot.tail_end(padded_bs, padded_num_tokens)
+            if spec.repeats_last and start < end:
+                tail = slot.filled.narrow(spec.slice_dim, start, end - start)
+                if start:
+                    tail.copy_(slot.filled.narrow(spec.slice_dim, start - 1, 1).expand_as(tail))
+                else:
+                    tail.zero_()
+
+        # 6. stage: one non-blocking copy host to device per staged slot whose buffers are two
+        for slot in active:
+            if slot.host is not None and slot.host is not slot.buffer:
+                whole = slot.resolved.to_capacity or not slot.resolved.axis.sliced
+                n = None if whole else slot.count(padded_bs, padded_num_tokens)
+                dst = slot.buffer if n is None else slot.buffer.narrow(slot.resolved.slice_dim, 0, n)
+                dst.copy_(slot.head(n), non_blocking=True)
 
     def extract(self, fb, *, padded_bs, padded_num_tokens):
         padded_bs, padded_num_tokens = self.checker.view(padded_bs, padded_num_tokens)

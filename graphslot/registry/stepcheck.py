@@ -32,7 +32,7 @@ class StepChecker:
         self.spec_name, self.max_bs, self.max_num_tokens, self.strict = spec_name, max_bs, max_num_tokens, strict
         self.slots = {slot.name: slot for slot in slots}  # enabled ``Slot`` objects with buffers
         self.plain = tuple(s for s in self.slots.values() if s.resolved.copy_from_fb and s.resolved.source is None)
-        self._extents = extent_tables((s.name, s.buffer) for s in self.slots.values())
+        self._extents = extent_tables((s.name, b) for s in self.slots.values() for b in s.buffers())
         self._seen_steps, self._seen_views, self._seen_raw = {}, {}, {}  # what _once remembers
 
     def without(self, names: AbstractSet[str]) -> "StepChecker":
@@ -133,7 +133,7 @@ class StepChecker:
         if list(src.shape) != shape:
             raise self.fail(name, f"expected shape {shape}, got {list(src.shape)} (copy_ would broadcast or fail)")
         if self.strict:
-            self._strict(slot, src, head=slot.buffer.narrow(d, 0, src.shape[d]) if shape else slot.buffer)
+            self._strict(slot, src, head=slot.head(src.shape[d] if shape else None))
         return src
 
     def diagnose(self, fb: Any, raw_bs: int, raw_num_tokens: int, exc: BaseException) -> None:
@@ -156,7 +156,7 @@ class StepChecker:
             raise self.fail(slot.name, f"expected a torch.Tensor, got {describe(src)}")
 
     def _strict(self, slot, src: torch.Tensor, head: torch.Tensor) -> None:
-        buffer = slot.buffer
+        buffer = slot.filled  # a staged slot's sources are copied into its host buffer
         if src.dtype != buffer.dtype:
             raise self.fail(slot.name, f"expected dtype {buffer.dtype}, got {src.dtype} (copy_ would cast silently)")
         if src.device != buffer.device:

@@ -24,6 +24,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..graphs.backend import Graph, GraphBackend, get_graph_backend
 from ..graphs.util import no_collection
 from ..log import progress_bar
+from ..spec.kinds import INDEX_SKIP
 from .capture import capture_mode
 from .config import GraphRunnerConfig
 from .report import CaptureTimer, describe_keys
@@ -132,11 +133,12 @@ class PhaseRunner:
 
     # -- lifecycle -------------------------------------------------------------------
     def reset_index_buffers(self) -> None:
-        """Zero every index-semantic slot buffer in place (``index: true``: padded with
-        ``zero``, so a zero is what a padded row holds): nothing stale indexes a pool."""
+        """Reset every index-semantic slot buffer in place to what a padded row holds (``index: true``: zero,
+        ``index: skip``: its negative pad value), a staged slot's two: nothing stale indexes a pool."""
         for slot in self.registry.active:
-            if slot.resolved.index:
-                slot.buffer.zero_()
+            index = slot.resolved.index
+            for buffer in slot.buffers() if index else ():
+                buffer.fill_(slot.resolved.pad_value if index == INDEX_SKIP else 0)
 
     def release(self) -> None:
         """Drop every graph and give the backend's own pool memory back (a pool the engine

@@ -15,6 +15,7 @@ from .hooks import HOOK_SIGNATURES, HookError, check_reference, is_import_refere
 from .kinds import CAPACITY_NAMES, Axis, Padding
 from .model import ParamSpec, RegistrySpec, SlotSpec
 from .names import DOTTED, IMPORT_REFERENCE, char_name, control_character, is_identifier
+from .policy import CHOICES, choice_param, tail_issues
 from .resolve import MAX_PARAM_CHAIN, coerce_param, evaluate_field, resolve_params, slot_dtype, too_long_chain
 from .yaml_loader import Locations
 
@@ -128,7 +129,8 @@ def check_spec(
             report.add(path + ("name",), message, shorten(slot.name, quote=False))
         else:
             first_line[slot.name] = locations.line(path + ("name",)) or 0
-        SlotChecker(slot, path, params, types, baked, default_values, report, import_hooks).run()
+        param_sets = list(zip([None, *presets], default_values))
+        SlotChecker(slot, path, params, types, baked, param_sets, report, import_hooks).run()
     if structurally_valid and not report.issues and max_bytes is not None:
         _check_total_bytes(slots, presets, default_values, max_bytes, report)
     return report.issues
@@ -148,7 +150,7 @@ def _check_total_bytes(slots, presets, default_values, max_bytes: int, report: R
             except ExprError as exc:
                 report.add(("slots", index, "shape"), f"shape at {where}: {exc}", slot.name)
                 return
-            nbytes = numel * slot_dtype(slot, values).itemsize
+            nbytes = numel * slot_dtype(slot, values).itemsize * (2 if slot.staged else 1)  # staged: host and device
             total += nbytes
             largest = max(largest, (nbytes, slot.name))
         if total > max_bytes:
@@ -235,12 +237,13 @@ def check_presets(params: Dict[str, ParamSpec], presets: Dict[str, Dict[str, Any
 
 
 class SlotChecker:
-    """``types``: every param's; ``baked``: those a shape, dtype or enabled_if may use (not runtime, not live)."""
+    """``types``: every param's; ``baked``: those a shape, dtype or enabled_if may use (not runtime, not live);
+    ``param_sets``: ``(preset or None, values)`` under the defaults and each preset (none when params are broken)."""
 
-    def __init__(self, slot: SlotSpec, path, params, types, baked, default_values, report: Reporter, import_hooks):
+    def __init__(self, slot: SlotSpec, path, params, types, baked, param_sets, report: Reporter, import_hooks):
         self.slot, self.path, self.params, self.report, self.import_hooks = slot, path, params, report, import_hooks
         self.shown_name = shorten(slot.name, quote=False)
-        self.types, self.baked, self.default_values = types, baked, default_values
+        self.types, self.baked, self.param_sets = types, baked, param_sets
 
     def add(self, key: Optional[str], message: str) -> None:
         path = self.path if key is None else self.path + (key,)
@@ -302,7 +305,7 @@ class SlotChecker:
                 expr = self.expr("shape", extent, types, ("int",), f"shape[{d}]")
                 if expr is None or expr.names & set(CAPACITY_NAMES):
                     continue
-                for values in self.default_values:
+                for _, values in self.param_sets:
                     try:
                         n = expr.evaluate(values)
                     except ExprError as exc:
@@ -327,9 +330,16 @@ class SlotChecker:
                 f"(it has {len(slot.shape)} dimension(s))",
             )
         elif Axis(slot.axis).sliced:
-            capacity = Axis(slot.axis).capacity
+            capacity, k = Axis(slot.axis).capacity, max(slot.extra_rows, 0)
             extent = slot.shape[slot.slice_dim]
-            if not (isinstance(extent, str) and extent.strip() == capacity):
+            spelt = "".join(extent.split()) if isinstance(extent, str) else None
+            if k and spelt not in (f"{capacity}+{k}", f"{k}+{capacity}"):
+                self.add(
+                    "shape",
+                    f"axis '{slot.axis}' slices dimension {slot.slice_dim} and extra_rows is {k}, so that extent "
+                    f"must be '{capacity} + {k}' (the capacity plus extra_rows), got {shorten(extent)}",
+                )
+            elif not k and not (isinstance(extent, str) and extent.strip() == capacity):
                 self.add(
                     "shape",
                     f"axis '{slot.axis}' slices dimension {slot.slice_dim}, so that extent "
@@ -337,45 +347,23 @@ class SlotChecker:
                 )
 
     def padding(self) -> None:
-        slot, padding = self.slot, Padding.of(self.slot.padding)
-        if not Axis(slot.axis).sliced:
-            if padding.resets_tail:
-                self.add(
-                    "padding",
-                    f"axis 'none' is never sliced, so padding '{slot.padding}' would never "
-                    "reset anything; use keep_pad, or fill_once to initialise the buffer",
-                )
-        elif slot.padding is None:
-            self.add(
-                None,
-                f"missing 'padding': a '{slot.axis}'-axis slot must say how its padded tail is "
-                f"made safe (one of {', '.join(Padding.values())})",
-            )
-        if slot.index and padding is not Padding.ZERO:
-            self.add(
-                "index",
-                f"index slots must use padding 'zero' (got '{padding}'): "
-                "a stale or sentinel tail would index out of the pool",
-            )
+        """padding, pad_value, index, extra_rows, reset_to and staged together, under every param set."""
+        for key, message in tail_issues(self.slot, self.params, self.param_sets):
+            self.add(key, message)
 
     def pad_value(self) -> None:
-        slot, padding = self.slot, Padding.of(self.slot.padding)
-        needs = padding.needs_pad_value
-        if needs and slot.pad_value is None:
-            self.add(None, f"padding '{slot.padding}' needs a 'pad_value'")
-        elif not needs and slot.pad_value is not None:
-            self.add(
-                "pad_value",
-                f"pad_value is only used by fill_sentinel and fill_once, not "
-                f"'{padding}'; remove it or change the padding",
-            )
-        if slot.pad_value is None or not needs:
+        """That the pad value fits the dtype, under every param set, where a policy may use it."""
+        slot = self.slot
+        literal = slot.padding is None or slot.padding in CHOICES["padding"]
+        if slot.pad_value is None or (literal and not Padding.of(slot.padding).needs_pad_value):
             return
+        if not literal and choice_param(slot, "padding", self.params) is None:
+            return  # padding names no valid param: reported by the padding check
         if isinstance(slot.pad_value, str):
             want = ("int", "float", "bool")
             if self.expr("pad_value", slot.pad_value, self.types, want, "pad_value", allow_runtime=True) is None:
                 return
-        for values in self.default_values:
+        for _, values in self.param_sets:
             dtype = slot_dtype(slot, values)
             if dtype is None:
                 return

@@ -61,11 +61,17 @@ class Padding(_StrEnum):
     KEEP_PAD = "keep_pad"
     FOREACH_COPY = "foreach_copy"
     FILL_ONCE = "fill_once"
+    REPEAT_LAST = "repeat_last"
 
     @property
     def resets_tail(self) -> bool:
-        """Every fill writes the tail (zeros or the pad value)."""
+        """Every fill resets the tail to a value (zeros or the pad value), with the heads (step 2 of the fill)."""
         return self in (Padding.ZERO, Padding.FILL_SENTINEL)
+
+    @property
+    def writes_tail(self) -> bool:
+        """Every fill writes the tail: a reset, or ``repeat_last`` (the head's last row, after every hook)."""
+        return self.resets_tail or self is Padding.REPEAT_LAST
 
     @property
     def needs_pad_value(self) -> bool:
@@ -76,6 +82,17 @@ class Padding(_StrEnum):
     def of(cls, declared: Optional[str]) -> "Padding":
         """A declared policy, or the default (keep_pad) when none is declared."""
         return cls.KEEP_PAD if declared is None else cls(declared)
+
+
+class ResetTo(_StrEnum):
+    """How far a tail-writing policy writes: to the padded size, or to the end of the buffer."""
+
+    PADDED = "padded"
+    CAPACITY = "capacity"
+
+
+#: ``index: skip``: an index slot whose kernels skip rows holding a negative sentinel (vLLM's PAD_SLOT_ID).
+INDEX_SKIP = "skip"
 
 
 class SlotKind:

@@ -29,7 +29,13 @@ SPEC_SUFFIXES = (".yaml", ".yml")
 MAX_NAME_LOOKUP_BYTES = 1 << 20
 is_spec_name = is_identifier  # a bare name (``decode``), as opposed to a path (``specs/decode.yaml``)
 _SCALARS = (str, bool, int, float, type(None))
-_CHOICES = {"axis": AXES, "padding": PADDINGS, "type": PARAM_TYPES, "device": ("cpu",)}
+_CHOICES = {
+    "axis": AXES,
+    "padding": PADDINGS,
+    "type": PARAM_TYPES,
+    "device": ("cpu",),
+    "index": ("true", "false", "skip"),
+}
 _NOT_A_MAPPING = f"a spec is a mapping with keys {', '.join(TOP_KEYS)}"
 # Validated specs kept per process (RegistrySpec is frozen, so sharing one is safe): a file by (path, mtime, size), a
 # spec from code by its data. Registries built again and again (an engine rebuilding one) parse nothing twice.

@@ -11,11 +11,12 @@ from typing import Annotated, Any, Dict, Literal, Optional, Tuple, Union
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictFloat, StrictInt
 from pydantic import model_validator
 
-from .kinds import Axis, Padding, SlotKind
+from .kinds import INDEX_SKIP, Axis, Padding, ResetTo, SlotKind
 from .yaml_loader import Locations
 
 AXES = Axis.values()
 PADDINGS = Padding.values()
+RESET_TO = ResetTo.values()
 PARAM_TYPES = ("int", "float", "bool", "dtype", "str")
 
 # Free text, not meaning: left out of a spec's canonical form (a param or preset *named*
@@ -94,14 +95,18 @@ class SlotSpec(_Strict, SlotKind):
     device: Optional[Literal["cpu"]] = Field(
         None, description="Omitted: the registry's device. cpu: a host buffer (e.g. seq_lens_cpu)."
     )
-    padding: Optional[Literal[PADDINGS]] = Field(  # type: ignore[valid-type]
-        None, description="How the padded tail is made safe; required for bs/tokens axes."
+    padding: Optional[Union[Literal[PADDINGS], str]] = Field(  # type: ignore[valid-type]
+        None,
+        description="How the padded tail is made safe: a policy, or a str param whose value is one; required for "
+        "bs/tokens axes.",
     )
     pad_value: Optional[Scalar] = Field(
         None, description="Literal or expression; required by fill_sentinel and fill_once."
     )
-    index: StrictBool = Field(
-        False, description="Values index the KV pool, request pool or rope table: padding must be zero."
+    index: Union[Literal[INDEX_SKIP], StrictBool] = Field(  # type: ignore[valid-type]
+        False,
+        description="Values index the KV pool, request pool or rope table: true, padding must be zero (row 0 is "
+        "reserved); skip, padding must be fill_sentinel with a negative pad_value (kernels skip those rows).",
     )
     optional: StrictBool = Field(
         False, description="The batch field may be None (or absent) on a step: the copy is then skipped."
@@ -115,6 +120,21 @@ class SlotSpec(_Strict, SlotKind):
     pre_capture: Optional[str] = Field(None, description="Hook (buffer, ctx) run before graph capture.")
     adopt: Literal["allowed", "never"] = Field(
         "allowed", description="never: the registry owns the buffer; build_registry(buffers=<object>) never adopts it."
+    )
+    extra_rows: StrictInt = Field(
+        0,
+        description="Rows the head has beyond the step's count (cu_seqlens: 1): the sliced extent is the capacity "
+        "plus extra_rows, a step's head [:raw + extra_rows], its view [:padded + extra_rows]. Axes bs and tokens.",
+    )
+    reset_to: Union[Literal[RESET_TO], str] = Field(  # type: ignore[valid-type]
+        "padded",
+        description="How far zero, fill_sentinel and repeat_last write the tail: padded (to the padded size) or "
+        "capacity (to the end of the buffer); or a str param whose value is one.",
+    )
+    staged: StrictBool = Field(
+        False,
+        description="A host buffer (pinned on CUDA) that the fill writes, and a device buffer the graph reads: one "
+        "non-blocking copy host to device per fill. Not with device: cpu.",
     )
     description: str = ""
 
@@ -209,7 +229,11 @@ def _lists(data: Any) -> Any:
 
 
 # Keys (and defaults) left out of the canonical form when unused: see canonical.
-UNUSED_DEFAULTS = {"spec": {"absent_fields": "error"}, "param": {"live": False}, "slot": {"adopt": "allowed"}}
+UNUSED_DEFAULTS = {
+    "spec": {"absent_fields": "error"},
+    "param": {"live": False},
+    "slot": {"adopt": "allowed", "extra_rows": 0, "reset_to": "padded", "staged": False},
+}
 
 SLOT_KEYS = tuple(SlotSpec.model_fields)
 PARAM_KEYS = tuple(ParamSpec.model_fields)

@@ -13,8 +13,9 @@ from .dtypes import DTypeName, parse_dtype, spelling_hint, torch_dtype, value_fi
 from .errors import ExprError, SpecError, SpecIssue, did_you_mean, shorten
 from .expr import Expr
 from .live import Live
-from .kinds import CAPACITY_NAMES, Axis, Padding, SlotKind
+from .kinds import CAPACITY_NAMES, Axis, Padding, ResetTo, SlotKind
 from .model import RegistrySpec, SlotSpec, one_nan
+from .policy import ChoiceError, Problem, chosen, choice_param, tail_of, tail_problems
 
 
 @dataclass(frozen=True)
@@ -28,9 +29,9 @@ class ResolvedSlot(SlotKind):
     axis: Axis
     slice_dim: int
     host: bool  # ``device: cpu``: a host buffer whatever the registry's device
-    padding: Padding  # the declared policy, or keep_pad
+    padding: Padding  # the declared policy (or its param's value), or keep_pad
     pad_value: Any
-    index: bool
+    index: Any  # False, True or "skip"
     optional: bool
     enabled: bool
     copy_from_fb: bool
@@ -46,10 +47,31 @@ class ResolvedSlot(SlotKind):
     adopt: bool = True
     #: ``absent_fields: skip`` on a copied slot: a field missing, None or not a tensor is no copy.
     skip_absent: bool = False
+    #: Rows of the head beyond the step's count: a step's head is ``[:raw + extra_rows]``.
+    extra_rows: int = 0
+    #: How far a tail-writing policy writes (its param's value, for a reset_to naming one).
+    reset_to: ResetTo = ResetTo.PADDED
+    #: A host buffer the fill writes and a device buffer the graph reads, copied host to device per fill.
+    staged: bool = False
 
     @property
     def dtype(self) -> Any:
         return torch_dtype(self.dtype_name)
+
+    @property
+    def fills_host(self) -> bool:
+        """The buffer a fill writes is on the host: a ``device: cpu`` slot's, or a staged slot's host buffer."""
+        return self.host or self.staged
+
+    @property
+    def repeats_last(self) -> bool:
+        """Step 5 of the fill: the tail takes the head's last row."""
+        return self.axis.sliced and self.padding is Padding.REPEAT_LAST
+
+    @property
+    def to_capacity(self) -> bool:
+        """The tail a policy writes runs to the end of the buffer, not to the padded size."""
+        return self.reset_to is ResetTo.CAPACITY
 
     @property
     def plain_copy(self) -> bool:
@@ -70,8 +92,8 @@ class ResolvedSlot(SlotKind):
 
     @property
     def nbytes(self) -> int:
-        """The bytes its buffer takes (computed, as a Python int: never overflows)."""
-        return math.prod(self.shape) * self.dtype_name.itemsize
+        """The bytes its buffers take (computed, as a Python int: never overflows); a staged slot has two."""
+        return math.prod(self.shape) * self.dtype_name.itemsize * (2 if self.staged else 1)
 
 
 # The Python values each param type takes (a bool is not an int here).
@@ -216,7 +238,8 @@ def resolve_slot(
     absent_fields: str = "error",
 ) -> ResolvedSlot:
     """``absent_fields``: the spec's rule; ``skip`` makes every slot copied from its
-    batch field optional, and a field that is not a tensor no copy either."""
+    batch field optional, and a field that is not a tensor no copy either. A padding or reset_to naming a
+    param whose value is not a choice is a ValueError saying so."""
     env = dict(params, max_bs=max_bs, max_num_tokens=max_num_tokens)
     skip_absent = absent_fields == "skip" and slot.copy_from_fb and slot.source is None
     enabled = True if slot.enabled_if is None else bool(evaluate_field(slot.enabled_if, params))
@@ -231,7 +254,8 @@ def resolve_slot(
         dtype_name=slot_dtype(slot, params),
         axis=Axis(slot.axis),
         host=slot.device == "cpu",
-        padding=Padding.of(slot.padding),
+        padding=Padding.of(chosen(slot, "padding", params)),
+        reset_to=ResetTo(chosen(slot, "reset_to", params)),
         pad_value=pad_value,
         optional=slot.optional or skip_absent,
         enabled=enabled,
@@ -239,7 +263,17 @@ def resolve_slot(
         line=line,
         adopt=slot.adopt != "never",
         skip_absent=skip_absent,
+        extra_rows=slot.extra_rows,
+        staged=slot.staged,
     )
+
+
+def tail_problems_of(slot: SlotSpec, resolved: ResolvedSlot, params: Mapping[str, Any]) -> List[Problem]:
+    """The tail rules (:func:`.policy.tail_problems`) a resolved slot breaks with these params: a ``str`` param's
+    value given at build, or a runtime pad value, that validation did not see."""
+    padding = chosen(slot, "padding", params)
+    named = choice_param(slot, "padding", params) is not None
+    return tail_problems(tail_of(slot, padding, resolved.reset_to, resolved.pad_value, named))
 
 
 # Resolved slots kept per (spec object, params that can shape them, capacities): a registry
@@ -284,6 +318,11 @@ def _resolve_slots(
         except ExprError as exc:  # division by zero or overflow with these values
             add(None, str(exc))
             continue
+        except ChoiceError as exc:  # a padding or reset_to param's value that is no choice
+            add(exc.key, str(exc))
+            continue
+        for key, message in tail_problems_of(slot, r, params) if r.enabled else ():
+            add(key, message)
         if r.enabled and r.pad_value is not None and not value_fits_dtype(r.pad_value, r.dtype_name):
             add("pad_value", f"pad_value {r.pad_value!r} does not fit dtype {r.dtype_name}")
         bad = [(d, n) for d, n in enumerate(r.shape) if n < 1]

@@ -25,7 +25,7 @@ import torch
 from ..spec.kinds import Padding
 
 #: The policies that leave the padded tail as it is (slot_specs/README.md, "Padding policies").
-UNTOUCHED_POLICIES = tuple(p.value for p in Padding if not p.resets_tail)
+UNTOUCHED_POLICIES = tuple(p.value for p in Padding if not p.writes_tail)
 PATTERNS = ("stale", "hostile")
 #: Distinct integer values remembered per slot.
 MAX_DOMAIN = 4096
@@ -33,7 +33,7 @@ MAX_DOMAIN = 4096
 
 def poisonable(slot) -> bool:
     """A slot whose padded tail no step resets."""
-    return slot.resolved.axis.sliced and not slot.resolved.padding.resets_tail
+    return slot.resolved.axis.sliced and not slot.resolved.padding.writes_tail
 
 
 def hostile_name(dtype: torch.dtype) -> str:

@@ -287,6 +287,8 @@ def _verdict(slot, poisoned, leaks, exercised) -> SlotVerdict:
         return SlotVerdict(name, spec.padding, "n/a", "not sliced by the step: no padded rows")
     if spec.resets_tail:
         return SlotVerdict(name, spec.padding, "safe", f"tail reset to {spec.tail_value!r} every step")
+    if spec.repeats_last:
+        return SlotVerdict(name, spec.padding, "safe", "tail set to the head's last row every step")
     found = leaks.get(name, [])
     if found:
         first, rows = found[0], sorted({r for leak in found for r in leak["rows"]})
