@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from graphslot import api
 from graphslot.integrations.vllm import adopted_buffers, hooks
+from graphslot.integrations.vllm import runner as runner_fill
 from graphslot.integrations.vllm.step import VllmStep
 from graphslot.integrations.vllm.support import (VllmRefused, check_version, config_refusals, refuse,
                                                  runner_refusals)
@@ -284,24 +285,57 @@ class Runner(SimpleNamespace):
     __hash__ = object.__hash__
 
 
+def cpu_gpu(shape, dtype):
+    """A stand-in for vLLM's CpuGpuBuffer as the GPU build has it: two tensors."""
+    return SimpleNamespace(cpu=torch.zeros(shape, dtype=dtype), gpu=torch.zeros(shape, dtype=dtype))
+
+
+def fake_runner(**extra):
+    """A stand-in GPUModelRunner on the CPU with the buffers the plugin adopts (distinct host and device)."""
+    group = SimpleNamespace(block_table=cpu_gpu((MAX_REQS, MAX_BLOCKS), torch.int32),
+                            slot_mapping=cpu_gpu((MAX_TOKENS,), torch.int64), slot_mapping_mode="token_to_kv_slot",
+                            max_num_blocks_per_req=MAX_BLOCKS, block_size=BLOCK_SIZE)
+    batch = SimpleNamespace(block_table=Groups([group]), prev_sampled_token_ids=None,
+                            num_computed_tokens_cpu_tensor=torch.zeros(MAX_REQS, dtype=torch.int32))
+    return Runner(input_batch=batch, vllm_config=config(), device=torch.device("cpu"), max_num_reqs=MAX_REQS,
+                  max_num_tokens=MAX_TOKENS, input_ids=cpu_gpu((MAX_TOKENS,), torch.int32),
+                  positions=torch.zeros(MAX_TOKENS, dtype=torch.int64),
+                  query_start_loc=cpu_gpu((MAX_REQS + 1,), torch.int32),
+                  seq_lens=torch.zeros(MAX_REQS, dtype=torch.int32),
+                  optimistic_seq_lens_cpu=torch.zeros(MAX_REQS, dtype=torch.int32),
+                  num_computed_tokens=torch.zeros(MAX_REQS, dtype=torch.int32),
+                  discard_request_mask=cpu_gpu((MAX_REQS,), torch.bool), **extra)
+
+
+class Groups(list):
+    """vLLM's MultiGroupBlockTable: indexable, and its groups as ``block_tables``."""
+
+    @property
+    def block_tables(self):
+        return list(self)
+
+
+def test_a_replaced_input_batch_is_adopted_again():
+    runner = fake_runner()
+    before = runner_fill.STATS["registries"]
+    first = runner_fill.fill_of(runner, "token_to_kv_slot")
+    assert runner_fill.fill_of(runner, "token_to_kv_slot") is first  # once per runner
+    assert first.registry.slot("block_table").buffer is runner.input_batch.block_table[0].block_table.gpu
+    runner.input_batch = fake_runner().input_batch  # may_reinitialize_input_batch
+    second = runner_fill.fill_of(runner, "token_to_kv_slot")
+    assert second is not first and runner_fill.registry_of(runner) is second.registry
+    assert second.registry.slot("block_table").buffer is runner.input_batch.block_table[0].block_table.gpu
+    assert second.registry.slot("slot_mapping").buffer is runner.input_batch.block_table[0].slot_mapping.gpu
+    assert second.registry.host_buffer("positions") is first.registry.host_buffer("positions")  # kept
+    assert runner_fill.STATS["registries"] - before == 2
+
+
 def test_a_slot_a_fork_adds_is_adopted_from_the_runner_attribute_of_its_name():
     """A fork adds a slot for its runner's own CpuGpuBuffer: the plugin's buffers= finds it by name, and the
     slot's source hook reads the runner through the step."""
-    def cpu_gpu(shape, dtype):
-        return SimpleNamespace(cpu=torch.zeros(shape, dtype=dtype), gpu=torch.zeros(shape, dtype=dtype))
-
-    group = SimpleNamespace(block_table=cpu_gpu((MAX_REQS, MAX_BLOCKS), torch.int32),
-                            slot_mapping=cpu_gpu((MAX_TOKENS,), torch.int64))
-    batch = SimpleNamespace(block_table=[group], num_computed_tokens_cpu_tensor=torch.zeros(MAX_REQS, dtype=torch.int32))
-    runner = Runner(input_batch=batch, input_ids=cpu_gpu((MAX_TOKENS,), torch.int32),
-                    positions=torch.zeros(MAX_TOKENS, dtype=torch.int64),
-                    query_start_loc=cpu_gpu((MAX_REQS + 1,), torch.int32),
-                    seq_lens=torch.zeros(MAX_REQS, dtype=torch.int32),
-                    optimistic_seq_lens_cpu=torch.zeros(MAX_REQS, dtype=torch.int32),
-                    num_computed_tokens=torch.zeros(MAX_REQS, dtype=torch.int32),
-                    discard_request_mask=cpu_gpu((MAX_REQS,), torch.bool),
-                    request_scale=cpu_gpu((MAX_REQS,), torch.float32),
-                    scale_of_request=torch.arange(MAX_REQS, dtype=torch.float32) / 2)
+    runner = fake_runner(request_scale=cpu_gpu((MAX_REQS,), torch.float32),
+                         scale_of_request=torch.arange(MAX_REQS, dtype=torch.float32) / 2)
+    group = runner.input_batch.block_table[0]
     buffers = adopted_buffers(runner)
     assert list(buffers) == [s.name for s in load_spec(shipped_spec_path("vllm")).slots]
     assert buffers["request_scale"] is runner.request_scale and "nothing_here" not in buffers
