@@ -109,7 +109,12 @@ SGLANG = Variable(
     "graphslot's sglang plugin, which sglang runs in each of its processes, switches sglang's runners to "
     "`graphslot.integrations.sglang` (`install()`; docs/sglang.md)")
 
-VARIABLES: Tuple[Variable, ...] = (STRICT, DEBUG, EAGER_INPUT_NO_COPY, MAX_BUFFER_BYTES, MAX_KV_BYTES, SGLANG)
+VLLM = Variable(
+    "GRAPHSLOT_VLLM", "bool", "off",
+    "graphslot's vLLM plugin, which vLLM runs in each of its processes, switches vLLM 0.32's V1 model runner to "
+    "`graphslot.integrations.vllm` (`install()`: `_prepare_inputs` fills `vllm.yaml`'s slots; docs/vllm.md)")
+
+VARIABLES: Tuple[Variable, ...] = (STRICT, DEBUG, EAGER_INPUT_NO_COPY, MAX_BUFFER_BYTES, MAX_KV_BYTES, SGLANG, VLLM)
 BY_NAME: Dict[str, Variable] = {v.name: v for v in VARIABLES}
 
 

@@ -55,11 +55,12 @@ def test_only_graphslot_env_reads_the_environment():
 def test_the_declarations():
     names = [v.name for v in env.VARIABLES]
     assert names == ["GRAPHSLOT_STRICT", "GRAPHSLOT_DEBUG", "GRAPHSLOT_EAGER_INPUT_NO_COPY",
-                     "GRAPHSLOT_MAX_BUFFER_BYTES", "GRAPHSLOT_MAX_KV_BYTES", "GRAPHSLOT_SGLANG"]
+                     "GRAPHSLOT_MAX_BUFFER_BYTES", "GRAPHSLOT_MAX_KV_BYTES", "GRAPHSLOT_SGLANG", "GRAPHSLOT_VLLM"]
     assert len(set(names)) == len(names) and all(v.meaning and v.default for v in env.VARIABLES)
     assert {v.name: v.type for v in env.VARIABLES} == {
         "GRAPHSLOT_STRICT": "bool", "GRAPHSLOT_DEBUG": "bool", "GRAPHSLOT_EAGER_INPUT_NO_COPY": "bool",
-        "GRAPHSLOT_MAX_BUFFER_BYTES": "bytes", "GRAPHSLOT_MAX_KV_BYTES": "bytes", "GRAPHSLOT_SGLANG": "bool"}
+        "GRAPHSLOT_MAX_BUFFER_BYTES": "bytes", "GRAPHSLOT_MAX_KV_BYTES": "bytes", "GRAPHSLOT_SGLANG": "bool",
+        "GRAPHSLOT_VLLM": "bool"}
     with pytest.raises(ValueError, match=r"^GRAPHSLOT_X: unknown type 'float' \(types: bool, bytes\)$"):
         env.Variable("GRAPHSLOT_X", "float", "0", "nothing")
     with pytest.raises(KeyError, match="GRAPHSLOT_NOPE is not a declared graphslot environment variable"):

@@ -30,7 +30,7 @@ def test_committed_generated_modules_are_current():
     report = generate(config.root, config.raw, check=True)
     assert report.problems == [], "\n".join(report.problems + report.diffs) + "\nrun: graphslot generate"
     assert {p.name for p in report.unchanged} == {"__init__.py", "decode_default.py", "decode_eager.py",
-                                                  "prefill_default.py"}
+                                                  "prefill_default.py", "vllm_default.py", "vllm_cpu.py"}
 
 
 def test_banner_names_spec_identity_params_version_and_command():

@@ -66,6 +66,7 @@ def test_validate_shipped_in_the_project_checks_both(project, capsys):
     assert status == 0
     assert out.splitlines() == [f"ok  {SHIPPED_DIR / 'decode.yaml'} ({DECODE_SLOTS} slots)",
                                 f"ok  {SHIPPED_DIR / 'prefill.yaml'} ({PREFILL_SLOTS} slots)",
+                                f"ok  {SHIPPED_DIR / 'vllm.yaml'} (8 slots; 3 hook imports not checked: pass --import-hooks)",
                                 f"ok  specs/decode.yaml ({DECODE_SLOTS + 1} slots)"]
 
 
@@ -100,7 +101,7 @@ def test_an_unknown_name_lists_the_projects_specs_and_the_shipped_ones(project):
     with pytest.raises(gs.SpecError) as info:
         gs.load_spec("decod")
     assert str(info.value) == ("decod: no such spec file; the project's specs are: decode; shipped specs are: "
-                               "decode, prefill; did you mean 'decode'?")
+                               "decode, prefill, vllm; did you mean 'decode'?")
 
 
 def test_an_unreadable_project_table_is_never_answered_with_the_shipped_spec(project):
