@@ -52,7 +52,7 @@ def project(tmp_path, monkeypatch):
 def test_a_bare_validate_checks_the_projects_specs_only(project, capsys):
     assert cli(capsys, "validate") == (0, "ok  specs/tiny.yaml (1 slots)\n", "")
     status, out, _ = cli(capsys, "validate", "--shipped")
-    assert status == 0 and len(out.splitlines()) == 3
+    assert status == 0 and len(out.splitlines()) == 4
 
 
 def test_the_spec_readme_says_what_a_bare_validate_checks():

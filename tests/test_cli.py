@@ -112,7 +112,7 @@ def test_validate_missing_file(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     status, out, _ = run(capsys, "validate", "nope.yaml")
     assert status == 1
-    assert out.splitlines() == ["nope.yaml: no such spec file; shipped specs are: decode, prefill"]
+    assert out.splitlines() == ["nope.yaml: no such spec file; shipped specs are: decode, prefill, vllm"]
 
 
 def test_validate_project_specs(capsys, tmp_path, monkeypatch):
@@ -132,15 +132,17 @@ def test_validate_project_specs(capsys, tmp_path, monkeypatch):
     status, out, _ = run(capsys, "validate", "--shipped")
     assert status == 1
     oks = [line for line in out.splitlines() if line.startswith("ok  ")]
-    assert len(oks) == 3 and oks[0].endswith("decode.yaml (15 slots)") and oks[1].endswith("prefill.yaml (11 slots)")
+    assert len(oks) == 4 and oks[0].endswith("decode.yaml (15 slots)") and oks[1].endswith("prefill.yaml (11 slots)")
     status, out, _ = run(capsys, "validate", "--shipped", "specs/mine.yaml")
-    assert status == 0 and len(out.splitlines()) == 3 and out.splitlines()[-1] == "ok  specs/mine.yaml (11 slots)"
+    assert status == 0 and len(out.splitlines()) == 4 and out.splitlines()[-1] == "ok  specs/mine.yaml (11 slots)"
 
 
 def test_validate_in_graphslots_own_repository_lists_the_shipped_specs(capsys, monkeypatch):
     monkeypatch.chdir(SHIPPED_DIR.parent.parent)  # its pyproject.toml lists them under [tool.graphslot] specs
     assert run(capsys, "validate") == (0, "ok  graphslot/slot_specs/decode.yaml (15 slots)\n"
-                                          "ok  graphslot/slot_specs/prefill.yaml (11 slots)\n", "")
+                                          "ok  graphslot/slot_specs/prefill.yaml (11 slots)\n"
+                                          "ok  graphslot/slot_specs/vllm.yaml (8 slots; 3 hook imports not checked: "
+                                          "pass --import-hooks)\n", "")
 
 
 def test_validate_project_specs_from_subdirectory(capsys, tmp_path, monkeypatch):
@@ -302,7 +304,8 @@ def test_show_json_keeps_notes_off_stdout(capsys, tmp_path, monkeypatch):
                    "enabled": True}],
         "total_bytes": 16, "enabled_slots": 1, "unchecked_hook_imports": 1}
     status, out, err = run(capsys, "show", "nope.yaml", "--json")
-    assert (status, out) == (1, "") and err == "nope.yaml: no such spec file; shipped specs are: decode, prefill\n"
+    assert (status, out) == (1, "")
+    assert err == "nope.yaml: no such spec file; shipped specs are: decode, prefill, vllm\n"
 
 
 # --- bench ---------------------------------------------------------------------------

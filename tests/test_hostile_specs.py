@@ -586,7 +586,7 @@ def test_validate_reports_every_file_after_a_bad_one(capsys, hostile_dir):
         "nul.yaml:2: YAML syntax error: control characters are not allowed (character #x0000)",
         "bomb.yaml:2: YAML anchors (&name) are not allowed in a spec: write the value out where it is used",
         "ok  good.yaml (1 slots)",
-        "missing.yaml: no such spec file; shipped specs are: decode, prefill",
+        "missing.yaml: no such spec file; shipped specs are: decode, prefill, vllm",
     ]
     assert err == ["4 error(s) in 4 of 5 spec file(s)"]
 

@@ -184,7 +184,7 @@ def test_wrong_from_is_a_usage_error_with_did_you_mean(project, capsys):
     status, _, err = new_spec(capsys, "--from", "decod", "specs/x.yaml")
     assert status == 2
     assert err.splitlines()[-1] == ("graphslot new-spec: error: argument --from: no shipped spec 'decod'; "
-                                    "did you mean 'decode'? (shipped specs: decode, prefill)")
+                                    "did you mean 'decode'? (shipped specs: decode, prefill, vllm)")
     assert files(root) == []
 
 

@@ -30,7 +30,8 @@ from graphslot.generated import decode_default, decode_eager, prefill_default
 from graphslot.api import build
 
 REPO = Path(__file__).resolve().parent.parent
-SHIPPED = {name: (SHIPPED_DIR / f"{name}.yaml").read_text(encoding="utf-8") for name in ("decode", "prefill")}
+SHIPPED = {name: (SHIPPED_DIR / f"{name}.yaml").read_text(encoding="utf-8")
+           for name in ("decode", "prefill", "vllm")}
 LABEL = "graphslot/slot_specs/{}.yaml"
 
 
@@ -47,14 +48,15 @@ def _reversed(value: Any) -> Any:
     return value
 
 
-def _described(value: Any, depth: int = 0) -> Any:
-    """Every description of the spec, its params and its slots rewritten or dropped."""
+def _described(value: Any, depth: int = 0, under: str = "") -> Any:
+    """Every description of the spec, its params and its slots rewritten or dropped (``under``: the spec's key
+    the value sits under; a preset maps params to values, and has no description)."""
     if isinstance(value, list):
-        return [_described(v, depth) for v in value]
+        return [_described(v, depth, under) for v in value]
     if not isinstance(value, dict):
         return value
-    out = {k: _described(v, depth + 1) for k, v in value.items() if k != "description"}
-    if depth in (0, 2) and len(out) % 2:  # the spec itself, a param or a slot: some get a new one
+    out = {k: _described(v, depth + 1, k if depth == 0 else under) for k, v in value.items() if k != "description"}
+    if (depth == 0 or depth == 2 and under != "presets") and len(out) % 2:  # some get a new one
         out["description"] = "Something else entirely.\nOver two lines, with 'quotes' and # signs."
     return out
 
@@ -137,7 +139,7 @@ def test_generate_check_is_clean_under_every_such_edit_of_the_specs(tmp_path, ki
     config = load_project_config(root)
     report = generate(config.root, config.raw, check=True)
     assert report.problems == [], "\n".join(report.diffs)
-    assert len(report.unchanged) == 4
+    assert len(report.unchanged) == 6
 
 
 def _crlf(text: str) -> str:
@@ -153,7 +155,7 @@ def test_a_crlf_checkout_of_everything_is_current_and_left_alone(tmp_path):
     config = load_project_config(root)
     assert generate(config.root, config.raw, check=True).problems == []
     report = generate(config.root, config.raw)
-    assert report.written == [] and report.removed == [] and len(report.unchanged) == 4
+    assert report.written == [] and report.removed == [] and len(report.unchanged) == 6
     assert {p: p.read_bytes() for p in before} == before  # not rewritten
 
 

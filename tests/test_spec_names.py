@@ -66,7 +66,8 @@ def test_validate_shipped_in_the_project_checks_both(project, capsys):
     assert status == 0
     assert out.splitlines() == [f"ok  {SHIPPED_DIR / 'decode.yaml'} ({DECODE_SLOTS} slots)",
                                 f"ok  {SHIPPED_DIR / 'prefill.yaml'} ({PREFILL_SLOTS} slots)",
-                                f"ok  {SHIPPED_DIR / 'vllm.yaml'} (8 slots; 3 hook imports not checked: pass --import-hooks)",
+                                f"ok  {SHIPPED_DIR / 'vllm.yaml'} (8 slots; 3 hook imports not checked: "
+                                "pass --import-hooks)",
                                 f"ok  specs/decode.yaml ({DECODE_SLOTS + 1} slots)"]
 
 

@@ -190,7 +190,8 @@ def test_graphslot_validate_prints_what_it_printed_before():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == ("ok  graphslot/slot_specs/decode.yaml (15 slots)\n"
                            "ok  graphslot/slot_specs/prefill.yaml (11 slots)\n"
-                           "ok  graphslot/slot_specs/vllm.yaml (8 slots; 3 hook imports not checked: pass --import-hooks)\n")
+                           "ok  graphslot/slot_specs/vllm.yaml (8 slots; 3 hook imports not checked: "
+                           "pass --import-hooks)\n")
     assert proc.stderr == ""
 
 
