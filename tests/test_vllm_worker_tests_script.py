@@ -78,10 +78,21 @@ def test_the_report_names_each_test_whose_outcome_differs(script):
     assert "| total | 2 | 0 | 0 | 0 | 1 | 1 | 0 | 0 |" in lines
 
 
-def test_a_wrong_archive_and_a_cache_inside_the_repository_are_refused(script, tmp_path, capsys):
+def test_a_wrong_archive_and_a_cache_inside_the_repository_are_refused(script, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(script, "check_environment", lambda: None)
     wrong = tmp_path / "vllm-0.32.0.tar.gz"
     wrong.write_bytes(b"not vllm")
     assert script.main(["--sdist", str(wrong), "--cache-dir", str(tmp_path / "cache")]) == 1
     assert f"--sdist {wrong}: sha256 " in capsys.readouterr().err
     assert script.main(["--cache-dir", str(script.REPO / "build" / "vllm")]) == 1
     assert "inside this repository" in capsys.readouterr().err
+
+
+def test_an_environment_without_what_vllms_tests_import_is_named(script, tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "tblib" else object())
+    assert script.main(["--cache-dir", str(tmp_path / "cache")]) == 1
+    assert capsys.readouterr().err.startswith(f"vllm_worker_tests: {script.sys.executable} has no tblib: pip "
+                                              "install tblib")
+    assert not (tmp_path / "cache").exists()
