@@ -67,6 +67,9 @@ RUNTIME_NAMES = [
     "len", "max", "rt_device", "pad0_int64", "buf_x",
 ]
 
+# The policies the str param `pol` names (a slot's `padding: pol`): those that take no pad value.
+STR_POLICIES = ["zero", "keep_pad", "foreach_copy", "repeat_last"]
+
 # How a slot's head gets its value each step.
 FEEDS = [
     "plain",          # copied from the same-named batch field
@@ -151,9 +154,13 @@ def slot_plans(draw, name: str, runtime: List[str]) -> SlotPlan:
         layout = draw(st.sampled_from(["1d", "1d", "trailing", "leading", "leading_trailing"]))
         lead = [draw(st.sampled_from([1, 2, 3, "width"]))] if layout.startswith("leading") else []
         trail = [_extent(draw) for _ in range(draw(st.integers(1, 2)))] if layout.endswith("trailing") else []
-        shape = lead + [capacity] + trail
+        extra = draw(st.sampled_from([0, 0, 0, 1, 2]))  # extra_rows: a head of raw + extra rows
+        shape = lead + [f"{capacity} + {extra}" if extra else capacity] + trail
+        if extra:
+            doc["extra_rows"] = extra
         slice_dim = len(lead)
-        padding = draw(st.sampled_from(["zero", "fill_sentinel", "keep_pad", "foreach_copy", "fill_once"]))
+        padding = draw(st.sampled_from(["zero", "fill_sentinel", "keep_pad", "foreach_copy", "fill_once",
+                                        "repeat_last", "pol"]))  # pol: a str param naming the policy
     doc.update(shape=shape, dtype=dtype, axis=axis)
     if slice_dim:
         doc["slice_dim"] = slice_dim
@@ -161,10 +168,21 @@ def slot_plans(draw, name: str, runtime: List[str]) -> SlotPlan:
         doc["padding"] = padding
     if padding == "zero" and draw(st.booleans()):
         doc["index"] = True
+    if padding == "repeat_last" and doc.get("extra_rows") and draw(st.booleans()):
+        doc["index"] = True  # cu_seqlens-style offsets: allowed with extra rows
     if padding in ("fill_sentinel", "fill_once"):
         doc["pad_value"] = _pad_value(draw, dtype, runtime)
+    if padding == "fill_sentinel" and dtype in INT_DTYPES and draw(st.integers(0, 2)) == 0:
+        doc["index"] = "skip"  # a negative sentinel: a literal, or one a runtime param makes
+        doc["pad_value"] = draw(st.sampled_from([-1, -7, f"-1 - {draw(st.sampled_from(runtime))}"]))
+    if padding in ("zero", "fill_sentinel", "repeat_last"):
+        reset_to = draw(st.sampled_from([None, None, "padded", "capacity", "reset"]))  # reset: a str param
+        if reset_to is not None:
+            doc["reset_to"] = reset_to
     if draw(st.integers(0, 4)) == 0:
         doc["device"] = "cpu"
+    elif draw(st.integers(0, 3)) == 0:
+        doc["staged"] = True
     enabled_if = draw(st.sampled_from([None, None, None, True, False, "flag", "not flag", "width > 1"]))
     if enabled_if is not None:
         doc["enabled_if"] = enabled_if
@@ -201,6 +219,8 @@ def cases(draw) -> Case:
         "width": {"type": "int", "default": 2},
         "dt": {"type": "dtype", "default": "int32"},
         "lv": {"type": "int", "default": 3, "live": True},  # read by the stamp hook
+        "pol": {"type": "str", "default": draw(st.sampled_from(STR_POLICIES))},  # padding: pol
+        "reset": {"type": "str", "default": draw(st.sampled_from(["padded", "capacity"]))},  # reset_to: reset
     }
     for name in runtime:
         params_doc[name] = {"type": "int", "default": draw(st.integers(0, 60)), "runtime": True}
@@ -219,6 +239,10 @@ def cases(draw) -> Case:
     for name in runtime:
         if draw(st.booleans()):
             params[name] = draw(st.integers(0, 60))
+    if draw(st.booleans()):
+        params["pol"] = draw(st.sampled_from(STR_POLICIES))
+    if draw(st.booleans()):
+        params["reset"] = draw(st.sampled_from(["padded", "capacity"]))
     lv = draw(st.sampled_from([None, 5, "provider"]))
     if lv is not None:
         params["lv"] = live_provider if lv == "provider" else lv
@@ -356,7 +380,7 @@ def make_batch(reg: gs.SlotRegistry, step: Step) -> Any:
         spec = slot.resolved
         presence = step.presence.get(spec.name, "tensor")
         full = list(spec.shape)
-        device = slot.buffer.device if slot.buffer is not None else "cpu"
+        device = slot.filled.device if slot.buffer is not None else "cpu"
         dtype = CAST_TO[spec.dtype] if presence == "cast" else spec.dtype
         if spec.source is not None:
             if full:  # a 0-d slot's source is 0-d
@@ -388,7 +412,7 @@ def make_batch(reg: gs.SlotRegistry, step: Step) -> Any:
             if presence == "one_row":
                 value = random_tensor([1], dtype, g, device=device)
             elif presence.startswith("own_") and slot.buffer is not None:
-                value = slot.buffer
+                value = slot.filled
             presence = presence if presence in ("none", "other", "absent") else "tensor"
         capacity = full[spec.slice_dim] if count is None and full else None if count is None else (
             slot.resolved.shape[spec.slice_dim])
@@ -404,7 +428,7 @@ def make_batch(reg: gs.SlotRegistry, step: Step) -> Any:
         elif presence in ("own_head", "own_shifted") and slot.buffer is not None and full[spec.slice_dim] <= capacity:
             rows = full[spec.slice_dim]
             start = 1 if presence == "own_shifted" and rows + 1 <= capacity else 0
-            value = slot.buffer.narrow(spec.slice_dim, start, rows)
+            value = slot.filled.narrow(spec.slice_dim, start, rows)
         if presence != "absent":
             setattr(fb, spec.name, value)
     return fb
@@ -465,10 +489,12 @@ def assert_same_snapshot(before, after, where="batch", views=()) -> None:
 def assert_same_buffers(interp: gs.SlotRegistry, gen: gs.SlotRegistry, when: str) -> None:
     assert interp.slot_names() == gen.slot_names()
     for slot in interp.active:
-        a, b = slot.buffer, gen.slot(slot.name).buffer
-        assert a.dtype == b.dtype and a.shape == b.shape and a.device == b.device, slot.name
-        assert same_bits(a, b), (
-            f"{when}: buffer '{slot.name}' differs\ninterpreted: {a.tolist()}\ngenerated:   {b.tolist()}")
+        other = gen.slot(slot.name)
+        assert len(slot.buffers()) == len(other.buffers()), slot.name
+        for a, b in zip(slot.buffers(), other.buffers()):  # a staged slot's host buffer, then its device one
+            assert a.dtype == b.dtype and a.shape == b.shape and a.device == b.device, slot.name
+            assert same_bits(a, b), (
+                f"{when}: buffer '{slot.name}' differs\ninterpreted: {a.tolist()}\ngenerated:   {b.tolist()}")
 
 
 def assert_same_views(interp, gen, fbs, vi, vg, padded_bs, padded_num_tokens) -> None:
@@ -520,18 +546,27 @@ def assert_heads_and_tails(interp, fb, step: Step, views=()) -> None:
         src = getattr(fb, spec.name, None)
         if isinstance(src, torch.Tensor):
             assert same_bits(slot.head(count), src.to(spec.dtype)), spec.name
-        if spec.resets_tail:
-            padded = slot.count(step.padded_bs, step.padded_num_tokens)
-            tail = slot.buffer.narrow(spec.slice_dim, count, padded - count)
+        end = slot.tail_end(step.padded_bs, step.padded_num_tokens) if spec.axis.sliced else None
+        if spec.resets_tail:  # to the padded count (extra rows included), or to the end under reset_to: capacity
+            tail = slot.filled.narrow(spec.slice_dim, count, end - count)
             assert same_bits(tail, torch.full_like(tail, spec.tail_value)), spec.name
+        if spec.repeats_last:  # written after every hook: the tail is the head's last row as the fill left it
+            tail = slot.filled.narrow(spec.slice_dim, count, end - count)
+            last = slot.filled.narrow(spec.slice_dim, count - 1, 1) if count else torch.zeros_like(tail)
+            assert same_bits(tail, last.expand_as(tail)), spec.name
+        if slot.host is not None:  # staged: the device buffer holds what the step defines, as the host one
+            rows = None if spec.to_capacity else slot.count(step.padded_bs, step.padded_num_tokens)
+            assert same_bits(slot.head(rows), slot.buffer if rows is None else slot.buffer.narrow(
+                spec.slice_dim, 0, rows)), spec.name
 
 
 def poison(interp, gen, seed: int) -> None:
     g = torch.Generator().manual_seed(seed ^ 0x5EED)
     for slot in interp.active:
-        noise = random_tensor(slot.buffer.shape, slot.buffer.dtype, g, scale=10**6, device=slot.buffer.device)
-        slot.buffer.copy_(noise)
-        gen.slot(slot.name).buffer.copy_(noise)
+        for a, b in zip(slot.buffers(), gen.slot(slot.name).buffers()):  # a staged slot's two
+            noise = random_tensor(a.shape, a.dtype, g, scale=10**6, device=a.device)
+            a.copy_(noise)
+            b.copy_(noise)
 
 
 def build_pair(spec, max_bs, max_num_tokens, strict=False, **kwargs):
@@ -661,13 +696,20 @@ def test_the_strategy_makes_valid_specs_that_cover_every_feature():
             seen.add(("runtime_pad", isinstance(slot.pad_value, str)
                       and any(n in slot.pad_value for n in case.runtime)))
             seen.add(("zero_d", not slot.shape))
+            seen.add(("extra_rows", slot.extra_rows > 0))
+            seen.add(("padding_param", slot.padding == "pol"))
+            seen.add(("reset_to", slot.reset_to))
+            seen.add(("staged", slot.staged))
         seen.add(("absent_skip", spec.absent_fields == "skip"))
         seen.add(("live_provider", callable(case.params.get("lv"))))
         seen.add(("skip_set", any(step.skip for step in case.steps)))
         seen.add(("own_context", case.own_context))
 
     collect()
-    wanted = ({("padding", p) for p in ("zero", "fill_sentinel", "keep_pad", "foreach_copy", "fill_once")}
+    wanted = ({("padding", p) for p in ("zero", "fill_sentinel", "keep_pad", "foreach_copy", "fill_once",
+                                        "repeat_last", "pol")}
+              | {("reset_to", r) for r in ("padded", "capacity", "reset")}
+              | {("index", "skip"), ("padding_param", True), ("extra_rows", True), ("staged", True)}
               | {("axis", a) for a in ("bs", "tokens", "none")}
               | {("dtype", d) for d in DTYPES}
               | {(k, True) for k in ("slice_dim", "trailing", "host", "optional", "computed", "post_fill",

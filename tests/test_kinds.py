@@ -36,8 +36,9 @@ def test_the_axis_knows_its_capacity_and_counts():
 
 
 def test_padding_policies():
-    assert Padding.values() == ("zero", "fill_sentinel", "keep_pad", "foreach_copy", "fill_once")
+    assert Padding.values() == ("zero", "fill_sentinel", "keep_pad", "foreach_copy", "fill_once", "repeat_last")
     assert [p.value for p in Padding if p.resets_tail] == ["zero", "fill_sentinel"]
+    assert [p.value for p in Padding if p.writes_tail] == ["zero", "fill_sentinel", "repeat_last"]
     assert [p.value for p in Padding if p.needs_pad_value] == ["fill_sentinel", "fill_once"]
     assert Padding.of(None) is Padding.KEEP_PAD and Padding.of("zero") is Padding.ZERO
     with pytest.raises(ValueError):

@@ -20,11 +20,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from graphslot import api
-from graphslot.integrations.vllm import hooks
+from graphslot.integrations.vllm import adopted_buffers, hooks
+from graphslot.integrations.vllm import runner as runner_fill
 from graphslot.integrations.vllm.step import VllmStep
 from graphslot.integrations.vllm.support import (VllmRefused, check_version, config_refusals, refuse,
                                                  runner_refusals)
-from graphslot.spec.loading import load_spec, shipped_spec_path
+from graphslot.spec.loading import load_spec, shipped_spec_path, spec_from_dict
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_REQS = 6
@@ -257,28 +258,106 @@ def run_python(code: str) -> subprocess.CompletedProcess:
                           timeout=120)
 
 
-def test_importing_the_plugin_imports_no_vllm_and_switched_off_it_does_nothing():
+def test_importing_the_plugin_imports_no_vllm_switched_off_it_does_nothing_and_on_it_needs_vllm():
     proc = run_python("""
         import os, sys
         os.environ.pop("GRAPHSLOT_VLLM", None)
         import graphslot.integrations.vllm as plugin
         plugin.load_plugin()
         print(sorted(m for m in sys.modules if m == "vllm" or m.startswith("vllm.")), plugin.installed())
-    """)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "[] False"
-
-
-def test_switched_on_without_vllm_it_says_what_it_needs():
-    proc = run_python("""
-        import os, sys
         sys.modules["vllm"] = None  # vLLM not installed, whatever this interpreter has
         os.environ["GRAPHSLOT_VLLM"] = "1"
-        import graphslot.integrations.vllm as plugin
         try:
             plugin.load_plugin()
         except ImportError as exc:
             print(exc)
     """)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("graphslot.integrations.vllm needs vLLM 0.32.0 installed and importable: ")
+    off, on = proc.stdout.splitlines()
+    assert off == "[] False"
+    assert on.startswith("graphslot.integrations.vllm needs vLLM 0.32.0 installed and importable: ")
+
+
+class Runner(SimpleNamespace):
+    """A stand-in runner, hashable by identity as vLLM's are (the plugin keeps per-runner state in weak
+    dictionaries)."""
+
+    __hash__ = object.__hash__
+
+
+def cpu_gpu(shape, dtype):
+    """A stand-in for vLLM's CpuGpuBuffer as the GPU build has it: two tensors."""
+    return SimpleNamespace(cpu=torch.zeros(shape, dtype=dtype), gpu=torch.zeros(shape, dtype=dtype))
+
+
+def fake_runner(**extra):
+    """A stand-in GPUModelRunner on the CPU with the buffers the plugin adopts (distinct host and device)."""
+    group = SimpleNamespace(block_table=cpu_gpu((MAX_REQS, MAX_BLOCKS), torch.int32),
+                            slot_mapping=cpu_gpu((MAX_TOKENS,), torch.int64), slot_mapping_mode="token_to_kv_slot",
+                            max_num_blocks_per_req=MAX_BLOCKS, block_size=BLOCK_SIZE)
+    batch = SimpleNamespace(block_table=Groups([group]), prev_sampled_token_ids=None,
+                            num_computed_tokens_cpu_tensor=torch.zeros(MAX_REQS, dtype=torch.int32))
+    return Runner(input_batch=batch, vllm_config=config(), device=torch.device("cpu"), max_num_reqs=MAX_REQS,
+                  max_num_tokens=MAX_TOKENS, input_ids=cpu_gpu((MAX_TOKENS,), torch.int32),
+                  positions=torch.zeros(MAX_TOKENS, dtype=torch.int64),
+                  query_start_loc=cpu_gpu((MAX_REQS + 1,), torch.int32),
+                  seq_lens=torch.zeros(MAX_REQS, dtype=torch.int32),
+                  optimistic_seq_lens_cpu=torch.zeros(MAX_REQS, dtype=torch.int32),
+                  num_computed_tokens=torch.zeros(MAX_REQS, dtype=torch.int32),
+                  discard_request_mask=cpu_gpu((MAX_REQS,), torch.bool), **extra)
+
+
+class Groups(list):
+    """vLLM's MultiGroupBlockTable: indexable, and its groups as ``block_tables``."""
+
+    @property
+    def block_tables(self):
+        return list(self)
+
+
+def test_a_replaced_input_batch_is_adopted_again():
+    runner = fake_runner()
+    before = runner_fill.STATS["registries"]
+    first = runner_fill.fill_of(runner, "token_to_kv_slot")
+    assert runner_fill.fill_of(runner, "token_to_kv_slot") is first  # once per runner
+    assert first.registry.slot("block_table").buffer is runner.input_batch.block_table[0].block_table.gpu
+    runner.input_batch = fake_runner().input_batch  # may_reinitialize_input_batch
+    second = runner_fill.fill_of(runner, "token_to_kv_slot")
+    assert second is not first and runner_fill.registry_of(runner) is second.registry
+    assert second.registry.slot("block_table").buffer is runner.input_batch.block_table[0].block_table.gpu
+    assert second.registry.slot("slot_mapping").buffer is runner.input_batch.block_table[0].slot_mapping.gpu
+    assert second.registry.host_buffer("positions") is first.registry.host_buffer("positions")  # kept
+    assert runner_fill.STATS["registries"] - before == 2
+
+
+def test_a_slot_a_fork_adds_is_adopted_from_the_runner_attribute_of_its_name():
+    """A fork adds a slot for its runner's own CpuGpuBuffer: the plugin's buffers= finds it by name, and the
+    slot's source hook reads the runner through the step."""
+    runner = fake_runner(request_scale=cpu_gpu((MAX_REQS,), torch.float32),
+                         scale_of_request=torch.arange(MAX_REQS, dtype=torch.float32) / 2)
+    group = runner.input_batch.block_table[0]
+    buffers = adopted_buffers(runner)
+    assert list(buffers) == [s.name for s in load_spec(shipped_spec_path("vllm")).slots]
+    assert buffers["request_scale"] is runner.request_scale and "nothing_here" not in buffers
+    data = load_spec(shipped_spec_path("vllm")).to_dict()
+    data["slots"].append({"name": "request_scale", "shape": ["max_bs"], "dtype": "float32", "axis": "bs",
+                          "padding": "zero", "staged": True, "source": "fork_scale"})
+    spec = spec_from_dict(data, label="<code: a vLLM fork>")
+    reg = api.build(spec, device="cpu", max_bs=MAX_REQS, max_num_tokens=MAX_TOKENS, params={"max_blocks": MAX_BLOCKS},
+                    preset="cpu", adopt=buffers,
+                    hooks={"fork_scale": lambda fb, ctx: fb.runner.scale_of_request[: ctx.raw_bs]})
+    step = VllmStep(2, np.array([3, 1], dtype=np.int32), np.zeros(MAX_REQS, dtype=np.int32), np.array([9, 9]),
+                    torch.zeros((MAX_REQS, MODEL_LEN), dtype=torch.int32), group.block_table.cpu.numpy(), BLOCK_SIZE)
+    step.runner = runner
+    reg.fill_from(step, raw_bs=2, padded_bs=2, raw_num_tokens=4, padded_num_tokens=4)
+    assert runner.request_scale.gpu.tolist() == [0.0, 0.5, 0.0, 0.0, 0.0, 0.0]
+    assert runner.query_start_loc.gpu.tolist() == [0, 3, 4, 4, 4, 4, 4]
+
+
+def test_a_value_graphslot_vllm_does_not_take_is_an_error_naming_it(monkeypatch):
+    import graphslot.integrations.vllm as plugin
+    from graphslot.env import EnvError
+
+    monkeypatch.setenv("GRAPHSLOT_VLLM", "maybe")
+    with pytest.raises(EnvError, match=r"^GRAPHSLOT_VLLM='maybe' is not a boolean"):
+        plugin.load_plugin()

@@ -15,7 +15,7 @@ after one WARNING naming the feature. Nothing here imports vLLM.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Tuple
 
 import torch
 
@@ -70,13 +70,38 @@ def positions_host(runner: Any) -> torch.Tensor:
     return host
 
 
-def adopted_buffers(runner: Any) -> Dict[str, Any]:
+class RunnerBuffers(Mapping):
+    """What ``buffers=`` adopts from a runner: the slots vLLM keeps elsewhere or under another name (``named``),
+    then any attribute of the runner of the slot's name, so a slot a fork adds for a runner attribute of its name
+    (a ``CpuGpuBuffer``) is adopted as it is."""
+
+    def __init__(self, runner: Any, named: Dict[str, Any]):
+        self.runner = runner
+        self.named = named
+
+    def __getitem__(self, name: str) -> Any:
+        if name in self.named:
+            return self.named[name]
+        value = getattr(self.runner, name, None)
+        if value is None:
+            raise KeyError(name)
+        return value
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.named)
+
+    def __len__(self) -> int:
+        return len(self.named)
+
+
+def adopted_buffers(runner: Any) -> RunnerBuffers:
     """The runner's tensors each slot adopts: a ``CpuGpuBuffer`` (``.cpu``, ``.gpu``) or a ``(host, device)`` pair
     for a staged slot. ``seq_lens``' host is vLLM's ``optimistic_seq_lens_cpu``; ``num_computed_tokens``' the
-    input batch's state; ``block_table`` and ``slot_mapping`` are the one KV-cache group's."""
+    input batch's state; ``block_table`` and ``slot_mapping`` are the one KV-cache group's. Iterating gives the
+    shipped spec's slots; any other name is looked up on the runner."""
     batch = runner.input_batch
     group = batch.block_table[0]
-    return {
+    return RunnerBuffers(runner, {
         "input_ids": runner.input_ids,
         "positions": (positions_host(runner), runner.positions),
         "query_start_loc": runner.query_start_loc,
@@ -85,7 +110,7 @@ def adopted_buffers(runner: Any) -> Dict[str, Any]:
         "discard_request_mask": runner.discard_request_mask,
         "block_table": group.block_table,
         "slot_mapping": group.slot_mapping,
-    }
+    })
 
 
 def build_for(runner: Any, token_to_kv_slot: Any) -> RunnerFill:

@@ -25,11 +25,12 @@ class VllmStep:
     - ``seq_lens`` (``[R]``, int32): ``num_computed_tokens + num_scheduled_tokens``;
     - ``discard_request_mask`` (``[R]``, bool): ``seq_lens`` short of the request's tokens (a prefill chunk);
     - ``token_ids`` (the runner's ``[max_num_reqs, max_model_len]`` token table), ``block_table`` (the KV group's
-      host block table, numpy) and ``block_size``, which :mod:`.hooks` read.
+      host block table, numpy) and ``block_size``, which :mod:`.hooks` read;
+    - ``runner``: the runner itself (None for a step made by hand), for the hooks of a slot a fork adds.
     """
 
     __slots__ = ("num_reqs", "num_tokens", "req_indices", "token_positions", "query_start_loc", "seq_lens",
-                 "discard_request_mask", "token_ids", "block_table", "block_size")
+                 "discard_request_mask", "token_ids", "block_table", "block_size", "runner")
 
     def __init__(self, num_reqs: int, num_scheduled_tokens: np.ndarray, num_computed_tokens: np.ndarray,
                  request_tokens: np.ndarray, token_ids: torch.Tensor, block_table: np.ndarray, block_size: int):
@@ -53,6 +54,7 @@ class VllmStep:
         self.token_ids = token_ids
         self.block_table = block_table
         self.block_size = block_size
+        self.runner = None
 
     @classmethod
     def of_runner(cls, runner: Any, num_scheduled_tokens: np.ndarray) -> "VllmStep":
@@ -62,8 +64,10 @@ class VllmStep:
         num_reqs = batch.num_reqs
         request_tokens = np.array([runner.requests[r].num_tokens for r in batch.req_ids[:num_reqs]], dtype=np.int64)
         group = batch.block_table[0]
-        return cls(num_reqs, num_scheduled_tokens, batch.num_computed_tokens_cpu, request_tokens,
+        step = cls(num_reqs, num_scheduled_tokens, batch.num_computed_tokens_cpu, request_tokens,
                    batch.token_ids_cpu_tensor, group.block_table.np, group.block_size)
+        step.runner = runner
+        return step
 
     def __repr__(self) -> str:
         return f"VllmStep(num_reqs={self.num_reqs}, num_tokens={self.num_tokens})"
