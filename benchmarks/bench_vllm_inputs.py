@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core and its runner in this process
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB
@@ -105,9 +105,19 @@ class StepTimer:
         self.mismatches: List[str] = []
 
     def __call__(self, runner: Any, scheduler_output: Any, num_scheduled_tokens: Any) -> Any:
+        args = (runner, scheduler_output, num_scheduled_tokens)
+        first = self.check(len(self.steps), *args)
+        times, result = self.time_both(len(self.steps), *args)
+        self.steps.append({"num_reqs": runner.input_batch.num_reqs,
+                           "num_tokens": scheduler_output.total_num_scheduled_tokens,
+                           "decode_only": bool((num_scheduled_tokens == 1).all()), "first_call": first,
+                           **{name: statistics.median(values) for name, values in times.items()}})
+        return result
+
+    def check(self, index: int, runner: Any, scheduler_output: Any, num_scheduled_tokens: Any) -> Dict[str, float]:
+        """Each implementation once, on poisoned outputs; their inputs compared. Returns each call's seconds."""
         num_reqs = runner.input_batch.num_reqs
         num_tokens = scheduler_output.total_num_scheduled_tokens
-        index = len(self.steps)
         seen = {}
         first = {}
         for name, impl in self.impls.items():
@@ -120,22 +130,23 @@ class StepTimer:
         for key in CHECKED:
             if not seen["stock"][key].equal(seen["graphslot"][key]):
                 self.mismatches.append(f"step {index} (R={num_reqs}, T={num_tokens}): {key} differs")
+        return first
+
+    def time_both(self, index: int, runner: Any, *args: Any) -> Tuple[Dict[str, List[float]], Any]:
+        """``repeats`` calls of each, order alternating: each call's seconds (stock's op apart), the last result."""
         times: Dict[str, List[float]] = {name: [] for name in MEASURED}
-        block_table = runner.input_batch.block_table
+        result = None
         for repeat in range(self.repeats):
             order = list(self.impls) if (index + repeat) % 2 == 0 else list(reversed(self.impls))
             for name in order:
-                op = OpTimer(block_table) if name == "stock" else None
+                op = OpTimer(runner.input_batch.block_table) if name == "stock" else None
                 start = time.perf_counter()
-                result = self.impls[name](runner, scheduler_output, num_scheduled_tokens)
+                result = self.impls[name](runner, *args)
                 times[name].append(time.perf_counter() - start)
                 if op is not None:
                     times["stock_slot_mapping"].append(op.stop())
                     times["stock_without_op"].append(times["stock"][-1] - times["stock_slot_mapping"][-1])
-        decode_only = bool((num_scheduled_tokens == 1).all())
-        self.steps.append({"num_reqs": num_reqs, "num_tokens": num_tokens, "decode_only": decode_only,
-                           "first_call": first, **{name: statistics.median(values) for name, values in times.items()}})
-        return result
+        return times, result
 
 
 class OpTimer:
