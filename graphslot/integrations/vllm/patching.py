@@ -9,7 +9,9 @@ vLLM process (the ``LLM``/API process, the engine core, each worker) before any 
   ``CPUModelRunner`` inherits it), so every V1 runner fills ``graphslot/slot_specs/vllm.yaml``'s registry;
 - wraps ``WorkerBase.__init__`` so that a worker whose configuration the plugin does not replace (Model Runner V2,
   speculative decoding, M-RoPE, prompt embeds, async scheduling, context parallelism, LoRA) is refused when it is
-  made, in one line naming the feature and ``GRAPHSLOT_VLLM=0``;
+  made, in one line naming the feature and ``GRAPHSLOT_VLLM=0``; a runner made without a worker (vLLM's own tests
+  make them), or one whose KV-cache groups or async state the plugin does not replace, is handed back to vLLM's
+  ``_prepare_inputs`` at its first step, with one WARNING naming the feature;
 - logs at INFO on the ``graphslot`` logger which vLLM, spec and slots.
 
 :func:`uninstall` puts vLLM's own methods back (tests run stock and graphslot in one process). Nothing is imported
@@ -40,8 +42,10 @@ _TOKEN_TO_KV_SLOT: Dict[str, Any] = {}  # "mode" -> vLLM's SlotMappingMode.TOKEN
 
 
 def graphslot_prepare_inputs(self: Any, scheduler_output: Any, num_scheduled_tokens: Any) -> Any:
-    """``GPUModelRunner._prepare_inputs`` while installed: :func:`.runner.prepare_inputs`."""
-    return runner_fill.prepare_inputs(self, scheduler_output, num_scheduled_tokens, _TOKEN_TO_KV_SLOT["mode"])
+    """``GPUModelRunner._prepare_inputs`` while installed: :func:`.runner.prepare_inputs`, which hands a runner it
+    does not replace to vLLM's own."""
+    return runner_fill.prepare_inputs(self, scheduler_output, num_scheduled_tokens, _TOKEN_TO_KV_SLOT["mode"],
+                                      _ORIGINALS["prepare_inputs"])
 
 
 def graphslot_worker_init(self: Any, *args: Any, **kwargs: Any) -> None:

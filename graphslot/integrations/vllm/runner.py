@@ -6,13 +6,16 @@ one registry of ``graphslot/slot_specs/vllm.yaml`` on the runner's own tensors (
 again when the runner's input batch was replaced (``may_reinitialize_input_batch``), since the block table and the
 slot mapping belong to it. Each step then makes one :class:`~.step.VllmStep` and one ``fill_from``, which writes
 every slot's host buffer and stages it to the device, and does the rest of vLLM's bookkeeping that is no slot
-(``prev_positions``, ``num_accepted_tokens``), and returns what vLLM's returns. Nothing here imports vLLM.
+(``prev_positions``, ``num_accepted_tokens``), and returns what vLLM's returns. A runner whose configuration the
+plugin does not replace (seen at its first step: a runner made without a worker, whose ``__init__`` refuses it, or
+what only a built runner shows) gets no registry: vLLM's own ``_prepare_inputs`` prepares its steps, uncounted,
+after one WARNING naming the feature. Nothing here imports vLLM.
 """
 
 from __future__ import annotations
 
 import weakref
-from typing import Any, Dict, Iterator, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Tuple
 
 import torch
 
@@ -21,7 +24,7 @@ from ...log import get_logger
 from ...registry.base import SlotRegistry
 from ...spec.loading import shipped_spec_path
 from .step import VllmStep
-from .support import refuse, runner_refusals
+from .support import runner_refusals
 
 SPEC = "vllm"
 logger = get_logger(__name__)
@@ -32,11 +35,12 @@ STATS: Dict[str, int] = {"steps": 0, "registries": 0}
 
 
 class RunnerFill:
-    """One runner's registry, on the buffers of the input batch it was built for (``input_batch``)."""
+    """One runner's registry, on the buffers of the input batch it was built for (``input_batch``); None for a
+    runner handed back to vLLM."""
 
     __slots__ = ("input_batch", "registry", "__weakref__")
 
-    def __init__(self, input_batch: Any, registry: SlotRegistry):
+    def __init__(self, input_batch: Any, registry: Optional[SlotRegistry]):
         self.input_batch = input_batch
         self.registry = registry
 
@@ -110,8 +114,13 @@ def adopted_buffers(runner: Any) -> RunnerBuffers:
 
 
 def build_for(runner: Any, token_to_kv_slot: Any) -> RunnerFill:
-    """A registry on ``runner``'s buffers, after refusing what the plugin does not replace (VllmRefused)."""
-    refuse(runner_refusals(runner, token_to_kv_slot), f"{type(runner).__name__} on {runner.device}")
+    """A registry on ``runner``'s buffers; none (one WARNING) when it does something the plugin does not replace."""
+    found = runner_refusals(runner, token_to_kv_slot)
+    if found:
+        logger.warning("graphslot.integrations.vllm does not support %s (%s on %s): vLLM's own _prepare_inputs "
+                       "prepares this runner's steps (not counted in stats())", "; ".join(found),
+                       type(runner).__name__, runner.device)
+        return RunnerFill(runner.input_batch, None)
     device = torch.device(runner.device)
     preset = preset_for(device)
     max_blocks = runner.input_batch.block_table[0].max_num_blocks_per_req
@@ -139,11 +148,14 @@ def registry_of(runner: Any) -> Optional[SlotRegistry]:
     return None if fill is None else fill.registry
 
 
-def prepare_inputs(runner: Any, scheduler_output: Any, num_scheduled_tokens: Any,
-                   token_to_kv_slot: Any) -> Tuple[torch.Tensor, None, int]:
+def prepare_inputs(runner: Any, scheduler_output: Any, num_scheduled_tokens: Any, token_to_kv_slot: Any,
+                   vllms_own: Callable[..., Any]) -> Tuple[Any, ...]:
     """vLLM 0.32's ``_prepare_inputs`` without speculative decoding, M-RoPE, prompt embeds, async scheduling,
-    context parallelism or LoRA (refused before): ``(logits_indices, None, 1)``, every slot filled once."""
+    context parallelism or LoRA: ``(logits_indices, None, 1)``, every slot filled once. A runner with any of them
+    gets ``vllms_own`` (vLLM's ``_prepare_inputs``) instead."""
     fill = fill_of(runner, token_to_kv_slot)
+    if fill.registry is None:
+        return vllms_own(runner, scheduler_output, num_scheduled_tokens)
     num_tokens = scheduler_output.total_num_scheduled_tokens
     num_reqs = runner.input_batch.num_reqs
     if num_tokens <= 0 or num_reqs <= 0:
