@@ -165,3 +165,26 @@ def test_the_paged_cache_refuses_a_request_freed_twice_and_frees_nothing_then():
         cache.free_request(other, [7])  # a slot never handed out: the row stays in use
     assert cache.available_requests == rows_free
     assert {cache.alloc_request()} | {other} == {1, 2}
+
+
+def test_the_swa_cache_frees_all_or_nothing():
+    """``SWAKVCache.free`` gave the SWA slots back (and dropped them from its map) before the
+    full pool could refuse a slot: a refused free left SWA slots freed under slots still in
+    use, and a slot named twice popped the map once, then failed with a bare KeyError."""
+    kv = SWAKVCache(num_layers=2, num_kv_heads=1, head_dim=2, size=6, swa_size=4, swa_layers=[0])
+    full = kv.alloc(2).tolist()
+    mapping = kv.full_to_swa_index_mapping.clone()
+    free_before = (kv.available, kv.swa_available)
+    with pytest.raises(ValueError, match=r"^PagedKVCache: cannot free index 5: it is not in use"):
+        kv.free([full[0], 5])  # 5 was never handed out
+    with pytest.raises(ValueError, match=rf"^PagedKVCache: cannot free index {full[0]}: it is not in use"):
+        kv.free([full[0], full[0]])
+    with pytest.raises(ValueError, match=rf"^SWAKVCache \(swa\): cannot free index {mapping[full[1]]}: it is not in"):
+        kv.free_swa([full[1], full[1]])
+    assert (kv.available, kv.swa_available) == free_before
+    assert torch.equal(kv.full_to_swa_index_mapping, mapping)
+    kv.free_swa([full[0]])  # its window passed: the full slot stays in use
+    assert (kv.available, kv.swa_available) == (free_before[0], free_before[1] + 1)
+    kv.free(full)
+    assert (kv.available, kv.swa_available) == (5, 3)
+    assert not kv.full_to_swa_index_mapping.any()
