@@ -8,6 +8,7 @@ there with an error naming the call, and stays usable."""
 from __future__ import annotations
 
 import pytest
+import torch
 from test_capture_modes import decode_runner, decode_steps, prefill_runner, runtime, same_as_eager
 
 from prefill_cases import against_eager, mixed_batches
@@ -163,3 +164,23 @@ def test_a_prefill_runner_still_releases_and_recaptures_between_steps():
     against_eager(rt, runner, mixed_batches(rt, seed=5, sizes=(2,)))
     runner.release()
     assert runner.graphs == {} and runner.generation == 2
+
+
+def test_a_step_whose_buffers_another_prepare_or_step_filled_is_refused_at_launch():
+    """The buffers hold the batch staged last: launching an earlier staged step replayed its
+    graph on another batch's inputs and returned its rows as this batch's, without a word."""
+    rt = runtime()
+    runner = decode_runner(rt, "full")
+    steps = decode_steps(rt)
+    first = next(steps)
+    second = next(steps)
+    stale = r"^this step's buffers were filled again since it was prepared \(by another prepare\(\) or step\)"
+    for refill in (runner.prepare, runner):
+        staged = runner.prepare(first)
+        refill(second)
+        with pytest.raises(RuntimeError, match=stale):
+            runner.launch(staged)
+    staged = runner.prepare(first)
+    out = runner.launch(staged).clone()
+    assert torch.equal(runner.launch(staged), out)  # launched again, on its own buffers still
+    assert same_as_eager(rt, runner, first)
