@@ -184,3 +184,35 @@ def test_a_step_whose_buffers_another_prepare_or_step_filled_is_refused_at_launc
     out = runner.launch(staged).clone()
     assert torch.equal(runner.launch(staged), out)  # launched again, on its own buffers still
     assert same_as_eager(rt, runner, first)
+
+
+@pytest.mark.parametrize("capture", CAPTURE_MODES)
+@pytest.mark.parametrize("call", CALLS)
+def test_release_or_recapture_during_a_recapture_is_refused_and_the_next_recapture_captures_every_size(capture,
+                                                                                                        call):
+    """Called from ``init_capture_metadata`` while ``recapture()`` captured, ``release()`` dropped
+    the sizes captured so far and the recapture went on: it returned with size 4 missing, which
+    ran eager from then on. Refused now; a recapture cut short leaves the runner released, and
+    the next ``recapture()`` captures every size again."""
+    rt = runtime()
+    adapter = ReferenceDecodeAdapter(rt)
+    runner = DecodeGraphRunner(adapter, capture=capture, max_bs=4, capture_bs=[1, 2, 4], progress=False)
+    original = adapter.init_capture_metadata
+    calls = []
+
+    def meddling(*args):
+        calls.append(args)
+        if len(calls) == 2:
+            getattr(runner, call)()
+        return original(*args)
+
+    adapter.init_capture_metadata = meddling
+    with pytest.raises(RuntimeError, match=rf"^{call}\(\) was called during a capture of decode graphs \(from an "
+                                           rf"adapter hook such as init_capture_metadata, or the forward\)"):
+        runner.recapture()
+    adapter.init_capture_metadata = original
+    assert runner.graphs == {} and runner.released
+    runner.recapture()
+    assert sorted(runner.graphs) == [1, 2, 4]
+    assert all(same_as_eager(rt, runner, fb) for fb in decode_steps(rt))
+    assert runner.metrics()["eager_fallbacks"] == 0
