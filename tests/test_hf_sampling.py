@@ -381,7 +381,7 @@ def test_a_raising_callback_does_not_keep_the_others_from_theirs(model):
 
     engine.add_request(PROMPTS[0], 3, on_token=bad)
     ok = engine.add_request(PROMPTS[1], 3, on_token=got.append)
-    with pytest.raises(RuntimeError, match="^client went away$") as info:
+    with pytest.raises(RuntimeError, match="^client went away") as info:
         engine.step()
     # the bare error named neither the request nor the callback
     assert info.value.__notes__ == ["graphslot: raised by the on_token callback of request 0; the step was "
