@@ -3,6 +3,9 @@ transformers integration and the reference model share, outside the demo package
 
 from __future__ import annotations
 
+import re
+
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -188,3 +191,23 @@ def test_the_swa_cache_frees_all_or_nothing():
     kv.free(full)
     assert (kv.available, kv.swa_available) == (5, 3)
     assert not kv.full_to_swa_index_mapping.any()
+
+
+def test_an_index_that_is_no_int_is_refused_naming_it_and_a_numpy_or_0d_row_is_an_index():
+    """``int()`` cleaned what was given: a slot ``2.9`` freed slot 2, ``True`` freed row 1, a
+    float tensor of slots was truncated; a numpy or 0-d tensor row failed with "'numpy.int64'
+    object is not iterable"."""
+    rows = ReqToTokenPool(4, 8)
+    kv = PagedKVCache(num_layers=1, num_kv_heads=1, head_dim=2, size=6)
+    slots = kv.alloc(3)
+    held = (rows.alloc(2), rows.available, kv.available)
+    for bad, shown in [([2.9], "2.9 (float)"), ([True], "True (bool)"), (torch.tensor([1.0]), "float32")]:
+        with pytest.raises(TypeError, match=rf"^PagedKVCache: cannot free {re.escape(shown)}: an index is an int"):
+            kv.free(bad)
+    with pytest.raises(TypeError, match=r"^ReqToTokenPool: cannot free True \(bool\): an index is an int"):
+        rows.free(True)
+    assert (rows.available, kv.available) == held[1:]
+    rows.free(np.int64(held[0][0]))
+    rows.free(torch.tensor(held[0][1]))
+    kv.free(np.array(slots.tolist()))
+    assert (rows.available, kv.available) == (3, 5)
