@@ -201,7 +201,7 @@ def test_an_index_that_is_no_int_is_refused_naming_it_and_a_numpy_or_0d_row_is_a
     kv = PagedKVCache(num_layers=1, num_kv_heads=1, head_dim=2, size=6)
     slots = kv.alloc(3)
     held = (rows.alloc(2), rows.available, kv.available)
-    for bad, shown in [([2.9], "2.9 (float)"), ([True], "True (bool)"), (torch.tensor([1.0]), "float32")]:
+    for bad, shown in [([2.9], "2.9 (float)"), ([True], "True (bool)"), (torch.tensor([1.0]), "torch.float32")]:
         with pytest.raises(TypeError, match=rf"^PagedKVCache: cannot free {re.escape(shown)}: an index is an int"):
             kv.free(bad)
     with pytest.raises(TypeError, match=r"^ReqToTokenPool: cannot free True \(bool\): an index is an int"):

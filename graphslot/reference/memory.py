@@ -66,7 +66,7 @@ class SWAKVCache(PagedKVCache):
     def free_swa(self, slots: Slots) -> None:
         """Release the SWA slots of full slots whose tokens left the window; all or nothing
         (a slot named twice is a ValueError, and then the map is unchanged)."""
-        full = [s for s in host_slots(slots) if s in self._swa_of]
+        full = [s for s in host_slots(slots, "SWAKVCache") if s in self._swa_of]
         if not full:
             return
         self._swa_free.give_back([self._swa_of[s] for s in full])
@@ -77,13 +77,13 @@ class SWAKVCache(PagedKVCache):
 
     def check_free(self, slots: Slots) -> None:
         """Raise what :meth:`free` would (a slot not in use, in either pool), changing nothing."""
-        slots = host_slots(slots)
+        slots = host_slots(slots, "SWAKVCache")
         super().check_free(slots)
         self._swa_free.check_held([self._swa_of[s] for s in slots if s in self._swa_of])
 
     def free(self, slots: Slots) -> None:
         """Give back full slots and their SWA slots, all or nothing."""
-        slots = host_slots(slots)
+        slots = host_slots(slots, "SWAKVCache")
         self.check_free(slots)
         self.free_swa(slots)
         super().free(slots)
