@@ -157,3 +157,36 @@ def test_good_capture_contexts_still_work(capture):
     for context in (nothing, lambda: shared, Reentrant, contextlib.nullcontext, torch.no_grad):
         runner = decode_runner(runtime(), capture, capture_context=context)
         assert len(runner.graphs) == 3
+
+
+class Swallowing:
+    """A capture context whose ``__exit__`` suppresses whatever was raised inside it."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return True
+
+
+@pytest.mark.parametrize("capture", CAPTURE_MODES)
+def test_a_capture_context_cannot_swallow_a_failed_capture(capture):
+    """The context's ``__exit__`` returning True swallowed the forward's error: "full" kept
+    ``None`` as the size's graph, and the construction succeeded."""
+    rt = runtime()
+    layer = rt.model.layers[1].mlp
+    original = layer.forward
+    fails = [True]
+
+    def failing(*args):
+        if fails:
+            fails.pop()
+            raise RuntimeError("the forward failed in the capture")
+        return original(*args)
+
+    layer.forward = failing
+    with pytest.raises(RuntimeError, match="^the forward failed in the capture") as info:
+        decode_runner(rt, capture, warmup=0, capture_context=Swallowing)
+    assert info.value.__notes__ == [
+        "graphslot: capture_context's context manager (Swallowing) suppressed this error (its __exit__ returned "
+        "True); a capture that failed cannot be kept, so it propagates"]
