@@ -187,6 +187,7 @@ def test_a_capture_context_cannot_swallow_a_failed_capture(capture):
     layer.forward = failing
     with pytest.raises(RuntimeError, match="^the forward failed in the capture") as info:
         decode_runner(rt, capture, warmup=0, capture_context=Swallowing)
-    assert info.value.__notes__ == [
-        "graphslot: capture_context's context manager (Swallowing) suppressed this error (its __exit__ returned "
-        "True); a capture that failed cannot be kept, so it propagates"]
+    note = ("graphslot: capture_context's context manager (Swallowing) suppressed this error (its __exit__ returned "
+            "True); a capture that failed cannot be kept, so it propagates")
+    # breakable and piecewise: this layer's error is raised outside the context, which sees nothing to suppress
+    assert getattr(info.value, "__notes__", []) == ([note] if capture == "full" else [])
