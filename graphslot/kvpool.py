@@ -14,6 +14,7 @@ that no real request ever reads.
 
 from __future__ import annotations
 
+import operator
 from collections import deque
 from typing import Deque, Iterable, List, Sequence, Set, Tuple, Union
 
@@ -22,11 +23,22 @@ import torch
 Slots = Union[torch.Tensor, Sequence[int]]
 
 
-def host_slots(slots: Slots) -> List[int]:
-    """``slots`` as a host list of ints (a tensor is read once, with ``tolist``)."""
+def host_slots(slots: Slots, what: str = "a pool") -> List[int]:
+    """``slots`` as a host list of ints (a tensor is read once, with ``tolist``); a TypeError naming ``what``
+    for a tensor of another dtype than an integer one, or an item no int (a float, a bool)."""
     if isinstance(slots, torch.Tensor):
-        return [int(s) for s in slots.tolist()]
-    return [int(s) for s in slots]
+        if slots.dtype.is_floating_point or slots.dtype.is_complex or slots.dtype == torch.bool:
+            raise TypeError(f"{what}: cannot free {slots.dtype}: an index is an int (pass an integer tensor)")
+        return slots.tolist()
+    return [index(s, what) for s in slots]
+
+
+def index(value: object, what: str) -> int:
+    """``value`` as an int (a numpy integer or a one-element integer tensor too); a TypeError naming ``what``
+    for a bool, a float or anything else (``int()`` would truncate it to another index)."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise TypeError(f"{what}: cannot free {value!r} ({type(value).__name__}): an index is an int")
+    return operator.index(value)
 
 
 class FreeList:
@@ -77,7 +89,7 @@ class FreeList:
     def check_held(self, items: Iterable[int]) -> List[int]:
         """``items`` as a list when every one may be given back (in range, handed out and
         not given back since, named once), else the ValueError :meth:`give_back` raises."""
-        items = list(items)
+        items = [index(i, self.what) for i in items]
         seen: Set[int] = set()
         for i in items:
             if not 0 < i < self.size:
@@ -118,7 +130,9 @@ class ReqToTokenPool:
 
     @staticmethod
     def _rows(indices: Union[int, Slots]) -> List[int]:
-        return [indices] if isinstance(indices, int) else host_slots(indices)
+        if isinstance(indices, torch.Tensor) and indices.dim() == 0 or not hasattr(type(indices), "__iter__"):
+            return [index(indices, "ReqToTokenPool")]
+        return host_slots(indices, "ReqToTokenPool")
 
     def write(self, req_pool_idx: int, start: int, slots: torch.Tensor) -> None:
         """Record ``slots`` as the KV slots of positions ``start, start+1, ...``."""
@@ -184,11 +198,11 @@ class PagedKVCache:
         return torch.tensor(self.take_slots(n), dtype=torch.int64, device=self.device)
 
     def free(self, slots: Slots) -> None:
-        self._free.give_back(host_slots(slots))
+        self._free.give_back(host_slots(slots, "PagedKVCache"))
 
     def check_free(self, slots: Slots) -> None:
         """Raise what :meth:`free` would (a slot not in use), changing nothing."""
-        self._free.check_held(host_slots(slots))
+        self._free.check_held(host_slots(slots, "PagedKVCache"))
 
     def set_kv(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write ``k``/``v`` (``[n, *layer_shapes(layer)]``) at ``loc`` in the layer's slot space.
@@ -206,7 +220,7 @@ def free_request(rows: ReqToTokenPool, kv: PagedKVCache, row: int, slots: Slots,
     """Give back a request's ``row`` of ``rows`` and its KV ``slots`` of ``kv``, both or
     neither: a row or slot not in use (freed already, or never allocated) is a ValueError
     naming ``where`` and the row, and nothing is freed."""
-    slots = host_slots(slots)
+    slots = host_slots(slots, type(kv).__name__)
     try:
         rows.check_free(row)
         kv.check_free(slots)

@@ -11,6 +11,7 @@ at build, in both impls and whatever ``GRAPHSLOT_STRICT`` says:
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -267,3 +268,37 @@ def test_a_pool_initial_value_disagreement_says_what_to_do():
         "slot 'lens': shared buffer (4 x torch.float32 on cpu) was first registered with initial value 1, this "
         "registry needs 2; give both the same pad value, or build this registry with a pool of its own "
         "(or buffers=None)")
+
+
+# --- strided buffers (the sglang drop-in binds them): shared elements, not spans --------------
+
+
+def bound_pair(first: torch.Tensor, second: torch.Tensor):
+    """A drop-in registry with ``seq_lens`` bound to ``first`` and ``req_pool_indices`` to ``second``."""
+    from graphslot.integrations.sglang import CudaGraphBufferRegistry, GraphSlot
+
+    reg = CudaGraphBufferRegistry(device=torch.device("cpu"), max_bs=4, max_num_tokens=4)
+    reg.register_slot(GraphSlot("seq_lens", lambda bs, nt: (bs,), torch.int64, axis="bs"), bind=first)
+    reg.register_slot(GraphSlot("req_pool_indices", lambda bs, nt: (bs,), torch.int64, axis="bs"), bind=second)
+    batch = SimpleNamespace(seq_lens=torch.tensor([5, 6]), req_pool_indices=torch.tensor([1, 2]), batch_size=2)
+    reg.fill_from(batch, raw_bs=2, padded_bs=2, raw_num_tokens=2, padded_num_tokens=2)
+
+
+def test_interleaved_columns_of_one_allocation_are_bound_and_filled_apart():
+    """Two columns of one ``[bs, 2]`` tensor share no byte, though each one's span crosses the
+    other's: sglang binds them, and the drop-in refused them as overlapping (by 56 bytes)."""
+    wide = torch.zeros(4, 2, dtype=torch.int64)
+    bound_pair(wide[:, 0], wide[:, 1])
+    assert wide[:2].tolist() == [[5, 1], [6, 2]]
+
+
+@pytest.mark.parametrize("second, shared", [
+    (lambda wide: wide[:4, 0], "were given the same tensor"),
+    (lambda wide: wide.view(-1)[2:6], "overlap (16 bytes on cpu, bound)"),
+    (lambda wide: wide.view(-1).as_strided((4,), (1,), 6), "overlap (8 bytes on cpu, bound)"),
+], ids=["one column twice", "a dense run over two rows", "a view sharing one element"])
+def test_strided_buffers_that_share_elements_are_refused_with_the_bytes_shared(second, shared):
+    wide = torch.zeros(5, 2, dtype=torch.int64)
+    with pytest.raises(gs.SlotError, match=rf"^spec 'sglang': (the buffers of )?slots 'seq_lens' and "
+                                           rf"'req_pool_indices' {re.escape(shared)}"):
+        bound_pair(wide[:4, 0], second(wide))

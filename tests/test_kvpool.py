@@ -3,6 +3,9 @@ transformers integration and the reference model share, outside the demo package
 
 from __future__ import annotations
 
+import re
+
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -165,3 +168,46 @@ def test_the_paged_cache_refuses_a_request_freed_twice_and_frees_nothing_then():
         cache.free_request(other, [7])  # a slot never handed out: the row stays in use
     assert cache.available_requests == rows_free
     assert {cache.alloc_request()} | {other} == {1, 2}
+
+
+def test_the_swa_cache_frees_all_or_nothing():
+    """``SWAKVCache.free`` gave the SWA slots back (and dropped them from its map) before the
+    full pool could refuse a slot: a refused free left SWA slots freed under slots still in
+    use, and a slot named twice popped the map once, then failed with a bare KeyError."""
+    kv = SWAKVCache(num_layers=2, num_kv_heads=1, head_dim=2, size=6, swa_size=4, swa_layers=[0])
+    full = kv.alloc(2).tolist()
+    mapping = kv.full_to_swa_index_mapping.clone()
+    free_before = (kv.available, kv.swa_available)
+    with pytest.raises(ValueError, match=r"^PagedKVCache: cannot free index 5: it is not in use"):
+        kv.free([full[0], 5])  # 5 was never handed out
+    with pytest.raises(ValueError, match=rf"^PagedKVCache: cannot free index {full[0]}: it is not in use"):
+        kv.free([full[0], full[0]])
+    with pytest.raises(ValueError, match=rf"^SWAKVCache \(swa\): cannot free index {mapping[full[1]]}: it is not in"):
+        kv.free_swa([full[1], full[1]])
+    assert (kv.available, kv.swa_available) == free_before
+    assert torch.equal(kv.full_to_swa_index_mapping, mapping)
+    kv.free_swa([full[0]])  # its window passed: the full slot stays in use
+    assert (kv.available, kv.swa_available) == (free_before[0], free_before[1] + 1)
+    kv.free(full)
+    assert (kv.available, kv.swa_available) == (5, 3)
+    assert not kv.full_to_swa_index_mapping.any()
+
+
+def test_an_index_that_is_no_int_is_refused_naming_it_and_a_numpy_or_0d_row_is_an_index():
+    """``int()`` cleaned what was given: a slot ``2.9`` freed slot 2, ``True`` freed row 1, a
+    float tensor of slots was truncated; a numpy or 0-d tensor row failed with "'numpy.int64'
+    object is not iterable"."""
+    rows = ReqToTokenPool(4, 8)
+    kv = PagedKVCache(num_layers=1, num_kv_heads=1, head_dim=2, size=6)
+    slots = kv.alloc(3)
+    held = (rows.alloc(2), rows.available, kv.available)
+    for bad, shown in [([2.9], "2.9 (float)"), ([True], "True (bool)"), (torch.tensor([1.0]), "torch.float32")]:
+        with pytest.raises(TypeError, match=rf"^PagedKVCache: cannot free {re.escape(shown)}: an index is an int"):
+            kv.free(bad)
+    with pytest.raises(TypeError, match=r"^ReqToTokenPool: cannot free True \(bool\): an index is an int"):
+        rows.free(True)
+    assert (rows.available, kv.available) == held[1:]
+    rows.free(np.int64(held[0][0]))
+    rows.free(torch.tensor(held[0][1]))
+    kv.free(np.array(slots.tolist()))
+    assert (rows.available, kv.available) == (3, 5)

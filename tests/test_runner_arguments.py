@@ -68,6 +68,41 @@ def test_bad_request_buckets_are_refused_naming_them():
         prefill_runner(runtime(), "full", request_buckets=[2.5])
 
 
+@pytest.mark.parametrize("phase", ["decode", "prefill"])
+@pytest.mark.parametrize("setting, value, error, message", [
+    ("max_bs", 4.5, TypeError, "max_bs must be an int, got 4.5 (float)"),
+    ("max_bs", -0.0, TypeError, "max_bs must be an int, got -0.0 (float)"),
+    ("max_bs", 0, ValueError, "max_bs must be an int >= 1, got 0"),
+    ("warmup", -1, ValueError, "warmup must be an int >= 0, got -1"),
+    ("warmup", 1.5, TypeError, "warmup must be an int, got 1.5 (float)"),
+])
+def test_bad_counts_are_refused_at_construction_naming_them(phase, setting, value, error, message):
+    """``max_bs=4.0`` was taken as 4, ``-0.0`` failed as "no batch size to capture", and a
+    negative warmup was taken as none."""
+    make = decode_runner if phase == "decode" else prefill_runner
+    with pytest.raises(error, match=f"^{re.escape(message)}$"):
+        make(runtime(), "full", **{setting: value})
+
+
+@pytest.mark.parametrize("setting, value, error, message", [
+    ("num_tokens_per_bs", 1.5, TypeError, "num_tokens_per_bs must be an int, got 1.5 (float)"),
+    ("num_tokens_per_bs", 0, ValueError, "num_tokens_per_bs must be an int >= 1, got 0"),
+    ("capture_bs_multiple", 0, ValueError, "capture_bs_multiple must be an int >= 1, got 0"),
+    ("capture_bs_multiple", 2.0, TypeError, "capture_bs_multiple must be an int, got 2.0 (float)"),
+])
+def test_bad_decode_counts_are_refused_at_construction_naming_them(setting, value, error, message):
+    """``num_tokens_per_bs=1.5`` ran as 1 token per request, ``capture_bs_multiple=0`` as none."""
+    with pytest.raises(error, match=f"^{re.escape(message)}$"):
+        decode_runner(runtime(), "full", **{setting: value})
+
+
+def test_numpy_counts_are_taken_as_ints():
+    np = pytest.importorskip("numpy")
+    runner = decode_runner(runtime(), "full", max_bs=np.int64(4), capture_bs_multiple=np.int32(2), warmup=np.int8(0))
+    assert runner.captured_sizes == [4, 2]
+    assert type(runner.config.max_bs) is int and type(runner.config.warmup) is int
+
+
 # ------------------------------------------------------------------ capture_context (item 11)
 
 
@@ -122,3 +157,37 @@ def test_good_capture_contexts_still_work(capture):
     for context in (nothing, lambda: shared, Reentrant, contextlib.nullcontext, torch.no_grad):
         runner = decode_runner(runtime(), capture, capture_context=context)
         assert len(runner.graphs) == 3
+
+
+class Swallowing:
+    """A capture context whose ``__exit__`` suppresses whatever was raised inside it."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return True
+
+
+@pytest.mark.parametrize("capture", CAPTURE_MODES)
+def test_a_capture_context_cannot_swallow_a_failed_capture(capture):
+    """The context's ``__exit__`` returning True swallowed the forward's error: "full" kept
+    ``None`` as the size's graph, and the construction succeeded."""
+    rt = runtime()
+    layer = rt.model.layers[1].mlp
+    original = layer.forward
+    fails = [True]
+
+    def failing(*args):
+        if fails:
+            fails.pop()
+            raise RuntimeError("the forward failed in the capture")
+        return original(*args)
+
+    layer.forward = failing
+    with pytest.raises(RuntimeError, match="^the forward failed in the capture") as info:
+        decode_runner(rt, capture, warmup=0, capture_context=Swallowing)
+    note = ("graphslot: capture_context's context manager (Swallowing) suppressed this error (its __exit__ returned "
+            "True); a capture that failed cannot be kept, so it propagates")
+    # breakable and piecewise: this layer's error is raised outside the context, which sees nothing to suppress
+    assert getattr(info.value, "__notes__", []) == ([note] if capture == "full" else [])

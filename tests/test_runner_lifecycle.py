@@ -8,6 +8,7 @@ there with an error naming the call, and stays usable."""
 from __future__ import annotations
 
 import pytest
+import torch
 from test_capture_modes import decode_runner, decode_steps, prefill_runner, runtime, same_as_eager
 
 from prefill_cases import against_eager, mixed_batches
@@ -163,3 +164,55 @@ def test_a_prefill_runner_still_releases_and_recaptures_between_steps():
     against_eager(rt, runner, mixed_batches(rt, seed=5, sizes=(2,)))
     runner.release()
     assert runner.graphs == {} and runner.generation == 2
+
+
+def test_a_step_whose_buffers_another_prepare_or_step_filled_is_refused_at_launch():
+    """The buffers hold the batch staged last: launching an earlier staged step replayed its
+    graph on another batch's inputs and returned its rows as this batch's, without a word."""
+    rt = runtime()
+    runner = decode_runner(rt, "full")
+    steps = decode_steps(rt)
+    first = next(steps)
+    second = next(steps)
+    stale = r"^this step's buffers were filled again since it was prepared \(by another prepare\(\) or step\)"
+    for refill in (runner.prepare, runner):
+        staged = runner.prepare(first)
+        refill(second)
+        with pytest.raises(RuntimeError, match=stale):
+            runner.launch(staged)
+    staged = runner.prepare(first)
+    out = runner.launch(staged).clone()
+    assert torch.equal(runner.launch(staged), out)  # launched again, on its own buffers still
+    assert same_as_eager(rt, runner, first)
+
+
+@pytest.mark.parametrize("capture", CAPTURE_MODES)
+@pytest.mark.parametrize("call", CALLS)
+def test_release_or_recapture_during_a_recapture_is_refused_and_the_next_recapture_captures_every_size(capture,
+                                                                                                        call):
+    """Called from ``init_capture_metadata`` while ``recapture()`` captured, ``release()`` dropped
+    the sizes captured so far and the recapture went on: it returned with size 4 missing, which
+    ran eager from then on. Refused now; a recapture cut short leaves the runner released, and
+    the next ``recapture()`` captures every size again."""
+    rt = runtime()
+    adapter = ReferenceDecodeAdapter(rt)
+    runner = DecodeGraphRunner(adapter, capture=capture, max_bs=4, capture_bs=[1, 2, 4], progress=False)
+    original = adapter.init_capture_metadata
+    calls = []
+
+    def meddling(*args):
+        calls.append(args)
+        if len(calls) == 2:
+            getattr(runner, call)()
+        return original(*args)
+
+    adapter.init_capture_metadata = meddling
+    with pytest.raises(RuntimeError, match=rf"^{call}\(\) was called during a capture of decode graphs \(from an "
+                                           rf"adapter hook such as init_capture_metadata, or the forward\)"):
+        runner.recapture()
+    adapter.init_capture_metadata = original
+    assert runner.graphs == {} and runner.released
+    runner.recapture()
+    assert sorted(runner.graphs) == [1, 2, 4]
+    assert all(same_as_eager(rt, runner, fb) for fb in decode_steps(rt))
+    assert runner.metrics()["eager_fallbacks"] == 0

@@ -64,16 +64,27 @@ class SWAKVCache(PagedKVCache):
         return full_t
 
     def free_swa(self, slots: Slots) -> None:
-        """Release the SWA slots of full slots whose tokens left the window."""
-        full = [s for s in host_slots(slots) if s in self._swa_of]
+        """Release the SWA slots of full slots whose tokens left the window; all or nothing
+        (a slot named twice is a ValueError, and then the map is unchanged)."""
+        full = [s for s in host_slots(slots, "SWAKVCache") if s in self._swa_of]
         if not full:
             return
-        self._swa_free.give_back(self._swa_of.pop(s) for s in full)
+        self._swa_free.give_back([self._swa_of[s] for s in full])
+        for s in full:
+            del self._swa_of[s]
         full_t = torch.tensor(full, dtype=torch.int64, device=self.device)
         self.full_to_swa_index_mapping.index_fill_(0, full_t, 0)
 
+    def check_free(self, slots: Slots) -> None:
+        """Raise what :meth:`free` would (a slot not in use, in either pool), changing nothing."""
+        slots = host_slots(slots, "SWAKVCache")
+        super().check_free(slots)
+        self._swa_free.check_held([self._swa_of[s] for s in slots if s in self._swa_of])
+
     def free(self, slots: Slots) -> None:
-        slots = host_slots(slots)
+        """Give back full slots and their SWA slots, all or nothing."""
+        slots = host_slots(slots, "SWAKVCache")
+        self.check_free(slots)
         self.free_swa(slots)
         super().free(slots)
 

@@ -206,16 +206,38 @@ def extent_tables(buffers: Iterable[Tuple[str, torch.Tensor]]) -> dict:
     return tables
 
 
+#: Past this many elements in two tensors whose spans cross, the bytes their spans share stand for the bytes
+#: their elements share (counting those takes memory in proportion to the elements).
+EXACT_ELEMENTS = 1 << 20
+
+
+def covered_bytes(t: torch.Tensor, low: int, high: int) -> torch.Tensor:
+    """The addresses in ``[low, high)`` of the bytes ``t``'s elements cover (int64, unique)."""
+    starts = torch.zeros((), dtype=torch.int64)
+    for size, stride in zip(t.shape, t.stride()):
+        starts = starts.unsqueeze(-1) + torch.arange(size, dtype=torch.int64) * stride
+    item = t.element_size()
+    covered = (starts.reshape(-1, 1) * item + (t.data_ptr() + torch.arange(item, dtype=torch.int64))).reshape(-1)
+    return covered[(covered >= low) & (covered < high)].unique()
+
+
+def shared_bytes(a: torch.Tensor, b: torch.Tensor, low: int, high: int) -> int:
+    """How many bytes both ``a``'s and ``b``'s elements cover, their spans crossing on ``[low, high)``: two
+    interleaved strided views (the columns of one tensor) share none."""
+    if a.numel() + b.numel() > EXACT_ELEMENTS:
+        return high - low
+    return int(torch.isin(covered_bytes(a, low, high), covered_bytes(b, low, high)).sum())
+
+
 def overlaps(buffers: Iterable[Tuple[str, torch.Tensor]]) -> Iterator[Tuple[str, str, int]]:
-    """For each of ``buffers`` whose bytes overlap an earlier one's on its device (in address order), the earlier
-    one reaching farthest, itself and how many bytes they share. Meta tensors have no memory to share: left out."""
-    for device, extents in sorted_extents(buffers).items():
+    """Every two of ``buffers`` on one device whose elements share bytes: the one earlier in address order, the
+    other and how many bytes they share. Meta tensors have no memory to share: left out."""
+    tensors = dict(buffers)
+    for device, extents in sorted_extents(tensors.items()).items():
         if device.type == "meta":
             continue
-        (_, farthest, owner), *rest = extents
-        for start, end, name in rest:
-            if farthest > start:
-                yield owner, name, min(farthest, end) - start
-            if end > farthest:
-                farthest = end
-                owner = name
+        for index, (_, end, owner) in enumerate(extents):
+            for start, other_end, name in itertools.takewhile(lambda e: e[0] < end, extents[index + 1 :]):
+                shared = shared_bytes(tensors[owner], tensors[name], start, min(end, other_end))
+                if shared:
+                    yield owner, name, shared

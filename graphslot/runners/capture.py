@@ -141,7 +141,25 @@ class _CheckedContext:
             raise TypeError(f"capture_context() returned {_describe(made)}, not a context manager; {CONTEXT_RULE}")
         again = made is self._last
         self._last = made
-        return _Reentered(made) if again else made
+        return _Unsuppressing(_Reentered(made) if again else made)
+
+
+class _Unsuppressing:
+    """A ``capture_context`` result whose ``__exit__`` cannot swallow an error raised in the
+    capture (a graph cut short would be kept): the error propagates, with a note."""
+
+    def __init__(self, inner: ContextManager[Any]):
+        self.inner = inner
+
+    def __enter__(self) -> Any:
+        return self.inner.__enter__()
+
+    def __exit__(self, kind: Any, error: Any, trace: Any) -> bool:
+        if self.inner.__exit__(kind, error, trace) and error is not None:
+            name = type(self.inner.inner if isinstance(self.inner, _Reentered) else self.inner).__name__
+            error.add_note(f"graphslot: capture_context's context manager ({name}) suppressed this error (its "
+                           "__exit__ returned True); a capture that failed cannot be kept, so it propagates")
+        return False
 
 
 class _Reentered:

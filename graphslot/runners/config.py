@@ -11,6 +11,7 @@ built from a config, keyword overrides, or both (:func:`runner_config`).
 from __future__ import annotations
 
 import dataclasses
+import operator
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Dict, Mapping, Optional, Sequence, Type, TypeVar
 
@@ -80,6 +81,25 @@ def registry_buffers(buffers: Any) -> Dict[str, Any]:
 
 
 def runner_config(cls: Type[C], config: Optional[C], overrides: Mapping[str, Any]) -> C:
-    """``config`` (default: ``cls()``) with ``overrides`` applied; an unknown name is a
-    TypeError naming it."""
-    return dataclasses.replace(config or cls(), **overrides)
+    """``config`` (default: ``cls()``) with ``overrides`` applied, its counts checked and
+    made ints (:data:`COUNTS`); an unknown name is a TypeError naming it."""
+    config = dataclasses.replace(config or cls(), **overrides)
+    counts = {name: checked_count(name, getattr(config, name), least) for name, least in COUNTS.items()
+              if getattr(config, name, None) is not None}
+    return dataclasses.replace(config, **counts)
+
+
+#: The count settings of a runner's config, with the least each may be (None, where a
+#: setting may be None, is left alone).
+COUNTS = {"max_bs": 1, "warmup": 0, "num_tokens_per_bs": 1, "capture_bs_multiple": 1}
+
+
+def checked_count(where: str, value: Any, least: int) -> int:
+    """``value`` as an int (anything ``operator.index`` takes: a numpy integer too); a
+    TypeError naming ``where`` for a bool, a float or anything else, a ValueError below ``least``."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise TypeError(f"{where} must be an int, got {value!r} ({type(value).__name__})")
+    value = operator.index(value)
+    if value < least:
+        raise ValueError(f"{where} must be an int >= {least}, got {value}")
+    return value

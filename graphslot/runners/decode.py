@@ -108,6 +108,8 @@ class PreparedReplay(NamedTuple):
     context: Optional[int] = None
     #: The runner's :attr:`~graphslot.runners.phase.PhaseRunner.generation` when staged.
     generation: int = 0
+    #: Which fill of the runner's buffers this step's is (:attr:`DecodeGraphRunner.fills`).
+    fill: int = 0
 
 
 class DecodeGraphRunner(PhaseRunner):
@@ -126,6 +128,8 @@ class DecodeGraphRunner(PhaseRunner):
         self.device = check_adapter(adapter, DecodeAdapter, DecodeAdapter.REQUIRED_HOOKS)
         self.adapter, self.config = adapter, config
         self.k = int(config.num_tokens_per_bs)
+        #: How many steps have been staged in the buffers: :meth:`launch` replays the last one only.
+        self.fills = 0
         #: Which captured size a step replays, or why it runs eager.
         self.dispatch = SizeDispatcher(
             capture_sizes(config.max_bs, config.capture_bs, config.capture_bs_multiple, adapter.max_requests),
@@ -332,6 +336,7 @@ class DecodeGraphRunner(PhaseRunner):
     def _prepare(self, fb: Any, raw_bs: int, needed: int, context: Optional[int], count: bool) -> PreparedReplay:
         adapter, reg, k = self.adapter, self.registry, self.k
         bs = self.dispatch.pad(needed)
+        self.fills += 1  # from here on the buffers are this step's: a step staged before is stale
         self.steps_in_progress += 1  # from here to the staged step, release() and recapture() refuse
         try:
             graph = self.graph(bs, context)  # before the fill: a lazy capture fills the buffers with its dummy batch
@@ -350,15 +355,18 @@ class DecodeGraphRunner(PhaseRunner):
                 self.guard.check()
         finally:
             self.steps_in_progress -= 1
-        return PreparedReplay(graph, raw_bs, bs, needed if count else None, context, self.generation)
+        return PreparedReplay(graph, raw_bs, bs, needed if count else None, context, self.generation, self.fills)
 
     def launch(self, step: PreparedReplay) -> Any:
         """Replay a step :meth:`prepare` staged; its outputs, as :meth:`replay` returns them.
         A RuntimeError when the runner was released or recaptured since (prepare it again)."""
-        graph, raw_bs, bs, needed, context, generation = step
+        graph, raw_bs, bs, needed, context, generation, fill = step
         if generation != self.generation:
             raise RuntimeError("this step was prepared before a release() or recapture(): its graph and buffers are "
                                "stale; prepare it again")
+        if fill != self.fills:
+            raise RuntimeError("this step's buffers were filled again since it was prepared (by another prepare() or "
+                               "step): launch each staged step before staging the next; prepare it again")
         self.steps_in_progress += 1  # eager segments and split ops run engine code during the replay
         try:
             graph.replay()

@@ -73,6 +73,8 @@ class PhaseRunner:
         #: Steps whose host part is running (fetching the graph to replaying it): release()
         #: and recapture() refuse while it is not 0. A count: a DP step holds one around its own.
         self.steps_in_progress = 0
+        #: Captures running (:meth:`_capture_keys`): release() and recapture() refuse while it is not 0.
+        self.captures_in_progress = 0
         #: Bumped by every release() and recapture(): a step staged before one is stale.
         self.generation = 0
         #: Set by whatever owns this runner's lifecycle (the DP runner): what to call
@@ -127,10 +129,14 @@ class PhaseRunner:
         bar = progress_bar(keys, show=self.config.progress, desc=f"Capturing {self.phase} graphs", unit="graph",
                            leave=False)
         first = not self.graphs  # no graph read the tensors as they were before: the guard's snapshot is now
-        with self._timer(keys) as timer, no_collection():  # one full collection for all keys, not one per graph
-            for a, b in bar:
-                self.graphs[self._key(a, b)] = self._capture_one(a, b)
-                timer.count += 1
+        self.captures_in_progress += 1
+        try:
+            with self._timer(keys) as timer, no_collection():  # one full collection for all keys, not one per graph
+                for a, b in bar:
+                    self.graphs[self._key(a, b)] = self._capture_one(a, b)
+                    timer.count += 1
+        finally:
+            self.captures_in_progress -= 1
         self.capture_seconds += timer.seconds
         if first and self.guard is not None:
             self.guard.refresh()
@@ -178,6 +184,11 @@ class PhaseRunner:
                 f"{call} was called during a {self.phase} step (from an adapter hook such as init_replay_metadata, "
                 f"a step observer, or the forward): the step has fetched its graph and filled its buffers, which "
                 f"{call} would drop or overwrite before the replay; call {call} between steps")
+        if self.captures_in_progress:
+            raise RuntimeError(
+                f"{call} was called during a capture of {self.phase} graphs (from an adapter hook such as "
+                f"init_capture_metadata, or the forward): it would drop or replace the graphs being captured; call "
+                f"{call} between steps")
         if self.lifecycle_owner is not None and not owner:
             raise RuntimeError(f"{call} on this {self.phase} runner: {self.lifecycle_owner}")
 
@@ -211,5 +222,12 @@ class PhaseRunner:
         """:meth:`recapture` once allowed (for the lifecycle's owner, which checks first)."""
         keys = [self._pair(k) for k in self.graphs] or self._released_keys
         self.release_graphs()
-        self._capture_keys(keys)
+        try:
+            self._capture_keys(keys)
+        except BaseException:  # cut short: released, so that the next recapture() captures every key again
+            self.graphs.clear()
+            self.backend.release()
+            self._released_keys = keys
+            self.released = not self.config.lazy
+            raise
         self.released = False

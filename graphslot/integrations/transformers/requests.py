@@ -194,6 +194,9 @@ def notify(tokens: List[Tuple[Request, TokenEvent]]) -> None:
             try:
                 req.on_token(event)
             except Exception as exc:  # noqa: BLE001 - the other requests' callbacks still run
-                error = error or exc
+                if error is None:
+                    exc.add_note(f"graphslot: raised by the on_token callback of request {req.rid}; the step was "
+                                 "committed (its tokens are in the requests' outputs)")
+                    error = exc
     if error is not None:
         raise error
