@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from prefill_cases import against_eager, mixed_batches
+from prefill_cases import against_eager, backend_graphs, mixed_batches
 
 from graphslot.graphs import CudaGraphBackend, SegmentedGraph, TapeBackend, TapeGraph, get_graph_backend, graph_pool
 from graphslot.reference import build_reference_model, make_decode_batch, make_extend_batch
@@ -61,13 +61,17 @@ def decode_steps(rt, sizes=DECODE_SIZES, seed=0):
 
 
 def same_as_eager(rt, runner, fb):
-    """The runner first, then eager (which rewrites the same K/V slots identically)."""
+    """The runner first, then eager (which rewrites the same K/V slots identically). A
+    step the runner can run must replay a graph, as the backend counts; else none."""
+    replays = runner.backend.replays
+    graphs = runner.can_run(fb)
     out = runner(fb).clone()
+    if graphs:
+        graph = runner.graph(runner.padded_bs(fb), runner.padded_context(fb))
+        assert runner.backend.replays - replays == backend_graphs(graph), "the backend replayed no graph"
+    else:
+        assert runner.backend.replays == replays, "an eager step replayed a graph"
     return output_check(rt.device)(out, rt.forward(fb))
-
-
-def segments(graph):
-    return graph.num_segments if isinstance(graph, SegmentedGraph) else 1
 
 
 # --------------------------------------------------------------- phase x mode == eager
@@ -163,7 +167,7 @@ def test_the_capture_context_is_entered_once_per_graph_segment_or_piece(capture)
     prefill = prefill_runner(rt, capture, capture_context=pre_ctx, lazy=False, token_buckets=[16, 32])
     decode = decode_runner(rt, capture, capture_context=dec_ctx, backend=backend)
     for runner, ctx in ((prefill, pre_ctx), (decode, dec_ctx)):
-        expected = sum(segments(g) for g in runner.graphs.values())
+        expected = sum(backend_graphs(g) for g in runner.graphs.values())
         assert ctx.entries == expected and not ctx.open
         assert expected == (len(runner.graphs) if capture == "full" else len(runner.graphs) * 3)  # 2 layers
     assert len(backend.inside) == dec_ctx.entries and all(backend.inside)  # each capture inside the context
