@@ -103,6 +103,15 @@ class GraphBackend(Protocol):
         ...
 
 
+@runtime_checkable
+class WarmsUp(Protocol):
+    """A backend that runs warm-ups itself (the CUDA backend: on its capture stream, so
+    lazy inits happen on the stream the graphs use). Others' warm-ups are plain calls
+    (:func:`~graphslot.graphs.util.warm_up`)."""
+
+    def warm_up(self, fn: Callable[[], Any], times: int, stream: Any = None) -> None: ...
+
+
 def graph_pool(device: torch.device | str) -> Any:
     """A new graph pool handle for ``device``, to share across backends and runners
     (``graph_pool=``): ``torch.cuda.graph_pool_handle()`` on a CUDA device, an opaque

@@ -4,20 +4,23 @@ A phase runner (:mod:`.decode`, :mod:`.prefill`) knows what a step's inputs are 
 owns dispatch, fill, metadata, replay and the eager fallback; a capture mode has one
 job, turning the callable that runs one graph key into a graph, on any backend:
 
-========== ===================================================== ==========================
-capture    a graph is                                            the engine's context
-========== ===================================================== ==========================
-full       one backend graph                                     around the capture
-breakable  backend graph segments cut at ``@eager_on_graph``     around each segment
+========== =====================================================
+capture    a graph is
+========== =====================================================
+full       one backend graph
+breakable  backend graph segments cut at ``@eager_on_graph``
            calls (:mod:`.breakable`)
-piecewise  ``torch.compile`` split at the adapter's split ops,   around each piece
+piecewise  ``torch.compile`` split at the adapter's split ops,
            each piece a backend graph (:mod:`.piecewise`)
-========== ===================================================== ==========================
+========== =====================================================
 
 ``compile(fn)`` is what the runner calls inside its graph body instead of ``fn`` (the
 decode forward, the prefill layer stack): ``fn`` itself, or (piecewise) ``fn`` compiled
-to split at the split ops. ``capture(backend, run, warmup=, context=)`` captures one
-run of ``run``; ``context`` is the engine's factory of context managers (or None).
+to split at the split ops. ``capture(backend, run, warmup=, stream=)`` captures one run
+of ``run`` on ``stream`` (the capture session's, :mod:`.session`; None: the backend's
+choice). The runners enter the engine's capture context once per session; a caller
+outside one may pass ``context=`` (a factory of context managers), entered around each
+graph, segment or piece as before.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from __future__ import annotations
 from typing import Any, Callable, ContextManager, Optional, Sequence, Tuple
 
 from ..graphs.backend import Graph, GraphBackend
-from ..graphs.util import entered
+from ..graphs.util import entered, stream_kwargs
 from .breakable import capture_breakable
 from .piecewise import capture_piecewise, compile_piecewise
 
@@ -45,9 +48,9 @@ class FullCapture:
         return fn
 
     def capture(self, backend: GraphBackend, run: Callable[[], Any], *, warmup: int,
-                context: ContextFactory = None) -> Graph:
+                context: ContextFactory = None, stream: Any = None) -> Graph:
         with entered(context):
-            return backend.capture(run, warmup=warmup)
+            return backend.capture(run, warmup=warmup, **stream_kwargs(stream))
 
 
 class BreakableCapture(FullCapture):
@@ -57,8 +60,8 @@ class BreakableCapture(FullCapture):
     name = "breakable"
 
     def capture(self, backend: GraphBackend, run: Callable[[], Any], *, warmup: int,
-                context: ContextFactory = None) -> Graph:
-        return capture_breakable(backend, run, warmup=warmup, context=context)
+                context: ContextFactory = None, stream: Any = None) -> Graph:
+        return capture_breakable(backend, run, warmup=warmup, context=context, stream=stream)
 
 
 class PiecewiseCapture:
@@ -77,8 +80,8 @@ class PiecewiseCapture:
         return compile_piecewise(fn, self.split_ops)
 
     def capture(self, backend: GraphBackend, run: Callable[[], Any], *, warmup: int,
-                context: ContextFactory = None) -> Graph:
-        return capture_piecewise(backend, run, self.split_ops, warmup=warmup, context=context)
+                context: ContextFactory = None, stream: Any = None) -> Graph:
+        return capture_piecewise(backend, run, self.split_ops, warmup=warmup, context=context, stream=stream)
 
 
 def capture_mode(name: str, split_ops: Optional[Sequence[str]] = None) -> Any:

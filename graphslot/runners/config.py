@@ -34,8 +34,10 @@ class GraphRunnerConfig:
     #: (``graphslot.graphs.graph_pool(device)``, ``torch.cuda.graph_pool_handle()``),
     #: shared by every runner given it; None: the backend makes its own.
     graph_pool: Any = None
-    #: A zero-argument factory of context managers entered around every capture: once per
-    #: graph under "full", once per segment or piece otherwise (sglang's ``graph_capture()``).
+    #: A zero-argument factory of context managers (sglang's ``graph_capture()``), entered
+    #: once per capture session: every graph, segment and piece of one construction,
+    #: ``capture_all()``, ``recapture()`` or lazy capture (:mod:`graphslot.runners.session`).
+    #: A stream it yields (its ``.stream``, or the value itself) is captured on.
     capture_context: Optional[Callable[[], ContextManager[Any]]] = None
     #: The registry's implementation: "generated", "interpreted" or a generated module.
     impl: Any = "generated"

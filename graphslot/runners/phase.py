@@ -6,7 +6,8 @@ A phase runner (:class:`~graphslot.runners.decode.DecodeGraphRunner`,
 ``runner.graphs`` holds each under its first element alone when the second is None,
 else under the pair. It says how one key is staged and run (``_capture_one``); this
 class owns the graph backend (and its pool), the capture mode (:mod:`.capture`), the
-engine's capture context, the capture loop, lazy capture and the lifecycle:
+capture loop (every key of one run in one capture session, :mod:`.session`, which enters
+the engine's capture context once), lazy capture and the lifecycle:
 
 * :meth:`PhaseRunner.release`: every graph dropped, the backend's own pool memory given
   back; steps then run eager (or, ``lazy``, capture on demand);
@@ -22,11 +23,11 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..graphs.backend import Graph, GraphBackend, get_graph_backend
-from ..graphs.util import no_collection
 from ..log import progress_bar
 from .capture import capture_mode
 from .config import GraphRunnerConfig
-from .report import CaptureTimer, describe_keys
+from .report import describe_keys
+from .session import CaptureSession, current_session
 
 Key = Tuple[int, Optional[int]]
 
@@ -81,10 +82,11 @@ class PhaseRunner:
         """A KeyError for a key this runner does not capture."""
 
     def _capture(self, backend: GraphBackend, run: Any, warmup: int) -> Graph:
-        """``run`` captured by the capture mode on ``backend`` (the engine's capture
-        context entered on the runner's own backend only)."""
-        context = self.config.capture_context if backend is self.backend else None
-        return self.capture_mode.capture(backend, run, warmup=warmup, context=context)
+        """``run`` captured by the capture mode on ``backend``: on the runner's own backend,
+        inside the capture session (:mod:`.session`), on the stream its context yielded."""
+        session = current_session()
+        stream = session.stream if session is not None and backend is self.backend else None
+        return self.capture_mode.capture(backend, run, warmup=warmup, stream=stream)
 
     def _warmup(self) -> int:
         return self.config.warmup if not self.graphs or self.config.warmup_sizes == "all" else 0
@@ -95,20 +97,21 @@ class PhaseRunner:
         named unless ``full``)."""
         return self.phase if self.capture_mode.name == "full" else f"{self.capture_mode.name} {self.phase}"
 
-    def _timer(self, keys: Sequence[Key]) -> CaptureTimer:
-        return CaptureTimer(self._log, self.what, describe_keys(keys, *self.key_words), self.backend.name, self.device,
-                            self.registry.nbytes)
+    def _session(self, keys: Sequence[Key]) -> CaptureSession:
+        return CaptureSession(context=self.config.capture_context, backend=self.backend, device=self.device,
+                              log=self._log, what=self.what, keys=describe_keys(keys, *self.key_words),
+                              graphs=len(keys), static_bytes=self.registry.nbytes)
 
     def _capture_keys(self, keys: Sequence[Key]) -> float:
-        """Capture ``keys`` in order (largest first); seconds taken."""
+        """Capture ``keys`` in order (largest first), in one capture session; seconds taken."""
         bar = progress_bar(keys, show=self.config.progress, desc=f"Capturing {self.phase} graphs", unit="graph",
                            leave=False)
-        with self._timer(keys) as timer, no_collection():  # one full collection for all keys, not one per graph
+        with self._session(keys) as session:
             for a, b in bar:
                 self.graphs[self._key(a, b)] = self._capture_one(a, b)
-                timer.count += 1
-        self.capture_seconds += timer.seconds
-        return timer.seconds
+                session.captured(bar)
+        self.capture_seconds += session.seconds
+        return session.seconds
 
     def graph(self, a: int, b: Optional[int] = None) -> Graph:
         """The graph of key ``(a, b)`` (decode: batch size ``bs`` and context bucket or

@@ -40,7 +40,7 @@ from torch.fx.passes.split_module import split_module
 
 from ..graphs.backend import GraphBackend, GraphCaptureError
 from ..graphs.segments import EagerStep, SegmentedGraph
-from ..graphs.util import entered
+from ..graphs.util import entered, stream_kwargs
 
 # ------------------------------------------------------------ the Dynamo backend
 
@@ -104,8 +104,9 @@ def op_name(target: Any) -> Optional[str]:
 class _Recording:
     """Active during one capture pass: compiled graphs capture into it."""
 
-    def __init__(self, backend: Any, warmup: int, context: Optional[Callable[[], Any]] = None) -> None:
-        self.backend, self.warmup, self.context = backend, warmup, context
+    def __init__(self, backend: Any, warmup: int, context: Optional[Callable[[], Any]] = None,
+                 stream: Any = None) -> None:
+        self.backend, self.warmup, self.context, self.stream = backend, warmup, context, stream
         self.steps: List[Any] = []
         self.calls = 0
         self.module: Optional["PiecewiseModule"] = None  # the Dynamo graph that ran
@@ -145,7 +146,7 @@ class _PieceRunner(torch.fx.Interpreter):
 
         try:
             with entered(rec.context):
-                graph = rec.backend.capture(piece, warmup=rec.warmup)
+                graph = rec.backend.capture(piece, warmup=rec.warmup, **stream_kwargs(rec.stream))
         except GraphCaptureError as e:
             after = next((s.name for s in reversed(rec.steps) if isinstance(s, EagerStep)), "the start")
             raise GraphCaptureError(f"piece {sum(not isinstance(s, EagerStep) for s in rec.steps)} "
@@ -237,10 +238,10 @@ def compile_piecewise(fn: Callable, split_ops: Sequence[str]) -> Callable:
 
 
 def capture_piecewise(backend: GraphBackend, run: Callable[[], Any], split_ops: Sequence[str], *, warmup: int = 1,
-                      context: Optional[Callable[[], Any]] = None) -> SegmentedGraph:
+                      context: Optional[Callable[[], Any]] = None, stream: Any = None) -> SegmentedGraph:
     """One capture pass of ``run`` (which calls a :func:`compile_piecewise` function):
     its pieces captured on ``backend`` (each inside ``context()``), its split ops eager."""
-    rec = _Recording(backend, warmup, context)
+    rec = _Recording(backend, warmup, context, stream)
     with _recording(rec), _dynamo_limits(), torch.no_grad():
         output = run()
     if rec.calls != 1:

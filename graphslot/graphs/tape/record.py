@@ -210,7 +210,7 @@ class TapeBackend:
         backend's (the tape has no streams)."""
         for _ in range(warmup):
             fn()
-        capture = self.begin_capture()
+        capture = self.begin_capture(stream)
         try:
             output = fn()
         except BaseException:
