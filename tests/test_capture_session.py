@@ -47,7 +47,10 @@ class TorchGraphLikeBackend(TapeBackend):
 
     def __init__(self, counters, fail_at=None):
         super().__init__()
-        self.counters, self.fail_at, self.captures, self.reached = counters, fail_at, 0, []
+        self.counters = counters
+        self.fail_at = fail_at
+        self.captures = 0
+        self.reached = []
 
     def begin_capture(self, stream=None):
         self.captures += 1
@@ -169,3 +172,54 @@ def approx_bytes(text):
     """``"1.5 MiB"`` -> bytes, rounded as human_bytes rounds (to the tenth shown)."""
     number, unit = text.split()
     return float(number) * 1024 ** ["B", "KiB", "MiB", "GiB"].index(unit)
+
+
+# ------------------------------------------------------------------------------ CUDA
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.mark.cuda
+@cuda
+@pytest.mark.parametrize("capture", ["full", "piecewise"])
+def test_cuda_graphs_are_captured_on_the_stream_the_context_yields(monkeypatch, capture):
+    from graphslot.graphs import CudaGraphBackend
+
+    class Watched(CudaGraphBackend):
+        def __init__(self):
+            super().__init__("cuda")
+            self.streams = []
+
+        def capture_stream(self, stream=None):
+            chosen = super().capture_stream(stream)
+            self.streams.append(chosen)
+            return chosen
+
+    class Yielded:  # what sglang's graph_capture() yields
+        stream = torch.cuda.Stream()
+
+    entries = []
+
+    @contextlib.contextmanager
+    def context():
+        entries.append(1)
+        yield Yielded()
+
+    counters = Counters(monkeypatch)
+    backend = Watched()
+    rt = build_reference_model(device="cuda", max_num_reqs=16)
+    runner = DecodeGraphRunner(ReferenceDecodeAdapter(rt), capture=capture, max_bs=8, capture_bs=SIZES,
+                               backend=backend, progress=False, capture_context=context)
+    assert len(runner.graphs) == len(SIZES) and entries == [1]
+    assert backend.streams and all(s is Yielded.stream for s in backend.streams)
+    assert (counters.collects, counters.empties) == (1, 1)  # torch.cuda.graph's, per graph, were no-ops
+    assert torch.cuda.empty_cache == counters.empty_cache
+    from graphslot.reference import make_decode_batch, make_extend_batch
+
+    rpi = rt.req_to_token_pool.alloc(3)
+    rt.forward(make_extend_batch(rt, rpi, [0] * 3, [[1, 2], [3, 4, 5], [6]]))
+    fb = make_decode_batch(rt, rpi, [2, 3, 1], [7, 8, 9])
+    replays = backend.replays
+    out = runner(fb).clone()
+    assert backend.replays > replays
+    torch.testing.assert_close(out, rt.forward(fb), rtol=1e-4, atol=1e-4)

@@ -27,6 +27,11 @@ class GraphRunnerConfig:
     capture: str = "full"
     #: Piecewise's split ops (``"ns::name"``); None: the adapter's ``split_ops``.
     split_ops: Optional[Sequence[str]] = None
+    #: Piecewise: what compiles each piece, once (``"inductor"``, ``"aot_eager"``,
+    #: ``"eager"``: none, or another Dynamo backend); None: ``"inductor"`` on the cuda
+    #: graph backend, ``"aot_eager"`` on the cpu tape (which cannot record Inductor's C++
+    #: kernels; :mod:`graphslot.runners.piecewise`).
+    compile_backend: Optional[str] = None
     #: Graph backend: "auto" (cuda on a CUDA device, else the cpu tape), "cuda", "cpu", or
     #: a backend object (the :class:`~graphslot.graphs.backend.GraphBackend` protocol).
     backend: Any = "auto"

@@ -25,6 +25,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..graphs.backend import Graph, GraphBackend, get_graph_backend
 from ..log import progress_bar
 from .capture import capture_mode
+from .piecewise import default_compile_backend
 from .config import GraphRunnerConfig
 from .report import describe_keys
 from .session import CaptureSession, current_session
@@ -52,7 +53,8 @@ class PhaseRunner:
         #: The graph backend; its ``pool`` is :attr:`graph_pool`.
         self.backend: GraphBackend = get_graph_backend(config.backend, self.device, pool=config.graph_pool)
         #: How a graph is made (:mod:`graphslot.runners.capture`).
-        self.capture_mode = capture_mode(config.capture, config.split_ops or adapter_split_ops)
+        self.capture_mode = capture_mode(config.capture, config.split_ops or adapter_split_ops,
+                                         config.compile_backend or default_compile_backend(self.backend.name))
         #: Captured graphs by key (lazy: those captured so far).
         self.graphs: Dict[Any, Graph] = {}
         #: True after :meth:`release` (not lazy): steps run eager until :meth:`recapture`.

@@ -85,12 +85,15 @@ def _no_empty_cache() -> None:
 def collectors_patched() -> Iterator[None]:
     """``gc.collect`` and ``torch.cuda.empty_cache`` are no-ops inside; restored after,
     even on error."""
-    collect, empty_cache = gc.collect, torch.cuda.empty_cache
-    gc.collect, torch.cuda.empty_cache = _no_collect, _no_empty_cache
+    collect = gc.collect
+    empty_cache = torch.cuda.empty_cache
+    gc.collect = _no_collect
+    torch.cuda.empty_cache = _no_empty_cache
     try:
         yield
     finally:
-        gc.collect, torch.cuda.empty_cache = collect, empty_cache
+        gc.collect = collect
+        torch.cuda.empty_cache = empty_cache
 
 
 class CaptureSession:
@@ -104,8 +107,14 @@ class CaptureSession:
 
     def __init__(self, *, context: Optional[Callable[[], ContextManager[Any]]], backend: Any, device: torch.device,
                  log: logging.Logger, what: str, keys: str, graphs: int, static_bytes: int) -> None:
-        self.context, self.backend, self.device = context, backend, torch.device(device)
-        self.log, self.what, self.keys, self.graphs, self.static_bytes = log, what, keys, graphs, static_bytes
+        self.context = context
+        self.backend = backend
+        self.device = torch.device(device)
+        self.log = log
+        self.what = what
+        self.keys = keys
+        self.graphs = graphs
+        self.static_bytes = static_bytes
         #: The stream graphs are captured on (what the context yielded), or None.
         self.stream: Any = None
         #: Graphs captured so far (keys: a key's pieces are one).

@@ -18,7 +18,7 @@ from torch.utils import _python_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..backend import GraphCaptureError
-from .checks import HOST_READS, MethodCheck, unsupported_error
+from .checks import HOP_WHY, HOST_READS, MethodCheck, unsupported_error
 from .ops import Record, meta, op_info, tensors, unrecordable
 from .replay import TapeGraph
 
@@ -58,11 +58,16 @@ class _Capture:
 class _ThreadRecorder(TorchDispatchMode):
     """One per thread with captures open: records each op into the innermost one."""
 
+    #: Higher-order operators reach :meth:`__torch_dispatch__`, which refuses them by name.
+    supports_higher_order_operators = True
+
     def __init__(self) -> None:
         super().__init__()
         self.captures: list[_Capture] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            raise self.captures[-1].fail(unsupported_error(func.name(), HOP_WHY))
         return self.captures[-1].record(func, args, kwargs or {})
 
 
