@@ -5,6 +5,9 @@ and attention writing into a buffer the graph owns."""
 from __future__ import annotations
 
 import functools
+import gc
+import types
+import weakref
 
 import pytest
 import torch
@@ -16,7 +19,7 @@ from graphslot.graphs import TapeBackend
 from graphslot.graphs.backend import GraphCaptureError
 from graphslot.graphs.segments import EagerStep, owns_memory
 from graphslot.runners.contract import statics
-from graphslot.runners.piecewise import PiecewiseModule, compile_piecewise, default_compile_backend
+from graphslot.runners.piecewise import PiecewiseModule, capture_piecewise, compile_piecewise, default_compile_backend
 
 make_runner = functools.partial(make_prefill_runner, capture="piecewise")
 
@@ -108,8 +111,6 @@ def test_a_mutating_op_inside_a_compiled_piece_is_a_clear_tape_error():
         torch.ops.graphslot_test.bump_(y)
         return torch.ops.graphslot_test.split_here(y)
 
-    from graphslot.runners.piecewise import capture_piecewise
-
     fn = compile_piecewise(f, ["graphslot_test::split_here"])
     x = torch.ones(4)
     with pytest.raises(GraphCaptureError, match=r"piece 0 \(submod_0, after the start\): the cpu graph backend "
@@ -185,3 +186,39 @@ def test_cuda_decode_pieces_one_trace_sizes_one_to_eight():
 def test_an_unknown_compile_backend_names_the_choices():
     with pytest.raises(ValueError, match=r"^unknown compile_backend 'inductr': choose one of inductor, aot_eager, eager"):
         make_runner(token_buckets=[16], compile_backend="inductr")
+
+
+class OutputsOnly:
+    """A backend that keeps, as a CUDA graph does, nothing of a capture but its output
+    (it runs the piece once; nothing here replays)."""
+
+    name = "outputs-only"
+
+    def __init__(self):
+        self.outputs = []
+
+    def capture(self, fn, *, warmup=1, stream=None):
+        graph = types.SimpleNamespace(output=fn(), replay=lambda: None)
+        leaves = torch.utils._pytree.tree_leaves(graph.output)
+        self.outputs.append([weakref.ref(t) for t in leaves if isinstance(t, torch.Tensor)])
+        return graph
+
+
+def test_the_intermediates_are_freed_when_the_capture_pass_ends():
+    rt, adapter, runner = make_runner(token_buckets=[16], lazy=True)
+    dummy = adapter.make_dummy_batch(16)
+    runner.registry.fill_from(dummy, raw_bs=0, padded_bs=0, raw_num_tokens=0, padded_num_tokens=16)
+    view = runner.registry.extract(dummy, padded_bs=0, padded_num_tokens=16)
+    adapter.init_capture_metadata(16, view)
+    backend = OutputsOnly()
+    was_enabled = gc.isenabled()
+    gc.disable()  # as in a capture session: reference counts alone must free them
+    try:
+        graph = capture_piecewise(backend, lambda: runner.captured_fn(view.positions, view.input_embeds, view),
+                                  runner.capture_mode.split_ops, warmup=1)
+        alive = [any(ref() is not None for ref in refs) for refs in backend.outputs]
+    finally:
+        if was_enabled:
+            gc.enable()
+    assert alive == [False] * rt.config.num_layers + [True]  # only the last piece's output lives on
+    assert graph.output is graph.segments[-1].output

@@ -76,9 +76,9 @@ from ..graphs.segments import EagerStep, SegmentedGraph
 from ..graphs.util import entered, stream_kwargs, warm_up
 from .handles import op_handle, op_object
 
-__all__ = ["COMPILE_BACKENDS", "PiecewiseFunction", "PiecewiseModule", "capture_piecewise", "compile_piecewise",
-           "default_compile_backend", "make_graphslot_backend", "mark_dynamic_rows", "op_handle", "op_name",
-           "op_object", "split_graph"]
+__all__ = ["COMPILE_BACKENDS", "PiecewiseFunction", "PiecewiseModule", "capture_piecewise", "compile_pieces",
+           "compile_piecewise", "default_compile_backend", "make_graphslot_backend", "mark_dynamic_rows", "op_handle",
+           "op_name", "op_object", "split_graph", "view_rows"]
 
 #: The compilers a piece may be compiled by (any other Dynamo backend name is passed on).
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
