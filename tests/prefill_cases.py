@@ -6,6 +6,7 @@ import random
 
 import torch
 
+from graphslot.graphs import SegmentedGraph
 from graphslot.reference import build_reference_model, make_decode_batch, make_extend_batch
 from graphslot.reference.numerics import output_check
 from graphslot.reference.prefill_adapter import ReferencePrefillAdapter
@@ -38,14 +39,30 @@ def mixed_batches(rt, seed=0, sizes=(1, 2, 3, 4, 5, 6, 7, 8), max_len=8):
             yield make_extend_batch(rt, rpi, lens, more)
 
 
+def backend_graphs(graph):
+    """How many backend graphs one replay of ``graph`` replays: its segments, or itself."""
+    return graph.num_segments if isinstance(graph, SegmentedGraph) else 1
+
+
+def run_replayed(runner, fb):
+    """``runner(fb)``, checking that the backend itself counted a replay of every backend graph
+    of the key ``fb`` runs (not the runner's word for it)."""
+    before = runner.backend.replays
+    out = runner(fb)
+    graph = runner.graph(runner.bucket(fb), runner.request_slots(fb))
+    assert runner.backend.replays - before == backend_graphs(graph), "the backend replayed no graph for this step"
+    return out
+
+
 def against_eager(rt, runner, batches):
     """Runner first, then eager (both write identical K/V); the buckets used. Bit-exact
-    on the CPU tape where the matmul is batch-invariant (reference/numerics.py)."""
+    on the CPU tape where the matmul is batch-invariant (reference/numerics.py). Every
+    step must replay a graph, as the backend counts."""
     check = output_check(rt.device)
     used = []
     for fb in batches:
         assert runner.can_run(fb)
-        out = runner(fb).clone()
+        out = run_replayed(runner, fb).clone()
         eager = rt.forward(fb)
         assert out.shape == eager.shape == (fb.num_tokens, rt.config.vocab_size)
         assert check(out, eager), f"bs={fb.batch_size} tokens={fb.num_tokens} differs from eager ({check.name})"

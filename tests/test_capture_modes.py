@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from prefill_cases import against_eager, mixed_batches
+from prefill_cases import against_eager, backend_graphs, mixed_batches
 
 from graphslot.graphs import CudaGraphBackend, SegmentedGraph, TapeBackend, TapeGraph, get_graph_backend, graph_pool
 from graphslot.reference import build_reference_model, make_decode_batch, make_extend_batch
@@ -61,13 +61,17 @@ def decode_steps(rt, sizes=DECODE_SIZES, seed=0):
 
 
 def same_as_eager(rt, runner, fb):
-    """The runner first, then eager (which rewrites the same K/V slots identically)."""
+    """The runner first, then eager (which rewrites the same K/V slots identically). A
+    step the runner can run must replay a graph, as the backend counts; else none."""
+    replays = runner.backend.replays
+    graphs = runner.can_run(fb)
     out = runner(fb).clone()
+    if graphs:
+        graph = runner.graph(runner.padded_bs(fb), runner.padded_context(fb))
+        assert runner.backend.replays - replays == backend_graphs(graph), "the backend replayed no graph"
+    else:
+        assert runner.backend.replays == replays, "an eager step replayed a graph"
     return output_check(rt.device)(out, rt.forward(fb))
-
-
-def segments(graph):
-    return graph.num_segments if isinstance(graph, SegmentedGraph) else 1
 
 
 # --------------------------------------------------------------- phase x mode == eager
@@ -127,46 +131,56 @@ def test_piecewise_refuses_shared_outputs():
 
 
 class CountingContext:
-    """A capture-context factory that counts how often it was entered, and checks each
-    entry is left before the next."""
+    """A capture-context factory that counts how often it was entered, checks each entry
+    is left before the next, and yields what sglang's ``graph_capture()`` yields: an
+    object with the capture ``.stream`` (here a token)."""
 
     def __init__(self):
         self.entries, self.open = 0, False
+        self.stream = object()
 
     @contextlib.contextmanager
     def __call__(self):
         assert not self.open, "capture contexts nest"
         self.entries, self.open = self.entries + 1, True
         try:
-            yield
+            yield self
         finally:
             self.open = False
 
 
 class WatchedBackend(TapeBackend):
-    """The tape, noting at each capture whether the engine's context is open."""
+    """The tape, noting at each capture whether the engine's context is open and the
+    stream it was asked to capture on."""
 
     def __init__(self, context):
         super().__init__()
-        self.context, self.inside = context, []
+        self.context, self.inside, self.streams = context, [], []
 
-    def begin_capture(self):  # every tape capture, whole or segment, begins here
+    def begin_capture(self, stream=None):  # every tape capture, whole or segment, begins here
         self.inside.append(self.context.open)
-        return super().begin_capture()
+        self.streams.append(stream)
+        return super().begin_capture(stream)
 
 
 @pytest.mark.parametrize("capture", CAPTURE_MODES)
-def test_the_capture_context_is_entered_once_per_graph_segment_or_piece(capture):
+def test_the_capture_context_is_entered_once_per_capture_run_and_its_stream_used(capture):
     rt = runtime()
     pre_ctx, dec_ctx = CountingContext(), CountingContext()
     backend = WatchedBackend(dec_ctx)
     prefill = prefill_runner(rt, capture, capture_context=pre_ctx, lazy=False, token_buckets=[16, 32])
     decode = decode_runner(rt, capture, capture_context=dec_ctx, backend=backend)
-    for runner, ctx in ((prefill, pre_ctx), (decode, dec_ctx)):
-        expected = sum(segments(g) for g in runner.graphs.values())
-        assert ctx.entries == expected and not ctx.open
-        assert expected == (len(runner.graphs) if capture == "full" else len(runner.graphs) * 3)  # 2 layers
-    assert len(backend.inside) == dec_ctx.entries and all(backend.inside)  # each capture inside the context
+    graphs = sum(backend_graphs(g) for g in decode.graphs.values())
+    assert graphs == (3 if capture == "full" else 3 * 3)  # 3 sizes; 2 layers: 3 segments or pieces each
+    assert len(prefill.graphs) == (4 if capture == "full" else 2) and (pre_ctx.entries, dec_ctx.entries) == (1, 1)
+    assert not (pre_ctx.open or dec_ctx.open)
+    assert len(backend.inside) == graphs and all(backend.inside)  # every capture inside the one entry
+    assert set(map(id, backend.streams)) == {id(dec_ctx.stream)}  # on the stream the context yielded
+    decode.recapture()
+    assert dec_ctx.entries == 2 and len(backend.inside) == 2 * graphs and all(backend.inside)
+    lazy = decode_runner(rt, capture, capture_context=dec_ctx, backend=backend, lazy=True)
+    assert same_as_eager(rt, lazy, next(decode_steps(rt, sizes=(3,))))
+    assert dec_ctx.entries == 3  # a lazy capture of one key is a session of its own
 
 
 # ------------------------------------------------------------------------- the pool

@@ -60,26 +60,31 @@ def test_an_engine_attaches_its_handler_and_level():
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
-    [(name, levelname, message)] = seen
-    assert (name, levelname) == ("graphslot.runners.decode", "INFO")
+    assert {(name, levelname) for name, levelname, _ in seen} == {("graphslot.runners.decode", "INFO")}
+    start, _, summary = (message for _, _, message in seen)  # the count, the estimate, the summary
+    assert start == "capturing 2 decode graphs (batch sizes 2, 1), backend cpu; static buffers 48 B"
     assert re.fullmatch(r"captured 2 decode graphs \(batch sizes 2, 1\), backend cpu, in \d+\.\d\d s; "
-                        r"static buffers 48 B", message)
+                        r"static buffers 48 B; graph pool \+\d+ B", summary)
 
 
 # ------------------------------------------------------------------------- capture
 
 
-def test_one_info_summary_per_capture_and_one_per_lazy_capture(records):
+def test_a_capture_logs_its_count_estimate_and_summary_and_a_lazy_capture_its_count_and_summary(records):
     tiny_engine.runner(8)
-    [summary] = messages(records)
+    start, estimate, summary = messages(records)
+    assert start == "capturing 4 decode graphs (batch sizes 8, 4, 2, 1), backend cpu; static buffers 192 B"
+    assert re.fullmatch(r"decode graphs need about \d+\.\d KiB \(static buffers 192 B \+ \d+\.\d KiB for the first graph "
+                        r"x 4\)", estimate)
     assert re.fullmatch(r"captured 4 decode graphs \(batch sizes 8, 4, 2, 1\), backend cpu, in \d+\.\d\d s; "
-                        r"static buffers 192 B", summary)
+                        r"static buffers 192 B; graph pool \+\d+\.\d KiB", summary)
     records.clear()
     lazy = tiny_engine.runner(8, lazy=True)
     assert messages(records) == []
     lazy(step(3))
     lazy(step(4))
-    [one] = messages(records)
+    start, one = messages(records)  # one key: no estimate
+    assert start == "capturing 1 decode graph (batch size 4), backend cpu; static buffers 192 B"
     assert one.startswith("captured 1 decode graph (batch size 4), backend cpu, in ")
 
 
@@ -180,9 +185,9 @@ def test_a_prefill_runners_eager_fallbacks_are_logged_with_their_reason(records)
     from prefill_cases import assert_falls_back_to_eager, make_prefill_runner
 
     rt, _, runner = make_prefill_runner(capture="breakable", max_bs=4)
-    [summary] = messages(records)
+    summary = messages(records)[-1]
     assert re.fullmatch(r"captured 3 breakable prefill graphs \(token buckets 64, 32, 16\), backend cpu, in "
-                        r"\d+\.\d\d s; static buffers \d+\.\d KiB", summary)
+                        r"\d+\.\d\d s; static buffers \d+\.\d KiB; graph pool \+\d+\.\d MiB", summary)
     records.clear()
     assert_falls_back_to_eager(rt, runner)
     rpi = rt.req_to_token_pool.alloc(1)

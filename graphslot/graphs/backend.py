@@ -19,7 +19,9 @@ The protocols are the whole contract between backends and their callers:
   ``begin_capture()`` opens an :class:`OpenCapture` while Python code runs on, whose
   ``end(output)`` returns the graph (``abort()`` abandons it): the breakable capture cuts
   one run of a model into segments with it;
-* :class:`Graph`: ``replay()`` and the ``output`` it rewrites in place;
+* :class:`Graph`: ``replay()`` and the ``output`` it rewrites in place (the shipped
+  backends count every replay of their graphs in ``backend.replays``: a test sees that a
+  graph ran, not the runner's word for it);
 * :class:`InspectableGraph`: a graph that can also list the tensors it reads that
   nothing keeps current (``external_inputs``); the tape's graphs can, CUDA graphs cannot.
   Callers test ``isinstance(graph, InspectableGraph)``.
@@ -84,18 +86,30 @@ class GraphBackend(Protocol):
 
     name: str
 
-    def capture(self, fn: Callable[[], Any], *, warmup: int = 1) -> Graph:
-        """``warmup`` eager calls of ``fn``, then one captured call, as a graph."""
+    def capture(self, fn: Callable[[], Any], *, warmup: int = 1, stream: Any = None) -> Graph:
+        """``warmup`` eager calls of ``fn``, then one captured call, as a graph.
+        ``stream``: the stream to capture on (the engine's capture stream); None: the
+        backend's choice. Callers pass it only when they have one."""
         ...
 
-    def begin_capture(self) -> OpenCapture:
-        """Start capturing now, on this backend's pool; the caller ends or aborts it."""
+    def begin_capture(self, stream: Any = None) -> OpenCapture:
+        """Start capturing now, on this backend's pool (and ``stream``, as
+        :meth:`capture`); the caller ends or aborts it."""
         ...
 
     def release(self) -> None:
         """The graphs are dropped: give the pool's memory back (the backend's own pool
         only; a pool it was given is its owner's to empty)."""
         ...
+
+
+@runtime_checkable
+class WarmsUp(Protocol):
+    """A backend that runs warm-ups itself (the CUDA backend: on its capture stream, so
+    lazy inits happen on the stream the graphs use). Others' warm-ups are plain calls
+    (:func:`~graphslot.graphs.util.warm_up`)."""
+
+    def warm_up(self, fn: Callable[[], Any], times: int, stream: Any = None) -> None: ...
 
 
 def graph_pool(device: torch.device | str) -> Any:

@@ -53,19 +53,25 @@ def capturing(graph: "torch.cuda.CUDAGraph", pool: Any, stream: "torch.cuda.Stre
 
 
 class CudaGraphWrapper:
-    """A captured ``torch.cuda.CUDAGraph`` and the static tensors it returned."""
+    """A captured ``torch.cuda.CUDAGraph`` and the static tensors it returned; ``backend``:
+    the backend that captured it, whose ``replays`` each :meth:`replay` counts."""
 
-    def __init__(self, graph: "torch.cuda.CUDAGraph", output: Any, pool: Any) -> None:
+    def __init__(self, graph: "torch.cuda.CUDAGraph", output: Any, pool: Any, backend: Any = None) -> None:
         self.graph = graph
         self.output = output
         self.pool = pool
+        self.backend = backend
 
     def replay(self) -> None:
         self.graph.replay()
+        if self.backend is not None:
+            self.backend.replays += 1
 
 
 class CudaGraphBackend:
-    """Graph backend ``cuda``; captures into its memory pool on a side stream of its own.
+    """Graph backend ``cuda``; captures into its memory pool on the stream it is given
+    (``capture(..., stream=)``: the engine's capture stream), else on a side stream of
+    its own.
 
     ``pool``: the engine's graph pool handle (``torch.cuda.graph_pool_handle()``), shared
     with whoever else it gave it to; None: the backend makes its own. ``fresh_cublas_workspace``:
@@ -84,6 +90,8 @@ class CudaGraphBackend:
         self.fresh_cublas_workspace = bool(fresh_cublas_workspace)
         self._stream: Optional["torch.cuda.Stream"] = None
         self._captures = 0
+        #: Replays of the graphs this backend captured, counted by the graphs themselves.
+        self.replays = 0
 
     @property
     def pool(self) -> Any:
@@ -93,15 +101,20 @@ class CudaGraphBackend:
                 self._pool = torch.cuda.graph_pool_handle()
         return self._pool
 
-    def _ensure_pool(self) -> None:
+    def capture_stream(self, stream: Optional["torch.cuda.Stream"] = None) -> "torch.cuda.Stream":
+        """The stream a capture runs on: ``stream`` when given, else the backend's own
+        side stream (made on first use). The pool is made first."""
         self.pool  # noqa: B018 -- made now, before the capture stream
+        if stream is not None:
+            return stream
         if self._stream is None:
             with torch.cuda.device(self.device):
                 self._stream = torch.cuda.Stream()
+        return self._stream
 
-    def _capturing(self, graph: "torch.cuda.CUDAGraph") -> Any:
+    def _capturing(self, graph: "torch.cuda.CUDAGraph", stream: "torch.cuda.Stream") -> Any:
         self._captures += 1
-        return capturing(graph, self._pool, self._stream,
+        return capturing(graph, self._pool, stream,
                          fresh_workspace=self.fresh_cublas_workspace and self._captures == 1)
 
     def release(self) -> None:
@@ -115,50 +128,57 @@ class CudaGraphBackend:
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()
 
-    def begin_capture(self) -> "OpenCudaCapture":
-        """Start capturing into the shared pool now; ``end(output)`` returns the graph.
-        For runners that cut one run of Python code into several graphs."""
-        self._ensure_pool()
-        return OpenCudaCapture(self)
+    def begin_capture(self, stream: Optional["torch.cuda.Stream"] = None) -> "OpenCudaCapture":
+        """Start capturing into the shared pool now, on ``stream`` (None: the backend's
+        own); ``end(output)`` returns the graph. For runners that cut one run of Python
+        code into several graphs."""
+        return OpenCudaCapture(self, self.capture_stream(stream))
 
-    def capture(self, fn: Callable[[], Any], *, warmup: int = 1) -> CudaGraphWrapper:
-        self._ensure_pool()
+    def warm_up(self, fn: Callable[[], Any], times: int, stream: Optional["torch.cuda.Stream"] = None) -> None:
+        """``times`` eager calls of ``fn`` on the capture stream: lazy inits (cuBLAS
+        handles, autotuning) happen outside the graph, on the stream the graph will use."""
+        if times < 1:
+            return
+        stream = self.capture_stream(stream)
         with torch.cuda.device(self.device):
-            stream = self._stream
-            # Warm up on the capture stream: lazy inits (cuBLAS handles, autotuning)
-            # must happen outside the graph, on the stream the graph will use.
             torch.cuda.synchronize()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
-                for _ in range(warmup):
+                for _ in range(times):
                     fn()
             torch.cuda.current_stream().wait_stream(stream)
             torch.cuda.synchronize()
 
+    def capture(self, fn: Callable[[], Any], *, warmup: int = 1,
+                stream: Optional["torch.cuda.Stream"] = None) -> CudaGraphWrapper:
+        """``warmup`` eager calls (:meth:`warm_up`; none: no synchronize), then one
+        captured, on ``stream`` (None: the backend's own side stream)."""
+        stream = self.capture_stream(stream)
+        self.warm_up(fn, warmup, stream)
+        with torch.cuda.device(self.device):
             graph = torch.cuda.CUDAGraph()
             try:
-                with self._capturing(graph):
+                with self._capturing(graph, stream):
                     output = fn()
             except RuntimeError as e:
                 if isinstance(e, GraphCaptureError) or "captur" not in str(e).lower():
                     raise
                 raise GraphCaptureError(f"CUDA graph capture failed: {e}; {_CAPTURE_HINT}") from e
-            torch.cuda.synchronize()
-        return CudaGraphWrapper(graph, output, self._pool)
+        return CudaGraphWrapper(graph, output, self._pool, self)
 
 
 class OpenCudaCapture:
-    """A ``torch.cuda.graph`` capture in progress on the backend's pool and stream."""
+    """A ``torch.cuda.graph`` capture in progress on the backend's pool and a stream."""
 
-    def __init__(self, backend: CudaGraphBackend) -> None:
+    def __init__(self, backend: CudaGraphBackend, stream: "torch.cuda.Stream") -> None:
         self.backend = backend
         self.graph = torch.cuda.CUDAGraph()
         self._open = contextlib.ExitStack()
-        self._open.enter_context(backend._capturing(self.graph))
+        self._open.enter_context(backend._capturing(self.graph, stream))
 
     def end(self, output: Any) -> CudaGraphWrapper:
         self._open.close()
-        return CudaGraphWrapper(self.graph, output, self.backend.pool)
+        return CudaGraphWrapper(self.graph, output, self.backend.pool, self.backend)
 
     def abort(self) -> None:
         try:

@@ -13,13 +13,31 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, Iterable, List
 
 import torch
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_map
 
 from .backend import GraphCaptureError, InspectableGraph
 
 
 def _tensor_leaves(value: Any) -> List[torch.Tensor]:
     return [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)]
+
+
+def non_owning(t: torch.Tensor) -> torch.Tensor:
+    """A tensor over ``t``'s memory that does not keep that memory alive: what a graph keeps
+    of an intermediate whose memory is the graph's own (on a GPU, its pool's)."""
+    memory = t.untyped_storage()
+    alias = torch._C._construct_storage_from_data_pointer(memory.data_ptr(), t.device, memory.nbytes())
+    with torch.no_grad():
+        return torch.empty(0, dtype=t.dtype, device=t.device).set_(alias, t.storage_offset(), t.size(), t.stride())
+
+
+def owns_memory(t: torch.Tensor) -> bool:
+    """False for a :func:`non_owning` tensor (its storage is not the allocator's)."""
+    return t.untyped_storage().resizable()
+
+
+def _swapped(value: Any, new: Dict[int, torch.Tensor]) -> Any:
+    return tree_map(lambda x: new.get(id(x), x) if isinstance(x, torch.Tensor) else x, value)
 
 
 class EagerStep:
@@ -77,6 +95,37 @@ class SegmentedGraph:
                 step()
             else:
                 step.replay()
+
+    def hold_weakly(self) -> None:
+        """Keep every segment's output but the last's through :func:`non_owning` tensors, in
+        the segments and in the eager steps that read them. That memory is the graphs' own:
+        on a GPU it goes back to their pool after capture, where the next capture may place
+        its tensors (the graphs of one pool never run at once; a replay writes it before the
+        eager step that reads it), so a pool holds one key's intermediates, not every key's.
+        What the eager steps returned (made outside any graph) and the last output stay owned."""
+        weak: Dict[int, torch.Tensor] = {}
+        for segment in self.segments[:-1]:
+            for t in _tensor_leaves(segment.output):
+                weak.setdefault(id(t), non_owning(t))
+            segment.output = _swapped(segment.output, weak)
+        for step in self.eager_steps:
+            step.args = _swapped(step.args, weak)
+            step.kwargs = _swapped(step.kwargs, weak)
+
+    def owned_tensors(self, statics: Iterable[torch.Tensor] = ()) -> List[torch.Tensor]:
+        """The tensors this graph's segments and eager steps keep alive (one per storage),
+        leaving out ``statics`` (buffers, weights: kept by their owners anyway) and what a
+        backend graph keeps inside itself (the tape's records): what would pin graph memory
+        on a GPU after capture."""
+        skip = {t.untyped_storage().data_ptr() for t in statics}
+        found: Dict[int, torch.Tensor] = {}
+        held = [self.output] + [s.output for s in self.segments]
+        held += [(s.args, s.kwargs, s.result) for s in self.eager_steps]
+        for t in _tensor_leaves(held):
+            ptr = t.untyped_storage().data_ptr()
+            if owns_memory(t) and ptr not in skip:
+                found.setdefault(ptr, t)
+        return list(found.values())
 
     def external_inputs(self, statics: Iterable[torch.Tensor] = ()) -> List[torch.Tensor]:
         """What the segments read that nothing keeps current (segments that are

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from typing import Any, Callable, ContextManager, Iterator, Optional
+from typing import Any, Callable, ContextManager, Dict, Iterator, Optional
+
+from .backend import WarmsUp
 
 
 @contextlib.contextmanager
@@ -39,3 +41,19 @@ def entered(factory: Optional[Callable[[], ContextManager[Any]]]) -> contextlib.
     if factory is not None:
         stack.enter_context(factory())
     return stack
+
+
+def stream_kwargs(stream: Any) -> Dict[str, Any]:
+    """``{"stream": stream}``, or nothing for None: a backend written before ``stream=``
+    was part of the protocol is still called as it was."""
+    return {} if stream is None else {"stream": stream}
+
+
+def warm_up(backend: Any, fn: Callable[[], Any], times: int, stream: Any = None) -> None:
+    """``times`` eager calls of ``fn`` before a capture: by the backend when it
+    :class:`~graphslot.graphs.backend.WarmsUp` (on ``stream``), else plain calls."""
+    if isinstance(backend, WarmsUp):
+        backend.warm_up(fn, times, **stream_kwargs(stream))
+        return
+    for _ in range(times):
+        fn()

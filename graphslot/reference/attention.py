@@ -246,8 +246,10 @@ class TorchAttentionBackend:
             return fb.out_cache_loc_swa
         return self.kv_cache.swa_loc(fb.out_cache_loc)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer, fb: ForwardBatch) -> torch.Tensor:
-        """``q`` ``[T, H(*D)]``, ``k``/``v`` ``[T, Hkv(*D)]`` -> ``[T, H*D]``.
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer, fb: ForwardBatch,
+                out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``q`` ``[T, H(*D)]``, ``k``/``v`` ``[T, Hkv(*D)]`` -> ``[T, H*D]``, written into
+        ``out`` when given (a buffer a piecewise graph owns: no copy after the call).
 
         ``layer`` is a layer id or anything with a ``layer_id`` attribute.
         """
@@ -278,5 +280,9 @@ class TorchAttentionBackend:
         # A finite fill keeps a fully masked row (only possible in padded rows) NaN-free.
         scores = scores.masked_fill(~key_mask, torch.finfo(torch.float32).min)
         probs = torch.softmax(scores, dim=-1).masked_fill(~key_mask, 0.0)
-        out = torch.einsum("thgc,tchd->thgd", probs, values)
-        return out.reshape(num_tokens, self.num_heads * d).to(q.dtype)
+        values_hc = values.transpose(1, 2).contiguous()  # as the keys: [T, Hkv, C, D]
+        if out is not None and out.dtype == torch.float32 and out.is_contiguous():
+            torch.matmul(probs, values_hc, out=out.view(num_tokens, hkv, group, d))  # straight into out
+            return out
+        result = torch.matmul(probs, values_hc).reshape(num_tokens, self.num_heads * d).to(q.dtype)
+        return result if out is None else out.copy_(result)

@@ -35,7 +35,7 @@ import torch
 
 from ..graphs.backend import GraphBackend, GraphCaptureError, OpenCapture
 from ..graphs.segments import EagerStep, SegmentedGraph
-from ..graphs.util import entered
+from ..graphs.util import entered, stream_kwargs, warm_up
 
 # --------------------------------------------------------------------------- decorator
 
@@ -67,14 +67,15 @@ def is_eager_on_graph(fn: Callable) -> bool:
 # ------------------------------------------------------------------ segment capture
 
 
-def begin_segment(backend: GraphBackend) -> OpenCapture:
-    """Open a capture on ``backend``; its ``end(output)`` returns the segment's Graph."""
+def begin_segment(backend: GraphBackend, stream: Any = None) -> OpenCapture:
+    """Open a capture on ``backend`` (on ``stream``, when given); its ``end(output)``
+    returns the segment's Graph."""
     if not isinstance(backend, GraphBackend):
         raise GraphCaptureError(
             f"graph backend {getattr(backend, 'name', type(backend).__name__)!r} cannot capture "
             "segments: it does not implement the GraphBackend protocol (name, capture(fn), "
             "begin_capture() returning an OpenCapture with end(output) and abort())")
-    return backend.begin_capture()
+    return backend.begin_capture(**stream_kwargs(stream))
 
 
 def _fn_name(fn: Callable) -> str:
@@ -82,8 +83,8 @@ def _fn_name(fn: Callable) -> str:
 
 
 class _BreakableCapture:
-    def __init__(self, backend: GraphBackend, context: Optional[Callable[[], Any]] = None) -> None:
-        self.backend, self.context = backend, context
+    def __init__(self, backend: GraphBackend, context: Optional[Callable[[], Any]] = None, stream: Any = None) -> None:
+        self.backend, self.context, self.stream = backend, context, stream
         self._entered = entered(None)
         self.steps: List[Any] = []
         self.in_eager = False
@@ -93,7 +94,7 @@ class _BreakableCapture:
     def _open(self) -> None:
         self._entered = entered(self.context)  # the engine's capture context, around each segment
         try:
-            self.segment = begin_segment(self.backend)
+            self.segment = begin_segment(self.backend, self.stream)
         except BaseException:
             self._entered.close()
             raise
@@ -144,9 +145,9 @@ class _BreakableCapture:
 
 
 def capture_breakable(backend: GraphBackend, fn: Callable[[], Any], *, warmup: int = 1,
-                      context: Optional[Callable[[], Any]] = None) -> SegmentedGraph:
-    """Capture ``fn`` as segments split at :func:`eager_on_graph` calls; ``context``: a
-    factory of context managers entered around each segment's capture."""
-    for _ in range(warmup):
-        fn()  # no capture active: marked functions run as plain calls
-    return _BreakableCapture(backend, context).run(fn)
+                      context: Optional[Callable[[], Any]] = None, stream: Any = None) -> SegmentedGraph:
+    """Capture ``fn`` as segments split at :func:`eager_on_graph` calls, on ``stream`` (None:
+    the backend's choice); ``context``: a factory of context managers entered around each
+    segment's capture (the runners enter theirs once per capture session instead)."""
+    warm_up(backend, fn, warmup, stream)  # no capture active: marked functions run as plain calls
+    return _BreakableCapture(backend, context, stream).run(fn)

@@ -4,21 +4,24 @@ A phase runner (:mod:`.decode`, :mod:`.prefill`) knows what a step's inputs are 
 owns dispatch, fill, metadata, replay and the eager fallback; a capture mode has one
 job, turning the callable that runs one graph key into a graph, on any backend:
 
-========== ===================================================== ==========================
-capture    a graph is                                            the engine's context
-========== ===================================================== ==========================
-full       one backend graph                                     around the capture
-breakable  backend graph segments cut at ``@eager_on_graph``     around each segment
+========== =====================================================
+capture    a graph is
+========== =====================================================
+full       one backend graph
+breakable  backend graph segments cut at ``@eager_on_graph``
            calls (:mod:`.breakable`)
-piecewise  ``torch.compile`` split at the adapter's split ops,   around each piece
+piecewise  ``torch.compile`` split at the adapter's split ops,
            each piece a backend graph (:mod:`.piecewise`)
-========== ===================================================== ==========================
+========== =====================================================
 
 ``compile(fn)`` is what the runner calls inside its graph body instead of ``fn`` (the
 decode forward, the prefill layer stack): ``fn`` itself, or (piecewise) ``fn`` compiled
-to split at the split ops. ``capture(backend, run, warmup=, context=)`` captures one
-run of ``run``; ``context`` is the engine's factory of context managers (or None),
-which the runner checks first (:func:`checked_context`).
+to split at the split ops. ``capture(backend, run, warmup=, stream=)`` captures one run
+of ``run`` on ``stream`` (the capture session's, :mod:`.session`; None: the backend's
+choice). The runners enter the engine's capture context once per session; a caller
+outside one may pass ``context=`` (a factory of context managers), entered around each
+graph, segment or piece as before. The runner checks the factory first
+(:func:`checked_context`).
 """
 
 from __future__ import annotations
@@ -26,10 +29,12 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable, ContextManager, Optional, Sequence, Tuple
 
+import torch
+
 from ..graphs.backend import Graph, GraphBackend
-from ..graphs.util import entered
+from ..graphs.util import entered, stream_kwargs
 from .breakable import capture_breakable
-from .piecewise import capture_piecewise, compile_piecewise
+from .piecewise import COMPILE_BACKENDS, capture_piecewise, compile_piecewise, mark_dynamic_rows, view_rows
 
 #: The capture modes, by name.
 CAPTURE_MODES = ("full", "breakable", "piecewise")
@@ -46,10 +51,13 @@ class FullCapture:
     def compile(self, fn: Callable) -> Callable:
         return fn
 
+    def mark_rows(self, view: Any, registry: Any) -> None:
+        """Tell the compiler which dimensions of a staged view change with the key (piecewise)."""
+
     def capture(self, backend: GraphBackend, run: Callable[[], Any], *, warmup: int,
-                context: ContextFactory = None) -> Graph:
+                context: ContextFactory = None, stream: Any = None) -> Graph:
         with entered(context):
-            return backend.capture(run, warmup=warmup)
+            return backend.capture(run, warmup=warmup, **stream_kwargs(stream))
 
 
 class BreakableCapture(FullCapture):
@@ -59,38 +67,50 @@ class BreakableCapture(FullCapture):
     name = "breakable"
 
     def capture(self, backend: GraphBackend, run: Callable[[], Any], *, warmup: int,
-                context: ContextFactory = None) -> Graph:
-        return capture_breakable(backend, run, warmup=warmup, context=context)
+                context: ContextFactory = None, stream: Any = None) -> Graph:
+        return capture_breakable(backend, run, warmup=warmup, context=context, stream=stream)
 
 
 class PiecewiseCapture:
-    """``piecewise``: the runner's callable compiled and split at ``split_ops`` (custom op
-    names, ``"ns::name"``), which run eagerly between the captured pieces."""
+    """``piecewise``: the runner's callable traced once, split at ``split_ops`` (custom op
+    names, ``"ns::name"``), which run eagerly between the captured pieces, and each piece
+    compiled once by ``compile_backend`` (:mod:`.piecewise`)."""
 
     name = "piecewise"
 
-    def __init__(self, split_ops: Sequence[str]) -> None:
+    def __init__(self, split_ops: Sequence[str], compile_backend: Any = "aot_eager") -> None:
         if not split_ops:
             raise ValueError("capture='piecewise' needs split ops: pass split_ops=(\"ns::op\", ...) (the custom ops "
                              "the compiled function is split at, e.g. attention), or set the adapter's split_ops")
         self.split_ops: Tuple[str, ...] = tuple(split_ops)
+        known = torch._dynamo.list_backends(exclude_tags=())
+        if isinstance(compile_backend, str) and compile_backend not in known:
+            raise ValueError(f"unknown compile_backend {compile_backend!r}: choose one of {', '.join(COMPILE_BACKENDS)} "
+                             "(or another torch._dynamo.list_backends() name, or a (gm, example_inputs) callable)")
+        self.compile_backend = compile_backend
 
     def compile(self, fn: Callable) -> Callable:
-        return compile_piecewise(fn, self.split_ops)
+        return compile_piecewise(fn, self.split_ops, self.compile_backend)
+
+    def mark_rows(self, view: Any, registry: Any) -> None:
+        """The padded dimension of every ``bs``/``tokens`` slot in ``view`` is symbolic: one
+        trace for every key."""
+        mark_dynamic_rows(view_rows(view, registry))
 
     def capture(self, backend: GraphBackend, run: Callable[[], Any], *, warmup: int,
-                context: ContextFactory = None) -> Graph:
-        return capture_piecewise(backend, run, self.split_ops, warmup=warmup, context=context)
+                context: ContextFactory = None, stream: Any = None) -> Graph:
+        return capture_piecewise(backend, run, self.split_ops, warmup=warmup, context=context, stream=stream)
 
 
-def capture_mode(name: str, split_ops: Optional[Sequence[str]] = None) -> Any:
-    """The capture mode called ``name``; ``split_ops`` is piecewise's (ignored otherwise)."""
+def capture_mode(name: str, split_ops: Optional[Sequence[str]] = None, compile_backend: Any = "aot_eager") -> Any:
+    """The capture mode called ``name``; ``split_ops`` and ``compile_backend`` are
+    piecewise's (ignored otherwise)."""
     if name == "full":
         return FullCapture()
     if name == "breakable":
         return BreakableCapture()
     if name == "piecewise":
-        return PiecewiseCapture(split_ops or ())
+        return PiecewiseCapture(split_ops or (), compile_backend)
     raise ValueError(f"unknown capture mode {name!r}; choose one of: {', '.join(CAPTURE_MODES)}")
 
 

@@ -33,6 +33,11 @@ class GraphRunnerConfig:
     capture: str = "full"
     #: Piecewise's split ops (``"ns::name"``); None: the adapter's ``split_ops``.
     split_ops: Optional[Sequence[str]] = None
+    #: Piecewise: what compiles each piece, once (``"inductor"``, ``"aot_eager"``,
+    #: ``"eager"``: none, or another Dynamo backend); None: ``"inductor"`` on the cuda
+    #: graph backend, ``"aot_eager"`` on the cpu tape (which cannot record Inductor's C++
+    #: kernels; :mod:`graphslot.runners.piecewise`).
+    compile_backend: Optional[str] = None
     #: Graph backend: "auto" (cuda on a CUDA device, else the cpu tape), "cuda", "cpu", or
     #: a backend object (the :class:`~graphslot.graphs.backend.GraphBackend` protocol).
     backend: Any = "auto"
@@ -40,10 +45,12 @@ class GraphRunnerConfig:
     #: (``graphslot.graphs.graph_pool(device)``, ``torch.cuda.graph_pool_handle()``),
     #: shared by every runner given it; None: the backend makes its own.
     graph_pool: Any = None
-    #: A zero-argument factory of context managers entered around every capture: once per
-    #: graph under "full", once per segment or piece otherwise (sglang's ``graph_capture()``).
-    #: Each call returns a fresh context manager (or one that can be entered again); the
-    #: runner checks it (:func:`~graphslot.runners.capture.checked_context`).
+    #: A zero-argument factory of context managers (sglang's ``graph_capture()``), entered
+    #: once per capture session: every graph, segment and piece of one construction,
+    #: ``capture_all()``, ``recapture()`` or lazy capture (:mod:`graphslot.runners.session`).
+    #: A stream it yields (its ``.stream``, or the value itself) is captured on.
+    #: Each call returns a fresh context manager; the runner checks it
+    #: (:func:`~graphslot.runners.capture.checked_context`).
     capture_context: Optional[Callable[[], ContextManager[Any]]] = None
     #: The registry's implementation: "generated", "interpreted" or a generated module.
     impl: Any = "generated"

@@ -254,6 +254,7 @@ class DecodeGraphRunner(PhaseRunner):
             raise SlotError(f"{where} cannot carry the view: {exc}") from exc
         self._set_dp(view, n)
         adapter.init_capture_metadata(bs, n, view)
+        self.capture_mode.mark_rows(view, reg)
         return view
 
     def _set_dp(self, view: Any, num_tokens: int) -> None:

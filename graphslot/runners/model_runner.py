@@ -32,7 +32,6 @@ import torch
 from ..graphs.backend import graph_pool as new_graph_pool
 from ..log import PerReason, get_logger
 from ..registry.buffers import BufferPool
-from ..spec.budget import human_bytes
 from .adapter import DecodeAdapter
 from .config import DEFAULT_MAX_GRAPHS, runner_config
 from .contract import check_adapter
@@ -42,7 +41,7 @@ from .graph_count import KNOBS, check_graph_count, describe_count
 from .keys import BatchDescriptor, GraphKey
 from .prefill import PrefillGraphRunner, PrefillRunnerConfig
 from .prefill_adapter import PrefillAdapter
-from .report import reserved_bytes
+from .session import CaptureSession
 
 log = get_logger(__name__)
 
@@ -199,14 +198,15 @@ class ModelGraphRunner:
                  for knob in KNOBS[phase]] + ["the adapters' variants"]
         plan = self.describe_plan()
         check_graph_count(count, self.max_graphs, f"ModelGraphRunner ({plan})", knobs, lazy_hint=False)
-        log.info("capturing %d graphs (%s); static buffers %s", count, plan, human_bytes(self.static_bytes))
-        before = reserved_bytes(self.device)
-        for where, runner in self.runners.items():
-            runner.capture_all()
-            self._sync(where)
-        after = reserved_bytes(self.device)
-        if after is not None:
-            log.info("the graph pool grew by %s over %d graphs", human_bytes(max(after - before, 0)), count)
+        first = next(iter(self.runners.values()))
+        # One capture session for every mode and variant: the engine's context is entered once, and each
+        # runner's own session joins this one.
+        session = CaptureSession(context=first._capture_context, backend=first.backend, device=self.device, log=log,
+                                 what="model", keys=plan, graphs=count, static_bytes=self.static_bytes)
+        with session:
+            for where, runner in self.runners.items():
+                runner.capture_all()
+                self._sync(where)
 
     def _sync(self, where: Tuple[str, str]) -> None:
         """The dispatcher's keys of ``where`` made what its runner holds."""

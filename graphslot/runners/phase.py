@@ -6,7 +6,8 @@ A phase runner (:class:`~graphslot.runners.decode.DecodeGraphRunner`,
 ``runner.graphs`` holds each under its first element alone when the second is None,
 else under the pair. It says how one key is staged and run (``_capture_one``); this
 class owns the graph backend (and its pool), the capture mode (:mod:`.capture`), the
-engine's capture context, the capture loop, lazy capture and the lifecycle:
+capture loop (every key of one run in one capture session, :mod:`.session`, which enters
+the engine's capture context once), lazy capture and the lifecycle:
 
 * :meth:`PhaseRunner.release`: every graph dropped, the backend's own pool memory given
   back; steps then run eager (or, ``lazy``, capture on demand);
@@ -27,13 +28,14 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..graphs.backend import Graph, GraphBackend, get_graph_backend
-from ..graphs.util import no_collection
 from ..log import progress_bar
 from ..spec.kinds import INDEX_SKIP
 from .capture import capture_mode, checked_context
 from .config import GraphRunnerConfig
 from .graph_count import KNOBS, check_graph_count, describe_count
-from .report import CaptureTimer, describe_keys
+from .piecewise import default_compile_backend
+from .report import describe_keys
+from .session import CaptureSession, current_session
 
 Key = Tuple[int, Optional[int]]
 
@@ -61,7 +63,8 @@ class PhaseRunner:
         #: The graph backend; its ``pool`` is :attr:`graph_pool`.
         self.backend: GraphBackend = get_graph_backend(config.backend, self.device, pool=config.graph_pool)
         #: How a graph is made (:mod:`graphslot.runners.capture`).
-        self.capture_mode = capture_mode(config.capture, config.split_ops or adapter_split_ops)
+        self.capture_mode = capture_mode(config.capture, config.split_ops or adapter_split_ops,
+                                         config.compile_backend or default_compile_backend(self.backend.name))
         self._capture_context = checked_context(config.capture_context)
         #: Captured graphs by key (lazy: those captured so far).
         self.graphs: Dict[Any, Graph] = {}
@@ -102,10 +105,11 @@ class PhaseRunner:
         """A KeyError for a key this runner does not capture."""
 
     def _capture(self, backend: GraphBackend, run: Any, warmup: int) -> Graph:
-        """``run`` captured by the capture mode on ``backend`` (the engine's capture
-        context entered on the runner's own backend only)."""
-        context = self._capture_context if backend is self.backend else None
-        return self.capture_mode.capture(backend, run, warmup=warmup, context=context)
+        """``run`` captured by the capture mode on ``backend``: on the runner's own backend,
+        inside the capture session (:mod:`.session`), on the stream its context yielded."""
+        session = current_session()
+        stream = session.stream if session is not None and backend is self.backend else None
+        return self.capture_mode.capture(backend, run, warmup=warmup, stream=stream)
 
     def _warmup(self) -> int:
         return self.config.warmup if not self.graphs or self.config.warmup_sizes == "all" else 0
@@ -116,13 +120,15 @@ class PhaseRunner:
         named unless ``full``)."""
         return self.phase if self.capture_mode.name == "full" else f"{self.capture_mode.name} {self.phase}"
 
-    def _timer(self, keys: Sequence[Key]) -> CaptureTimer:
-        return CaptureTimer(self._log, self.what, describe_keys(keys, *self.key_words), self.backend.name, self.device,
-                            self.registry.nbytes)
+    def _session(self, keys: Sequence[Key]) -> CaptureSession:
+        return CaptureSession(context=self._capture_context, backend=self.backend, device=self.device,
+                              log=self._log, what=self.what, keys=describe_keys(keys, *self.key_words),
+                              graphs=len(keys), static_bytes=self.registry.nbytes)
 
     def _capture_keys(self, keys: Sequence[Key]) -> float:
-        """Capture ``keys`` in order (largest first); seconds taken. Refused before any
-        capture when the runner would then hold more than ``max_graphs`` graphs."""
+        """Capture ``keys`` in order (largest first), in one capture session; seconds taken.
+        Refused before any capture when the runner would then hold more than ``max_graphs``
+        graphs."""
         planned = {self._pair(k) for k in self.graphs} | set(keys)
         what = f"{self.phase} capture={self.capture_mode.name!r} ({describe_count(planned, *self.key_words)})"
         check_graph_count(len(planned), self.config.max_graphs, what, KNOBS[self.phase], lazy_hint=not self.config.lazy)
@@ -131,16 +137,16 @@ class PhaseRunner:
         first = not self.graphs  # no graph read the tensors as they were before: the guard's snapshot is now
         self.captures_in_progress += 1
         try:
-            with self._timer(keys) as timer, no_collection():  # one full collection for all keys, not one per graph
+            with self._session(keys) as session:
                 for a, b in bar:
                     self.graphs[self._key(a, b)] = self._capture_one(a, b)
-                    timer.count += 1
+                    session.captured(bar)
         finally:
             self.captures_in_progress -= 1
-        self.capture_seconds += timer.seconds
+        self.capture_seconds += session.seconds
         if first and self.guard is not None:
             self.guard.refresh()
-        return timer.seconds
+        return session.seconds
 
     def capture_all(self) -> None:
         """Capture every key not captured yet (after ``defer_capture``; construction does

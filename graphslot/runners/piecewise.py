@@ -1,66 +1,94 @@
-"""Piecewise capture: ``torch.compile`` split at declared ops, each piece a graph.
+"""Piecewise capture: traced once, split at declared ops, each piece compiled once, then
+one graph per piece per size.
 
-What the phase runner captures (the decode forward, or the prefill layer stack) is
-compiled with ``torch.compile(fn, backend=<graphslot backend>, dynamic=False,
-fullgraph=False)`` (:func:`compile_piecewise`). The graphslot backend
-is a Dynamo custom backend: it splits the FX graph at every call of a declared *split
-op* (``split_ops``, op names such as ``"graphslot_ref::attention"``; register the op
-with ``torch.library.custom_op`` and a fake impl so Dynamo does not trace into it),
-with :func:`torch.fx.passes.split_module.split_module`. Each split op is a submodule of
-its own that runs eagerly; every other submodule is a *piece*.
+**One trace.** What the phase runner captures (the decode forward, or the prefill layer
+stack) is compiled with ``torch.compile(fn, backend=<graphslot backend>, fullgraph=False)``
+(:func:`compile_piecewise`). Before each capture the runner marks the padded dimension of
+every ``tokens``- and ``bs``-axis slot in the staged view dynamic (:func:`mark_dynamic_rows`),
+so Dynamo traces the first (largest) key with that dimension symbolic, and the compiled
+function keeps no guards (``guard_filter_fn=torch.compiler.skip_all_guards_unsafe``, as
+vLLM compiles): every later key runs that one graph. With guards, a size-1 key would trace
+again (a symbolic size is specialised at 0 and 1, and a view of a size-1 dimension guards
+on it). That is safe because the runner calls the function with nothing changed between
+keys but the marked sizes (the same model, buffers and code; its own code object, so no
+other compile of the same model class shares its cache), and a model that branches on
+a size in Python would be wrong at other sizes, which the graph == eager tests check.
+(Unbacked sizes, which need no guards, fail on models that compare sizes in Python: the
+transformers cache checks its slot count against batch x tokens.) ``traces`` counts the
+Dynamo graphs.
 
-Capture, per graph key (:func:`capture_piecewise`): a *capture pass* runs the compiled
-function once on the staged dummy batch. During that pass each piece is captured
-through the graph backend (``backend.capture(lambda: piece(*inputs))``, inside the
-engine's capture context; its inputs are static buffers or what earlier pieces and
-split ops returned, so their addresses are fixed) and each split op runs eagerly and
-is recorded as an :class:`~graphslot.graphs.segments.EagerStep`. The result is a
-:class:`~graphslot.graphs.segments.SegmentedGraph` whose segments are the pieces:
-replay runs ``[piece, split op, piece, ..., piece]``; the compiled function itself runs
-only in capture passes.
+**A split.** The graphslot backend is a Dynamo custom backend: it splits the FX graph at
+every call of a declared *split op* (``split_ops``, op names such as
+``"graphslot_ref::attention"``; register the op with ``torch.library.custom_op`` and a
+fake impl so Dynamo does not trace into it), with
+:func:`torch.fx.passes.split_module.split_module`. Each split op is a submodule of its own
+that runs eagerly; every other submodule is a *piece*.
+
+**A compile per piece.** Each piece is compiled once, for the symbolic shape, by
+``compile_backend`` (:func:`compile_pieces`: the split module run on the trace's fake
+inputs, each piece handed to the compiler with its fake arguments):
+
+* ``"inductor"``, the default on CUDA, as the engines compile;
+* ``"aot_eager"``, the default on the CPU tape: AOTAutograd lowers the piece to ATen ops
+  (functionalised, decomposed) and runs them through the dispatcher, where the tape's
+  recorder sees every one, so a tape graph of an ``aot_eager`` piece replays what the
+  compiled piece computes (tests/test_piecewise_runner.py checks graph == eager bit for
+  bit, and that the tape recorded the pieces' ops). Inductor's CPU kernels are C++ the
+  tape cannot record: under them a capture would record nothing and replay nothing;
+* ``"eager"``: no compiler, the pieces run as plain FX modules (for debugging).
+
+**Captures per size** (:func:`capture_piecewise`). The compiled function runs once as a
+warm-up for the key (not once per piece), then once as a *capture pass*: each piece is
+captured through the graph backend (``backend.capture(lambda: piece(*inputs), warmup=0,
+stream=)``; its inputs are static buffers or what earlier pieces and split ops returned,
+so their addresses are fixed) and each split op runs eagerly and is recorded as an
+:class:`~graphslot.graphs.segments.EagerStep`. The result is a
+:class:`~graphslot.graphs.segments.SegmentedGraph` whose segments are the pieces: replay
+runs ``[piece, split op, piece, ..., piece]``; the compiled function itself runs only in
+warm-ups and capture passes. The pieces' intermediate outputs are then held weakly
+(:meth:`~graphslot.graphs.segments.SegmentedGraph.hold_weakly`): a key keeps its last
+piece's output and what its split ops returned. A split op that takes an output buffer
+(a mutated ``out`` argument, allocated by the traced code before the call, as the
+reference attention does) writes where the next piece reads, with no copy at replay.
 
 Dynamo traces the function with its batch argument (the registry's padded view); its
 tensor fields become graph inputs, which are the registry's static buffers, so no
 wrapper module is needed. A graph break (more than one Dynamo graph per capture pass)
 is an error: Python code between two Dynamo graphs would run at capture only.
+
+Split-op handles (:func:`op_handle`, :func:`op_object`) live in :mod:`.handles`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import threading
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.fx
+from torch._dispatch.python import enable_python_dispatcher
+from torch._guards import detect_fake_mode
 from torch.fx.passes.split_module import split_module
 
 from ..graphs.backend import GraphBackend, GraphCaptureError
 from ..graphs.segments import EagerStep, SegmentedGraph
-from ..graphs.util import entered
+from ..graphs.util import entered, stream_kwargs, warm_up
+from .handles import op_handle, op_object
 
-# ------------------------------------------------------------ the Dynamo backend
+__all__ = ["COMPILE_BACKENDS", "PiecewiseFunction", "PiecewiseModule", "capture_piecewise", "compile_pieces",
+           "compile_piecewise", "default_compile_backend", "make_graphslot_backend", "mark_dynamic_rows", "op_handle",
+           "op_name", "op_object", "split_graph", "view_rows"]
+
+#: The compilers a piece may be compiled by (any other Dynamo backend name is passed on).
+COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
 
 _STATE = threading.local()
-_OP_OBJECTS: Dict[int, Any] = {}
-_NEXT_HANDLE = itertools.count(1)
 
 
-def op_handle(obj: Any) -> int:
-    """An integer naming ``obj`` to a split op (a custom op takes no Python objects): one per object, which is
-    kept for the process (:func:`op_object` reads it back when the op runs)."""
-    handle = getattr(obj, "_graphslot_handle", None)
-    if handle is None or _OP_OBJECTS.get(handle) is not obj:
-        handle = next(_NEXT_HANDLE)
-        _OP_OBJECTS[handle] = obj
-        obj._graphslot_handle = handle
-    return handle
-
-
-def op_object(handle: int) -> Any:
-    """The object :func:`op_handle` named ``handle``."""
-    return _OP_OBJECTS[handle]
+def default_compile_backend(graph_backend: str) -> str:
+    """``"inductor"`` for CUDA graphs, ``"aot_eager"`` for the tape (module docstring)."""
+    return "inductor" if graph_backend == "cuda" else "aot_eager"
 
 
 def op_name(target: Any) -> Optional[str]:
@@ -72,72 +100,31 @@ def op_name(target: Any) -> Optional[str]:
     return None
 
 
-class _Recording:
-    """Active during one capture pass: compiled graphs capture into it."""
-
-    def __init__(self, backend: Any, warmup: int, context: Optional[Callable[[], Any]] = None) -> None:
-        self.backend, self.warmup, self.context = backend, warmup, context
-        self.steps: List[Any] = []
-        self.calls = 0
-        self.module: Optional["PiecewiseModule"] = None  # the Dynamo graph that ran
-
-
-@contextlib.contextmanager
-def _recording(rec: _Recording):
-    if getattr(_STATE, "recording", None) is not None:
-        raise GraphCaptureError("piecewise captures cannot nest")
-    _STATE.recording = rec
-    try:
-        yield rec
-    finally:
-        _STATE.recording = None
-
-
-class _PieceRunner(torch.fx.Interpreter):
-    """Runs the split module's top level, capturing pieces and recording split ops."""
-
-    def __init__(self, split_gm: torch.fx.GraphModule, split_names: Mapping[str, str], rec: _Recording):
-        super().__init__(split_gm, garbage_collect_values=False)
-        self.extra_traceback = False  # our errors name the piece; FX would append its node dump
-        self.split_names, self.rec = split_names, rec
-
-    def call_module(self, target, args, kwargs):
-        submod = self.fetch_attr(target)
-        rec = self.rec
-        if target in self.split_names:
-            with torch.no_grad():
-                result = submod(*args, **kwargs)
-            rec.steps.append(EagerStep(self.split_names[target], submod, tuple(args), dict(kwargs), result))
-            return result
-
-        def piece():
-            with torch.no_grad():
-                return submod(*args, **kwargs)
-
-        try:
-            with entered(rec.context):
-                graph = rec.backend.capture(piece, warmup=rec.warmup)
-        except GraphCaptureError as e:
-            after = next((s.name for s in reversed(rec.steps) if isinstance(s, EagerStep)), "the start")
-            raise GraphCaptureError(f"piece {sum(not isinstance(s, EagerStep) for s in rec.steps)} "
-                                    f"({target}, after {after}): {e}") from e
-        rec.steps.append(graph)
-        return graph.output
+# ------------------------------------------------------------ split and compile
 
 
 class PiecewiseModule:
-    """What the graphslot backend returns for one Dynamo graph: the split module, run
-    plainly, or piece by piece while a capture pass is recording."""
+    """What the graphslot backend returns for one Dynamo graph: the split module (its
+    pieces compiled), run plainly, or piece by piece while a capture pass is recording."""
 
     def __init__(self, split_gm: torch.fx.GraphModule, split_names: Mapping[str, str], num_pieces: int,
                  custom_ops: Sequence[str] = ()):
-        self.split_gm, self.split_names, self.num_pieces = split_gm, dict(split_names), num_pieces
+        self.split_gm = split_gm
+        self.split_names = dict(split_names)
+        self.num_pieces = num_pieces
         #: Non-aten ops the Dynamo graph calls: what a mistyped split op should have named.
         self.custom_ops = tuple(custom_ops)
+        #: Pieces compiled (once each, for the symbolic shape).
+        self.compiled_pieces = 0
 
     @property
     def num_split_ops(self) -> int:
         return len(self.split_names)
+
+    @property
+    def piece_names(self) -> List[str]:
+        calls = [n.target for n in self.split_gm.graph.nodes if n.op == "call_module"]
+        return [name for name in calls if name not in self.split_names]
 
     def __call__(self, *args: Any) -> Any:
         rec = getattr(_STATE, "recording", None)
@@ -174,12 +161,71 @@ def split_graph(gm: torch.fx.GraphModule, split_ops: Sequence[str]) -> Piecewise
     return PiecewiseModule(split_gm, names, sum(t not in names for t in submods), list(custom_ops))
 
 
-def make_graphslot_backend(split_ops: Sequence[str], compiled: Optional[list] = None):
-    """A Dynamo backend ``(gm, example_inputs) -> callable`` splitting at ``split_ops``;
-    each :class:`PiecewiseModule` it makes is appended to ``compiled``."""
+def _tuple_output(piece: torch.fx.GraphModule) -> bool:
+    """Make ``piece`` return a tuple (what the compilers take); whether it returned one value."""
+    output = next(n for n in piece.graph.nodes if n.op == "output")
+    if isinstance(output.args[0], (tuple, list)):
+        return False
+    output.args = ((output.args[0],),)
+    piece.recompile()
+    return True
+
+
+def _first(compiled: Callable) -> Callable:
+    def single(*args: Any) -> Any:
+        return compiled(*args)[0]
+
+    return single
+
+
+class _PieceCompiler(torch.fx.Interpreter):
+    """Runs the split module on fake inputs, compiling each piece with its fake arguments."""
+
+    def __init__(self, module: PiecewiseModule, compiler: Callable):
+        super().__init__(module.split_gm)
+        self.extra_traceback = False
+        self.pieces = set(module.piece_names)
+        self.compiler = compiler
+        self.count = 0
+
+    def call_module(self, target, args, kwargs):
+        output = super().call_module(target, args, kwargs)
+        if target in self.pieces:
+            piece = self.fetch_attr(target)
+            single = _tuple_output(piece)
+            compiled = self.compiler(piece, list(args))
+            self.module.__dict__[target] = _first(compiled) if single else compiled  # shadows the submodule
+            self.count += 1
+        return output
+
+
+def compile_pieces(module: PiecewiseModule, example_inputs: Sequence[Any], compile_backend: Any) -> None:
+    """Compile every piece of ``module`` once with ``compile_backend`` (a Dynamo backend
+    name, or a ``(gm, example_inputs)`` callable; ``"eager"``: left as they are)."""
+    if compile_backend == "eager":
+        return
+    compiler = torch._dynamo.lookup_backend(compile_backend) if isinstance(compile_backend, str) else compile_backend
+    fake_mode = detect_fake_mode(example_inputs) or detect_fake_mode()
+    fake = [fake_mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in example_inputs]
+    runner = _PieceCompiler(module, compiler)
+    shape_env = fake_mode.shape_env
+    # The trace bound the sizes a piece makes (an .item() Dynamo was told to keep); running the
+    # pieces again on fake inputs makes them anew, bound by nothing: not an error here.
+    fresh = shape_env.ignore_fresh_unbacked_symbols() if shape_env is not None else contextlib.nullcontext()
+    with fake_mode, enable_python_dispatcher(), fresh:
+        runner.run(*fake)
+    module.compiled_pieces = runner.count
+
+
+def make_graphslot_backend(split_ops: Sequence[str], compiled: Optional[list] = None, compile_backend: Any = "eager"):
+    """A Dynamo backend ``(gm, example_inputs) -> callable`` splitting at ``split_ops`` and
+    compiling each piece with ``compile_backend``; each :class:`PiecewiseModule` it makes
+    is appended to ``compiled``."""
 
     def graphslot_backend(gm: torch.fx.GraphModule, example_inputs: List[Any]) -> PiecewiseModule:
         module = split_graph(gm, split_ops)
+        if module.split_names:  # else nothing splits: capture_piecewise says so, naming the ops there are
+            compile_pieces(module, example_inputs, compile_backend)
         if compiled is not None:
             compiled.append(module)
         return module
@@ -187,32 +233,153 @@ def make_graphslot_backend(split_ops: Sequence[str], compiled: Optional[list] = 
     return graphslot_backend
 
 
-#: Compiles one function may make: ``dynamic=False`` recompiles per graph key.
+#: Compiles one function may make (only a graph break or a guard on something other than
+#: the marked sizes recompiles; the room is so that this never turns into eager runs).
 RECOMPILE_LIMIT = 1024
 
 
 def _dynamo_limits():
-    """Room for one compile per graph key."""
     cfg = torch._dynamo.config
     names = [k for k in ("recompile_limit", "accumulated_recompile_limit") if hasattr(cfg, k)]
     return cfg.patch(**{k: max(getattr(cfg, k), RECOMPILE_LIMIT) for k in names})
 
 
-def compile_piecewise(fn: Callable, split_ops: Sequence[str]) -> Callable:
-    """``fn`` (a module or function) compiled to split at ``split_ops``; its
-    :class:`PiecewiseModule` s are appended to the result's ``compiled_modules``."""
-    modules: List[PiecewiseModule] = []
-    compiled = torch.compile(fn, backend=make_graphslot_backend(split_ops, modules), dynamic=False, fullgraph=False)
-    compiled.compiled_modules = modules
-    return compiled
+def _no_size_guards(entries: Sequence[Any]) -> List[bool]:
+    """Keep every guard but the shape environment's (what the marked sizes satisfied at the
+    trace: ``!= 1``, ranges, relations), module docstring."""
+    return [entry.guard_type != "SHAPE_ENV" for entry in entries]
+
+
+def _own_frame(fn: Callable) -> Callable:
+    """A function calling ``fn`` whose code object is its own: Dynamo keeps its compiled
+    graphs on the code object of the frame it compiles, so this function's one graph is
+    the only entry there, whatever else compiled ``fn``'s code (another runner over the
+    same model class, whose graph, with no guards either, would otherwise run here)."""
+
+    def frame(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    frame.__code__ = frame.__code__.replace()
+    return frame
+
+
+class PiecewiseFunction:
+    """``fn`` compiled to split at the split ops (:func:`compile_piecewise`), with no
+    guards (module docstring); call it as ``fn``."""
+
+    def __init__(self, fn: Callable, split_ops: Sequence[str], compile_backend: Any):
+        self.split_ops = tuple(split_ops)
+        self.compile_backend = compile_backend
+        #: One :class:`PiecewiseModule` per Dynamo graph compiled.
+        self.compiled_modules: List[PiecewiseModule] = []
+        backend = make_graphslot_backend(split_ops, self.compiled_modules, compile_backend)
+        self._compiled = torch.compile(_own_frame(fn), backend=backend, fullgraph=False,
+                                       options={"guard_filter_fn": _no_size_guards})
+
+    @property
+    def traces(self) -> int:
+        """Dynamo traces so far: 1 for any number of sizes, when the sizes are marked."""
+        return len(self.compiled_modules)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with _dynamo_limits():
+            return self._compiled(*args, **kwargs)
+
+
+def compile_piecewise(fn: Callable, split_ops: Sequence[str], compile_backend: Any = "aot_eager") -> PiecewiseFunction:
+    """``fn`` (a module or function) compiled to split at ``split_ops``, each piece compiled
+    once by ``compile_backend`` (module docstring)."""
+    return PiecewiseFunction(fn, split_ops, compile_backend)
+
+
+RowDims = Iterable[Tuple[torch.Tensor, int]]
+
+
+def mark_dynamic_rows(dims: RowDims) -> None:
+    """Mark each ``(tensor, dim)`` -- the padded dimension of a staged slot -- dynamic, so
+    that the trace is symbolic in it (module docstring); a size Dynamo specialises (0, 1:
+    a runner whose only key is 1) is no error."""
+    for tensor, dim in dims:
+        torch._dynamo.maybe_mark_dynamic(tensor, dim)
+
+
+def view_rows(view: Any, registry: Any, axes: Union[Tuple[str, ...], Sequence[str]] = ("bs", "tokens")) -> RowDims:
+    """``(tensor, dim)`` of every ``axes`` slot the view carries: the padded dimension."""
+    for slot in registry.active:
+        spec = slot.resolved
+        tensor = getattr(view, spec.name, None)
+        if str(spec.axis) in axes and isinstance(tensor, torch.Tensor) and not spec.structured:
+            yield tensor, spec.slice_dim
+
+
+# ------------------------------------------------------------ the capture pass
+
+
+class _Recording:
+    """Active during one capture pass: compiled graphs capture into it."""
+
+    def __init__(self, backend: Any, context: Optional[Callable[[], Any]] = None, stream: Any = None) -> None:
+        self.backend = backend
+        self.context = context
+        self.stream = stream
+        self.steps: List[Any] = []
+        self.calls = 0
+        self.module: Optional[PiecewiseModule] = None  # the Dynamo graph that ran
+
+
+@contextlib.contextmanager
+def _recording(rec: _Recording):
+    if getattr(_STATE, "recording", None) is not None:
+        raise GraphCaptureError("piecewise captures cannot nest")
+    _STATE.recording = rec
+    try:
+        yield rec
+    finally:
+        _STATE.recording = None
+
+
+class _PieceRunner(torch.fx.Interpreter):
+    """Runs the split module's top level, capturing pieces and recording split ops."""
+
+    def __init__(self, split_gm: torch.fx.GraphModule, split_names: Mapping[str, str], rec: _Recording):
+        super().__init__(split_gm, garbage_collect_values=False)  # every value lives through the pass
+        self.extra_traceback = False  # our errors name the piece; FX would append its node dump
+        self.split_names = split_names
+        self.rec = rec
+
+    def call_module(self, target, args, kwargs):
+        submod = self.fetch_attr(target)
+        rec = self.rec
+        if target in self.split_names:
+            with torch.no_grad():
+                result = submod(*args, **kwargs)
+            rec.steps.append(EagerStep(self.split_names[target], submod, tuple(args), dict(kwargs), result))
+            return result
+
+        def piece():
+            with torch.no_grad():
+                return submod(*args, **kwargs)
+
+        try:
+            with entered(rec.context):
+                graph = rec.backend.capture(piece, warmup=0, **stream_kwargs(rec.stream))
+        except GraphCaptureError as e:
+            after = next((s.name for s in reversed(rec.steps) if isinstance(s, EagerStep)), "the start")
+            raise GraphCaptureError(f"piece {sum(not isinstance(s, EagerStep) for s in rec.steps)} "
+                                    f"({target}, after {after}): {e}") from e
+        rec.steps.append(graph)
+        return graph.output
 
 
 def capture_piecewise(backend: GraphBackend, run: Callable[[], Any], split_ops: Sequence[str], *, warmup: int = 1,
-                      context: Optional[Callable[[], Any]] = None) -> SegmentedGraph:
-    """One capture pass of ``run`` (which calls a :func:`compile_piecewise` function):
-    its pieces captured on ``backend`` (each inside ``context()``), its split ops eager."""
-    rec = _Recording(backend, warmup, context)
-    with _recording(rec), _dynamo_limits(), torch.no_grad():
+                      context: Optional[Callable[[], Any]] = None, stream: Any = None) -> SegmentedGraph:
+    """``warmup`` plain runs of ``run`` (which calls a :func:`compile_piecewise` function;
+    the first traces and compiles), then one capture pass: its pieces captured on
+    ``backend`` (on ``stream``; each inside ``context()`` when given), its split ops eager."""
+    with torch.no_grad():
+        warm_up(backend, run, warmup, stream)
+    rec = _Recording(backend, context, stream)
+    with _recording(rec), torch.no_grad():
         output = run()
     if rec.calls != 1:
         raise GraphCaptureError(
@@ -224,4 +391,6 @@ def capture_piecewise(backend: GraphBackend, run: Callable[[], Any], split_ops: 
             f"none of the split ops {list(split_ops)} occurs in the compiled function, so nothing would run "
             f"eagerly between pieces; custom ops it calls: {found}. Name the op as torch.library registered it "
             "(\"namespace::name\")")
-    return SegmentedGraph(rec.steps, output)
+    graph = SegmentedGraph(rec.steps, output)
+    graph.hold_weakly()
+    return graph

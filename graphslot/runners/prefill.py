@@ -145,6 +145,7 @@ class PrefillGraphRunner(PhaseRunner):
             raise SlotError(f"capturing token bucket {n}: {describe_dummy(adapter, dummy)} does not fit spec "
                             f"'{reg.spec.name}': {exc}") from exc
         adapter.init_capture_metadata(n, view)
+        self.capture_mode.mark_rows(view, reg)
         hidden, stack = view.input_embeds, self.captured_fn
 
         def run() -> Any:

@@ -73,6 +73,12 @@ _TAG_SYNC = getattr(torch.Tag, "data_dependent_output", None)
 _TAG_SHAPE = getattr(torch.Tag, "dynamic_output_shape", None)
 
 
+#: Why the tape refuses a higher-order operator (it records ATen ops only).
+HOP_WHY = ("it is a higher-order operator, which the tape does not record (auto_functionalized: a compiled "
+           "piecewise piece that calls a custom op mutating its inputs; make that op a split op, or compile the "
+           "pieces with compile_backend='eager')")
+
+
 def sync_error(what: str) -> GraphCaptureError:
     return GraphCaptureError(f"host sync during graph capture: {what}; {_SYNC_HINT}")
 

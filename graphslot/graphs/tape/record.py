@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import weakref
 from typing import Any, Callable, Optional
 
 import torch
@@ -17,7 +18,7 @@ from torch.utils import _python_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..backend import GraphCaptureError
-from .checks import HOST_READS, MethodCheck, unsupported_error
+from .checks import HOP_WHY, HOST_READS, MethodCheck, unsupported_error
 from .ops import Pins, Record, meta, op_info, tensors, unrecordable
 from .replay import TapeGraph
 
@@ -59,11 +60,16 @@ class _Capture:
 class _ThreadRecorder(TorchDispatchMode):
     """One per thread with captures open: records each op into the innermost one."""
 
+    #: Higher-order operators reach :meth:`__torch_dispatch__`, which refuses them by name.
+    supports_higher_order_operators = True
+
     def __init__(self) -> None:
         super().__init__()
         self.captures: list[_Capture] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            raise self.captures[-1].fail(unsupported_error(func.name(), HOP_WHY))
         return self.captures[-1].record(func, args, kwargs or {})
 
 
@@ -168,8 +174,21 @@ def _close(capture: _Capture) -> None:
 
 
 class TapePool:
-    """The tape's graph pool: an opaque token (the tape frees nothing into a pool), so
-    that sharing one pool across runners is checked on the CPU as on a GPU."""
+    """The tape's graph pool: a token (the tape frees nothing into a pool), so that
+    sharing one pool across runners is checked on the CPU as on a GPU. It knows the
+    graphs captured into it while they live, and :attr:`nbytes`, what they hold."""
+
+    def __init__(self) -> None:
+        self._graphs: "weakref.WeakSet[TapeGraph]" = weakref.WeakSet()
+
+    def add(self, graph: TapeGraph) -> None:
+        self._graphs.add(graph)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the live graphs of this pool produced (their intermediates and outputs):
+        on the tape, the pool's size."""
+        return sum(g.nbytes for g in list(self._graphs))
 
     def __repr__(self) -> str:
         return f"<TapePool {id(self):#x}>"
@@ -187,14 +206,18 @@ class TapeBackend:
             raise TypeError(f"the tape's graph pool must be a TapePool (graphslot.graphs.graph_pool('cpu')), "
                             f"got {type(pool).__name__}")
         self.pool = TapePool() if pool is None else pool
+        #: Replays of the graphs this backend captured, counted by the graphs themselves.
+        self.replays = 0
 
     def release(self) -> None:
         """Nothing to give back: each tape graph owns its tensors, freed with it."""
 
-    def capture(self, fn: Callable[[], Any], *, warmup: int = 1) -> TapeGraph:
+    def capture(self, fn: Callable[[], Any], *, warmup: int = 1, stream: Any = None) -> TapeGraph:
+        """``warmup`` plain calls of ``fn``, then one recorded; ``stream`` is a CUDA
+        backend's (the tape has no streams)."""
         for _ in range(warmup):
             fn()
-        capture = self.begin_capture()
+        capture = self.begin_capture(stream)
         try:
             output = fn()
         except BaseException:
@@ -202,20 +225,23 @@ class TapeBackend:
             raise
         return capture.end(output)
 
-    def begin_capture(self) -> "OpenTapeCapture":
+    def begin_capture(self, stream: Any = None) -> "OpenTapeCapture":
         """Start recording now; ``end(output)`` returns the graph. For runners that cut
         one run of Python code into several graphs (breakable capture)."""
-        return OpenTapeCapture()
+        return OpenTapeCapture(self)
 
 
 class OpenTapeCapture:
     """A tape capture in progress: its thread records into it and cannot read the host.
 
     Captures may overlap, in one thread or several, and end in any order; ``end`` and
-    ``abort`` belong to the thread that began the capture.
+    ``abort`` belong to the thread that began the capture. ``backend``: the
+    :class:`TapeBackend` it captures for (its graph joins that backend's pool and counts
+    its replays there); None: neither.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, backend: Optional[TapeBackend] = None) -> None:
+        self.backend = backend
         self._capture: Optional[_Capture] = _Capture()
         _open(self._capture)
 
@@ -223,7 +249,10 @@ class OpenTapeCapture:
         capture = self._finish()
         if capture.error is not None:
             raise capture.error
-        return TapeGraph(capture.records, output, capture.pins.given())
+        graph = TapeGraph(capture.records, output, capture.pins.given(), owner=self.backend)
+        if self.backend is not None:
+            self.backend.pool.add(graph)
+        return graph
 
     def abort(self) -> None:
         if self._capture is not None:

@@ -51,17 +51,24 @@ class TapeGraph:
     """A captured op tape; :meth:`replay` re-runs it on the capture's tensors.
 
     An :class:`~graphslot.graphs.backend.InspectableGraph`: it lists the tensors it
-    reads that nothing keeps current (:meth:`external_inputs`).
+    reads that nothing keeps current (:meth:`external_inputs`). ``owner``: the backend
+    that captured it, whose ``replays`` each :meth:`replay` counts.
     """
 
-    def __init__(self, records: list[Record], output: Any, given: Optional[dict[int, torch.Tensor]] = None) -> None:
+    def __init__(
+        self, records: list[Record], output: Any, given: Optional[dict[int, torch.Tensor]] = None, owner: Any = None
+    ) -> None:
         self.output = output
+        self.owner = owner
         self.ops: list[str] = [str(r.func) for r in records]
         self._records = records
         #: id of a recorded tensor (a :class:`~.ops.Pins` alias) -> the tensor the op got
         self._given = given or {}
+        sizes = self._produced_storages()
         #: Storages the graph allocates or writes: its own, never a stale input.
-        self.produced: set[int] = self._produced_storages()
+        self.produced: set[int] = set(sizes)
+        #: Bytes of those storages: what the graph holds in its pool.
+        self.nbytes = sum(sizes.values())
         steps = (_naming_op(r, self._step) for r in self._records)
         self._steps = [s for s in steps if s is not None]
 
@@ -75,6 +82,8 @@ class TapeGraph:
         with torch.inference_mode():
             for step in self._steps:
                 step()
+        if self.owner is not None:
+            self.owner.replays += 1
 
     @staticmethod
     def _fresh_outputs(rec: Record) -> list[tuple[int, torch.Tensor]]:
@@ -84,16 +93,17 @@ class TapeGraph:
         return [(i, t) for i, t in enumerate(outs)
                 if isinstance(t, torch.Tensor) and storage(t) not in inputs]
 
-    def _produced_storages(self) -> set[int]:
-        produced: set[int] = set()
+    def _produced_storages(self) -> dict[int, int]:
+        """Bytes of each storage the graph produced, by address."""
+        made: list[torch.Tensor] = []
         for rec in self._records:
             if rec.info.kind == "alloc":
-                produced.update(storage(t) for t in tensors(rec.out))
+                made.extend(tensors(rec.out))
             elif rec.info.kind == "scalar":  # a host scalar is the graph's own too
-                produced.update(storage(t) for t in tensors((rec.args, rec.out)))
+                made.extend(tensors((rec.args, rec.out)))
             elif rec.info.kind in ("compute", "collective"):
-                produced.update(storage(t) for _, t in self._fresh_outputs(rec))
-        return produced
+                made.extend(t for _, t in self._fresh_outputs(rec))
+        return {storage(t): t.untyped_storage().nbytes() for t in made}
 
     def _step(self, rec: Record) -> Optional[Callable[[], Any]]:
         kind = rec.info.kind

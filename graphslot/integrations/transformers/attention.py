@@ -41,7 +41,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
 from ...runners.breakable import eager_on_graph
-from ...runners.piecewise import op_handle, op_object
+from ...runners.handles import op_handle, op_object
 from .cache import _gather
 
 #: The implementations a model can be routed over, and the name each is registered as.

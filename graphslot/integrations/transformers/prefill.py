@@ -30,7 +30,7 @@ from typing import Any, Iterable, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from ...runners.piecewise import op_handle
+from ...runners.handles import op_handle
 from ...runners.prefill_adapter import PrefillAdapter
 from .attention import ROUTED_FAMILIES, SPLIT_OPS, route_attention
 from .cache import PagedCache
