@@ -107,7 +107,8 @@ class VerifyReport:
         return {"mode": "verify", "target": self.label, "backend": self.backend, "safe": self.safe,
                 "cases": [{"raw_bs": r, "padded_bs": p} for r, p in self.cases],
                 "slots": [s.as_dict() for s in self.slots],
-                "external_inputs": [e.as_dict() for e in self.external_inputs], "problems": self.problems}
+                "external_inputs": [e.as_dict() for e in self.external_inputs], "problems": self.problems,
+                **({"summary": self.summary} if self.summary else {})}
 
 
 def sample_raw_sizes(captured: Sequence[int], samples: int, seed: int) -> List[Tuple[int, int]]:

@@ -19,7 +19,6 @@ The report is :class:`graphslot.tools.verify.VerifyReport`, printed as for a gra
 
 from __future__ import annotations
 
-import importlib
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
@@ -31,7 +30,7 @@ from ...tools.poison import PATTERNS, Poisoner, hostile_name
 from ...tools.verify import SlotVerdict, VerifyReport
 from . import patching
 from . import runner as runner_fill
-from .workload import Wrap, generate, tiny_engine
+from .workload import Wrap, generate, in_process_engine_env, tiny_engine
 
 #: vLLM state the step reads as the engine keeps it (not a per-step input a spec fills): name -> why.
 DECLARED_STATE = {
@@ -128,13 +127,17 @@ class VllmVerify:
         self.llm = llm
         self.label = label
         self.spec = spec
+        #: The error of a run that failed: vLLM's in-process engine does not run again after a step raised (its
+        #: next run hangs), so the checks after it are not run.
+        self.failed: Optional[str] = None
 
     def run(self, wrap: Optional[Wrap] = None) -> Tuple[Optional[List[List[int]]], Optional[str]]:
         """The workload's tokens with the plugin (``wrap`` around it), or the error it raised."""
         try:
             return generate(self.llm, wrap), None
         except Exception as exc:  # noqa: BLE001 - a poisoned run that fails is the finding
-            return None, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc).strip() else ''}"
+            self.failed = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc).strip() else ''}"
+            return None, self.failed
 
     def verify(self, samples: int = 2, seed: int = 0, audit: bool = True,
                progress: Optional[Callable[[str], None]] = None) -> VerifyReport:
@@ -166,6 +169,9 @@ class VllmVerify:
         registry = runner_fill.registry_of(runner)
         verdicts = [self.slot_verdict(slot, registry, clean, progress) for slot in registry.active]
         stale = self.audit(runner, registry, clean, progress) if audit else []
+        if self.failed is not None:
+            problems.append(f"a poisoned run failed ({self.failed}); the engine does not run again after a failed "
+                            "step, so the checks after it were not run")
         summary = (f"{len(runners)} steps of {len(clean)} requests, each run with the plugin "
                    f"(spec {runner_fill.spec_path().name}); tokens compared request by request; vLLM on "
                    f"{runner.device}, no graphs")
@@ -177,6 +183,8 @@ class VllmVerify:
         if not untouched_tail(slot):
             what = "repeats the head's last row" if spec.repeats_last else f"is reset to {spec.tail_value!r}"
             return SlotVerdict(slot.name, spec.padding, "safe", f"tail {what} to the end of the buffer every step")
+        if self.failed is not None:
+            return SlotVerdict(slot.name, spec.padding, "unverified", "not run: an earlier poisoned run failed")
         poisoner = Poisoner()
         leaks = []
         for pattern in PATTERNS:
@@ -188,6 +196,8 @@ class VllmVerify:
                             scheduler_output.total_num_scheduled_tokens, pattern)
                 return returned
 
+            if self.failed is not None:
+                break
             tokens, error = self.run(poisoned)
             name = pattern if pattern == "stale" else hostile_name(slot.buffer.dtype)
             if error is not None:
@@ -208,6 +218,8 @@ class VllmVerify:
               progress: Callable[[str], None]) -> List[ExternalInput]:
         found: List[ExternalInput] = []
         for name, tensor in audit_candidates(runner, registry).items():
+            if self.failed is not None:
+                break
             progress(f"audit: {name}")
 
             def poisoned(inner, step_runner, *args, tensor=tensor):
@@ -223,7 +235,7 @@ class VllmVerify:
 def target() -> VllmVerify:
     """``graphslot verify graphslot.integrations.vllm.verify:target``: the shipped spec on the tiny Llama's engine
     (built into a temporary directory)."""
-    importlib.import_module("vllm")
+    in_process_engine_env()  # before vLLM is imported: its log on stderr, the engine in this process
     model_dir = Path(tempfile.mkdtemp(prefix="graphslot-vllm-verify-"))
     return VllmVerify(tiny_engine(model_dir), label="graphslot.integrations.vllm (vllm.yaml, the tiny Llama)")
 

@@ -27,10 +27,12 @@ Wrap = Callable[..., Any]
 
 
 def in_process_engine_env() -> None:
-    """The environment the workload needs, unless set: the engine in this process (patches reach it) and a 1 GiB
-    KV cache (else the CPU worker sizes it from free memory)."""
+    """The environment the workload needs, unless set: the engine in this process (patches reach it), a 1 GiB KV
+    cache (else the CPU worker sizes it from free memory), and vLLM's log on stderr (stdout is the report's; it
+    applies when vLLM is first imported)."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 
 
 def tiny_engine(model_dir: Path) -> Any:
