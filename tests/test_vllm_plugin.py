@@ -6,7 +6,11 @@ for the module, runs a mixed offline workload stock and with the plugin.
 - a differential at every step: vLLM's own ``_prepare_inputs`` runs, its outputs are kept, every buffer it wrote is
   poisoned, graphslot's runs on the same state, and each slot's head, the tails vLLM writes, the host views vLLM
   reads later and the return value must equal vLLM's;
-- the version refusal, switched off = untouched, ``stats()``, the INFO line, a configuration refused.
+- the version refusal, switched off = untouched, ``stats()``, the INFO line, a configuration refused;
+- ``graphslot verify graphslot.integrations.vllm.verify:target`` on this engine: the shipped spec safe, a spec
+  without ``positions`` unsafe, ``runner.positions`` a stale input.
+
+The engine and the workload are ``graphslot.integrations.vllm.workload``'s.
 
 Skipped where vLLM is not installed (the system python); CI runs them in the vLLM venv.
 """
