@@ -32,12 +32,11 @@ from . import patching
 from . import runner as runner_fill
 from .workload import Wrap, generate, in_process_engine_env, tiny_engine
 
-#: vLLM state the step reads as the engine keeps it (not a per-step input a spec fills): name -> why.
+#: vLLM state the step reads as the engine keeps it (not a per-step input a spec fills): name -> why. Each is read
+#: stale by the workload's steps (scrambled, the tokens change); the sampling parameters are not (greedy).
 DECLARED_STATE = {
     "input_batch.token_ids_cpu_tensor": "the requests' token table (prompt and sampled tokens), vLLM's state",
     "input_batch.num_tokens_no_spec_cpu_tensor": "each request's token count, vLLM's state",
-    "input_batch.temperature": "sampling parameters, per request",
-    "input_batch.temperature_cpu_tensor": "sampling parameters, per request",
 }
 
 
