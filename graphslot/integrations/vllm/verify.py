@@ -166,6 +166,9 @@ class VllmVerify:
             problems.append(f"the tokens differ from stock vLLM's in requests {differing(clean, stock)}")
         runner = runners[0]
         registry = runner_fill.registry_of(runner)
+        if registry is None:
+            raise RuntimeError(f"the plugin handed {type(runner).__name__} back to vLLM's own _prepare_inputs (its "
+                               "WARNING names why): there is no graphslot fill to verify")
         verdicts = [self.slot_verdict(slot, registry, clean, progress) for slot in registry.active]
         stale = self.audit(runner, registry, clean, progress) if audit else []
         if self.failed is not None:
