@@ -6,7 +6,11 @@ for the module, runs a mixed offline workload stock and with the plugin.
 - a differential at every step: vLLM's own ``_prepare_inputs`` runs, its outputs are kept, every buffer it wrote is
   poisoned, graphslot's runs on the same state, and each slot's head, the tails vLLM writes, the host views vLLM
   reads later and the return value must equal vLLM's;
-- the version refusal, switched off = untouched, ``stats()``, the INFO line, a configuration refused.
+- the version refusal, switched off = untouched, ``stats()``, the INFO line, a configuration refused;
+- ``graphslot verify graphslot.integrations.vllm.verify:target`` on this engine: the shipped spec safe, a spec
+  without ``positions`` unsafe, ``runner.positions`` a stale input.
+
+The engine and the workload are ``graphslot.integrations.vllm.workload``'s.
 
 Skipped where vLLM is not installed (the system python); CI runs them in the vLLM venv.
 """
@@ -16,7 +20,6 @@ from __future__ import annotations
 import copy
 import logging
 import os
-import random
 
 import pytest
 import torch
@@ -30,30 +33,17 @@ from vllm.v1.worker.worker_base import WorkerBase  # noqa: E402
 
 import graphslot.integrations.vllm as plugin  # noqa: E402
 from graphslot.integrations.vllm import patching  # noqa: E402
+from graphslot.integrations.vllm.workload import MAX_NEW, generate, tiny_engine  # noqa: E402
 from graphslot.spec.loading import load_spec, shipped_spec_path  # noqa: E402
 
-VOCAB = 512
-LENGTHS = [3, 5, 8, 17, 31, 40, 63, 64, 65, 97, 130, 150, 9, 120]  # 64 tokens a step: the long ones are chunked
-MAX_NEW = [1, 2, 3, 5, 8, 13, 4, 7, 1, 6, 9, 11, 20, 2]  # 8 requests a step at most: the batch changes as they end
 STATE_SLOTS = {s.name for s in load_spec(shipped_spec_path("vllm")).slots if not s.copy_from_fb}  # host = vLLM state
 POISON = -123457
 
 
 @pytest.fixture(scope="module")
 def llm(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     plugin.uninstall()
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                         tie_word_embeddings=False)
-    model_dir = tmp_path_factory.mktemp("tiny_llama")
-    LlamaForCausalLM(config).to(torch.float32).save_pretrained(model_dir, safe_serialization=True)
-    engine = vllm.LLM(model=str(model_dir), skip_tokenizer_init=True, dtype="float32", enforce_eager=True,
-                      max_model_len=512, max_num_batched_tokens=64, max_num_seqs=8, enable_chunked_prefill=True,
-                      enable_prefix_caching=False, block_size=32, seed=0, load_format="safetensors")
-    yield engine
+    yield tiny_engine(tmp_path_factory.mktemp("tiny_llama"))
     plugin.uninstall()
 
 
@@ -71,23 +61,6 @@ def installed():
     plugin.install()
     yield
     plugin.uninstall()
-
-
-def generate(llm, wrap=None):
-    """Greedy tokens of the workload, each request's own; ``wrap(inner, runner, scheduler_output, counts)`` is
-    called in place of the installed ``_prepare_inputs`` (``inner``) for the run."""
-    rng = random.Random(0)
-    prompts = [vllm.inputs.TokensPrompt(prompt_token_ids=[rng.randrange(3, VOCAB) for _ in range(n)])
-               for n in LENGTHS]
-    params = [vllm.SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True, detokenize=False) for m in MAX_NEW]
-    inner = GPUModelRunner._prepare_inputs
-    if wrap is not None:
-        GPUModelRunner._prepare_inputs = lambda runner, *args: wrap(inner, runner, *args)
-    try:
-        outputs = llm.generate(prompts, params, use_tqdm=False)
-    finally:
-        GPUModelRunner._prepare_inputs = inner
-    return [list(o.outputs[0].token_ids) for o in outputs]
 
 
 def writable(runner):
@@ -256,3 +229,50 @@ def test_a_worker_of_an_unsupported_configuration_is_refused(llm, installed, par
         WorkerBase(changed(config, part, **values), 0, 0, "tcp://127.0.0.1:1")
     assert str(info.value) == (f"graphslot.integrations.vllm does not support {named} (the worker's vLLM "
                                "configuration): turn it off, or set GRAPHSLOT_VLLM=0 to run stock vLLM")
+
+
+def verify_cli(monkeypatch, capsys, target):
+    """``graphslot verify graphslot.integrations.vllm.verify:target`` with ``target`` in place of the one that builds
+    its own engine: (exit status, stdout)."""
+    from graphslot.cli.app import main
+    from graphslot.integrations.vllm import verify
+
+    monkeypatch.setattr(verify, "target", lambda: target)
+    status = main(["verify", "graphslot.integrations.vllm.verify:target"])
+    return status, capsys.readouterr().out
+
+
+def test_verify_finds_the_shipped_spec_safe(llm, stock, monkeypatch, capsys):
+    from graphslot.integrations.vllm.verify import VllmVerify
+
+    status, out = verify_cli(monkeypatch, capsys, VllmVerify(llm))
+    assert status == 0, out
+    rows = {line.split()[0]: line.split()[1:3] for line in out.splitlines()[1:9]}
+    assert rows == {"input_ids": ["foreach_copy", "safe"], "positions": ["keep_pad", "safe"],
+                    "query_start_loc": ["repeat_last", "safe"], "seq_lens": ["zero", "safe"],
+                    "num_computed_tokens": ["keep_pad", "safe"], "discard_request_mask": ["keep_pad", "safe"],
+                    "block_table": ["keep_pad", "safe"], "slot_mapping": ["fill_sentinel", "safe"]}
+    assert "tail poisoned (stale, other seen values) after every step's fill" in out  # the tails were poisoned
+    assert f"{stock[1]} steps of 14 requests" in out and out.rstrip().endswith("verdict: safe")
+    assert not plugin.installed()  # verify leaves the plugin as it found it
+
+
+def test_verify_finds_an_input_the_spec_does_not_write_stale(llm, stock, monkeypatch, capsys, tmp_path):
+    import yaml
+
+    from graphslot.integrations.vllm.verify import VllmVerify
+
+    spec = yaml.safe_load(shipped_spec_path("vllm").read_text())
+    spec["slots"] = [slot for slot in spec["slots"] if slot["name"] != "positions"]  # nothing writes positions
+    broken = tmp_path / "vllm.yaml"
+    broken.write_text(yaml.safe_dump(spec))
+    status, out = verify_cli(monkeypatch, capsys, VllmVerify(llm, spec=broken))
+    assert status == 1, out
+    assert "stale inputs:\n  runner.positions [64] int64: poisoned before each step's _prepare_inputs" in out
+    assert "problem: the tokens differ from stock vLLM's in requests" in out
+    assert out.rstrip().endswith("verdict: UNSAFE")
+    plugin.install()
+    try:
+        assert generate(llm) == stock[0]  # the shipped spec again from the next step on
+    finally:
+        plugin.uninstall()

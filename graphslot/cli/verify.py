@@ -3,7 +3,8 @@
 TARGET is ``package.module:function``; the function (called with no arguments) returns a
 :class:`graphslot.tools.verify.VerifyTarget`, or a ``(runner, make_batch)`` or
 ``(runner, make_batch, release)`` tuple: a captured ``DecodeGraphRunner`` and a function
-making a real batch of ``n`` requests for it. Without TARGET (or with ``--reference``)
+making a real batch of ``n`` requests for it; or an object whose ``verify(samples=, seed=,
+audit=)`` returns the report itself (``graphslot.integrations.vllm.verify:target``). Without TARGET (or with ``--reference``)
 the shipped reference model is verified; ``--spec``, ``--max-bs`` and ``--backend`` are
 its options (with a TARGET they are a usage error). A target that cannot be imported,
 raises, or whose ``make_batch(n)`` makes a batch of another size is one error line
@@ -33,7 +34,8 @@ bit-identical to a clean replay. Also captures each size on the CPU tape and lis
 tensors a graph reads that are neither slots nor declared static (stale inputs).
 
 TARGET is package.module:function returning a VerifyTarget or (runner, make_batch[,
-release]); without it the shipped reference model is verified (--spec, --max-bs and
+release]), or graphslot.integrations.vllm.verify:target (the vLLM plugin's spec inside
+vLLM, docs/verify.md); without it the shipped reference model is verified (--spec, --max-bs and
 --backend are its options, a usage error with TARGET). Prints a table (slot, policy,
 verdict) or --json; exit 1 when anything is unsafe, 2 when TARGET cannot be used
 (it cannot be imported, raises, or make_batch(n) makes a batch of another size).
@@ -105,8 +107,8 @@ def load_entry(reference: str) -> Any:
         made = fn()
     except (Exception, SystemExit) as exc:  # noqa: BLE001
         raise TargetError(f"calling it raised ({describe_exception(exc)})") from None
-    if isinstance(made, VerifyTarget):
-        return made
+    if isinstance(made, VerifyTarget) or callable(getattr(made, "verify", None)):
+        return made  # a VerifyTarget, or a target that verifies itself (graphslot.integrations.vllm.verify:target)
     if isinstance(made, tuple) and len(made) in (2, 3) and hasattr(made[0], "add_observer"):
         return VerifyTarget(*made, label=reference)
     raise TargetError(f"returned {type(made).__name__}; expected a VerifyTarget or a "
@@ -125,7 +127,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.backend == "cuda" and not torch.cuda.is_available():
         return fail("verify", f"--backend cuda needs a CUDA GPU; this torch ({torch.__version__}) sees none")
     from ..reference.verify_target import NotADecodeSpec, decode_spec, reference_target
-    from ..tools.verify import TargetError, format_report, verify_runner
+    from ..tools.verify import TargetError, VerifyTarget, format_report, verify_runner
 
     try:
         if args.target:
@@ -138,7 +140,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         saved = torch.get_num_threads()
         torch.set_num_threads(1)  # bit-exact CPU kernels (reference/numerics.py); tiny models lose nothing
         try:
-            report = verify_runner(target, samples=args.samples, seed=args.seed, audit=not args.no_audit)
+            check = verify_runner if isinstance(target, VerifyTarget) else lambda t, **kw: t.verify(**kw)
+            report = check(target, samples=args.samples, seed=args.seed, audit=not args.no_audit)
         finally:
             torch.set_num_threads(saved)
     except NotADecodeSpec as exc:

@@ -97,6 +97,7 @@ class VerifyReport:
     slots: List[SlotVerdict]
     external_inputs: List[ExternalInput]
     problems: List[str]  # anything else that makes the result unsafe (non-determinism)
+    summary: str = ""  # what was run, for a target that replays no graphs (the vLLM plugin); else the cases
 
     @property
     def safe(self) -> bool:
@@ -106,7 +107,8 @@ class VerifyReport:
         return {"mode": "verify", "target": self.label, "backend": self.backend, "safe": self.safe,
                 "cases": [{"raw_bs": r, "padded_bs": p} for r, p in self.cases],
                 "slots": [s.as_dict() for s in self.slots],
-                "external_inputs": [e.as_dict() for e in self.external_inputs], "problems": self.problems}
+                "external_inputs": [e.as_dict() for e in self.external_inputs], "problems": self.problems,
+                **({"summary": self.summary} if self.summary else {})}
 
 
 def sample_raw_sizes(captured: Sequence[int], samples: int, seed: int) -> List[Tuple[int, int]]:
@@ -312,9 +314,12 @@ def format_report(report: VerifyReport) -> str:
     lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths)) + "  detail"]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r[:3], widths)) + "  " + r[3] for r in rows]
     cases = ", ".join(f"{r}->{p}" for r, p in report.cases) or "none"
-    lines.append(f"\nsteps replayed (raw->padded): {cases}; backend {report.backend}")
+    if report.summary:
+        lines.append(f"\n{report.summary}")
+    else:
+        lines.append(f"\nsteps replayed (raw->padded): {cases}; backend {report.backend}")
     if report.external_inputs:
-        lines.append("external inputs (stale after capture):")
+        lines.append("stale inputs:" if report.summary else "external inputs (stale after capture):")
         lines += [f"  {e.describe()}" for e in report.external_inputs]
     lines += [f"problem: {p}" for p in report.problems]
     lines.append("verdict: " + ("safe" if report.safe else "UNSAFE"))

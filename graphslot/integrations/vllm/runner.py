@@ -15,6 +15,7 @@ after one WARNING naming the feature. Nothing here imports vLLM.
 from __future__ import annotations
 
 import weakref
+from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Tuple
 
 import torch
@@ -32,6 +33,8 @@ logger = get_logger(__name__)
 #: Counters since the process started: ``steps`` (steps a runner filled), ``registries`` (registries built,
 #: re-adoptions after an input batch was replaced included).
 STATS: Dict[str, int] = {"steps": 0, "registries": 0}
+#: "path" -> the spec registries are built from: None for the shipped one (:func:`use_spec`).
+_SPEC_PATH: Dict[str, Optional[Path]] = {"path": None}
 
 
 class RunnerFill:
@@ -113,6 +116,19 @@ def adopted_buffers(runner: Any) -> RunnerBuffers:
     })
 
 
+def spec_path() -> Path:
+    """The spec the registries are built from: the shipped ``vllm.yaml``, or the one :func:`use_spec` chose."""
+    chosen = _SPEC_PATH["path"]
+    return shipped_spec_path(SPEC) if chosen is None else chosen
+
+
+def use_spec(path: Optional[Path]) -> None:
+    """Build every registry from ``path`` (a fork's copy of ``vllm.yaml``; None: the shipped one) from the next step
+    on: the registries built so far are dropped. ``graphslot verify`` checks a changed spec this way."""
+    _SPEC_PATH["path"] = None if path is None else Path(path)
+    _FILLS.clear()
+
+
 def build_for(runner: Any, token_to_kv_slot: Any) -> RunnerFill:
     """A registry on ``runner``'s buffers; none (one WARNING) when it does something the plugin does not replace."""
     found = runner_refusals(runner, token_to_kv_slot)
@@ -124,7 +140,7 @@ def build_for(runner: Any, token_to_kv_slot: Any) -> RunnerFill:
     device = torch.device(runner.device)
     preset = preset_for(device)
     max_blocks = runner.input_batch.block_table[0].max_num_blocks_per_req
-    registry = build(shipped_spec_path(SPEC), device=device, max_bs=runner.max_num_reqs,
+    registry = build(spec_path(), device=device, max_bs=runner.max_num_reqs,
                      max_num_tokens=runner.max_num_tokens, params={"max_blocks": max_blocks}, preset=preset,
                      adopt=adopted_buffers(runner))
     STATS["registries"] += 1
