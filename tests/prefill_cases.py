@@ -6,6 +6,8 @@ import random
 
 import torch
 
+from graph_counting import counting_backend, replays_one_step
+
 from graphslot.reference import build_reference_model, make_decode_batch, make_extend_batch
 from graphslot.reference.numerics import output_check
 from graphslot.reference.prefill_adapter import ReferencePrefillAdapter
@@ -16,9 +18,11 @@ BUCKETS = [16, 32, 64]
 
 def make_prefill_runner(config=None, *, capture, adapter_cls=ReferencePrefillAdapter, runner_cls=PrefillGraphRunner,
                         device="cpu", **kwargs):
-    """``(runtime, adapter, runner)`` for a fresh reference model; buckets :data:`BUCKETS`."""
+    """``(runtime, adapter, runner)`` for a fresh reference model; buckets :data:`BUCKETS`;
+    the backend (``backend=``, default ``"auto"``) wrapped to count its graphs' replays."""
     rt = build_reference_model(config, device=device, max_num_reqs=64)
     adapter = adapter_cls(rt)
+    kwargs["backend"] = counting_backend(device, kwargs.get("backend", "auto"), kwargs.get("graph_pool"))
     kwargs.setdefault("progress", False)
     kwargs.setdefault("token_buckets", BUCKETS)
     return rt, adapter, runner_cls(adapter, capture=capture, **kwargs)
@@ -40,12 +44,14 @@ def mixed_batches(rt, seed=0, sizes=(1, 2, 3, 4, 5, 6, 7, 8), max_len=8):
 
 def against_eager(rt, runner, batches):
     """Runner first, then eager (both write identical K/V); the buckets used. Bit-exact
-    on the CPU tape where the matmul is batch-invariant (reference/numerics.py)."""
+    on the CPU tape where the matmul is batch-invariant (reference/numerics.py). Each
+    step must replay a graph (``runner`` has a :class:`CountingBackend`)."""
     check = output_check(rt.device)
     used = []
     for fb in batches:
         assert runner.can_run(fb)
-        out = runner(fb).clone()
+        with replays_one_step(runner):
+            out = runner(fb).clone()
         eager = rt.forward(fb)
         assert out.shape == eager.shape == (fb.num_tokens, rt.config.vocab_size)
         assert check(out, eager), f"bs={fb.batch_size} tokens={fb.num_tokens} differs from eager ({check.name})"
