@@ -77,6 +77,8 @@ def token_buckets(max_num_tokens: int, explicit: Optional[Sequence[int]] = None)
 class PrefillRunnerConfig(GraphRunnerConfig):
     #: Most requests one prefill batch may hold.
     max_bs: int = 8
+    #: The prefill slot spec: a shipped name, a YAML path or a loaded RegistrySpec.
+    spec: Any = "prefill"
     #: Cap of the default bucket schedule.
     max_num_tokens: int = 256
     #: Explicit token buckets; None takes :func:`default_token_buckets`.
@@ -105,6 +107,7 @@ class PrefillGraphRunner(PhaseRunner):
     each key when a batch first needs it; ``runner(fb)`` replays or runs eager."""
 
     phase = "prefill"
+    size_unit = "tokens"
     key_words = ("token bucket", "request slots")
     _log = log
 
@@ -120,7 +123,7 @@ class PrefillGraphRunner(PhaseRunner):
         # The stack's hidden input is a reset-only slot, so its address is fixed too.
         params = {**adapter.spec_params(), **config.params, "register_input_embeds": True,
                   "hidden_size": adapter.hidden_size, "embed_dtype": adapter.hidden_dtype}
-        self.registry = build("prefill", max_bs=self.max_bs, max_num_tokens=self.buckets[0], device=self.device,
+        self.registry = build(config.spec, max_bs=self.max_bs, max_num_tokens=self.buckets[0], device=self.device,
                                        params=params, impl=config.impl, max_bytes=config.max_bytes)
         self._init_graphs(config, adapter.split_ops)
         #: ``capture="full"``: the request-slot counts a graph is keyed by, largest first; None otherwise.

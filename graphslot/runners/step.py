@@ -50,6 +50,8 @@ class StepPath:
     (after the registry and adapter exist, before any capture)."""
 
     phase = "?"
+    #: What :meth:`step_size` counts: ``"requests"`` (decode) or ``"tokens"`` (prefill).
+    size_unit = "requests"
     registry: Any
     adapter: Any
     device: Any
