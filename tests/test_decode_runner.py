@@ -6,6 +6,7 @@ import re
 
 import pytest
 import torch
+from graph_counting import counting_backend, replays_one_step
 
 from graphslot.reference import Scheduler, TinyConfig, build_reference_model, make_decode_batch, make_extend_batch
 from graphslot.reference.adapter import ReferenceDecodeAdapter
@@ -21,18 +22,21 @@ def make_runner(config=None, max_num_reqs=16, device="cpu", **runner_kwargs):
     rt = build_reference_model(config, device=device, max_num_reqs=max_num_reqs)
     adapter = ReferenceDecodeAdapter(rt)
     runner_kwargs.setdefault("progress", False)
+    runner_kwargs.setdefault("backend", counting_backend(device))  # graph == eager tests see the graph run
     return rt, adapter, DecodeGraphRunner(adapter, DecodeRunnerConfig(**runner_kwargs))
 
 
 def decode_against_eager(rt, runner, steps=60, **sched_kwargs):
     """Drive the scheduler with graph-then-eager decodes; the batch sizes seen. Bit-exact
-    on the CPU tape where the matmul is batch-invariant (reference/numerics.py)."""
+    on the CPU tape where the matmul is batch-invariant (reference/numerics.py). Every
+    step must replay a captured graph (counted by the backend)."""
     same = output_check(rt.device)
     sizes = []
 
     def decode_fn(fb):
         assert runner.can_run(fb)
-        graph = runner.replay(fb).clone()
+        with replays_one_step(runner):
+            graph = runner.replay(fb).clone()
         eager = rt.forward(fb)
         assert same(graph, eager), f"step with bs={fb.batch_size} differs from eager ({same.name})"
         sizes.append(fb.batch_size)
@@ -78,7 +82,8 @@ def test_speculative_verify_with_two_tokens_per_request():
         drafts = [[(step + i) % 90 + 1, (step * i) % 90 + 2] for i in range(bs)]
         fb = make_decode_batch(rt, rpi[:bs], lens[:bs], drafts)
         assert runner.can_run(fb)
-        graph = runner.replay(fb)
+        with replays_one_step(runner):
+            graph = runner.replay(fb)
         assert graph.shape[0] == bs * 2
         graph = graph.clone()
         assert torch.equal(graph, rt.forward(fb))
@@ -106,7 +111,8 @@ def test_dp_gathered_buffers():
     fb = make_decode_batch(rt, rpi, [3, 2], [6, 7])
     fb.global_num_tokens_cpu = [2, 5]  # the other rank is busier: every rank runs 8
     assert runner.padded_bs(fb) == 8
-    graph = runner.replay(fb).clone()
+    with replays_one_step(runner):
+        graph = runner.replay(fb).clone()
     for name in ("global_num_tokens_gpu", "global_num_tokens_for_logprob_gpu"):
         assert runner.registry.slot(name).buffer.tolist() == [8, 8]
     assert adapter.dp_buffer_lens[-1] == ([8, 8], 16)
@@ -207,7 +213,9 @@ def test_a_lazy_runner_captures_each_size_when_first_needed_and_replays_it_exact
         # A fresh size is captured before the fill: the capture's dummy batch must not
         # overwrite this step's inputs.
         fb = make_decode_batch(rt, rpi[:bs], [5 + i for i in range(bs)], [11 * i + 1 for i in range(bs)])
-        assert same(runner(fb).clone(), rt.forward(fb)), f"bs {bs}"
+        with replays_one_step(runner):
+            out = runner(fb).clone()
+        assert same(out, rt.forward(fb)), f"bs {bs}"
         assert sorted(runner.graphs) == captured
     assert runner.capture_seconds > 0
     assert runner.metrics()["replays_per_size"] == {"2": 1, "4": 2, "8": 1}

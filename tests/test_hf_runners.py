@@ -25,6 +25,7 @@ import pytest
 pytest.importorskip("transformers")
 
 import torch  # noqa: E402
+from graph_counting import counting, counting_backend, replays_one_step  # noqa: E402
 
 from graphslot.integrations.transformers import HFDecodeAdapter, PagedCache, tiny_model  # noqa: E402
 from graphslot.integrations.transformers.attention import ROUTED_FAMILIES, route_attention  # noqa: E402
@@ -125,23 +126,29 @@ def new_cache(model):
 
 
 def prefill_runner(adapter, capture, **kwargs):
-    return PrefillGraphRunner(adapter, capture=capture, max_bs=4, token_buckets=TOKEN_BUCKETS, backend="cpu",
+    """On the CPU tape, its graphs' replays counted (:mod:`graph_counting`)."""
+    backend = counting_backend("cpu", pool=kwargs.get("graph_pool"))
+    return PrefillGraphRunner(adapter, capture=capture, max_bs=4, token_buckets=TOKEN_BUCKETS, backend=backend,
                               progress=False, **kwargs)
 
 
 def decode_runner(adapter, capture, **kwargs):
-    return DecodeGraphRunner(adapter, capture=capture, max_bs=6, capture_bs=CAPTURE_BS, backend="cpu", progress=False,
-                             **kwargs)
+    """On the CPU tape, its graphs' replays counted (:mod:`graph_counting`)."""
+    backend = counting_backend("cpu", pool=kwargs.get("graph_pool"))
+    return DecodeGraphRunner(adapter, capture=capture, max_bs=6, capture_bs=CAPTURE_BS, backend=backend,
+                             progress=False, **kwargs)
 
 
 def checked(runner, eager, same, graphs_run):
-    """``runner`` on each step, after checking it replays a graph and comparing it with
-    ``eager`` on the same step (eager first: the runner's K and V are what later steps read)."""
+    """``runner`` on each step, after checking it can replay a graph, checking that it did
+    (counted by the backend's graphs) and comparing it with ``eager`` on the same step
+    (eager first: the runner's K and V are what later steps read)."""
 
     def step(fb):
         assert runner.can_run(fb), runner.eager_reason(fb)
         want = eager(fb)
-        got = runner(fb)
+        with replays_one_step(runner):
+            got = runner(fb)
         assert same(got, want), f"differs from eager by {float((got - want).abs().max()):.3g}"
         graphs_run.append(fb)
         return got
@@ -197,7 +204,9 @@ def test_prefill_and_decode_graphs_together(model, generated):
     prefill = prefill_runner(HFPrefillAdapter(model, cache), "full", graph_pool=pool)
     decode = decode_runner(HFDecodeAdapter(model, cache), "breakable", graph_pool=pool)
     assert prefill.graph_pool is decode.graph_pool is pool
-    assert Server(cache, prefill, decode).run() == generated
+    server = Server(cache, prefill, decode)
+    assert server.run() == generated
+    assert counting(prefill).replays == len(WAVES) and counting(decode).replays >= len(server.decode_sizes)
 
 
 @pytest.mark.parametrize("family", [f for f in ROUTED_FAMILIES if f != "llama"])
@@ -210,21 +219,39 @@ def test_the_other_routed_families(family):
     prefill = prefill_runner(HFPrefillAdapter(model, cache), "full")
     decode = decode_runner(HFDecodeAdapter(model, cache), "breakable")
     assert Server(cache, prefill, decode).run() == want
+    assert counting(prefill).replays == len(WAVES) and counting(decode).replays > 0
 
 
-def test_recapture_and_release_keep_the_tokens(model, generated):
-    """New graphs over the same buffers (``recapture``), then none (``release``: eager)."""
+def reload_weights(model):
+    """New tensors for every MLP down projection (what a weight loader's ``p.data = new``
+    does): graphs captured before read the old memory."""
+    generator = torch.Generator().manual_seed(1)
+    for layer in model.model.layers:
+        weight = layer.mlp.down_proj.weight
+        weight.data = torch.randn(weight.shape, generator=generator, dtype=weight.dtype) * weight.std() * 3
+
+
+def test_recapture_after_new_weights_gives_their_tokens_and_release_keeps_them(generated):
+    """The weights reloaded: the graphs are stale (the old tokens) until ``recapture``
+    (the new model's tokens); ``release`` then runs eager, with the same tokens."""
+    model = tiny_model("llama")  # its own: the weights change
     cache = new_cache(model)
     prefill = prefill_runner(HFPrefillAdapter(model, cache), "full")
     decode = decode_runner(HFDecodeAdapter(model, cache), "full")
     assert Server(cache, prefill, decode).run() == generated
+    reload_weights(model)
+    fresh = generate(model)
+    assert fresh != generated, "the new weights change no token: the test would not see a stale graph"
+    assert Server(cache, prefill, decode).run() == generated  # stale: the old weights' tokens
     prefill.recapture()
     decode.recapture()
-    assert Server(cache, prefill, decode).run() == generated
+    assert Server(cache, prefill, decode).run() == fresh
+    replays = counting(prefill).replays, counting(decode).replays
     prefill.release()
     decode.release()
     assert not prefill.graphs and not decode.graphs
-    assert Server(cache, prefill, decode).run() == generated
+    assert Server(cache, prefill, decode).run() == fresh
+    assert (counting(prefill).replays, counting(decode).replays) == replays  # eager: no graph ran
 
 
 def test_the_docs_example_runs():

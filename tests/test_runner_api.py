@@ -149,7 +149,7 @@ def test_the_public_capture_view_recaptures_a_size_on_any_backend():
 
 def test_decode_and_prefill_configs_share_one_base():
     shared = {"max_bs", "capture", "split_ops", "compile_backend", "backend", "graph_pool", "capture_context", "impl",
-              "params", "progress", "warmup", "warmup_sizes", "lazy", "max_bytes", "buffers", "max_graphs"}
+              "params", "progress", "warmup", "warmup_sizes", "lazy", "max_bytes", "buffers", "max_graphs", "guard"}
     base = set(GraphRunnerConfig.__dataclass_fields__)
     assert base == shared
     assert issubclass(DecodeRunnerConfig, GraphRunnerConfig) and issubclass(PrefillRunnerConfig, GraphRunnerConfig)

@@ -17,11 +17,12 @@ import verify_targets
 from conftest import parse
 from graphslot.cli.app import main
 from graphslot.spec.files import display_path
-from graphslot.reference.verify_target import reference_target
+from graphslot.reference.verify_target import reference_prefill_target, reference_target
+from graphslot.runners.prefill import PrefillGraphRunner
 from graphslot.tools.audit import audit_external_inputs
 from graphslot.tools.poison import Poisoner, poisonable
 from graphslot.tools.verify import TargetError, format_report, sample_raw_sizes, span, verify_runner
-from verify_targets import hf_target, keep_pad_out_cache_loc_spec, stale_logit_bias
+from verify_targets import hf_target, keep_pad_out_cache_loc_spec, stale_logit_bias, stale_prefill_bias
 
 
 def verdicts(report):
@@ -295,3 +296,44 @@ def test_cli_verify_refuses_a_reference_option_it_cannot_use_before_building_any
 def test_cli_verify_takes_the_largest_seed_torch_takes(capsys):
     assert main(["verify", "--backend", "cpu", "--max-bs", "2", "--no-audit", "--seed", str(2**64 - 1)]) == 0
     assert capsys.readouterr().out.rstrip().endswith("verdict: safe")
+
+
+# --------------------------------------------------------------------- the prefill runner
+
+
+@pytest.mark.parametrize("capture", ["full", "breakable", "piecewise"])
+def test_the_reference_prefill_runner_passes_verify(capture):
+    target = reference_prefill_target("cpu", capture=capture)
+    report = verify_runner(target)
+    assert report.safe, format_report(report)
+    assert {padded for _, padded in report.cases} == {16, 32}  # token buckets: raw tokens -> bucket
+    assert (1, 16) in report.cases and (17, 32) in report.cases  # the longest tail of each
+    assert {s.slot for s in report.slots} >= {"input_ids", "positions", "out_cache_loc"}
+    assert target.runner.metrics()["replays"] == 0  # verify's replays stay out of the metrics
+
+
+def test_a_stale_kv_slot_tail_of_a_prefill_spec_is_poisoned_and_named():
+    spec = gs.parse_spec(keep_pad_out_cache_loc_spec("prefill"), path="keep_pad_prefill.yaml")
+    target = reference_prefill_target("cpu", capture="breakable")
+    target.runner = PrefillGraphRunner(target.runner.adapter, target.runner.config, spec=spec)
+    report = verify_runner(target)
+    assert not report.safe
+    [unsafe] = [s for s in report.slots if s.verdict == "UNSAFE"]
+    assert unsafe.slot == "out_cache_loc" and unsafe.policy == "keep_pad"
+    assert {leak["padded_bs"] for leak in unsafe.leaks} <= {16, 32} and "use padding 'zero'" in unsafe.detail
+
+
+def test_the_audit_names_a_batch_field_a_prefill_graph_reads():
+    target = stale_prefill_bias()
+    [found] = audit_external_inputs(target.runner)
+    assert found.name == "fb.hidden_bias" and found.is_batch_field and found.sizes == [16, 32]
+    report = verify_runner(target)
+    assert not report.safe and report.external_inputs and all(s.verdict != "UNSAFE" for s in report.slots)
+
+
+def test_cli_verify_runs_a_prefill_target(capsys):
+    assert main(["verify", "graphslot.reference.verify_target:reference_prefill_target"]) == 0
+    out = capsys.readouterr().out
+    assert "steps replayed (raw->padded): 1->16" in out and out.rstrip().endswith("verdict: safe")
+    assert main(["verify", "verify_targets:stale_prefill_bias"]) == 1
+    assert "fb.hidden_bias" in capsys.readouterr().out

@@ -9,8 +9,10 @@ import torch
 
 from graphslot.spec.loading import spec_path
 from graphslot.reference.adapter import ReferenceDecodeAdapter
-from graphslot.reference.verify_target import reference_target
+from graphslot.reference.prefill_adapter import ReferencePrefillAdapter
+from graphslot.reference.verify_target import reference_prefill_target, reference_target
 from graphslot.runners.decode import DecodeGraphRunner, DecodeRunnerConfig
+from graphslot.runners.prefill import PrefillGraphRunner
 from graphslot.tools.verify import VerifyTarget
 
 OUT_CACHE_LOC_ZERO = """  - name: out_cache_loc
@@ -22,10 +24,10 @@ OUT_CACHE_LOC_ZERO = """  - name: out_cache_loc
 """
 
 
-def keep_pad_out_cache_loc_spec() -> str:
-    """The shipped decode spec with the KV-slot tail left stale (keep_pad, not an index):
-    padded rows then write K/V into slots real requests read."""
-    text = spec_path("decode").read_text()
+def keep_pad_out_cache_loc_spec(name: str = "decode") -> str:
+    """The shipped spec ``name`` (decode, prefill) with the KV-slot tail left stale
+    (keep_pad, not an index): padded rows then write K/V into slots real requests read."""
+    text = spec_path(name).read_text()
     assert OUT_CACHE_LOC_ZERO in text
     return text.replace(OUT_CACHE_LOC_ZERO, OUT_CACHE_LOC_ZERO.replace("padding: zero\n    index: true\n",
                                                                         "padding: keep_pad\n"))
@@ -56,6 +58,34 @@ def stale_logit_bias(max_bs: int = 4) -> VerifyTarget:
         return fb
 
     return VerifyTarget(target.runner, make_batch, target.release, "reads fb.logit_bias")
+
+
+class ReadsHiddenBias(ReferencePrefillAdapter):
+    """Adds ``fb.hidden_bias``, a batch tensor the prefill spec does not stage, to the
+    layer stack's input: the graph keeps reading the dummy batch's bias."""
+
+    def make_dummy_batch(self, num_tokens):
+        fb = super().make_dummy_batch(num_tokens)
+        fb.hidden_bias = torch.zeros(self.hidden_size, dtype=self.hidden_dtype, device=self.device)
+        return fb
+
+    def run_layer_stack(self, stack, hidden, view):
+        return super().run_layer_stack(stack, hidden + view.hidden_bias, view)
+
+
+def stale_prefill_bias(capture: str = "breakable") -> VerifyTarget:
+    """A prefill target whose layer stack reads ``fb.hidden_bias`` (not a slot)."""
+    target = reference_prefill_target("cpu", capture=capture)
+    adapter = ReadsHiddenBias(target.runner.adapter.runtime)
+    target.runner = PrefillGraphRunner(adapter, target.runner.config)
+    make = target.make_batch
+
+    def make_batch(num_tokens):
+        fb = make(num_tokens)
+        fb.hidden_bias = torch.zeros(adapter.hidden_size, dtype=adapter.hidden_dtype)
+        return fb
+
+    return VerifyTarget(target.runner, make_batch, target.release, "prefill reads fb.hidden_bias")
 
 
 def reference_tuple():

@@ -1,5 +1,6 @@
 """The reference model as a ``graphslot verify`` target: what the command runs with no
-code of yours (``graphslot verify`` / ``--reference``)."""
+code of yours (``graphslot verify`` / ``--reference``), and its prefill runner
+(:func:`reference_prefill_target`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 import torch
 
 from ..runners.decode import DecodeGraphRunner, DecodeRunnerConfig
+from ..runners.prefill import PrefillGraphRunner, PrefillRunnerConfig
 from ..spec.errors import SlotError
 from ..spec.loading import load_spec
 from ..spec.resolve import resolve_params, resolve_slots
@@ -17,6 +19,7 @@ from ..tools.verify import TargetError, VerifyTarget
 from .adapter import ReferenceDecodeAdapter
 from .forward_batch import ForwardBatch
 from .model import TinyConfig, build_reference_model
+from .prefill_adapter import ReferencePrefillAdapter
 from .scheduler import make_decode_batch, make_extend_batch
 
 
@@ -47,6 +50,36 @@ def reference_target(backend: str = "auto", max_bs: int = 8, spec: Any = "decode
         rt.token_to_kv_pool.free(fb.out_cache_loc)
 
     return VerifyTarget(runner, make_batch, release, label=f"reference model, spec {spec.name}, max_bs {max_bs}")
+
+
+def reference_prefill_target(backend: str = "auto", capture: str = "full", max_bs: int = 4,
+                             token_buckets: Any = (16, 32), seed: int = 0, config: TinyConfig = None) -> VerifyTarget:
+    """The reference model behind a prefill runner (``capture``, ``token_buckets``);
+    ``make_batch(n)`` prefills ``n`` new tokens, split over up to ``max_bs`` requests, some
+    after a cached prefix (`graphslot verify graphslot.reference.verify_target:reference_prefill_target`)."""
+    cuda = backend == "cuda" or (backend == "auto" and torch.cuda.is_available())
+    rt = build_reference_model(config, device="cuda" if cuda else "cpu", seed=seed, max_num_reqs=max_bs)
+    runner = PrefillGraphRunner(ReferencePrefillAdapter(rt), PrefillRunnerConfig(
+        max_bs=max_bs, token_buckets=list(token_buckets), capture=capture, backend=backend, progress=False))
+    rng = random.Random(seed)
+    vocab = rt.config.vocab_size
+    rpi = rt.req_to_token_pool.alloc(max_bs)
+    prefixes = [rng.randrange(0, 4) for _ in range(max_bs)]  # cached tokens before the chunk (chunked prefill)
+    rt.forward(make_extend_batch(rt, rpi, [0] * max_bs, [[rng.randrange(1, vocab) for _ in range(p)] or [1]
+                                                          for p in prefixes]))
+    prefixes = [max(p, 1) for p in prefixes]
+
+    def make_batch(num_tokens: int) -> Any:
+        requests = min(max_bs, num_tokens)
+        lens = [num_tokens // requests + (i < num_tokens % requests) for i in range(requests)]
+        prompts = [[rng.randrange(1, vocab) for _ in range(n)] for n in lens]
+        return make_extend_batch(rt, rpi[:requests], prefixes[:requests], prompts)
+
+    def release(fb: Any) -> None:
+        rt.token_to_kv_pool.free(fb.out_cache_loc)
+
+    return VerifyTarget(runner, make_batch, release,
+                        label=f"reference model, {capture} prefill, token buckets {list(runner.buckets)}")
 
 
 class NotADecodeSpec(TargetError):

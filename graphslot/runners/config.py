@@ -2,7 +2,7 @@
 
 :class:`GraphRunnerConfig` holds what every runner has (capture mode, graph backend and
 pool, the engine's capture context, registry mode, spec params, progress bar, warm-ups,
-lazy capture, the buffer byte cap);
+lazy capture, the buffer byte cap, the replay guard);
 :class:`~graphslot.runners.decode.DecodeRunnerConfig` and
 :class:`~graphslot.runners.prefill.PrefillRunnerConfig` add their own. A runner is
 built from a config, keyword overrides, or both (:func:`runner_config`).
@@ -72,6 +72,9 @@ class GraphRunnerConfig:
     #: Cap on the registry's buffer bytes (``build_registry(max_bytes=)``); None:
     #: ``GRAPHSLOT_MAX_BUFFER_BYTES``, else 4 GiB.
     max_bytes: Optional[int] = None
+    #: Check before each replay that no slot buffer or static tensor moved
+    #: (:mod:`graphslot.runners.guard`); None: on when ``GRAPHSLOT_DEBUG=1``.
+    guard: Optional[bool] = None
     #: Where the registry's static tensors come from, as ``build_registry(buffers=)``:
     #: None allocates them; a pool (``graphslot.BufferPool``) shares them with every
     #: registry built from it (the runners of a ``ModelGraphRunner``); anything else is

@@ -23,33 +23,36 @@ Public capture API (what ``graphslot verify``'s audit and the runner use): ``cap
 stages a size's dummy batch, ``graph_body`` is what its graph runs, and ``capture_on``
 captures the two on any graph backend (methods of :class:`DecodeGraphRunner`).
 
-Observers (:class:`StepObserver`, :meth:`DecodeGraphRunner.add_observer`) see each
-replayed step right after its fill, before the replay metadata and the replay.
+The step path both phases share (observers, the replay guard, metrics and the
+histogram, the audit hooks of ``graphslot verify``) is
+:class:`~graphslot.runners.step.StepPath`'s; this module keeps decode's own: its keys
+(batch size, context bucket), their dispatch, its staging (``stage``, ``launch``), the
+DP buffer sizes, shared outputs and its dummy batch.
 """
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Dict, List, NamedTuple, Optional, Protocol, Sequence, Tuple, Union
+from typing import Any, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 
 from ..api import build
-from ..graphs.backend import Graph, GraphBackend, InspectableGraph, get_graph_backend
-from ..log import PerReason, get_logger
-from ..planning.histogram import BatchSizeHistogram
+from ..graphs.backend import Graph, GraphBackend
+from ..log import get_logger
 from ..spec.errors import SlotError
 from .adapter import DecodeAdapter
 from .batch import check_batch_rows, check_dummy_batch, check_slice_output, describe_dummy
 from .config import GraphRunnerConfig, registry_buffers, runner_config
-from .contract import check_adapter, statics
+from .contract import check_adapter
 from .dispatch import SizeDispatcher, capture_sizes, context_ladder, other_forward_mode
-from .guard import ReplayGuard, guard_wanted, runner_tensors
-from .metrics import RunnerMetrics
 from .outputs import SharedOutputs
 from .phase import RELEASED, PhaseRunner
 from .report import describe_sizes
+from .step import FillShape, StepObserver
+
+__all__ = ["DecodeGraphRunner", "DecodeRunnerConfig", "PreparedReplay", "StepObserver"]  # StepObserver: from .step
 
 log = get_logger(__name__)
 
@@ -67,9 +70,6 @@ class DecodeRunnerConfig(GraphRunnerConfig):
     num_tokens_per_bs: int = 1
     #: Run only batches whose size was captured exactly.
     disable_padding: bool = False
-    #: Check before each replay that no slot buffer or static tensor moved
-    #: (:mod:`graphslot.runners.guard`); None: on when ``GRAPHSLOT_DEBUG=1``.
-    guard: Optional[bool] = None
     #: Every size's graph copies its output into one set of largest-size buffers
     #: (:class:`~graphslot.runners.outputs.SharedOutputs`): the graphs keep one output
     #: alive, not one per size, for one device copy per output tensor per replay; outputs
@@ -85,18 +85,8 @@ class DecodeRunnerConfig(GraphRunnerConfig):
     context_buckets: Union[None, str, Sequence[int]] = None
 
 
-class StepObserver(Protocol):
-    """Sees every replayed step of a :class:`DecodeGraphRunner` it is added to."""
-
-    def after_fill(self, raw_bs: int, padded_bs: int) -> None:
-        """The slot buffers hold the step (``raw_bs`` real rows padded to ``padded_bs``);
-        the replay metadata, the guard and the replay come next. ``graphslot verify``
-        poisons padded tails here. An exception aborts the step before its replay."""
-        ...
-
-
 class PreparedReplay(NamedTuple):
-    """A batch staged in its graph's buffers (:meth:`DecodeGraphRunner.prepare`)."""
+    """A batch staged in its graph's buffers (:meth:`DecodeGraphRunner.stage`)."""
 
     graph: Any
     raw_bs: int
@@ -157,17 +147,10 @@ class DecodeGraphRunner(PhaseRunner):
         check_slice_output(adapter)
         adapter.init_graph_state(max_bs, max_bs * self.k)
         self.shared_outputs = SharedOutputs(max_bs, max_bs * self.k) if config.share_outputs else None
-        self.guard = (ReplayGuard(lambda: runner_tensors(self.registry, adapter))
-                      if guard_wanted(config.guard) else None)
+        self._init_step_path(config.guard, log, num_tokens_per_bs=self.k, contexts=self.bucketed)
+        self._eager_message = f"decode step ran eager: %s (%d rows needed; captured sizes {describe_sizes(self.dispatch.sizes)})"
         if not (config.lazy or defer_capture):
             self._capture_keys(self.graph_keys)
-        #: Counters of replays, padding and eager fallbacks (``metrics()``), and the raw
-        #: sizes served (``histogram``).
-        self.stats = RunnerMetrics(num_tokens_per_bs=self.k, contexts=self.bucketed)
-        #: Eager fallbacks logged (INFO), per reason: the first, then every 1000th.
-        self.eager_log = PerReason(log)
-        self._eager_message = f"decode step ran eager: %s (%d rows needed; captured sizes {describe_sizes(self.dispatch.sizes)})"
-        self._observers: Tuple[StepObserver, ...] = ()
 
     @property
     def captured_sizes(self) -> List[int]:
@@ -184,18 +167,6 @@ class DecodeGraphRunner(PhaseRunner):
         """Every captured (lazy: capturable) ``(bs, context bucket or None)``, in capture order."""
         return self.dispatch.keys()
 
-    # -- observers -------------------------------------------------------------------
-    def add_observer(self, observer: StepObserver) -> None:
-        """Call ``observer.after_fill(raw_bs, padded_bs)`` at every replayed step, in the
-        order observers were added. Without observers a step pays one emptiness check."""
-        self._observers = (*self._observers, observer)
-
-    def remove_observer(self, observer: StepObserver) -> None:
-        """Stop calling ``observer`` (ValueError if it was not added)."""
-        observers = list(self._observers)
-        observers.remove(observer)
-        self._observers = tuple(observers)
-
     # -- capture ---------------------------------------------------------------------
     def _capture_one(self, bs: int, context: Optional[int] = None) -> Graph:
         return self.capture_on(self.backend, bs, context=context, warmup=self._warmup())[0]
@@ -208,8 +179,13 @@ class DecodeGraphRunner(PhaseRunner):
         so; the stale-input audit captures again on the CPU tape, whatever the runner's
         backend. It writes what a capture writes (slot buffers, attention metadata): call
         it between steps."""
-        view = self.capture_view(bs, context)
-        return self._capture(backend, functools.partial(self.graph_body, view, bs), warmup), view
+        return self.capture_key_on(backend, bs, context, warmup=warmup)
+
+    def capture_key_on(self, backend: GraphBackend, a: int, b: Optional[int] = None, *,
+                       warmup: int = 0) -> Tuple[Graph, Any]:
+        """:meth:`capture_on` of batch size ``a`` at context bucket ``b``."""
+        view = self.capture_view(a, b)
+        return self._capture(backend, functools.partial(self.graph_body, view, a), warmup), view
 
     def _check_key(self, bs: int, context: Optional[int]) -> None:
         if bs not in self.dispatch:
@@ -322,109 +298,91 @@ class DecodeGraphRunner(PhaseRunner):
         the next replay of the same size (``share_outputs``: of any size; clone to keep
         them). ``count=False``: a batch of no real requests (an idle DP rank's dummy,
         replayed to join the collectives) stays out of :meth:`metrics` and the histogram.
-        :meth:`prepare` then :meth:`launch`."""
-        return self.launch(self.prepare(fb, count=count))
+        :meth:`stage` then :meth:`launch`."""
+        return self.launch(self.stage(fb, count=count))
 
     def prepare(self, fb: Any, *, count: bool = True, longest: Optional[int] = None) -> PreparedReplay:
+        """:meth:`stage` with the context bucket of ``longest`` (the DP runner passes the one
+        the ranks agreed on); None reads ``adapter.context_len(fb)``."""
+        return self.stage(fb, context=self._context(fb, longest), count=count)
+
+    def stage(self, fb: Any, *, needed: Optional[int] = None, context: Optional[int] = None,
+              count: bool = True) -> PreparedReplay:
         """Stage ``fb`` for its graph: every host step of a replay that can raise (a lazy
         capture, the fill, the observers, extract, the replay metadata, the guard), so
         that :meth:`launch` only replays. Nothing else may fill or replay in between:
-        the buffers hold this batch. ``longest``: the context to bucket (the DP runner
-        passes the one the ranks agreed on); None reads ``adapter.context_len(fb)``."""
-        raw_bs = self.adapter.batch_size(fb)
-        return self._prepare(fb, raw_bs, self._needed_bs(fb, raw_bs), self._context(fb, longest), count)
-
-    def _prepare(self, fb: Any, raw_bs: int, needed: int, context: Optional[int], count: bool) -> PreparedReplay:
+        the buffers hold this batch. ``needed``: the rows the graph must have (the DP
+        runner passes what the ranks agreed on); None: ``fb``'s own (with MLP gather, the
+        busiest rank's). ``context``: the context bucket; None: ``fb``'s own (none without
+        buckets). ``count=False``: kept out of :meth:`metrics` and the histogram."""
         adapter, reg, k = self.adapter, self.registry, self.k
+        raw_bs = adapter.batch_size(fb)
+        needed = self._needed_bs(fb, raw_bs) if needed is None else needed
+        context = self._context(fb, None) if context is None else context
         bs = self.dispatch.pad(needed)
         self.fills += 1  # from here on the buffers are this step's: a step staged before is stale
-        self.steps_in_progress += 1  # from here to the staged step, release() and recapture() refuse
-        try:
+        with self._in_step():  # from here to the staged step, release() and recapture() refuse
             graph = self.graph(bs, context)  # before the fill: a lazy capture fills the buffers with its dummy batch
             if context is not None:
                 adapter.set_context_bucket(context)
             reg.fill_from(fb, raw_bs=raw_bs, padded_bs=bs, raw_num_tokens=raw_bs * k, padded_num_tokens=bs * k,
                           side_inputs=self._side)
-            if self._observers:
-                for observer in self._observers:
-                    observer.after_fill(raw_bs, bs)
+            self._filled(FillShape(raw_bs, bs, raw_bs * k, bs * k))
             view = reg.extract(fb, padded_bs=bs, padded_num_tokens=bs * k)
             self._set_dp(view, bs * k)
             with torch.no_grad():
                 adapter.init_replay_metadata(bs, view, fb)
-            if self.guard is not None:
-                self.guard.check()
-        finally:
-            self.steps_in_progress -= 1
+            self._check_guard()
         return PreparedReplay(graph, raw_bs, bs, needed if count else None, context, self.generation, self.fills)
 
     def launch(self, step: PreparedReplay) -> Any:
-        """Replay a step :meth:`prepare` staged; its outputs, as :meth:`replay` returns them.
-        A RuntimeError when the runner was released or recaptured since (prepare it again)."""
-        graph, raw_bs, bs, needed, context, generation, fill = step
-        if generation != self.generation:
-            raise RuntimeError("this step was prepared before a release() or recapture(): its graph and buffers are "
-                               "stale; prepare it again")
-        if fill != self.fills:
+        """Replay a step :meth:`stage` staged; its outputs, as :meth:`replay` returns them.
+        A RuntimeError when the runner was released or recaptured since, or its buffers were
+        filled again (stage it again)."""
+        if step.fill != self.fills:
             raise RuntimeError("this step's buffers were filled again since it was prepared (by another prepare() or "
                                "step): launch each staged step before staging the next; prepare it again")
-        self.steps_in_progress += 1  # eager segments and split ops run engine code during the replay
-        try:
-            graph.replay()
-        finally:
-            self.steps_in_progress -= 1
-        if needed is not None:
-            self.stats.replayed(raw_bs, bs, needed, context)
+        self._replay_staged(step.graph, step.generation)
+        if step.needed is not None:
+            self.stats.replayed(step.raw_bs, step.bs, step.needed, step.context)
         k = self.k
-        return self.adapter.slice_output(graph.output, raw_bs, raw_bs * k, padded_bs=bs, padded_num_tokens=bs * k)
+        return self.adapter.slice_output(step.graph.output, step.raw_bs, step.raw_bs * k, padded_bs=step.bs,
+                                         padded_num_tokens=step.bs * k)
 
     def record_eager(self, reason: str, needed: Optional[int]) -> None:
         """Count an eager step in :meth:`metrics` and (``needed`` not None) the histogram,
         and log it (:attr:`eager_log`): for a caller that runs the eager forward itself
         (the DP runner)."""
-        self.stats.fell_back(reason, needed)
         if needed is None:
-            self.eager_log.log(reason, "decode step ran eager: %s", reason)
+            self._record_eager(reason, needed, "decode step ran eager: %s", reason)
         else:  # formatted only when logged
-            self.eager_log.log(reason, self._eager_message, reason, needed)
+            self._record_eager(reason, needed, self._eager_message, reason, needed)
 
     def __call__(self, fb: Any) -> Any:
         """Replay when a graph fits, else the eager forward."""
-        reason, raw_bs, needed, context = self._decide(fb)
+        reason, _, needed, context = self._decide(fb)
         if reason is None:
-            return self.launch(self._prepare(fb, raw_bs, needed, context, True))
+            return self.launch(self.stage(fb, needed=needed, context=context))
         self.record_eager(reason, needed)
         return self.adapter.forward_eager(fb)
 
-    def metrics(self) -> Dict[str, Any]:
-        """Replays per captured size (with buckets, per context bucket too), padded rows and
-        eager fallbacks by reason."""
-        return self.stats.as_dict()
-
+    # -- the audit hooks -------------------------------------------------------------
     @property
-    def histogram(self) -> BatchSizeHistogram:
-        """The batch sizes served, replayed or eager (with DP attention, the busiest
-        rank's): ``.counts``, ``.save(path)`` for ``graphslot plan-sizes``."""
-        return self.stats.histogram
+    def verify_sizes(self) -> List[int]:
+        """The captured batch sizes (none with ``disable_padding``: no step has a tail)."""
+        return [] if self.config.disable_padding else self.captured_sizes
 
-    # -- figures ---------------------------------------------------------------------
-    def external_inputs(self, bs: int, context: Optional[int] = None) -> List[torch.Tensor]:
-        """Tensors the graph of size ``bs`` (and bucket ``context``) reads that nothing keeps
-        current: not a slot buffer, not declared static by the adapter, not made by the
-        graph. A graph that cannot list them (CUDA) has the key captured again on the tape
-        to find them."""
-        graph = self.graph(bs, context)
-        if not isinstance(graph, InspectableGraph):
-            graph = self.capture_on(get_graph_backend("cpu", "cpu"), bs, context=context)[0]
-        return graph.external_inputs(self.declared_statics())
+    def step_size(self, fb: Any) -> int:
+        return self.adapter.batch_size(fb)
+
+    def padded_size(self, fb: Any) -> int:
+        return self.padded_bs(fb)
 
     def declared_statics(self) -> List[torch.Tensor]:
-        """Slot buffers, the adapter's static tensors and its models' parameters and
-        buffers (:func:`~graphslot.runners.contract.statics`): what a graph may read."""
-        declared = [s.buffer for s in self.registry.active]
-        declared += statics(self.adapter)
-        declared += self.shared_outputs.tensors() if self.shared_outputs is not None else []
-        return declared
+        """Every phase's (:meth:`~graphslot.runners.step.StepPath.declared_statics`) and the
+        shared outputs."""
+        declared = super().declared_statics()
+        return declared + (self.shared_outputs.tensors() if self.shared_outputs is not None else [])
 
     def __repr__(self) -> str:
         contexts = f" contexts={self.captured_contexts}" if self.bucketed else ""

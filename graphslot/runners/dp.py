@@ -423,9 +423,8 @@ class DPDecodeRunner:
         rows = max(counts)
         needed = dispatch.rows_for_tokens(rows)
         if step.padded_bs is not None:  # the size and bucket the ranks agreed on (_check made raw_bs * k our count)
-            raw_bs = self.adapter.batch_size(mine.batch)
-            return functools.partial(self._replay, self.runner._prepare(mine.batch, raw_bs, needed, step.context, real),
-                                     real)
+            staged = self.runner.stage(mine.batch, needed=needed, context=step.context, count=real)
+            return functools.partial(self._replay, staged, real)
         reason = None
         if real:  # in the runner's metrics and histogram, as a fallback of its own would be
             reason = (mine.reason or dispatch.size_problem(needed) or dispatch.context_problem(max(step.contexts))

@@ -4,7 +4,7 @@ A phase runner (:class:`~graphslot.runners.decode.DecodeGraphRunner`,
 :class:`~graphslot.runners.prefill.PrefillGraphRunner`) keys its graphs by a pair: decode
 ``(bs, context bucket or None)``, prefill ``(tokens, request slots or None)``;
 ``runner.graphs`` holds each under its first element alone when the second is None,
-else under the pair. It says how one key is staged and run (``_capture_one``); this
+else under the pair. It says how one key is staged and captured (``capture_key_on``); this
 class owns the graph backend (and its pool), the capture mode (:mod:`.capture`), the
 capture loop (every key of one run in one capture session, :mod:`.session`, which enters
 the engine's capture context once), lazy capture and the lifecycle:
@@ -36,6 +36,7 @@ from .graph_count import KNOBS, check_graph_count, describe_count
 from .piecewise import default_compile_backend
 from .report import describe_keys
 from .session import CaptureSession, current_session
+from .step import StepPath
 
 Key = Tuple[int, Optional[int]]
 
@@ -43,9 +44,12 @@ Key = Tuple[int, Optional[int]]
 RELEASED = "graphs released"
 
 
-class PhaseRunner:
+class PhaseRunner(StepPath):
     """Base of the phase runners; subclasses set :attr:`phase`, :attr:`key_words` and
-    ``_capture_one``, and call :meth:`_init_graphs` in their constructor."""
+    ``capture_key_on``, and call :meth:`_init_graphs` and
+    :meth:`~graphslot.runners.step.StepPath._init_step_path` in their constructor. The
+    step path both phases share (observers, the replay guard, metrics, the audit hooks)
+    is :class:`~graphslot.runners.step.StepPath`'s."""
 
     #: "decode" or "prefill": logs and progress bars.
     phase = "?"
@@ -53,9 +57,6 @@ class PhaseRunner:
     key_words = ("batch size", "context buckets")
     config: GraphRunnerConfig
     registry: Any
-    #: The replay guard (:mod:`.guard`; decode, when on), re-armed whenever graphs are
-    #: captured with none before (construction, recapture, after release); None: off.
-    guard: Optional[Any] = None
 
     def _init_graphs(self, config: GraphRunnerConfig, adapter_split_ops: Optional[Sequence[str]]) -> None:
         if config.warmup_sizes not in ("all", "largest"):
@@ -98,9 +99,6 @@ class PhaseRunner:
         return key if isinstance(key, tuple) else (key, None)
 
     # -- capture ---------------------------------------------------------------------
-    def _capture_one(self, a: int, b: Optional[int]) -> Graph:
-        raise NotImplementedError
-
     def _check_key(self, a: int, b: Optional[int]) -> None:
         """A KeyError for a key this runner does not capture."""
 
@@ -152,6 +150,19 @@ class PhaseRunner:
         """Capture every key not captured yet (after ``defer_capture``; construction does
         it otherwise)."""
         self._capture_keys([key for key in self.graph_keys if self._key(*key) not in self.graphs])
+
+    def _capture_one(self, a: int, b: Optional[int]) -> Graph:
+        """The runner's own graph of key ``(a, b)``."""
+        return self.capture_key_on(self.backend, a, b, warmup=self._warmup())[0]
+
+    def _replay_staged(self, graph: Graph, generation: int) -> None:
+        """Replay a staged step's ``graph``; a RuntimeError when the runner was released or
+        recaptured since it was staged (at ``generation``)."""
+        if generation != self.generation:
+            raise RuntimeError("this step was prepared before a release() or recapture(): its graph and buffers are "
+                               "stale; prepare it again")
+        with self._in_step():  # eager segments and split ops run engine code during the replay
+            graph.replay()
 
     def graph(self, a: int, b: Optional[int] = None) -> Graph:
         """The graph of key ``(a, b)`` (decode: batch size ``bs`` and context bucket or

@@ -12,26 +12,34 @@ every replay. How a graph is made is the capture mode's (:mod:`.capture`):
   buffers sized by request slots, so a graph is also keyed by the padded request count
   (``request_buckets``), the request slots past the batch being zero-length rows (as
   sglang pads them); the view the hooks get has ``batch_size`` = the padded count.
+
+The step path is every phase runner's (:class:`~graphslot.runners.step.StepPath`):
+observers after the fill, the replay guard (``guard=True`` or ``GRAPHSLOT_DEBUG=1``),
+``metrics()`` and ``histogram`` (counted in tokens: replays per token bucket, padded
+tokens, eager fallbacks by reason, the raw token counts served), and the audit hooks of
+``graphslot verify`` (which poisons the token tails). :meth:`PrefillGraphRunner.stage`
+then :meth:`PrefillGraphRunner.launch` split a replay as decode's do.
 """
 
 from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
 from ..api import build
-from ..graphs.backend import Graph, GraphCaptureError
-from ..log import PerReason, get_logger
+from ..graphs.backend import Graph, GraphBackend, GraphCaptureError
+from ..log import get_logger
 from ..spec.errors import SlotError
 from .batch import check_dummy_batch, describe_dummy
 from .config import GraphRunnerConfig, registry_buffers, runner_config
-from .contract import check_adapter, statics
+from .contract import check_adapter
 from .dispatch import capture_sizes, positive_ints
 from .phase import RELEASED, PhaseRunner
 from .prefill_adapter import PrefillAdapter, resolve_layer_stack
+from .step import FillShape
 
 log = get_logger(__name__)
 
@@ -69,6 +77,8 @@ def token_buckets(max_num_tokens: int, explicit: Optional[Sequence[int]] = None)
 class PrefillRunnerConfig(GraphRunnerConfig):
     #: Most requests one prefill batch may hold.
     max_bs: int = 8
+    #: The prefill slot spec: a shipped name, a YAML path or a loaded RegistrySpec.
+    spec: Any = "prefill"
     #: Cap of the default bucket schedule.
     max_num_tokens: int = 256
     #: Explicit token buckets; None takes :func:`default_token_buckets`.
@@ -78,11 +88,26 @@ class PrefillRunnerConfig(GraphRunnerConfig):
     request_buckets: Optional[Sequence[int]] = None
 
 
+class PreparedPrefill(NamedTuple):
+    """A prefill batch staged in its graph's buffers (:meth:`PrefillGraphRunner.stage`)."""
+
+    graph: Any
+    batch: Any
+    raw_tokens: int
+    #: The token bucket replayed.
+    tokens: int
+    #: The tokens counted in the metrics; None: not counted.
+    needed: Optional[int]
+    #: The runner's :attr:`~graphslot.runners.phase.PhaseRunner.generation` when staged.
+    generation: int = 0
+
+
 class PrefillGraphRunner(PhaseRunner):
     """Captures the layer stack per key on construction (largest first), or, ``lazy``,
     each key when a batch first needs it; ``runner(fb)`` replays or runs eager."""
 
     phase = "prefill"
+    size_unit = "tokens"
     key_words = ("token bucket", "request slots")
     _log = log
 
@@ -100,7 +125,7 @@ class PrefillGraphRunner(PhaseRunner):
         # The stack's hidden input is a reset-only slot, so its address is fixed too.
         params = {**adapter.spec_params(), **config.params, "register_input_embeds": True,
                   "hidden_size": adapter.hidden_size, "embed_dtype": adapter.hidden_dtype}
-        self.registry = build("prefill", max_bs=self.max_bs, max_num_tokens=self.buckets[0], device=self.device,
+        self.registry = build(config.spec, max_bs=self.max_bs, max_num_tokens=self.buckets[0], device=self.device,
                                        params=params, impl=config.impl, max_bytes=config.max_bytes,
                                        **registry_buffers(config.buffers))
         self._init_graphs(config, adapter.split_ops)
@@ -116,8 +141,7 @@ class PrefillGraphRunner(PhaseRunner):
         check_dummy_batch(adapter, self.registry, adapter.make_dummy_batch(self.buckets[0]),
                           ("is_prefill", "batch_size", "num_tokens"), "PrefillAdapter")
         adapter.init_graph_state(self.max_bs, self.buckets[0])
-        #: Eager fallbacks logged (INFO), per reason: the first, then every 1000th.
-        self.eager_log = PerReason(log)
+        self._init_step_path(config.guard, log)
         if not (config.lazy or defer_capture):
             self._capture_keys(self.graph_keys)
 
@@ -133,7 +157,10 @@ class PrefillGraphRunner(PhaseRunner):
         if requests not in (self.request_buckets or [None]):
             raise KeyError(f"request slots {requests!r} are not among the runner's request buckets {self.request_buckets}")
 
-    def _capture_one(self, n: int, requests: Optional[int]) -> Graph:
+    def capture_key_on(self, backend: GraphBackend, n: int, requests: Optional[int] = None, *,
+                       warmup: int = 0) -> Tuple[Graph, Any]:
+        """Token bucket ``n`` (at ``requests`` request slots, ``capture="full"``) captured
+        on ``backend``: ``(graph, view)``, ``view`` being the staged dummy batch."""
         adapter, reg, rows = self.adapter, self.registry, requests or 0
         reg.run_pre_capture(rows, n, self._side)
         dummy = adapter.make_dummy_batch(n)
@@ -153,7 +180,7 @@ class PrefillGraphRunner(PhaseRunner):
                 return adapter.run_layer_stack(stack, hidden, view)
 
         try:
-            return self._capture(self.backend, run, self._warmup())
+            return self._capture(backend, run, warmup), view
         except GraphCaptureError as e:
             raise GraphCaptureError(f"token bucket {n}: {e}") from e
 
@@ -187,41 +214,63 @@ class PrefillGraphRunner(PhaseRunner):
         """The per-replay metadata hook on the live batch (runs at EVERY replay)."""
         self.adapter.init_replay_metadata(n, view, fb)
 
-    def replay(self, fb: Any) -> Any:
-        """The eager tail's result for ``fb`` (e.g. logits ``[raw_tokens, vocab]``)."""
+    def replay(self, fb: Any, *, count: bool = True) -> Any:
+        """The eager tail's result for ``fb`` (e.g. logits ``[raw_tokens, vocab]``).
+        ``count=False``: kept out of :meth:`metrics` and the histogram. :meth:`stage`
+        then :meth:`launch`."""
+        return self.launch(self.stage(fb, count=count))
+
+    def stage(self, fb: Any, *, count: bool = True) -> PreparedPrefill:
+        """Stage ``fb`` for its graph: a lazy capture, the fill, the observers, extract, the
+        embedding head, the replay metadata and the guard, so that :meth:`launch` only
+        replays and runs the tail. Nothing else may fill or replay in between."""
         adapter, reg = self.adapter, self.registry
         bs, raw = adapter.batch_size(fb), adapter.num_tokens(fb)
         n, requests = self.bucket(fb), self.request_slots(fb)
         rows = bs if requests is None else requests
-        self.steps_in_progress += 1  # from the graph's fetch to its replay, release() and recapture() refuse
-        try:
+        with self._in_step():  # from the graph's fetch to its replay, release() and recapture() refuse
             graph = self.graph(n, requests)  # before the fill: a lazy capture fills the buffers with its dummy batch
             with torch.no_grad():
                 reg.fill_from(fb, raw_bs=bs, padded_bs=rows, raw_num_tokens=raw, padded_num_tokens=n,
                               side_inputs=self._side)
+                self._filled(FillShape(bs, rows, raw, n))
                 view = reg.extract(fb, padded_bs=rows, padded_num_tokens=n)
                 view.input_embeds[:raw].copy_(adapter.embed(fb))
                 self.prepare_replay(n, view, fb)
-                graph.replay()
-        finally:
-            self.steps_in_progress -= 1
+            self._check_guard()
+        return PreparedPrefill(graph, fb, raw, n, raw if count else None, self.generation)
+
+    def launch(self, step: PreparedPrefill) -> Any:
+        """Replay a step :meth:`stage` staged and run the eager tail on its raw tokens. A
+        RuntimeError when the runner was released or recaptured since (stage it again)."""
         with torch.no_grad():
-            return adapter.logits(graph.output[:raw], fb)
+            self._replay_staged(step.graph, step.generation)
+            if step.needed is not None:
+                self.stats.replayed(step.raw_tokens, step.tokens, step.needed)
+            return self.adapter.logits(step.graph.output[:step.raw_tokens], step.batch)
 
     def __call__(self, fb: Any) -> Any:
-        """Replay when a bucket fits, else the eager forward (logged, :attr:`eager_log`)."""
+        """Replay when a bucket fits, else the eager forward (counted in :meth:`metrics`,
+        logged, :attr:`eager_log`)."""
         reason = self.eager_reason(fb)
         if reason is None:
             return self.replay(fb)
-        self.eager_log.log(reason, "%s ran eager: %s (max_bs %d, largest token bucket %d)", self.what, reason,
-                           self.max_bs, self.buckets[0])
+        needed = None if reason in (NOT_A_PREFILL, EMPTY_PREFILL) else self.adapter.num_tokens(fb)
+        self._record_eager(reason, needed, "%s ran eager: %s (max_bs %d, largest token bucket %d)", self.what,
+                           reason, self.max_bs, self.buckets[0])
         return self.adapter.forward_eager(fb)
 
-    # -- figures ---------------------------------------------------------------------
-    def external_inputs(self, n: int, requests: Optional[int] = None) -> List[torch.Tensor]:
-        """Tensors key ``(n, requests)``'s graph reads that nothing keeps current (tape only)."""
-        declared = [s.buffer for s in self.registry.active] + statics(self.adapter)
-        return self.graph(n, requests).external_inputs(declared)
+    # -- the audit hooks -------------------------------------------------------------
+    @property
+    def verify_sizes(self) -> List[int]:
+        """The token buckets."""
+        return self.buckets
+
+    def step_size(self, fb: Any) -> int:
+        return self.adapter.num_tokens(fb)
+
+    def padded_size(self, fb: Any) -> int:
+        return self.bucket(fb)
 
     def __repr__(self) -> str:
         requests = "" if self.request_buckets is None else f" requests={self.request_buckets}"

@@ -22,7 +22,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import torch
 
 from ..graphs.tape import TapeBackend, TapeGraph
-from ..runners.decode import DecodeGraphRunner
+from ..runners.phase import PhaseRunner
 
 #: How deep the name search walks attributes from the batch and the adapter.
 NAME_SEARCH_DEPTH = 4
@@ -54,12 +54,12 @@ class ExternalInput:
         return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype, "sizes": self.sizes}
 
 
-def capture_on_tape(runner: DecodeGraphRunner, bs: int, context: Optional[int] = None) -> Tuple[TapeGraph, Any]:
-    """Size ``bs`` (at context bucket ``context``, with buckets) of a decode runner captured
-    again on the CPU tape, whatever its backend: ``(graph, view)``
-    (:meth:`DecodeGraphRunner.capture_on`). It writes what a capture writes (slot buffers,
+def capture_on_tape(runner: PhaseRunner, bs: int, context: Optional[int] = None) -> Tuple[TapeGraph, Any]:
+    """Key ``(bs, context)`` of a phase runner (decode: batch size and context bucket;
+    prefill: token bucket and request slots) captured again on the CPU tape, whatever its
+    backend: ``(graph, view)`` (:meth:`~graphslot.runners.step.StepPath.capture_key_on`). It writes what a capture writes (slot buffers,
     attention metadata), so call it between steps."""
-    return runner.capture_on(TapeBackend(), bs, context=context)
+    return runner.capture_key_on(TapeBackend(), bs, context)
 
 
 def _storage(t: torch.Tensor) -> int:
@@ -102,9 +102,9 @@ def find_names(roots: Dict[str, Any], storages: set, depth: int = NAME_SEARCH_DE
     return found
 
 
-def audit_external_inputs(runner: DecodeGraphRunner) -> List[ExternalInput]:
-    """External inputs of every captured size (and context bucket) of a decode runner,
-    merged by tensor."""
+def audit_external_inputs(runner: PhaseRunner) -> List[ExternalInput]:
+    """External inputs of every captured key of a phase runner (decode: sizes and context
+    buckets; prefill: token buckets and request slots), merged by tensor."""
     statics = runner.declared_statics()
     merged: Dict[int, ExternalInput] = {}
     for bs, context in sorted(runner.graph_keys, key=lambda key: (key[0], key[1] or 0)):

@@ -1,6 +1,7 @@
 """``graphslot verify``: prove, per model, that its spec's padding is safe.
 
-For each captured size and a sample of raw sizes that pad to it, one real batch is
+Of a decode or a prefill runner (``runner.verify_sizes``: batch sizes, or token
+buckets): for each captured size and a sample of raw sizes that pad to it, one real batch is
 replayed several times from the same state: twice clean (the replay must be
 deterministic), then, one slot at a time, with the padded tail of every slot whose
 policy leaves the tail untouched poisoned with two patterns (:mod:`.poison`). The raw
@@ -25,7 +26,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from ..runners.contract import statics
-from ..runners.decode import DecodeGraphRunner
+from ..runners.phase import PhaseRunner
 from ..spec.errors import shorten
 from ..spec.files import display_path
 from .audit import ExternalInput, audit_external_inputs
@@ -64,10 +65,12 @@ def describe_exception(exc: BaseException) -> str:
 
 @dataclass
 class VerifyTarget:
-    """What verify runs: a decode runner and real batches for it.
+    """What verify runs: a phase runner (decode or prefill) and real batches for it.
 
-    ``make_batch(raw_bs)`` returns a graph-runnable batch of ``raw_bs`` requests (real
-    ids, lengths and KV slots); ``release(batch)``, if given, frees what it took.
+    ``make_batch(n)`` returns a graph-runnable batch of size ``n`` in the runner's unit
+    (``runner.size_unit``: a decode batch of ``n`` requests, a prefill batch of ``n``
+    tokens), with real ids, lengths and KV slots; ``release(batch)``, if given, frees
+    what it took.
     """
 
     runner: Any
@@ -183,13 +186,13 @@ class _State:
 
 
 class _AfterFill:
-    """A :class:`~graphslot.runners.decode.StepObserver` running ``fn(raw_bs, padded_bs)``."""
+    """A :class:`~graphslot.runners.step.StepObserver` running ``fn(raw_bs, padded_bs)``."""
 
     def __init__(self, fn: Callable[[int, int], None]):
         self.after_fill = fn
 
 
-def _replay(runner: DecodeGraphRunner, fb: Any, state: _State,
+def _replay(runner: PhaseRunner, fb: Any, state: _State,
             hook: Optional[Callable[[int, int], None]]) -> List[torch.Tensor]:
     """The raw rows' outputs of one replay of ``fb`` from ``state``, ``hook`` seeing the
     step after its fill; kept out of the runner's metrics (``count=False``)."""
@@ -208,13 +211,13 @@ def verify_runner(target: VerifyTarget, samples: int = 2, seed: int = 0, audit: 
                   progress: Optional[Callable[[str], None]] = None) -> VerifyReport:
     """Verify ``target`` (see the module doc); the runner's state is left as it was."""
     runner = target.runner
-    reg, k = runner.registry, runner.k
+    reg = runner.registry
     external = audit_external_inputs(runner) if audit else []
     slots = [s for s in reg.active if poisonable(s)]
     poisoner, problems = Poisoner(), []
     leaks: Dict[str, List[Dict[str, Any]]] = {s.name: [] for s in slots}
     exercised: Dict[str, int] = {s.name: 0 for s in slots}
-    cases = [] if runner.config.disable_padding else sample_raw_sizes(runner.captured_sizes, samples, seed)
+    cases = sample_raw_sizes(runner.verify_sizes, samples, seed)
     done: List[Tuple[int, int]] = []
     for raw, padded in cases:
         try:
@@ -223,22 +226,22 @@ def verify_runner(target: VerifyTarget, samples: int = 2, seed: int = 0, audit: 
             raise TargetError(f"make_batch({raw}) raised ({describe_exception(exc)})") from exc
         try:
             _check_batch_size(runner, fb, raw)
-            if not runner.can_run(fb) or runner.padded_bs(fb) != padded:
+            if not runner.can_run(fb) or runner.padded_size(fb) != padded:
                 problems.append(f"make_batch({raw}) gave a batch that does not replay at size {padded}")
                 continue
             if progress:
                 progress(f"raw {raw} -> padded {padded}")
             done.append((raw, padded))
             state = _State(runner)
-            counts = {s.name: s.count(raw, raw * k) for s in slots}
             live = [s for s in slots if s.resolved.structured or not s.resolved.plain_copy
                     or getattr(fb, s.name, None) is not None]
 
             def observe(raw_bs: int, padded_bs: int) -> None:
                 for s in live:
-                    poisoner.observe(s, counts[s.name])
+                    poisoner.observe(s, _raw_rows(runner, s))
 
             clean = _replay(runner, fb, state, observe)
+            counts = {s.name: _raw_rows(runner, s) for s in live}
             if differing_rows(clean, _replay(runner, fb, state, None)):
                 problems.append(f"two clean replays of raw {raw} -> padded {padded} differ: the replay is not "
                                 "deterministic, so a poisoned tail cannot be told from noise")
@@ -257,23 +260,32 @@ def verify_runner(target: VerifyTarget, samples: int = 2, seed: int = 0, audit: 
     return VerifyReport(target.label, runner.backend.name, done, verdicts, external, problems)
 
 
+def _raw_rows(runner: Any, slot: Any) -> int:
+    """``slot``'s real rows in the step the runner filled last."""
+    shape = runner.last_fill
+    return slot.count(shape.raw_bs, shape.raw_tokens)
+
+
 def _check_batch_size(runner: Any, fb: Any, raw: int) -> None:
-    """TargetError unless ``fb``, what ``make_batch(raw)`` returned, holds ``raw`` requests:
-    a batch of another size would be verified as if it had ``raw`` (real rows poisoned
-    as tail, reported as a leak of the spec)."""
+    """TargetError unless ``fb``, what ``make_batch(raw)`` returned, is of size ``raw``
+    (``runner.size_unit``: requests, or a prefill's tokens): a batch of another size
+    would be verified as if it had ``raw`` (real rows poisoned as tail, reported as a
+    leak of the spec)."""
+    unit = runner.size_unit
     try:
-        got = runner.adapter.batch_size(fb)
+        got = runner.step_size(fb)
     except Exception as exc:  # noqa: BLE001 - not a batch the runner can read
         raise TargetError(f"make_batch({raw}) returned {type(fb).__name__}, which the runner cannot read as a "
                           f"batch ({describe_exception(exc)})") from exc
     if got != raw:
-        raise TargetError(f"make_batch({raw}) returned a batch of {got} requests; make_batch(n) must make a "
-                          "batch of exactly n requests")
+        raise TargetError(f"make_batch({raw}) returned a batch of {got} {unit}; make_batch(n) must make a "
+                          f"batch of exactly n {unit}")
 
 
 def _poisoned_leak(runner, fb, state, slot, raw_rows, pattern, poisoner, clean) -> Optional[Dict[str, Any]]:
     def poison(raw_bs: int, padded_bs: int) -> None:
-        poisoner.write(slot, raw_rows, slot.count(padded_bs, padded_bs * runner.k), pattern)
+        shape = runner.last_fill
+        poisoner.write(slot, raw_rows, slot.count(shape.padded_bs, shape.padded_tokens), pattern)
 
     name = pattern if pattern == "stale" else hostile_name(slot.buffer.dtype)
     try:
