@@ -132,3 +132,11 @@ def markdown_table() -> str:
     lines = ["| variable | type | accepts | unset | meaning |", "|---|---|---|---|---|"]
     lines += [f"| `{v.name}` | {v.type} | {PARSERS[v.type][1]} | {v.default} | {v.meaning} |" for v in VARIABLES]
     return "\n".join(lines) + "\n"
+
+
+def set_defaults(values: Mapping[str, str]) -> None:
+    """Set another program's environment variables (vLLM's, for the in-process engine graphslot's
+    vLLM workload runs) where they are unset; graphslot's own are only read, through
+    :meth:`Variable.read`. Every environment access of the package stays in this module."""
+    for name, value in values.items():
+        os.environ.setdefault(name, value)

@@ -10,12 +10,13 @@ transformers are imported when called, not when this module is.
 from __future__ import annotations
 
 import importlib
-import os
 import random
 from pathlib import Path
 from typing import Any, Callable, List, Optional
 
 import torch
+
+from ...env import set_defaults
 
 VOCAB = 512
 LENGTHS = [3, 5, 8, 17, 31, 40, 63, 64, 65, 97, 130, 150, 9, 120]  # 64 tokens a step: the long ones are chunked
@@ -30,9 +31,13 @@ def in_process_engine_env() -> None:
     """The environment the workload needs, unless set: the engine in this process (patches reach it), a 1 GiB KV
     cache (else the CPU worker sizes it from free memory), and vLLM's log on stderr (stdout is the report's; it
     applies when vLLM is first imported)."""
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    set_defaults(
+        {
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "VLLM_LOGGING_STREAM": "ext://sys.stderr",
+        }
+    )
 
 
 def tiny_engine(model_dir: Path) -> Any:
