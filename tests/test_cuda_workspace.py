@@ -24,7 +24,7 @@ def captures(monkeypatch, backends):
 
     monkeypatch.setattr(cuda_graph, "capturing", recording)
     for backend, graph in backends:
-        with backend._capturing(graph):
+        with backend._capturing(graph, None):
             pass
     return seen
 
