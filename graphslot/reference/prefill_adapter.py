@@ -34,10 +34,16 @@ class ReferenceLayerStack(nn.Module):
         return hidden
 
 
+def is_decode(fb: Any) -> bool:
+    """Whether ``fb`` carries a DECODE ``forward_mode`` (a batch type without one is not)."""
+    mode = getattr(fb, "forward_mode", None)
+    return mode is not None and mode.is_decode()
+
+
 def as_extend(fb: ForwardBatch) -> ForwardBatch:
     """``fb`` as an EXTEND batch: itself, or a DECODE batch as one new token per request
     (its ``seq_lens`` already count the token, as an extend's do)."""
-    if not fb.forward_mode.is_decode():
+    if not is_decode(fb):
         return fb
     return dataclasses.replace(fb, forward_mode=ForwardMode.EXTEND, extend_seq_lens_cpu=[1] * fb.batch_size)
 
@@ -94,7 +100,7 @@ class ReferencePrefillAdapter(PrefillAdapter):
         self.runtime.attn_backend.init_forward_metadata_extend_padded(as_extend(raw_fb), num_tokens)
 
     def is_prefill(self, fb: ForwardBatch) -> bool:
-        return fb.forward_mode.is_extend() or (self.decode_batches and fb.forward_mode.is_decode())
+        return (self.decode_batches and is_decode(fb)) or super().is_prefill(fb)
 
     def make_dummy_batch(self, num_tokens: int) -> ForwardBatch:
         dev = self.device
