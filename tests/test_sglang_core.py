@@ -157,7 +157,7 @@ def test_absent_fields_error_is_the_default_and_names_the_slot(mode):
 
 def test_the_shipped_specs_keep_absent_fields_error():
     assert {name: gs.load_spec(name).absent_fields for name in gs.shipped_spec_names()} == {
-        "decode": "error", "prefill": "error"}
+        "decode": "error", "prefill": "error", "vllm": "error"}
 
 
 def test_absent_fields_takes_error_or_skip():

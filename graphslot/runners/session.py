@@ -39,7 +39,7 @@ from typing import Any, Callable, ContextManager, Iterator, Optional
 
 import torch
 
-from ..graphs.tape import TapeBackend
+from ..graphs.tape import TapePool
 from ..graphs.util import no_collection
 from ..spec.budget import human_bytes
 
@@ -66,8 +66,9 @@ def stream_of(entered: Any) -> Any:
 def pool_bytes(backend: Any, device: torch.device) -> Optional[int]:
     """What the graph pool holds now: the tape pool's bytes, or on a CUDA device the memory
     torch's caching allocator reserved (the graph pools are part of it); None if unknown."""
-    if isinstance(backend, TapeBackend):
-        return backend.pool.nbytes
+    pool = getattr(backend, "pool", None)
+    if isinstance(pool, TapePool):  # the tape's, whatever wraps its backend
+        return pool.nbytes
     if device.type == "cuda" and torch.cuda.is_available():
         return torch.cuda.memory_reserved(device)
     return None
