@@ -15,6 +15,7 @@ from typing import Any, List, Optional
 import pytest
 import torch
 from hypothesis import settings
+from hypothesis.database import DirectoryBasedExampleDatabase
 
 import graphslot as gs
 from graphslot.spec.loading import shipped_spec_path
@@ -39,7 +40,14 @@ torch.set_num_threads(1)
 # (or the whole suite); new draws every run, and a failure found is kept in .hypothesis/
 # and tried first the next time.
 settings.register_profile("ci", derandomize=True, print_blob=True)
-settings.register_profile("explore", derandomize=False, print_blob=True)
+# The database is named: under a CI variable hypothesis's own "ci" defaults (no database)
+# would otherwise carry into "explore".
+settings.register_profile(
+    "explore",
+    derandomize=False,
+    print_blob=True,
+    database=DirectoryBasedExampleDatabase(str(TESTS_DIR.parent / ".hypothesis" / "examples")),
+)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 SPEC_FILE = "spec.yaml"  # the source label error lines name
