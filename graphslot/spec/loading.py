@@ -342,7 +342,8 @@ def _structural_issues(exc: ValidationError, data: Any, locations: Locations) ->
             hint = did_you_mean(path[-1], allowed) or (f"; allowed keys: {', '.join(allowed)}" if allowed else "")
             message = f"unknown key '{shorten(str(path[-1]), quote=False)}'{hint}"
         elif kind == "literal_error" and path and path[-1] in _CHOICES:
-            choices, given = _CHOICES[path[-1]], error["input"]
+            choices = _CHOICES[path[-1]]
+            given = error["input"]
             if given in ("true", "false") and given in choices:  # index: "true" is the string, not the boolean
                 hint = f": it is a quoted string; write {given} unquoted for the boolean"
             else:
