@@ -271,6 +271,7 @@ def test_show_json_holds_what_the_table_shows(capsys):
     assert shown["params"]["cache_loc_dtype"] == "int64" and shown["params"]["dp_size"] == 2
     for slot in shown["slots"]:
         padding = (slot["padding"] or "-") + (f" ({slot['pad_value']})" if slot["pad_value"] is not None else "")
+        assert slot["reset_to"] == "padded" and not slot["staged"]  # decode: neither changes the cells
         axis = slot["axis"] + (f" (dim {slot['slice_dim']})" if slot["slice_dim"] else "")
         assert table_row(table, slot["name"]) == [
             slot["name"], str(slot["shape"]), slot["dtype"], axis, padding,
@@ -279,6 +280,25 @@ def test_show_json_holds_what_the_table_shows(capsys):
     assert len(shown["slots"]) == 15
     assert (f"total: {shown['total_bytes']} bytes ({human_bytes(shown['total_bytes'])}) in "
             f"{shown['enabled_slots']} of 15 slots enabled" in table)
+
+
+@pytest.mark.parametrize("preset, reset", [(None, "capacity"), ("cpu", "padded")])
+def test_show_states_the_keys_of_every_engine(capsys, preset, reset):
+    """extra_rows, reset_to (a str param's value), staged and index: in the JSON, and the two that change what a
+    row means (to capacity, staged) in the table."""
+    argv = ["show", "vllm", "--max-bs", "4", "--max-num-tokens", "8"] + (["--preset", preset] if preset else [])
+    status, table, _ = run(capsys, *argv)
+    assert status == 0
+    shown = {slot["name"]: slot for slot in json.loads(run(capsys, *argv, "--json")[1])["slots"]}
+    keys = ("extra_rows", "reset_to", "staged", "index")
+    assert {k: shown["query_start_loc"][k] for k in keys} == {
+        "extra_rows": 1, "reset_to": "capacity", "staged": True, "index": False}
+    assert {k: shown["slot_mapping"][k] for k in keys} == {
+        "extra_rows": 0, "reset_to": reset, "staged": True, "index": "skip"}
+    assert shown["query_start_loc"]["shape"] == [5]
+    assert table_row(table, "query_start_loc")[4:6] == ["repeat_last (to capacity)", "cpu (staged)"]
+    suffix = ", to capacity" if reset == "capacity" else ""
+    assert table_row(table, "slot_mapping")[4:6] == [f"fill_sentinel (-1{suffix})", "cpu (staged)"]
 
 
 def test_show_json_keeps_notes_off_stdout(capsys, tmp_path, monkeypatch):
@@ -300,8 +320,8 @@ def test_show_json_keeps_notes_off_stdout(capsys, tmp_path, monkeypatch):
         "spec": "s", "source": "s.yaml", "max_bs": 4, "max_num_tokens": 256, "preset": None, "params": {},
         "changed_params": {},
         "slots": [{"name": "lora_ids", "shape": [4], "dtype": "int32", "axis": "bs", "slice_dim": 0,
-                   "padding": "fill_once", "pad_value": -1, "device": "cpu", "host": False, "bytes": 16,
-                   "enabled": True}],
+                   "padding": "fill_once", "pad_value": -1, "device": "cpu", "host": False, "staged": False,
+                   "extra_rows": 0, "reset_to": "padded", "index": False, "bytes": 16, "enabled": True}],
         "total_bytes": 16, "enabled_slots": 1, "unchecked_hook_imports": 1}
     status, out, err = run(capsys, "show", "nope.yaml", "--json")
     assert (status, out) == (1, "")

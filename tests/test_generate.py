@@ -524,3 +524,41 @@ def test_cli_counts_two_outputs(project, monkeypatch, capsys):
     assert main(["generate"]) == 0
     assert capsys.readouterr().out == ("wrote    pkg/gen/tiny_seven.py\nremoved  pkg/gen/old.py\n"
                                        "2 generated module(s): 1 written, 1 unchanged\n")
+
+
+CHOICE_SPEC = """\
+name: choice
+params:
+  reset: {type: str, default: capacity}
+slots:
+  - {name: seq_lens, shape: [max_bs], dtype: int32, axis: bs, padding: zero, reset_to: reset}
+"""
+
+
+def test_an_output_whose_params_make_an_invalid_choice_is_named(tmp_path, monkeypatch, capsys):
+    """A ``reset_to`` (or ``padding``) param set to no valid choice in one output's params: the error names that
+    output and its line in pyproject.toml, not only the spec's line (which every output shares)."""
+    from graphslot.cli import main
+
+    (tmp_path / "choice.yaml").write_text(CHOICE_SPEC)
+    (tmp_path / "pyproject.toml").write_text(textwrap.dedent("""\
+        [tool.graphslot]
+        output_dir = "gen"
+
+        [[tool.graphslot.outputs]]
+        module = "good"
+        spec = "choice.yaml"
+
+        [[tool.graphslot.outputs]]
+        module = "bad"
+        spec = "choice.yaml"
+        params = {reset = "capcity"}
+    """))
+    monkeypatch.chdir(tmp_path)
+    assert main(["generate"]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "pyproject.toml:8: [[tool.graphslot.outputs]] entry 2 (module 'bad'): choice.yaml:5: slot 'seq_lens': "
+        "reset_to names param 'reset', whose value 'capcity' is not a valid reset_to (one of: padded, capacity); "
+        "did you mean 'capacity'?"
+    ]
+    assert not (tmp_path / "gen").exists()  # nothing half-written

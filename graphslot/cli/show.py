@@ -32,7 +32,8 @@ def show_json(spec: RegistrySpec, resolved: Sequence[ResolvedSlot], params: Dict
         "name": r.name, "shape": list(r.shape), "dtype": str(r.dtype_name), "axis": r.axis,
         "slice_dim": r.slice_dim, "padding": None if slot.padding is None else str(r.padding),
         "pad_value": json_value(r.pad_value) if r.fills_at_allocation else None,
-        "device": "cpu", "host": r.host,
+        "device": "cpu", "host": r.host, "staged": r.staged, "extra_rows": r.extra_rows,
+        "reset_to": str(r.reset_to), "index": r.index,
         "bytes": r.nbytes if r.enabled else None, "enabled": r.enabled,
     } for slot, r in zip(spec.slots, resolved)]
     enabled = [r for r in resolved if r.enabled]
@@ -47,10 +48,11 @@ def show_rows(spec: RegistrySpec, resolved: Sequence[ResolvedSlot], device: str 
     rows = []
     for slot, r in zip(spec.slots, resolved):  # resolve_slots keeps spec order
         padding = "-" if slot.padding is None else str(r.padding)  # a str param's: its value
-        if r.pad_value is not None and r.fills_at_allocation:
-            padding += f" ({format_value(r.pad_value)})"
+        notes = [format_value(r.pad_value)] if r.pad_value is not None and r.fills_at_allocation else []
+        notes += ["to capacity"] if r.to_capacity else []  # the tail a fill writes runs to the buffer's end
+        padding += f" ({', '.join(notes)})" if notes else ""
         axis = r.axis + (f" (dim {r.slice_dim})" if r.slice_dim else "")
-        host = "cpu (host)" if r.host else device
+        host = "cpu (host)" if r.host else f"{device} (staged)" if r.staged else device
         nbytes = str(r.nbytes) if r.enabled else "-"
         rows.append([shorten(r.name, quote=False), str(list(r.shape)), r.dtype_name, axis, padding, host,
                      nbytes, "yes" if r.enabled else "no"])

@@ -343,10 +343,13 @@ def _structural_issues(exc: ValidationError, data: Any, locations: Locations) ->
             message = f"unknown key '{shorten(str(path[-1]), quote=False)}'{hint}"
         elif kind == "literal_error" and path and path[-1] in _CHOICES:
             choices = _CHOICES[path[-1]]
-            message = (
-                f"'{shorten(str(error['input']), quote=False)}' is not a valid {path[-1]} "
-                f"(one of: {', '.join(choices)})" + did_you_mean(error["input"], choices)
-            )
+            given = error["input"]
+            if given in ("true", "false") and given in choices:  # index: "true" is the string, not the boolean
+                hint = f": it is a quoted string; write {given} unquoted for the boolean"
+            else:
+                hint = did_you_mean(given, choices)
+            message = f"'{shorten(str(given), quote=False)}' is not a valid {path[-1]} (one of: {', '.join(choices)})"
+            message += hint
         else:
             key = shorten(".".join(str(p) for p in path[2:] or path[-1:]), quote=False) or "spec"
             msg = error["msg"].replace("valid tuple", "valid list").replace("Tuple should", "List should")
