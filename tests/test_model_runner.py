@@ -339,3 +339,23 @@ def test_an_adapter_with_variants_but_no_for_variant_is_refused_naming_it():
     rt = runtime()
     with pytest.raises(TypeError, match=r"^NoBinding declares variants \['', 'lora'\] but has no for_variant"):
         ModelGraphRunner(NoBinding(rt), None, modes=("full",), defer_capture=True)
+
+
+def test_a_staged_step_is_refused_once_another_runner_of_the_model_staged_into_the_shared_state():
+    """The phase runners of one model share their buffers (one BufferPool) and the model's
+    attention metadata: a step staged on one is stale once another stages (it would replay
+    the other's batch)."""
+    rt = runtime()
+    backend = CountingTape()
+    runner = model_runner(rt, backend)
+    reqs = Requests(rt, seed=6)
+    runner(reqs.prefill([3, 4, 5]))
+    full, piecewise = runner.runners[(FULL, "")], runner.runners[(PIECEWISE, "")]
+    decode = full.prepare(reqs.decode(2))
+    piecewise.stage(reqs.prefill([4]))
+    with pytest.raises(RuntimeError, match="buffers were filled again since it was prepared"):
+        full.launch(decode)
+    staged = piecewise.stage(reqs.prefill([6]))
+    full.prepare(reqs.decode(3))
+    with pytest.raises(RuntimeError, match="buffers were filled again since it was prepared"):
+        piecewise.launch(staged)

@@ -78,3 +78,13 @@ def test_a_prefill_step_staged_before_a_recapture_is_refused():
     runner.recapture()
     with pytest.raises(RuntimeError, match="prepared before a release"):
         runner.launch(staged)
+
+
+def test_a_prefill_step_whose_buffers_another_stage_filled_is_refused():
+    rt, _, runner = make_prefill_runner(capture="breakable")
+    first = runner.stage(extend(rt, [5, 6]))
+    second = runner.stage(extend(rt, [7, 2]))  # the buffers now hold this batch, not the first
+    with pytest.raises(RuntimeError, match="buffers were filled again since it was prepared"):
+        runner.launch(first)
+    with replays_one_step(runner):
+        runner.launch(second)
