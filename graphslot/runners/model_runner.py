@@ -39,6 +39,7 @@ from .decode import DecodeGraphRunner, DecodeRunnerConfig
 from .dispatcher import EAGER, FULL, MODES, PIECEWISE, Dispatch, Dispatcher
 from .graph_count import KNOBS, check_graph_count, describe_count
 from .keys import BatchDescriptor, GraphKey
+from .phase import FillCounter
 from .prefill import PrefillGraphRunner, PrefillRunnerConfig
 from .prefill_adapter import PrefillAdapter
 from .session import CaptureSession
@@ -125,6 +126,9 @@ class ModelGraphRunner:
         if FULL in self.modes:
             config = runner_config(DecodeRunnerConfig, decode_config, dict(shared, capture="full"))
             self._add_runners(FULL, DecodeGraphRunner, decode_adapter, config)
+        fills = FillCounter()  # one set of buffers (the BufferPool) and one model state: a stage on any runner
+        for runner in self.runners.values():  # makes every step staged before stale
+            runner.fill_counter = fills
         full = [runner for (mode, _), runner in self.runners.items() if mode == FULL]
         self._full_k = full[0].k if full else None
         self._bucketed = bool(full) and full[0].bucketed
