@@ -7,6 +7,7 @@ graphs run (the backend), not by the runner.
 
 from __future__ import annotations
 
+import contextlib
 import random
 
 import pytest
@@ -359,3 +360,73 @@ def test_a_staged_step_is_refused_once_another_runner_of_the_model_staged_into_t
     full.prepare(reqs.decode(3))
     with pytest.raises(RuntimeError, match="buffers were filled again since it was prepared"):
         piecewise.launch(staged)
+
+
+def graph_counts(runner):
+    return {where: len(phase.graphs) for where, phase in runner.runners.items()}
+
+
+def generations(runner):
+    return {where: phase.generation for where, phase in runner.runners.items()}
+
+
+@pytest.mark.parametrize("call", ["release", "recapture"])
+def test_release_or_recapture_during_a_step_changes_no_runner(call):
+    """Refused during any phase runner's step, the call releases none of the others either."""
+    rt = runtime()
+    backend = CountingTape()
+    runner = model_runner(rt, backend)
+    reqs = Requests(rt, seed=7)
+    runner(reqs.prefill([3, 4]))
+    counts = graph_counts(runner)
+    released_or_captured = generations(runner)
+    keys = {mode: runner.dispatcher.keys(mode) for mode in (FULL, PIECEWISE)}
+
+    class Caller:
+        def after_fill(self, raw_bs, padded_bs):
+            getattr(runner, call)()
+
+    full = runner.runners[(FULL, "")]
+    full.add_observer(Caller())
+    with pytest.raises(RuntimeError, match=rf"^{call}\(\) was called during a decode step"):
+        runner(reqs.decode(2))
+    full.remove_observer(full._observers[0])
+    assert graph_counts(runner) == counts and generations(runner) == released_or_captured
+    assert {mode: runner.dispatcher.keys(mode) for mode in (FULL, PIECEWISE)} == keys
+    run_steps(rt, runner, backend, [(lambda: reqs.prefill([5], continuing=reqs.slots[:2]),
+                                     Dispatch(PIECEWISE, GraphKey(16))),
+                                    (lambda: reqs.decode(2), Dispatch(FULL, GraphKey(2, 16)))])
+
+
+def test_recapture_enters_the_capture_context_once_and_a_failed_one_leaves_every_runner_released():
+    entries = []
+    broken = []
+
+    @contextlib.contextmanager
+    def capture_context():
+        entries.append(1)
+        if broken:
+            raise RuntimeError("the engine's capture context broke")
+        yield None
+
+    rt = runtime()
+    backend = CountingTape()
+    runner = model_runner(rt, backend, capture_context=capture_context)
+    keys = {mode: runner.dispatcher.keys(mode) for mode in (FULL, PIECEWISE)}
+    assert len(entries) == 1
+    runner.recapture()
+    assert len(entries) == 2  # once for both phases, as capture()
+    broken.append(True)
+    replace_weight(rt)  # the graphs from before read the old weight
+    with pytest.raises(RuntimeError, match="the engine's capture context broke"):
+        runner.recapture()
+    assert len(runner.dispatcher) == 0 and not any(graph_counts(runner).values())
+    reqs = Requests(rt, seed=8)
+    run_steps(rt, runner, backend, [(lambda: reqs.prefill([3, 4]), Dispatch(EAGER, None, NO_GRAPHS)),
+                                    (lambda: reqs.decode(2), Dispatch(EAGER, None, NO_GRAPHS))])
+    broken.clear()
+    runner.recapture()  # every key again
+    assert {mode: runner.dispatcher.keys(mode) for mode in (FULL, PIECEWISE)} == keys
+    run_steps(rt, runner, backend, [(lambda: reqs.prefill([5], continuing=reqs.slots[:2]),
+                                     Dispatch(PIECEWISE, GraphKey(16))),
+                                    (lambda: reqs.decode(2), Dispatch(FULL, GraphKey(2, 16)))])
