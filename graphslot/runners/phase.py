@@ -258,6 +258,12 @@ class PhaseRunner(StepPath):
         self.check_lifecycle_call("recapture()")
         self.recapture_graphs()
 
+    @property
+    def recapture_keys(self) -> List[Key]:
+        """The keys :meth:`recapture` captures: those captured, else those captured before
+        the last :meth:`release` (or a recapture cut short)."""
+        return [self._pair(k) for k in self.graphs] or list(self._released_keys)
+
     def release_graphs(self) -> None:
         """:meth:`release` once allowed (for the lifecycle's owner, which checks first)."""
         if self.graphs:
@@ -270,7 +276,7 @@ class PhaseRunner(StepPath):
 
     def recapture_graphs(self) -> None:
         """:meth:`recapture` once allowed (for the lifecycle's owner, which checks first)."""
-        keys = [self._pair(k) for k in self.graphs] or self._released_keys
+        keys = self.recapture_keys
         self.release_graphs()
         try:
             self._capture_keys(keys)
