@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import re
 
 import pytest
 import torch
@@ -430,3 +431,21 @@ def test_recapture_enters_the_capture_context_once_and_a_failed_one_leaves_every
     run_steps(rt, runner, backend, [(lambda: reqs.prefill([5], continuing=reqs.slots[:2]),
                                      Dispatch(PIECEWISE, GraphKey(16))),
                                     (lambda: reqs.decode(2), Dispatch(FULL, GraphKey(2, 16)))])
+
+
+@pytest.mark.parametrize("variant", [["lora"], None, 3])
+def test_a_variant_that_is_not_a_string_is_refused_naming_the_adapter(variant):
+    """A list from ``variant(fb)`` failed as "unhashable type: 'list'" in the dispatcher."""
+
+    class Odd(ReferenceDecodeAdapter):
+        def variant(self, fb):
+            return variant
+
+    rt = runtime()
+    runner = ModelGraphRunner(Odd(rt), None, modes=("full",), max_bs=2, backend=CountingTape(), progress=False,
+                              decode_config=DecodeRunnerConfig(capture_bs=[2]))
+    reqs = Requests(rt, seed=9)
+    rt.forward(reqs.prefill([2, 3]))
+    with pytest.raises(TypeError, match=rf"^Odd.variant\(fb\) must return a str \(one of its variants \[''\]\), "
+                                        rf"got {re.escape(repr(variant))}"):
+        runner(reqs.decode(2))
