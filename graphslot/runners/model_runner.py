@@ -133,7 +133,8 @@ class ModelGraphRunner:
         self._full_k = full[0].k if full else None
         self._bucketed = bool(full) and full[0].bucketed
         self._reader = prefill_adapter if prefill_adapter is not None else decode_adapter
-        self._variant_of = next((a.variant for a in (decode_adapter, prefill_adapter) if hasattr(a, "variant")), None)
+        #: The adapter whose ``variant(fb)`` is read (the decode adapter's, else the prefill adapter's), or None.
+        self._variant_owner = next((a for a in (decode_adapter, prefill_adapter) if hasattr(a, "variant")), None)
         #: The captured keys of every mode: what can replay.
         self.dispatcher = Dispatcher()
         self._keys: Dict[Tuple[str, str], Set[GraphKey]] = {}
@@ -276,7 +277,11 @@ class ModelGraphRunner:
         uniform = (self._full_k is not None and num_reqs >= 1
                    and self.decode_adapter.tokens_per_bs(fb) == self._full_k)
         context = self.decode_adapter.context_len(fb) if uniform and self._bucketed else None
-        variant = "" if self._variant_of is None else self._variant_of(fb)
+        owner = self._variant_owner
+        variant = "" if owner is None else owner.variant(fb)
+        if not isinstance(variant, str):
+            raise TypeError(f"{type(owner).__name__}.variant(fb) must return a str (one of its variants "
+                            f"{list(adapter_variants(owner))}), got {variant!r} ({type(variant).__name__})")
         return BatchDescriptor(self._reader.num_tokens(fb), num_reqs, uniform, context, variant)
 
     def dispatch(self, fb: Any) -> Dispatch:
