@@ -7,7 +7,6 @@ import random
 import torch
 
 from graphslot.graphs import SegmentedGraph
-from graph_counting import counting_backend
 from graphslot.reference import build_reference_model, make_decode_batch, make_extend_batch
 from graphslot.reference.numerics import output_check
 from graphslot.reference.prefill_adapter import ReferencePrefillAdapter
@@ -18,11 +17,10 @@ BUCKETS = [16, 32, 64]
 
 def make_prefill_runner(config=None, *, capture, adapter_cls=ReferencePrefillAdapter, runner_cls=PrefillGraphRunner,
                         device="cpu", **kwargs):
-    """``(runtime, adapter, runner)`` for a fresh reference model; buckets :data:`BUCKETS`;
-    the backend (``backend=``, default ``"auto"``) wrapped to count its graphs' replays."""
+    """``(runtime, adapter, runner)`` for a fresh reference model; buckets :data:`BUCKETS`.
+    The backend counts its graphs' replays (``runner.backend.replays``)."""
     rt = build_reference_model(config, device=device, max_num_reqs=64)
     adapter = adapter_cls(rt)
-    kwargs["backend"] = counting_backend(device, kwargs.get("backend", "auto"), kwargs.get("graph_pool"))
     kwargs.setdefault("progress", False)
     kwargs.setdefault("token_buckets", BUCKETS)
     return rt, adapter, runner_cls(adapter, capture=capture, **kwargs)

@@ -6,7 +6,7 @@ import re
 
 import pytest
 import torch
-from graph_counting import counting_backend, replays_one_step
+from graph_counting import replays_one_step
 
 from graphslot.reference import Scheduler, TinyConfig, build_reference_model, make_decode_batch, make_extend_batch
 from graphslot.reference.adapter import ReferenceDecodeAdapter
@@ -22,7 +22,6 @@ def make_runner(config=None, max_num_reqs=16, device="cpu", **runner_kwargs):
     rt = build_reference_model(config, device=device, max_num_reqs=max_num_reqs)
     adapter = ReferenceDecodeAdapter(rt)
     runner_kwargs.setdefault("progress", False)
-    runner_kwargs.setdefault("backend", counting_backend(device))  # graph == eager tests see the graph run
     return rt, adapter, DecodeGraphRunner(adapter, DecodeRunnerConfig(**runner_kwargs))
 
 

@@ -25,7 +25,7 @@ import pytest
 pytest.importorskip("transformers")
 
 import torch  # noqa: E402
-from graph_counting import counting, counting_backend, replays_one_step  # noqa: E402
+from graph_counting import replays_one_step  # noqa: E402
 
 from graphslot.integrations.transformers import HFDecodeAdapter, PagedCache, tiny_model  # noqa: E402
 from graphslot.integrations.transformers.attention import ROUTED_FAMILIES, route_attention  # noqa: E402
@@ -126,16 +126,14 @@ def new_cache(model):
 
 
 def prefill_runner(adapter, capture, **kwargs):
-    """On the CPU tape, its graphs' replays counted (:mod:`graph_counting`)."""
-    backend = counting_backend("cpu", pool=kwargs.get("graph_pool"))
-    return PrefillGraphRunner(adapter, capture=capture, max_bs=4, token_buckets=TOKEN_BUCKETS, backend=backend,
+    """On the CPU tape, which counts its graphs' replays (``runner.backend.replays``)."""
+    return PrefillGraphRunner(adapter, capture=capture, max_bs=4, token_buckets=TOKEN_BUCKETS, backend="cpu",
                               progress=False, **kwargs)
 
 
 def decode_runner(adapter, capture, **kwargs):
-    """On the CPU tape, its graphs' replays counted (:mod:`graph_counting`)."""
-    backend = counting_backend("cpu", pool=kwargs.get("graph_pool"))
-    return DecodeGraphRunner(adapter, capture=capture, max_bs=6, capture_bs=CAPTURE_BS, backend=backend,
+    """On the CPU tape, which counts its graphs' replays (``runner.backend.replays``)."""
+    return DecodeGraphRunner(adapter, capture=capture, max_bs=6, capture_bs=CAPTURE_BS, backend="cpu",
                              progress=False, **kwargs)
 
 
@@ -206,7 +204,7 @@ def test_prefill_and_decode_graphs_together(model, generated):
     assert prefill.graph_pool is decode.graph_pool is pool
     server = Server(cache, prefill, decode)
     assert server.run() == generated
-    assert counting(prefill).replays == len(WAVES) and counting(decode).replays >= len(server.decode_sizes)
+    assert prefill.backend.replays == len(WAVES) and decode.backend.replays >= len(server.decode_sizes)
 
 
 @pytest.mark.parametrize("family", [f for f in ROUTED_FAMILIES if f != "llama"])
@@ -219,7 +217,7 @@ def test_the_other_routed_families(family):
     prefill = prefill_runner(HFPrefillAdapter(model, cache), "full")
     decode = decode_runner(HFDecodeAdapter(model, cache), "breakable")
     assert Server(cache, prefill, decode).run() == want
-    assert counting(prefill).replays == len(WAVES) and counting(decode).replays > 0
+    assert prefill.backend.replays == len(WAVES) and decode.backend.replays > 0
 
 
 def reload_weights(model):
@@ -246,12 +244,12 @@ def test_recapture_after_new_weights_gives_their_tokens_and_release_keeps_them(g
     prefill.recapture()
     decode.recapture()
     assert Server(cache, prefill, decode).run() == fresh
-    replays = counting(prefill).replays, counting(decode).replays
+    replays = prefill.backend.replays, decode.backend.replays
     prefill.release()
     decode.release()
     assert not prefill.graphs and not decode.graphs
     assert Server(cache, prefill, decode).run() == fresh
-    assert (counting(prefill).replays, counting(decode).replays) == replays  # eager: no graph ran
+    assert (prefill.backend.replays, decode.backend.replays) == replays  # eager: no graph ran
 
 
 def test_the_docs_example_runs():

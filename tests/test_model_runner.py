@@ -7,7 +7,9 @@ graphs run (the backend), not by the runner.
 
 from __future__ import annotations
 
+import contextlib
 import random
+import re
 
 import pytest
 import torch
@@ -339,3 +341,111 @@ def test_an_adapter_with_variants_but_no_for_variant_is_refused_naming_it():
     rt = runtime()
     with pytest.raises(TypeError, match=r"^NoBinding declares variants \['', 'lora'\] but has no for_variant"):
         ModelGraphRunner(NoBinding(rt), None, modes=("full",), defer_capture=True)
+
+
+def test_a_staged_step_is_refused_once_another_runner_of_the_model_staged_into_the_shared_state():
+    """The phase runners of one model share their buffers (one BufferPool) and the model's
+    attention metadata: a step staged on one is stale once another stages (it would replay
+    the other's batch)."""
+    rt = runtime()
+    backend = CountingTape()
+    runner = model_runner(rt, backend)
+    reqs = Requests(rt, seed=6)
+    runner(reqs.prefill([3, 4, 5]))
+    full, piecewise = runner.runners[(FULL, "")], runner.runners[(PIECEWISE, "")]
+    decode = full.prepare(reqs.decode(2))
+    piecewise.stage(reqs.prefill([4]))
+    with pytest.raises(RuntimeError, match="buffers were filled again since it was prepared"):
+        full.launch(decode)
+    staged = piecewise.stage(reqs.prefill([6]))
+    full.prepare(reqs.decode(3))
+    with pytest.raises(RuntimeError, match="buffers were filled again since it was prepared"):
+        piecewise.launch(staged)
+
+
+def graph_counts(runner):
+    return {where: len(phase.graphs) for where, phase in runner.runners.items()}
+
+
+def generations(runner):
+    return {where: phase.generation for where, phase in runner.runners.items()}
+
+
+@pytest.mark.parametrize("call", ["release", "recapture"])
+def test_release_or_recapture_during_a_step_changes_no_runner(call):
+    """Refused during any phase runner's step, the call releases none of the others either."""
+    rt = runtime()
+    backend = CountingTape()
+    runner = model_runner(rt, backend)
+    reqs = Requests(rt, seed=7)
+    runner(reqs.prefill([3, 4]))
+    counts = graph_counts(runner)
+    released_or_captured = generations(runner)
+    keys = {mode: runner.dispatcher.keys(mode) for mode in (FULL, PIECEWISE)}
+
+    class Caller:
+        def after_fill(self, raw_bs, padded_bs):
+            getattr(runner, call)()
+
+    full = runner.runners[(FULL, "")]
+    full.add_observer(Caller())
+    with pytest.raises(RuntimeError, match=rf"^{call}\(\) was called during a decode step"):
+        runner(reqs.decode(2))
+    full.remove_observer(full._observers[0])
+    assert graph_counts(runner) == counts and generations(runner) == released_or_captured
+    assert {mode: runner.dispatcher.keys(mode) for mode in (FULL, PIECEWISE)} == keys
+    run_steps(rt, runner, backend, [(lambda: reqs.prefill([5], continuing=reqs.slots[:2]),
+                                     Dispatch(PIECEWISE, GraphKey(16))),
+                                    (lambda: reqs.decode(2), Dispatch(FULL, GraphKey(2, 16)))])
+
+
+def test_recapture_enters_the_capture_context_once_and_a_failed_one_leaves_every_runner_released():
+    entries = []
+    broken = []
+
+    @contextlib.contextmanager
+    def capture_context():
+        entries.append(1)
+        if broken:
+            raise RuntimeError("the engine's capture context broke")
+        yield None
+
+    rt = runtime()
+    backend = CountingTape()
+    runner = model_runner(rt, backend, capture_context=capture_context)
+    keys = {mode: runner.dispatcher.keys(mode) for mode in (FULL, PIECEWISE)}
+    assert len(entries) == 1
+    runner.recapture()
+    assert len(entries) == 2  # once for both phases, as capture()
+    broken.append(True)
+    replace_weight(rt)  # the graphs from before read the old weight
+    with pytest.raises(RuntimeError, match="the engine's capture context broke"):
+        runner.recapture()
+    assert len(runner.dispatcher) == 0 and not any(graph_counts(runner).values())
+    reqs = Requests(rt, seed=8)
+    run_steps(rt, runner, backend, [(lambda: reqs.prefill([3, 4]), Dispatch(EAGER, None, NO_GRAPHS)),
+                                    (lambda: reqs.decode(2), Dispatch(EAGER, None, NO_GRAPHS))])
+    broken.clear()
+    runner.recapture()  # every key again
+    assert {mode: runner.dispatcher.keys(mode) for mode in (FULL, PIECEWISE)} == keys
+    run_steps(rt, runner, backend, [(lambda: reqs.prefill([5], continuing=reqs.slots[:2]),
+                                     Dispatch(PIECEWISE, GraphKey(16))),
+                                    (lambda: reqs.decode(2), Dispatch(FULL, GraphKey(2, 16)))])
+
+
+@pytest.mark.parametrize("variant", [["lora"], None, 3])
+def test_a_variant_that_is_not_a_string_is_refused_naming_the_adapter(variant):
+    """A list from ``variant(fb)`` failed as "unhashable type: 'list'" in the dispatcher."""
+
+    class Odd(ReferenceDecodeAdapter):
+        def variant(self, fb):
+            return variant
+
+    rt = runtime()
+    runner = ModelGraphRunner(Odd(rt), None, modes=("full",), max_bs=2, backend=CountingTape(), progress=False,
+                              decode_config=DecodeRunnerConfig(capture_bs=[2]))
+    reqs = Requests(rt, seed=9)
+    rt.forward(reqs.prefill([2, 3]))
+    with pytest.raises(TypeError, match=rf"^Odd.variant\(fb\) must return a str \(one of its variants \[''\]\), "
+                                        rf"got {re.escape(repr(variant))}"):
+        runner(reqs.decode(2))

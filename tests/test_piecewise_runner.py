@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 
-from graph_counting import counting_backend
 import pytest
 import torch
 from torch import nn
@@ -241,7 +240,7 @@ def test_attention_op_is_a_plain_call_outside_compile():
 def test_config_dataclass():
     cfg = PrefillRunnerConfig(capture="piecewise", max_bs=4, token_buckets=[8], split_ops=(ATTENTION_OP,))
     rt = build_reference_model(max_num_reqs=16)
-    runner = PrefillGraphRunner(ReferencePrefillAdapter(rt), cfg, progress=False, backend=counting_backend())
+    runner = PrefillGraphRunner(ReferencePrefillAdapter(rt), cfg, progress=False)
     assert runner.buckets == [8] and runner.max_bs == 4
     against_eager(rt, runner, [make_extend_batch(rt, rt.req_to_token_pool.alloc(2), [0, 0], [[1, 2], [3]])])
 

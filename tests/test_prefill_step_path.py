@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from graph_counting import counting, replays_one_step
+from graph_counting import replays_one_step
 from prefill_cases import make_prefill_runner
 
 from graphslot.reference import make_decode_batch, make_extend_batch
@@ -32,7 +32,7 @@ def test_prefill_metrics_and_histogram_count_tokens_replayed_and_eager():
     assert m["raw_rows"] == 43 and m["padded_rows"] == 9 + 0 + 12
     assert m["eager_reasons"] == {TOO_MANY_TOKENS: 1, "not a prefill": 1}
     assert runner.histogram.counts == Counter({7: 1, 16: 1, 20: 1, 70: 1})
-    assert counting(runner).replays > 0
+    assert runner.backend.replays > 0
 
 
 def test_verify_style_replays_stay_out_of_the_metrics():
@@ -78,3 +78,13 @@ def test_a_prefill_step_staged_before_a_recapture_is_refused():
     runner.recapture()
     with pytest.raises(RuntimeError, match="prepared before a release"):
         runner.launch(staged)
+
+
+def test_a_prefill_step_whose_buffers_another_stage_filled_is_refused():
+    rt, _, runner = make_prefill_runner(capture="breakable")
+    first = runner.stage(extend(rt, [5, 6]))
+    second = runner.stage(extend(rt, [7, 2]))  # the buffers now hold this batch, not the first
+    with pytest.raises(RuntimeError, match="buffers were filled again since it was prepared"):
+        runner.launch(first)
+    with replays_one_step(runner):
+        runner.launch(second)

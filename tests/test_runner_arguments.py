@@ -75,6 +75,8 @@ def test_bad_request_buckets_are_refused_naming_them():
     ("max_bs", 0, ValueError, "max_bs must be an int >= 1, got 0"),
     ("warmup", -1, ValueError, "warmup must be an int >= 0, got -1"),
     ("warmup", 1.5, TypeError, "warmup must be an int, got 1.5 (float)"),
+    ("warmup", True, TypeError, "warmup must be an int, got True (bool)"),
+    ("warmup", 10**9, ValueError, "warmup must be an int <= 100 (eager runs before each capture), got 1000000000"),
 ])
 def test_bad_counts_are_refused_at_construction_naming_them(phase, setting, value, error, message):
     """``max_bs=4.0`` was taken as 4, ``-0.0`` failed as "no batch size to capture", and a
@@ -193,3 +195,12 @@ def test_a_capture_context_cannot_swallow_a_failed_capture(capture):
             "True); a capture that failed cannot be kept, so it propagates")
     # one capture session in every mode: the context sees the error and cannot swallow it
     assert getattr(info.value, "__notes__", []) == [note]
+
+
+@pytest.mark.parametrize("compile_backend", [42, ["aot_eager"]])
+def test_a_compile_backend_neither_a_name_nor_a_callable_is_refused_naming_it(compile_backend):
+    """``compile_backend=42`` failed at the first capture, inside Dynamo, as "'int' object is
+    not callable"."""
+    with pytest.raises(TypeError, match=r"^compile_backend must be a Dynamo backend name .* got 42 \(int\)$"
+                       if compile_backend == 42 else r"^compile_backend must be a Dynamo backend name"):
+        prefill_runner(runtime(), "piecewise", compile_backend=compile_backend)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from graph_counting import counting_backend
 from test_capture_modes import decode_runner, decode_steps, prefill_runner, runtime, same_as_eager
 
 from prefill_cases import against_eager, mixed_batches
@@ -62,8 +61,7 @@ def meddling_decode(capture, where, call):
     """A decode runner and its reference runtime; its first step will call ``call`` from ``where``."""
     rt = runtime()
     adapter = MeddlingDecode(rt)
-    runner = DecodeGraphRunner(adapter, capture=capture, max_bs=4, capture_bs=[1, 2, 4], progress=False,
-                               backend=counting_backend())
+    runner = DecodeGraphRunner(adapter, capture=capture, max_bs=4, capture_bs=[1, 2, 4], progress=False)
     if where == "hook":
         adapter.meddle = getattr(runner, call)
     else:
@@ -115,8 +113,7 @@ def test_release_or_recapture_from_the_forward_during_a_replay_is_refused(call):
 def test_release_or_recapture_during_a_prefill_step_is_refused_and_the_runner_stays_usable(capture, call):
     rt = runtime()
     adapter = MeddlingPrefill(rt)
-    kwargs = {"token_buckets": [16, 32], "lazy": False, "max_bs": 8, "progress": False,
-              "backend": counting_backend()}
+    kwargs = {"token_buckets": [16, 32], "lazy": False, "max_bs": 8, "progress": False}
     if capture == "full":
         kwargs["request_buckets"] = [4, 8]
     runner = PrefillGraphRunner(adapter, capture=capture, **kwargs)
@@ -137,8 +134,7 @@ def test_release_or_recapture_during_a_prefill_step_is_refused_and_the_runner_st
 def test_a_lazy_capture_in_a_step_is_part_of_the_step():
     rt = runtime()
     adapter = MeddlingDecode(rt)
-    runner = DecodeGraphRunner(adapter, max_bs=4, capture_bs=[1, 2, 4], lazy=True, progress=False,
-                               backend=counting_backend())
+    runner = DecodeGraphRunner(adapter, max_bs=4, capture_bs=[1, 2, 4], lazy=True, progress=False)
     original = adapter.init_capture_metadata
     adapter.init_capture_metadata = lambda *args: (runner.release(), original(*args))
     with pytest.raises(RuntimeError, match=refused("release", "decode")):

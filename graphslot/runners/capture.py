@@ -83,6 +83,9 @@ class PiecewiseCapture:
             raise ValueError("capture='piecewise' needs split ops: pass split_ops=(\"ns::op\", ...) (the custom ops "
                              "the compiled function is split at, e.g. attention), or set the adapter's split_ops")
         self.split_ops: Tuple[str, ...] = tuple(split_ops)
+        if not isinstance(compile_backend, str) and not callable(compile_backend):
+            raise TypeError(f"compile_backend must be a Dynamo backend name ({', '.join(COMPILE_BACKENDS)}, ...) or a "
+                            f"(gm, example_inputs) callable, got {compile_backend!r} ({type(compile_backend).__name__})")
         known = torch._dynamo.list_backends(exclude_tags=())
         if isinstance(compile_backend, str) and compile_backend not in known:
             raise ValueError(f"unknown compile_backend {compile_backend!r}: choose one of {', '.join(COMPILE_BACKENDS)} "

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager, Dict, Mapping, Optional, Sequence, Type, TypeVar
+from typing import Any, Callable, ContextManager, Dict, Mapping, Optional, Sequence, Tuple, Type, TypeVar
 
 from ..api import is_pool
 
@@ -58,7 +58,8 @@ class GraphRunnerConfig:
     params: Mapping[str, Any] = field(default_factory=dict)
     #: Progress bar over capture; None shows it on a TTY only.
     progress: Optional[bool] = None
-    #: Eager runs before each capture (lazy inits, autotuning happen outside the graph).
+    #: Eager runs before each capture (lazy inits, autotuning happen outside the graph);
+    #: 0 to :data:`MAX_WARMUP`.
     warmup: int = 1
     #: "all": warm up before every key's capture; "largest": only before the first
     #: capture (the largest key, unless lazy) -- once lazy inits are done, a warm-up only
@@ -92,10 +93,10 @@ def registry_buffers(buffers: Any) -> Dict[str, Any]:
 
 def runner_config(cls: Type[C], config: Optional[C], overrides: Mapping[str, Any]) -> C:
     """``config`` (default: ``cls()``) with ``overrides`` applied, its counts checked and
-    made ints (:data:`COUNTS`); an unknown name is a TypeError naming it."""
+    made ints (:data:`COUNTS`, :data:`MOST`); an unknown name is a TypeError naming it."""
     config = dataclasses.replace(config or cls(), **overrides)
-    counts = {name: checked_count(name, getattr(config, name), least) for name, least in COUNTS.items()
-              if getattr(config, name, None) is not None}
+    counts = {name: checked_count(name, getattr(config, name), least, MOST.get(name))
+              for name, least in COUNTS.items() if getattr(config, name, None) is not None}
     return dataclasses.replace(config, **counts)
 
 
@@ -103,13 +104,23 @@ def runner_config(cls: Type[C], config: Optional[C], overrides: Mapping[str, Any
 #: setting may be None, is left alone).
 COUNTS = {"max_bs": 1, "warmup": 0, "num_tokens_per_bs": 1, "capture_bs_multiple": 1}
 
+#: The most warm-ups before each capture: engines run one to three; many more only
+#: delay the start (``warmup=10**9`` never captured).
+MAX_WARMUP = 100
 
-def checked_count(where: str, value: Any, least: int) -> int:
+#: The count settings with a most, and what the error says it is.
+MOST = {"warmup": (MAX_WARMUP, "eager runs before each capture")}
+
+
+def checked_count(where: str, value: Any, least: int, most: Optional[Tuple[int, str]] = None) -> int:
     """``value`` as an int (anything ``operator.index`` takes: a numpy integer too); a
-    TypeError naming ``where`` for a bool, a float or anything else, a ValueError below ``least``."""
+    TypeError naming ``where`` for a bool, a float or anything else, a ValueError below
+    ``least`` or, ``most`` given as ``(most, what the setting is)``, above it."""
     if isinstance(value, bool) or not hasattr(type(value), "__index__"):
         raise TypeError(f"{where} must be an int, got {value!r} ({type(value).__name__})")
     value = operator.index(value)
     if value < least:
         raise ValueError(f"{where} must be an int >= {least}, got {value}")
+    if most is not None and value > most[0]:
+        raise ValueError(f"{where} must be an int <= {most[0]} ({most[1]}), got {value}")
     return value

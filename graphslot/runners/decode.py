@@ -98,7 +98,7 @@ class PreparedReplay(NamedTuple):
     context: Optional[int] = None
     #: The runner's :attr:`~graphslot.runners.phase.PhaseRunner.generation` when staged.
     generation: int = 0
-    #: Which fill of the runner's buffers this step's is (:attr:`DecodeGraphRunner.fills`).
+    #: Which fill of the runner's buffers this step's is (:attr:`~graphslot.runners.phase.PhaseRunner.fills`).
     fill: int = 0
 
 
@@ -118,8 +118,6 @@ class DecodeGraphRunner(PhaseRunner):
         self.device = check_adapter(adapter, DecodeAdapter, DecodeAdapter.REQUIRED_HOOKS)
         self.adapter, self.config = adapter, config
         self.k = int(config.num_tokens_per_bs)
-        #: How many steps have been staged in the buffers: :meth:`launch` replays the last one only.
-        self.fills = 0
         #: Which captured size a step replays, or why it runs eager.
         self.dispatch = SizeDispatcher(
             capture_sizes(config.max_bs, config.capture_bs, config.capture_bs_multiple, adapter.max_requests),
@@ -320,7 +318,7 @@ class DecodeGraphRunner(PhaseRunner):
         needed = self._needed_bs(fb, raw_bs) if needed is None else needed
         context = self._context(fb, None) if context is None else context
         bs = self.dispatch.pad(needed)
-        self.fills += 1  # from here on the buffers are this step's: a step staged before is stale
+        self._next_fill()  # from here on the buffers are this step's: a step staged before is stale
         with self._in_step():  # from here to the staged step, release() and recapture() refuse
             graph = self.graph(bs, context)  # before the fill: a lazy capture fills the buffers with its dummy batch
             if context is not None:
@@ -339,10 +337,7 @@ class DecodeGraphRunner(PhaseRunner):
         """Replay a step :meth:`stage` staged; its outputs, as :meth:`replay` returns them.
         A RuntimeError when the runner was released or recaptured since, or its buffers were
         filled again (stage it again)."""
-        if step.fill != self.fills:
-            raise RuntimeError("this step's buffers were filled again since it was prepared (by another prepare() or "
-                               "step): launch each staged step before staging the next; prepare it again")
-        self._replay_staged(step.graph, step.generation)
+        self._replay_staged(step.graph, step.generation, step.fill)
         if step.needed is not None:
             self.stats.replayed(step.raw_bs, step.bs, step.needed, step.context)
         k = self.k

@@ -39,6 +39,7 @@ from .decode import DecodeGraphRunner, DecodeRunnerConfig
 from .dispatcher import EAGER, FULL, MODES, PIECEWISE, Dispatch, Dispatcher
 from .graph_count import KNOBS, check_graph_count, describe_count
 from .keys import BatchDescriptor, GraphKey
+from .phase import FillCounter
 from .prefill import PrefillGraphRunner, PrefillRunnerConfig
 from .prefill_adapter import PrefillAdapter
 from .session import CaptureSession
@@ -125,11 +126,15 @@ class ModelGraphRunner:
         if FULL in self.modes:
             config = runner_config(DecodeRunnerConfig, decode_config, dict(shared, capture="full"))
             self._add_runners(FULL, DecodeGraphRunner, decode_adapter, config)
+        fills = FillCounter()  # one set of buffers (the BufferPool) and one model state: a stage on any runner
+        for runner in self.runners.values():  # makes every step staged before stale
+            runner.fill_counter = fills
         full = [runner for (mode, _), runner in self.runners.items() if mode == FULL]
         self._full_k = full[0].k if full else None
         self._bucketed = bool(full) and full[0].bucketed
         self._reader = prefill_adapter if prefill_adapter is not None else decode_adapter
-        self._variant_of = next((a.variant for a in (decode_adapter, prefill_adapter) if hasattr(a, "variant")), None)
+        #: The adapter whose ``variant(fb)`` is read (the decode adapter's, else the prefill adapter's), or None.
+        self._variant_owner = next((a for a in (decode_adapter, prefill_adapter) if hasattr(a, "variant")), None)
         #: The captured keys of every mode: what can replay.
         self.dispatcher = Dispatcher()
         self._keys: Dict[Tuple[str, str], Set[GraphKey]] = {}
@@ -198,15 +203,29 @@ class ModelGraphRunner:
                  for knob in KNOBS[phase]] + ["the adapters' variants"]
         plan = self.describe_plan()
         check_graph_count(count, self.max_graphs, f"ModelGraphRunner ({plan})", knobs, lazy_hint=False)
+        with self._session(plan, count):
+            try:
+                for runner in self.runners.values():
+                    runner.capture_all()
+            finally:  # cut short: the dispatcher holds what was captured
+                self._sync_all()
+
+    def _session(self, plan: str, count: int) -> CaptureSession:
+        """One capture session for every mode and variant: the engine's context is entered
+        once, and each runner's own session joins this one."""
         first = next(iter(self.runners.values()))
-        # One capture session for every mode and variant: the engine's context is entered once, and each
-        # runner's own session joins this one.
-        session = CaptureSession(context=first._capture_context, backend=first.backend, device=self.device, log=log,
-                                 what="model", keys=plan, graphs=count, static_bytes=self.static_bytes)
-        with session:
-            for where, runner in self.runners.items():
-                runner.capture_all()
-                self._sync(where)
+        return CaptureSession(context=first._capture_context, backend=first.backend, device=self.device, log=log,
+                              what="model", keys=plan, graphs=count, static_bytes=self.static_bytes)
+
+    def _check_lifecycle(self, call: str) -> None:
+        """Raise before any runner acts when one of them refuses ``call`` now (a step or a
+        capture of it is in progress): a refused call changes no runner."""
+        for runner in self.runners.values():
+            runner.check_lifecycle_call(call)
+
+    def _sync_all(self) -> None:
+        for where in self.runners:
+            self._sync(where)
 
     def _sync(self, where: Tuple[str, str]) -> None:
         """The dispatcher's keys of ``where`` made what its runner holds."""
@@ -221,10 +240,14 @@ class ModelGraphRunner:
 
     def release(self) -> None:
         """Drop every graph of every mode and variant (steps then run eager, ``"no graphs
-        captured"``); the runner's own pool's memory goes back. Buffers stay put."""
-        for where, runner in self.runners.items():
-            runner.release()
-            self._sync(where)
+        captured"``); the runner's own pool's memory goes back. Buffers stay put. Between
+        steps only: during a step it raises, and no runner is released."""
+        self._check_lifecycle("release()")
+        try:
+            for runner in self.runners.values():
+                runner.release_graphs()
+        finally:
+            self._sync_all()
         if self._own_pool and self.device.type == "cuda":
             gc.collect()  # graphs in reference cycles hold their pool's blocks
             torch.cuda.synchronize(self.device)
@@ -232,10 +255,20 @@ class ModelGraphRunner:
 
     def recapture(self) -> None:
         """Capture again every key captured before (or before :meth:`release`), after the
-        weights, a LoRA or the KV cache changed."""
-        for where, runner in self.runners.items():
-            runner.recapture()
-            self._sync(where)
+        weights, a LoRA or the KV cache changed, in one capture session. Between steps only:
+        during a step it raises, and no runner is touched. Cut short by an error, it leaves
+        every runner released (no graph from before the call replays); the next
+        :meth:`recapture` captures every key again."""
+        self._check_lifecycle("recapture()")
+        count = sum(len(runner.recapture_keys) for runner in self.runners.values())
+        try:
+            for runner in self.runners.values():  # all first: cut short, no runner keeps a graph from before
+                runner.release_graphs()
+            with self._session(self.describe_plan(), count):
+                for runner in self.runners.values():
+                    runner.recapture_graphs()
+        finally:
+            self._sync_all()
 
     # -- a step ------------------------------------------------------------------------
     def describe(self, fb: Any) -> BatchDescriptor:
@@ -244,7 +277,11 @@ class ModelGraphRunner:
         uniform = (self._full_k is not None and num_reqs >= 1
                    and self.decode_adapter.tokens_per_bs(fb) == self._full_k)
         context = self.decode_adapter.context_len(fb) if uniform and self._bucketed else None
-        variant = "" if self._variant_of is None else self._variant_of(fb)
+        owner = self._variant_owner
+        variant = "" if owner is None else owner.variant(fb)
+        if not isinstance(variant, str):
+            raise TypeError(f"{type(owner).__name__}.variant(fb) must return a str (one of its variants "
+                            f"{list(adapter_variants(owner))}), got {variant!r} ({type(variant).__name__})")
         return BatchDescriptor(self._reader.num_tokens(fb), num_reqs, uniform, context, variant)
 
     def dispatch(self, fb: Any) -> Dispatch:

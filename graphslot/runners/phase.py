@@ -44,6 +44,17 @@ Key = Tuple[int, Optional[int]]
 RELEASED = "graphs released"
 
 
+class FillCounter:
+    """How many times the static buffers a runner stages into (and the model state a
+    stage writes, such as attention metadata) were filled, by a step's stage or a capture.
+    A staged step is stale once the count moves past it. Runners that stage into the same
+    buffers share one (the phase runners of a
+    :class:`~graphslot.runners.model_runner.ModelGraphRunner`)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
 class PhaseRunner(StepPath):
     """Base of the phase runners; subclasses set :attr:`phase`, :attr:`key_words` and
     ``capture_key_on``, and call :meth:`_init_graphs` and
@@ -84,6 +95,25 @@ class PhaseRunner(StepPath):
         #: Set by whatever owns this runner's lifecycle (the DP runner): what to call
         #: instead of release() and recapture(), which are then refused.
         self.lifecycle_owner: Optional[str] = None
+        #: Counts the fills of the buffers this runner stages into; shared with the runners
+        #: that stage into the same ones (:class:`FillCounter`).
+        self.fill_counter = FillCounter()
+
+    @property
+    def fills(self) -> int:
+        """How many steps (and captures) filled the buffers this runner stages into so far."""
+        return self.fill_counter.count
+
+    def _next_fill(self) -> None:
+        """The buffers are about to be filled: every step staged before is stale."""
+        self.fill_counter.count += 1
+
+    def _check_fill(self, fill: int) -> None:
+        """A RuntimeError when the buffers were filled since the step of ``fill`` was staged."""
+        if fill != self.fill_counter.count:
+            raise RuntimeError("this step's buffers were filled again since it was prepared (by another prepare() or "
+                               "step) on this runner or on one sharing its buffers (a ModelGraphRunner's): launch each "
+                               "staged step before staging the next; prepare it again")
 
     @property
     def graph_pool(self) -> Any:
@@ -133,6 +163,7 @@ class PhaseRunner(StepPath):
         bar = progress_bar(keys, show=self.config.progress, desc=f"Capturing {self.phase} graphs", unit="graph",
                            leave=False)
         first = not self.graphs  # no graph read the tensors as they were before: the guard's snapshot is now
+        self._next_fill()  # a capture fills the buffers with dummy batches
         self.captures_in_progress += 1
         try:
             with self._session(keys) as session:
@@ -155,12 +186,14 @@ class PhaseRunner(StepPath):
         """The runner's own graph of key ``(a, b)``."""
         return self.capture_key_on(self.backend, a, b, warmup=self._warmup())[0]
 
-    def _replay_staged(self, graph: Graph, generation: int) -> None:
+    def _replay_staged(self, graph: Graph, generation: int, fill: int) -> None:
         """Replay a staged step's ``graph``; a RuntimeError when the runner was released or
-        recaptured since it was staged (at ``generation``)."""
+        recaptured since it was staged (at ``generation``), or its buffers were filled
+        since (at ``fill``)."""
         if generation != self.generation:
             raise RuntimeError("this step was prepared before a release() or recapture(): its graph and buffers are "
                                "stale; prepare it again")
+        self._check_fill(fill)
         with self._in_step():  # eager segments and split ops run engine code during the replay
             graph.replay()
 
@@ -225,6 +258,12 @@ class PhaseRunner(StepPath):
         self.check_lifecycle_call("recapture()")
         self.recapture_graphs()
 
+    @property
+    def recapture_keys(self) -> List[Key]:
+        """The keys :meth:`recapture` captures: those captured, else those captured before
+        the last :meth:`release` (or a recapture cut short)."""
+        return [self._pair(k) for k in self.graphs] or list(self._released_keys)
+
     def release_graphs(self) -> None:
         """:meth:`release` once allowed (for the lifecycle's owner, which checks first)."""
         if self.graphs:
@@ -237,7 +276,7 @@ class PhaseRunner(StepPath):
 
     def recapture_graphs(self) -> None:
         """:meth:`recapture` once allowed (for the lifecycle's owner, which checks first)."""
-        keys = [self._pair(k) for k in self.graphs] or self._released_keys
+        keys = self.recapture_keys
         self.release_graphs()
         try:
             self._capture_keys(keys)

@@ -100,6 +100,8 @@ class PreparedPrefill(NamedTuple):
     needed: Optional[int]
     #: The runner's :attr:`~graphslot.runners.phase.PhaseRunner.generation` when staged.
     generation: int = 0
+    #: Which fill of the runner's buffers this step's is (:attr:`~graphslot.runners.phase.PhaseRunner.fills`).
+    fill: int = 0
 
 
 class PrefillGraphRunner(PhaseRunner):
@@ -228,6 +230,7 @@ class PrefillGraphRunner(PhaseRunner):
         bs, raw = adapter.batch_size(fb), adapter.num_tokens(fb)
         n, requests = self.bucket(fb), self.request_slots(fb)
         rows = bs if requests is None else requests
+        self._next_fill()  # from here on the buffers are this step's: a step staged before is stale
         with self._in_step():  # from the graph's fetch to its replay, release() and recapture() refuse
             graph = self.graph(n, requests)  # before the fill: a lazy capture fills the buffers with its dummy batch
             with torch.no_grad():
@@ -238,13 +241,14 @@ class PrefillGraphRunner(PhaseRunner):
                 view.input_embeds[:raw].copy_(adapter.embed(fb))
                 self.prepare_replay(n, view, fb)
             self._check_guard()
-        return PreparedPrefill(graph, fb, raw, n, raw if count else None, self.generation)
+        return PreparedPrefill(graph, fb, raw, n, raw if count else None, self.generation, self.fills)
 
     def launch(self, step: PreparedPrefill) -> Any:
         """Replay a step :meth:`stage` staged and run the eager tail on its raw tokens. A
-        RuntimeError when the runner was released or recaptured since (stage it again)."""
+        RuntimeError when the runner was released or recaptured since, or its buffers were
+        filled again (stage it again)."""
         with torch.no_grad():
-            self._replay_staged(step.graph, step.generation)
+            self._replay_staged(step.graph, step.generation, step.fill)
             if step.needed is not None:
                 self.stats.replayed(step.raw_tokens, step.tokens, step.needed)
             return self.adapter.logits(step.graph.output[:step.raw_tokens], step.batch)
