@@ -18,9 +18,9 @@ from .common import Command
 HELP = """Time fill_from + extract: generated vs interpreted vs hand-written.
 
 The shipped decode spec (graphslot's own file, whatever the working directory's project
-calls decode: the hand-written baseline and the op targets are its), max_bs 256, raw/padded 3/4, 30/32, 200/256, all measured in one
-run; also counts the mutating ATen ops of one padded fill (on a GPU, kernel
-launches). Progress goes to stderr (a bar on a terminal, else a line per size);
+calls decode: the hand-written baseline and the op targets are its), max_bs 256,
+raw/padded 3/4, 30/32, 200/256, all measured in one run; also counts the mutating ATen
+ops of one padded fill (on a GPU, kernel launches). Progress goes to stderr (a bar on a terminal, else a line per size);
 --json keeps stdout pure JSON. Exit 1 when an op-count target is missed (they are
 deterministic), naming it and by how much; a missed timing target (the speedup over
 the interpreter, which a loaded machine moves) is named with its margin, exit 0.

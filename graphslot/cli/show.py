@@ -48,11 +48,20 @@ def show_rows(spec: RegistrySpec, resolved: Sequence[ResolvedSlot], device: str 
     rows = []
     for slot, r in zip(spec.slots, resolved):  # resolve_slots keeps spec order
         padding = "-" if slot.padding is None else str(r.padding)  # a str param's: its value
-        notes = [format_value(r.pad_value)] if r.pad_value is not None and r.fills_at_allocation else []
-        notes += ["to capacity"] if r.to_capacity else []  # the tail a fill writes runs to the buffer's end
-        padding += f" ({', '.join(notes)})" if notes else ""
+        notes = []
+        if r.pad_value is not None and r.fills_at_allocation:
+            notes.append(format_value(r.pad_value))
+        if r.to_capacity:  # the tail a fill writes runs to the buffer's end
+            notes.append("to capacity")
+        if notes:
+            padding += f" ({', '.join(notes)})"
         axis = r.axis + (f" (dim {r.slice_dim})" if r.slice_dim else "")
-        host = "cpu (host)" if r.host else f"{device} (staged)" if r.staged else device
+        if r.host:
+            host = "cpu (host)"
+        elif r.staged:
+            host = f"{device} (staged)"
+        else:
+            host = device
         nbytes = str(r.nbytes) if r.enabled else "-"
         rows.append([shorten(r.name, quote=False), str(list(r.shape)), r.dtype_name, axis, padding, host,
                      nbytes, "yes" if r.enabled else "no"])

@@ -4,9 +4,10 @@ TARGET is ``package.module:function``; the function (called with no arguments) r
 :class:`graphslot.tools.verify.VerifyTarget`, or a ``(runner, make_batch)`` or
 ``(runner, make_batch, release)`` tuple: a captured ``DecodeGraphRunner`` and a function
 making a real batch of ``n`` requests for it; or an object whose ``verify(samples=, seed=,
-audit=)`` returns the report itself (``graphslot.integrations.vllm.verify:target``). Without TARGET (or with ``--reference``)
-the shipped reference model is verified; ``--spec``, ``--max-bs`` and ``--backend`` are
-its options (with a TARGET they are a usage error). A target that cannot be imported,
+audit=)`` returns the report itself (``graphslot.integrations.vllm.verify:target``).
+Without TARGET (or with ``--reference``) the shipped reference model is verified;
+``--spec``, ``--max-bs`` and ``--backend`` are its options (with a TARGET they are a
+usage error). A target that cannot be imported,
 raises, or whose ``make_batch(n)`` makes a batch of another size is one error line
 naming it, exit 2 (1 is kept for what verify finds: an unsafe spec or stale input).
 """
@@ -35,10 +36,10 @@ tensors a graph reads that are neither slots nor declared static (stale inputs).
 
 TARGET is package.module:function returning a VerifyTarget or (runner, make_batch[,
 release]), or graphslot.integrations.vllm.verify:target (the vLLM plugin's spec inside
-vLLM, docs/verify.md); without it the shipped reference model is verified (--spec, --max-bs and
---backend are its options, a usage error with TARGET). Prints a table (slot, policy,
-verdict) or --json; exit 1 when anything is unsafe, 2 when TARGET cannot be used
-(it cannot be imported, raises, or make_batch(n) makes a batch of another size).
+vLLM, docs/verify.md); without it the shipped reference model is verified (--spec,
+--max-bs and --backend are its options, a usage error with TARGET). Prints a table
+(slot, policy, verdict) or --json; exit 1 when anything is unsafe, 2 when TARGET cannot
+be used (it cannot be imported, raises, or make_batch(n) makes a batch of another size).
 """
 
 # Options of the reference model: a TARGET brings its own runner (spec, sizes, backend).
@@ -140,8 +141,11 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         saved = torch.get_num_threads()
         torch.set_num_threads(1)  # bit-exact CPU kernels (reference/numerics.py); tiny models lose nothing
         try:
-            check = verify_runner if isinstance(target, VerifyTarget) else lambda t, **kw: t.verify(**kw)
-            report = check(target, samples=args.samples, seed=args.seed, audit=not args.no_audit)
+            options = {"samples": args.samples, "seed": args.seed, "audit": not args.no_audit}
+            if isinstance(target, VerifyTarget):
+                report = verify_runner(target, **options)
+            else:  # a target that verifies itself (graphslot.integrations.vllm.verify:target)
+                report = target.verify(**options)
         finally:
             torch.set_num_threads(saved)
     except NotADecodeSpec as exc:

@@ -222,9 +222,17 @@ def plan_fields(copies: Copies, shapes: Shapes) -> List[Tuple[str, Item]]:
 
 def _repeat_fields(n: SlotNames) -> List[Tuple[str, Item]]:
     """A repeat_last tail and what it copies: the head's last row expanded (an empty head: zeros)."""
-    dst, start = f"rep_dst_{n.ident}", n.counts[0]
-    k, raw = n.slot.extra_rows, n.pad_counts[0]
-    before = raw if k == 1 else f"{raw} + {k - 1}" if k else f"{raw} - 1"  # the head's last row: start - 1
+    dst = f"rep_dst_{n.ident}"
+    start = n.counts[0]
+    k = n.slot.extra_rows
+    raw = n.pad_counts[0]
+    # the head's last row: start - 1, that is raw + k - 1
+    if k == 1:
+        before = raw
+    elif k:
+        before = f"{raw} + {k - 1}"
+    else:
+        before = f"{raw} - 1"
     last = method(n.narrow(before, start), "expand_as", dst)
     src = last if k else f"{flat(last)} if {raw} else torch.zeros_like({dst})"
     return [(dst, n.narrow(start, n.tail_end)), (f"rep_src_{n.ident}", src)]
@@ -233,17 +241,22 @@ def _repeat_fields(n: SlotNames) -> List[Tuple[str, Item]]:
 def _stage_fields(n: SlotNames) -> List[Tuple[str, Item]]:
     """A staged slot's copy: the device rows and the host rows (``[:padded]``, or whole under reset_to: capacity)."""
     whole = n.counts is None or n.slot.to_capacity
-    rows = [(buf, buf if whole else n.narrow(None, n.counts[1], buf=buf)) for buf in (n.view_buf, n.buf)]
-    return [(f"stage_dst_{n.ident}", rows[0][1]), (f"stage_src_{n.ident}", rows[1][1])]
+
+    def rows(buf: str) -> Item:
+        return buf if whole else n.narrow(None, n.counts[1], buf=buf)
+
+    return [(f"stage_dst_{n.ident}", rows(n.view_buf)), (f"stage_src_{n.ident}", rows(n.buf))]
 
 
 def _guards(copies: Copies) -> Dict[str, str]:
     """Plan fields that are None on a step where they have nothing to do: the condition under which they are set."""
     guards = {f"tail_{n.ident}": f"{n.counts[0]} < {n.tail_end}" for n in copies.separate_resets}
     for n in copies.repeats:
-        guards[f"rep_dst_{n.ident}"] = guards[f"rep_src_{n.ident}"] = f"{n.counts[0]} < {n.tail_end}"
+        for name in (f"rep_dst_{n.ident}", f"rep_src_{n.ident}"):
+            guards[name] = f"{n.counts[0]} < {n.tail_end}"
     for n in copies.staged:  # one tensor for both buffers: staged in name only, no copy
-        guards[f"stage_dst_{n.ident}"] = guards[f"stage_src_{n.ident}"] = f"{n.buf} is not {n.view_buf}"
+        for name in (f"stage_dst_{n.ident}", f"stage_src_{n.ident}"):
+            guards[name] = f"{n.buf} is not {n.view_buf}"
     return guards
 
 

@@ -112,7 +112,9 @@ class GeneratedRegistry(SlotRegistry):
         self.module, self._hooks = module, hooks
         self._buffers = {slot.name: slot.binding for slot in self.active}  # a staged slot's: (host, device)
         for slot in self.active:
-            buffer, resolved, given = slot.buffer, slot.resolved, buffers.get(slot.name)
+            buffer = slot.buffer
+            resolved = slot.resolved
+            given = buffers.get(slot.name)
             fits = tuple(buffer.shape) == resolved.shape and buffer.dtype == resolved.dtype
             pair = isinstance(given, tuple) and len(given) == 2 and given[0] is slot.host and given[1] is buffer
             same = pair if resolved.staged else given is buffer

@@ -122,22 +122,29 @@ class SlotNames:
     """One slot's generated identifiers and slices (prefixed: no slot name can be a local like ``plan``)."""
 
     def __init__(self, slot: ResolvedSlot, ident: str):
-        self.slot, self.ident, self.src = slot, ident, f"src_{ident}"
+        self.slot = slot
+        self.ident = ident
+        self.src = f"src_{ident}"
         # The buffer the graph reads (views, a staging copy's target) and the one the fill writes: a staged
         # slot's host buffer.
         self.view_buf = f"buf_{ident}"
         self.buf = f"host_{ident}" if slot.staged else self.view_buf
-        steps, k = COUNTS.get(slot.axis), slot.extra_rows
+        steps = COUNTS.get(slot.axis)
+        k = slot.extra_rows
         #: The counts along the sliced dimension, extra rows included: the head ``[:raw + k]``, the view
         #: ``[:padded + k]``; ``pad_counts``: the same without them (a pad constant's slice, as long as the tail).
         self.counts: Optional[Tuple[str, str]] = steps if steps is None or not k else tuple(f"{c} + {k}" for c in steps)
         self.pad_counts = steps
         #: Where a written tail ends: the padded count, or the buffer's end under ``reset_to: capacity``.
-        self.tail_end = self.pad_end = None
-        if steps is not None:
+        self.tail_end: Optional[str] = None
+        self.pad_end: Optional[str] = None
+        if steps is not None and slot.to_capacity:
             capacity = CAPACITY[slot.axis]
-            self.pad_end = capacity if slot.to_capacity else steps[1]
-            self.tail_end = (f"{capacity} + {k}" if k else capacity) if slot.to_capacity else self.counts[1]
+            self.pad_end = capacity
+            self.tail_end = f"{capacity} + {k}" if k else capacity
+        elif steps is not None:
+            self.pad_end = steps[1]
+            self.tail_end = self.counts[1]
         self.split = slot.shape[0] if slot.rows else None  # L for a slot copied as rows (``mrope_positions``)
         # A head is dense (as ``_foreach_copy_``'s fast path needs) only when sliced on the outermost dimension.
         self.dense_narrow = all(n == 1 for n in slot.shape[: slot.slice_dim])

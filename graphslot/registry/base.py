@@ -30,8 +30,12 @@ class Slot:
         hooks: Dict[str, Callable],
         host: Optional[torch.Tensor] = None,
     ):
-        self.resolved, self.buffer, self.hooks, self.host = resolved, buffer, hooks, host
-        self.name, self.enabled = resolved.name, resolved.enabled
+        self.resolved = resolved
+        self.buffer = buffer
+        self.hooks = hooks
+        self.host = host
+        self.name = resolved.name
+        self.enabled = resolved.enabled
 
     @property
     def filled(self) -> Optional[torch.Tensor]:
@@ -149,12 +153,11 @@ class SlotRegistry:
                 host, buffer = buffer
             self._slots[resolved.name] = Slot(resolved, buffer, hooks.get(resolved.name, {}), host)
         self.active: Tuple[Slot, ...] = tuple(s for s in self._slots.values() if s.enabled)
-        # a staged slot's two buffers are two to the identity check (one tensor for both: one)
-        owned = {
-            f"{s.name} (host)" if b is s.host and len(s.buffers()) == 2 else s.name: b
-            for s in self.active
-            for b in s.buffers()
-        }
+        owned: Dict[str, torch.Tensor] = {}
+        for s in self.active:  # a staged slot's two buffers are two to the identity check (one tensor for both: one)
+            if len(s.buffers()) == 2:
+                owned[f"{s.name} (host)"] = s.host
+            owned[s.name] = s.buffer
         refuse_shared_memory(spec.name, owned, pool, adopt)
         self.checker = StepChecker(spec.name, self.active, max_bs, max_num_tokens, strict)
         self.make_view = ViewMaker(self.view_names(), spec.name)

@@ -107,8 +107,10 @@ def allocate_staged(name: str, shape: tuple, dtype: torch.dtype, device, init_va
     device = torch.device(device)
     if adopt is not None:
         host, dev = staged_tensors(f"slot '{name}'", adopted_value(name, adopt), device)
-        checked = check_adopted(f"{name} (host)", host, shape, dtype, torch.device("cpu"))
-        return checked, checked if dev is host else check_adopted(name, dev, shape, dtype, device)
+        check_adopted(f"{name} (host)", host, shape, dtype, torch.device("cpu"))
+        if dev is not host:
+            check_adopted(name, dev, shape, dtype, device)
+        return host, dev
     pin = device.type == "cuda" and torch.cuda.is_available()
     host = allocate_buffer(f"{name} (host)", shape, dtype, "cpu", init_value, pool, pin=pin)
     return host, allocate_buffer(name, shape, dtype, device, init_value, pool)
@@ -130,13 +132,7 @@ def staged_tensors(where: str, value: Any, device: torch.device) -> Tuple[torch.
         raise SlotError(f"{where} is staged: its host tensor must be on the CPU, got one on {host.device}")
     if not _same_device(dev.device, device):
         raise SlotError(f"{where} is staged: its device tensor must be on {device}, got one on {dev.device}")
-    same = (host.data_ptr(), host.shape, host.stride(), host.dtype) == (
-        dev.data_ptr(),
-        dev.shape,
-        dev.stride(),
-        dev.dtype,
-    )
-    return host, host if same and host.device == dev.device else dev
+    return host, (host if _same_view(host, dev) else dev)
 
 
 def adopted_tensor(name: str, adopt: Any) -> torch.Tensor:
@@ -209,9 +205,16 @@ def refuse_shared_memory(spec_name: str, buffers: Mapping[str, torch.Tensor], po
     first, second = names
     a = buffers[first]
     b = buffers[second]
-    kind = "adopted" if adopt is not None else "pool" if pool is not None else "bound"
-    origin = {"adopted": "buffers= adopted", "pool": f"from the pool {type(pool).__name__}", "bound": "bound"}[kind]
-    if (a.data_ptr(), a.shape, a.stride(), a.dtype) == (b.data_ptr(), b.shape, b.stride(), b.dtype):
+    if adopt is not None:
+        kind = "adopted"
+        origin = "buffers= adopted"
+    elif pool is not None:
+        kind = "pool"
+        origin = f"from the pool {type(pool).__name__}"
+    else:
+        kind = "bound"
+        origin = "bound"
+    if _same_view(a, b):
         what = f"slots '{first}' and '{second}' were given the same tensor ({origin})"
     else:
         what = f"the buffers of slots '{first}' and '{second}' overlap ({nbytes} bytes on {a.device}, {origin})"
@@ -238,9 +241,8 @@ def check_given_buffers(spec_name: str, slots, buffers: Any, device: torch.devic
         value = buffers.get(slot.name)
         at = f"spec '{spec_name}', slot '{slot.name}'"
         if slot.staged and value is not None:
-            host, dev = staged_tensors(at, value, device)
-            pair = (_bound(f"{at} (host)", host, slot, torch.device("cpu")), _bound(at, dev, slot, device))
-            given[slot.name] = (pair[0], pair[0]) if dev is host else pair
+            host, dev = staged_tensors(at, value, device)  # one tensor for both: the same one twice
+            given[slot.name] = (_bound(f"{at} (host)", host, slot, torch.device("cpu")), _bound(at, dev, slot, device))
         else:
             given[slot.name] = _bound(at, value, slot, torch.device("cpu") if slot.host else device)
     return given
@@ -254,6 +256,12 @@ def _bound(at: str, tensor: Any, slot, where: torch.device) -> torch.Tensor:
         raise SlotError(f"{at}: buffers= holds {got}, expected {list(slot.shape)} {slot.dtype} on {where}")
     refuse_strided(at, "bind", tensor)
     return tensor
+
+
+def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` are one tensor's memory seen alike: the same device, address, shape, strides, dtype."""
+    same_address = a.device == b.device and a.data_ptr() == b.data_ptr()
+    return same_address and (a.shape, a.stride(), a.dtype) == (b.shape, b.stride(), b.dtype)
 
 
 def _same_device(a: torch.device, b: torch.device) -> bool:

@@ -47,7 +47,8 @@ class InterpretedRegistry(SlotRegistry):
             hook = slot.hooks.get("source") if slot.resolved.copy_from_fb else None
             src = None if hook is None else check.hook_source(slot.name, hook(fb, ctx))
             if src is not None:
-                d, buffer = slot.resolved.slice_dim, slot.filled
+                d = slot.resolved.slice_dim
+                buffer = slot.filled
                 hook_copies.append((buffer.narrow(d, 0, src.shape[d]) if src.dim() else buffer, src))
 
         # 1. copy heads (a staged slot's into its host buffer); device copies grouped by dtype pair, one kernel each
@@ -61,7 +62,8 @@ class InterpretedRegistry(SlotRegistry):
         for slot in active:
             spec = slot.resolved
             if spec.resets_tail:
-                start, end = slot.count(raw_bs, raw_num_tokens), slot.tail_end(padded_bs, padded_num_tokens)
+                start = slot.count(raw_bs, raw_num_tokens)
+                end = slot.tail_end(padded_bs, padded_num_tokens)
                 if start < end:
                     slot.filled.narrow(spec.slice_dim, start, end - start).fill_(spec.tail_value)
 
@@ -78,8 +80,11 @@ class InterpretedRegistry(SlotRegistry):
         # 5. repeat tails: each repeat_last tail takes its head's last row (an empty head: zeros), after every hook
         for slot in active:
             spec = slot.resolved
-            start, end = slot.count(raw_bs, raw_num_tokens), slot.tail_end(padded_bs, padded_num_tokens)
-            if spec.repeats_last and start < end:
+            if not spec.repeats_last:
+                continue
+            start = slot.count(raw_bs, raw_num_tokens)
+            end = slot.tail_end(padded_bs, padded_num_tokens)
+            if start < end:
                 tail = slot.filled.narrow(spec.slice_dim, start, end - start)
                 if start:
                     tail.copy_(slot.filled.narrow(spec.slice_dim, start - 1, 1).expand_as(tail))

@@ -241,9 +241,15 @@ class SlotChecker:
     ``param_sets``: ``(preset or None, values)`` under the defaults and each preset (none when params are broken)."""
 
     def __init__(self, slot: SlotSpec, path, params, types, baked, param_sets, report: Reporter, import_hooks):
-        self.slot, self.path, self.params, self.report, self.import_hooks = slot, path, params, report, import_hooks
+        self.slot = slot
+        self.path = path
+        self.params = params
+        self.report = report
+        self.import_hooks = import_hooks
         self.shown_name = shorten(slot.name, quote=False)
-        self.types, self.baked, self.param_sets = types, baked, param_sets
+        self.types = types
+        self.baked = baked
+        self.param_sets = param_sets
 
     def add(self, key: Optional[str], message: str) -> None:
         path = self.path if key is None else self.path + (key,)
@@ -330,7 +336,8 @@ class SlotChecker:
                 f"(it has {len(slot.shape)} dimension(s))",
             )
         elif Axis(slot.axis).sliced:
-            capacity, k = Axis(slot.axis).capacity, max(slot.extra_rows, 0)
+            capacity = Axis(slot.axis).capacity
+            k = max(slot.extra_rows, 0)
             extent = slot.shape[slot.slice_dim]
             spelt = "".join(extent.split()) if isinstance(extent, str) else None
             if k and spelt not in (f"{capacity}+{k}", f"{k}+{capacity}"):

@@ -153,8 +153,8 @@ def load_spec(
 def spec_from_dict(
     data: Mapping[str, Any], label: str = "<code>", *, import_hooks: bool = False, max_bytes: Optional[int] = None
 ) -> RegistrySpec:
-    """A spec built in code from the data a YAML spec holds (``RegistrySpec.to_dict()`` gives a shipped one's), validated
-    as :func:`parse_spec` does; errors name ``label`` (the spec's ``path``) and the slot, with no line."""
+    """A spec built in code from the data a YAML spec holds (``RegistrySpec.to_dict()`` gives a shipped one's),
+    validated as :func:`parse_spec` does; errors name ``label`` (the spec's ``path``) and the slot, with no line."""
     data = _plain_copy(data, label)
     # the data in its own order (a spec's param order shows in `graphslot show`)
     key = ("code", label, import_hooks, max_bytes, json.dumps(data, allow_nan=True))

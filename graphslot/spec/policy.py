@@ -50,11 +50,11 @@ def choice_param(slot: SlotSpec, key: str, params: Mapping[str, ParamSpec]) -> O
 def chosen(slot: SlotSpec, key: str, values: Mapping[str, Any]) -> Optional[str]:
     """``slot.<key>``'s choice under the param values ``values``; ValueError saying why it is none."""
     declared = getattr(slot, key)
-    if declared is None or declared in CHOICES[key]:
+    choices = CHOICES[key]
+    if declared is None or declared in choices:
         return declared
     value = values.get(declared)
-    if value not in CHOICES[key]:
-        choices = CHOICES[key]
+    if value not in choices:
         got = shorten(value) if isinstance(value, str) else f"{type(value).__name__} {shorten(value)}"
         hint = did_you_mean(value, choices) if isinstance(value, str) else ""
         raise ChoiceError(
@@ -215,10 +215,10 @@ def tail_issues(
         except (ExprError, KeyError):
             pad_value = UNKNOWN  # reported by the pad_value check
         tail = tail_of(slot, made["padding"], made["reset_to"], pad_value, named["padding"] is not None)
+        shown = {named[key]: made[key] for key in CHOICES if named[key] is not None}
         for problem in tail_problems(tail):
             if problem not in seen:
                 seen.add(problem)
-                shown = {named[key]: made[key] for key in CHOICES if named[key] is not None}
                 problems.append((problem[0], problem[1] + _where(preset, shown)))
     return problems
 

@@ -154,7 +154,8 @@ def fill_of(runner: Any, token_to_kv_slot: Any) -> RunnerFill:
     """``runner``'s RunnerFill, built at its first step and again when its input batch was replaced."""
     fill = _FILLS.get(runner)
     if fill is None or fill.input_batch is not runner.input_batch:
-        fill = _FILLS[runner] = build_for(runner, token_to_kv_slot)
+        fill = build_for(runner, token_to_kv_slot)
+        _FILLS[runner] = fill
     return fill
 
 

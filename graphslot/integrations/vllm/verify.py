@@ -63,7 +63,7 @@ def poison_tail(slot: Any, registry: Any, poisoner: Poisoner, reqs: int, tokens:
     poisoner.observe(slot, raw)
     poisoner.write(slot, raw, capacity, pattern)
     host = registry.host_buffer(slot.name)
-    if host is not None and host is not slot.buffer and slot.resolved.copy_from_fb:
+    if host is not slot.buffer and slot.resolved.copy_from_fb:
         dim = slot.resolved.slice_dim
         host.narrow(dim, raw, capacity - raw).copy_(slot.buffer.narrow(dim, raw, capacity - raw))
 
@@ -89,7 +89,7 @@ def storage(t: torch.Tensor) -> int:
 
 def audit_candidates(runner: Any, registry: Any) -> Dict[str, torch.Tensor]:
     """The runner's tensors that are neither a slot's buffer (sharing its storage) nor declared state."""
-    slots = {storage(t) for s in registry.active for t in (s.buffer, registry.host_buffer(s.name)) if t is not None}
+    slots = {storage(t) for s in registry.active for t in (s.buffer, registry.host_buffer(s.name))}
     found: Dict[str, torch.Tensor] = {}
     seen = set()
     for name, tensor in tensors_of(runner):

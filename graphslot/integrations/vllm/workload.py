@@ -17,11 +17,11 @@ from typing import Any, Callable, List, Optional
 import torch
 
 from ...env import set_defaults
+from .patching import MODEL_RUNNER
 
 VOCAB = 512
 LENGTHS = [3, 5, 8, 17, 31, 40, 63, 64, 65, 97, 130, 150, 9, 120]  # 64 tokens a step: the long ones are chunked
 MAX_NEW = [1, 2, 3, 5, 8, 13, 4, 7, 1, 6, 9, 11, 20, 2]  # 8 requests a step at most: the batch changes as they end
-MODEL_RUNNER = "vllm.v1.worker.gpu_model_runner"
 
 #: ``wrap(inner, runner, scheduler_output, num_scheduled_tokens)``: called in place of ``_prepare_inputs``.
 Wrap = Callable[..., Any]
