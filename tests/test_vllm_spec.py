@@ -361,3 +361,26 @@ def test_a_value_graphslot_vllm_does_not_take_is_an_error_naming_it(monkeypatch)
     monkeypatch.setenv("GRAPHSLOT_VLLM", "maybe")
     with pytest.raises(EnvError, match=r"^GRAPHSLOT_VLLM='maybe' is not a boolean"):
         plugin.load_plugin()
+
+
+def test_verify_poisons_and_audits_a_device_slot_a_fork_adds():
+    """`graphslot verify` of a fork's spec: a slot on the device alone (neither staged nor `device: cpu`) has its
+    tail poisoned on its one buffer, and its buffer is no audit candidate (both once asked for a host buffer)."""
+    from graphslot.integrations.vllm.verify import audit_candidates, poison_tail
+    from graphslot.tools.poison import Poisoner
+
+    runner = fake_runner(request_scale=torch.zeros(MAX_REQS, dtype=torch.int32))
+    data = load_spec(shipped_spec_path("vllm")).to_dict()
+    data["slots"].append({"name": "request_scale", "shape": ["max_bs"], "dtype": "int32", "axis": "bs",
+                          "padding": "keep_pad", "source": "fork_scale"})
+    spec = spec_from_dict(data, label="<code: a vLLM fork>")
+    reg = api.build(spec, device="cpu", max_bs=MAX_REQS, max_num_tokens=MAX_TOKENS, params={"max_blocks": MAX_BLOCKS},
+                    preset="cpu", adopt=adopted_buffers(runner),
+                    hooks={"fork_scale": lambda fb, ctx: torch.tensor([5, 6], dtype=torch.int32)})
+    slot = reg.slot("request_scale")
+    slot.buffer.copy_(torch.tensor([5, 6, 0, 0, 0, 0], dtype=torch.int32))
+    poisoner = Poisoner()
+    poison_tail(slot, poisoner, 2, 4, "stale")
+    assert runner.request_scale.tolist() == [5, 6, 5, 6, 5, 6]  # the rows past the step's 2: its rows again
+    candidates = audit_candidates(runner, reg)
+    assert "runner.request_scale" not in candidates and "runner.positions" not in candidates

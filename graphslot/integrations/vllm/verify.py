@@ -55,15 +55,15 @@ def untouched_tail(slot: Any) -> bool:
     return spec.axis.sliced and not ((spec.resets_tail or spec.repeats_last) and spec.to_capacity)
 
 
-def poison_tail(slot: Any, registry: Any, poisoner: Poisoner, reqs: int, tokens: int, pattern: str) -> None:
+def poison_tail(slot: Any, poisoner: Poisoner, reqs: int, tokens: int, pattern: str) -> None:
     """Rows ``[count:capacity]`` of the slot's device buffer, and of its host buffer where that is another tensor and
     not vLLM's state (``copy_from_fb``), poisoned with ``pattern``."""
     raw = slot.count(reqs, tokens)
     capacity = slot.buffer.shape[slot.resolved.slice_dim]
     poisoner.observe(slot, raw)
     poisoner.write(slot, raw, capacity, pattern)
-    host = registry.host_buffer(slot.name)
-    if host is not slot.buffer and slot.resolved.copy_from_fb:
+    host = slot.host  # None for a slot a fork adds on the device alone
+    if host is not None and host is not slot.buffer and slot.resolved.copy_from_fb:
         dim = slot.resolved.slice_dim
         host.narrow(dim, raw, capacity - raw).copy_(slot.buffer.narrow(dim, raw, capacity - raw))
 
@@ -89,7 +89,7 @@ def storage(t: torch.Tensor) -> int:
 
 def audit_candidates(runner: Any, registry: Any) -> Dict[str, torch.Tensor]:
     """The runner's tensors that are neither a slot's buffer (sharing its storage) nor declared state."""
-    slots = {storage(t) for s in registry.active for t in (s.buffer, registry.host_buffer(s.name))}
+    slots = {storage(t) for s in registry.active for t in s.buffers()}
     found: Dict[str, torch.Tensor] = {}
     seen = set()
     for name, tensor in tensors_of(runner):
@@ -194,8 +194,8 @@ class VllmVerify:
 
             def poisoned(inner, runner, scheduler_output, counts, pattern=pattern):
                 returned = inner(runner, scheduler_output, counts)
-                poison_tail(slot, registry, poisoner, runner.input_batch.num_reqs,
-                            scheduler_output.total_num_scheduled_tokens, pattern)
+                poison_tail(slot, poisoner, runner.input_batch.num_reqs, scheduler_output.total_num_scheduled_tokens,
+                            pattern)
                 return returned
 
             if self.failed is not None:
