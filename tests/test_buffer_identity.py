@@ -188,6 +188,17 @@ def test_a_pool_returning_a_tensor_that_does_not_fit_is_refused_at_build(mode, m
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_a_pool_returning_a_strided_tensor_is_refused_at_build(mode):
+    """As an adopted one: generated code views buffers as one integer dtype, which a strided one fails at the
+    first fill (``self.stride(-1) must be 1 to view Long as Int``), naming nothing."""
+    with pytest.raises(gs.SlotError) as err:
+        build(Pool(lambda t: torch.zeros(2 * t.numel(), dtype=t.dtype)[::2].view(t.shape)), mode)
+    assert str(err.value) == (
+        "slot 'input_ids': the pool Pool returned a non-contiguous tensor (shape [4], strides [2]); "
+        "a pool's share() must return a contiguous tensor (.contiguous() gives one)")
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_a_pool_returning_no_tensor_is_refused_at_build(mode):
     with pytest.raises(gs.SlotError) as err:
         build(Pool(lambda t: t.tolist()), mode)
