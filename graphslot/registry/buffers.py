@@ -5,6 +5,7 @@ address whichever runner filled it.
 
 from __future__ import annotations
 
+import math
 import threading
 import weakref
 from typing import Any, Dict, Mapping, Protocol, Tuple, runtime_checkable
@@ -42,7 +43,7 @@ class BufferPool:
                 self._buffers[key], self._init[key] = tensor, init
                 return tensor, True
             first = self._init[key]
-        if first != init:
+        if not same_value(first, init):
             shared = f"shared buffer ({tensor.numel()} x {tensor.dtype} on {tensor.device})"
             needs = f"was first registered with initial value {first!r}, this registry needs {init!r}"
             fix = "give both the same pad value, or build this registry with a pool of its own (or buffers=None)"
@@ -54,6 +55,12 @@ class BufferPool:
 
     def __bool__(self) -> bool:
         return True  # an empty pool is still a pool (``share_pool=BufferPool()`` must share)
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """Whether two pad values are the same: equal, or both NaN (which ``==`` never is)."""
+    nans = isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b)
+    return nans or a == b
 
 
 def strided(tensor: torch.Tensor) -> str:
