@@ -91,7 +91,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import operator
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
@@ -104,6 +103,7 @@ from ..spec.expr import Expr
 from ..spec.model import RegistrySpec
 from .adapter import DecodeAdapter
 from .config import runner_config
+from .contract import hook_count
 from .decode import DecodeGraphRunner, DecodeRunnerConfig
 from .guard import guard_wanted
 
@@ -193,20 +193,6 @@ class DPExchange:
         told = self.gather_objects(None if error is None else describe_error(error))
         failures = {r: told[r] or ("Error", "(no message)") for r, bad in enumerate(failed) if bad}
         raise DPStepError(failures, self.rank, where, after) from error
-
-
-def exchangeable(value: Any, what: str, means: str) -> int:
-    """``value`` as an int the exchange sends (0 to 2**63-1), else a TypeError or ValueError naming ``what``: raised
-    before the exchange, it fails every rank; in the exchange it failed this rank alone (the peers hung), and a float
-    was sent truncated."""
-    try:
-        n = operator.index(value) if not isinstance(value, bool) else None
-    except TypeError:
-        n = None
-    if n is None or not 0 <= n < 2**63:
-        raise (TypeError if n is None else ValueError)(f"{what} returned {shorten(value, 60)}; it must be an int >= 0 "
-                                                       f"({means})")
-    return n
 
 
 def check_calls(calls: List[int], generations: List[int], rank: int) -> None:
@@ -415,14 +401,11 @@ class DPDecodeRunner:
         that after the exchange the runner's own steps cannot fail). Writes nothing but a
         fresh ``global_num_tokens_cpu`` list on the batch."""
         adapter, k = self.adapter, self.k
-        num_tokens = 0 if fb is None else exchangeable(adapter.num_tokens(fb), f"{type(adapter).__name__}.num_tokens",
-                                                       "the batch's tokens, what the ranks exchange")
+        num_tokens = 0 if fb is None else hook_count(adapter, "num_tokens", fb, "the batch's tokens")
         runnable = self.locally_runnable(fb)
         reason = None if runnable or fb is None else self.runner.eager_reason(fb)  # no peer's count needed
-        longest = 0
-        if self.runner.bucketed and runnable and fb is not None:
-            longest = exchangeable(adapter.context_len(fb), f"{type(adapter).__name__}.context_len",
-                                   "the batch's longest context, what the ranks exchange")
+        bucketed = self.runner.bucketed and runnable and fb is not None
+        longest = hook_count(adapter, "context_len", fb, "the batch's longest context") if bucketed else 0
         batch = adapter.make_dummy_batch(1, k) if fb is None else fb
         if runnable and self.runner.dispatch.rows_for_tokens(num_tokens) <= self.runner.dispatch.largest:
             raw_bs = adapter.batch_size(batch)  # a graph may run it: padded between its rows and the largest
