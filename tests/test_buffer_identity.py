@@ -313,3 +313,19 @@ def test_strided_buffers_that_share_elements_are_refused_with_the_bytes_shared(s
     with pytest.raises(gs.SlotError, match=rf"^spec 'sglang': (the buffers of )?slots 'seq_lens' and "
                                            rf"'req_pool_indices' {re.escape(shared)}"):
         bound_pair(wide[:4, 0], second(wide))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_copy_torch_refuses_for_overlap_names_the_slot_whose_source_aliases_a_buffer(mode, monkeypatch):
+    """Without strict mode nothing judges aliasing on the happy path; when the copy fails for it (a source that is
+    its own buffer shifted), the error names the slot, as strict mode's does, instead of torch's bare one."""
+    monkeypatch.setenv("GRAPHSLOT_STRICT", "0")
+    reg = build(None, mode)
+    fb = batch()
+    fb.positions = reg.slot("positions").buffer[1:4]
+    with pytest.raises(gs.SlotError) as err:
+        reg.fill_from(fb, raw_bs=2, padded_bs=2, raw_num_tokens=3, padded_num_tokens=4)
+    assert str(err.value) == (
+        "spec 'pair', slot 'positions': the source aliases the buffer of slot 'positions' (a view of a static buffer "
+        "other than this slot's own head); copy it first, or pass the batch's own tensor")
+    assert "refer to a single memory location" in str(err.value.__cause__)
