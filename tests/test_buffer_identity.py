@@ -188,6 +188,17 @@ def test_a_pool_returning_a_tensor_that_does_not_fit_is_refused_at_build(mode, m
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_a_pool_returning_a_strided_tensor_is_refused_at_build(mode):
+    """As an adopted one: generated code views buffers as one integer dtype, which a strided one fails at the
+    first fill (``self.stride(-1) must be 1 to view Long as Int``), naming nothing."""
+    with pytest.raises(gs.SlotError) as err:
+        build(Pool(lambda t: torch.zeros(2 * t.numel(), dtype=t.dtype)[::2].view(t.shape)), mode)
+    assert str(err.value) == (
+        "slot 'input_ids': the pool Pool returned a non-contiguous tensor (shape [4], strides [2]); "
+        "a pool's share() must return a contiguous tensor (.contiguous() gives one)")
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_a_pool_returning_no_tensor_is_refused_at_build(mode):
     with pytest.raises(gs.SlotError) as err:
         build(Pool(lambda t: t.tolist()), mode)
@@ -302,3 +313,19 @@ def test_strided_buffers_that_share_elements_are_refused_with_the_bytes_shared(s
     with pytest.raises(gs.SlotError, match=rf"^spec 'sglang': (the buffers of )?slots 'seq_lens' and "
                                            rf"'req_pool_indices' {re.escape(shared)}"):
         bound_pair(wide[:4, 0], second(wide))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_copy_torch_refuses_for_overlap_names_the_slot_whose_source_aliases_a_buffer(mode, monkeypatch):
+    """Without strict mode nothing judges aliasing on the happy path; when the copy fails for it (a source that is
+    its own buffer shifted), the error names the slot, as strict mode's does, instead of torch's bare one."""
+    monkeypatch.setenv("GRAPHSLOT_STRICT", "0")
+    reg = build(None, mode)
+    fb = batch()
+    fb.positions = reg.slot("positions").buffer[1:4]
+    with pytest.raises(gs.SlotError) as err:
+        reg.fill_from(fb, raw_bs=2, padded_bs=2, raw_num_tokens=3, padded_num_tokens=4)
+    assert str(err.value) == (
+        "spec 'pair', slot 'positions': the source aliases the buffer of slot 'positions' (a view of a static buffer "
+        "other than this slot's own head); copy it first, or pass the batch's own tensor")
+    assert "refer to a single memory location" in str(err.value.__cause__)

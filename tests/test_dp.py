@@ -590,3 +590,40 @@ def test_nccl_ranks_capture_the_gather_in_cuda_graphs_and_match_one_process():
             if ref is not None:
                 assert torch.allclose(mine, ref, atol=1e-4, rtol=1e-4), f"step {s}, rank {rank}"
     assert ranks[0][-1]["graph_steps"] > 0
+
+
+class CountingOddly:
+    """A DP adapter whose ``num_tokens`` returns ``value`` (engine code returning what no exchange can send)."""
+
+    @staticmethod
+    def make(value):
+        from graphslot.reference.dp_model import DPAttention, ReferenceDPDecodeAdapter
+
+        class Odd(ReferenceDPDecodeAdapter):
+            def num_tokens(self, fb):
+                return value
+
+        return Odd(build_reference_model(max_num_reqs=4), DPAttention())
+
+
+@pytest.mark.parametrize("value, error", [(None, "TypeError"), (2.5, "TypeError"), (-1, "ValueError"),
+                                          (2**70, "ValueError")])
+def test_a_num_tokens_no_exchange_can_send_fails_every_rank_before_it(value, error):
+    """It was sent as it was: 2**70 raised in this rank alone, outside the exchange its peers wait in (a hang), 2.5
+    was sent as 2, None and -1 failed on what they broke further on. Now each is the rank's own failure, checked
+    before the exchange, naming the hook."""
+    import torch.distributed as dist
+
+    from graphslot.runners.dp import DPDecodeRunner, DPExchange, DPStepError
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        adapter = CountingOddly.make(value)
+        dp = DPDecodeRunner(adapter, DPExchange(), max_bs=2, capture_bs=[2], progress=False)
+        fb = make_decode_batch(adapter.runtime, adapter.runtime.req_to_token_pool.alloc(1), [1], [3])
+        with pytest.raises(DPStepError, match=re.escape(
+                f"DP rank 0 failed at DP step 1, before the exchange: {error}: Odd.num_tokens returned {value}; it "
+                "must be an int >= 0 (the batch's tokens, what the ranks exchange); every rank raised this error")):
+            dp(fb)
+    finally:
+        dist.destroy_process_group()

@@ -166,3 +166,15 @@ def test_a_nan_pad_value_is_the_same_bits_in_every_mode_and_from_a_modules_embed
     for source, build in builds.items():
         for mode in ("interpreted", "generated"):
             assert _tail_bits(build(mode)) == expected, (source, mode)
+
+
+@pytest.mark.parametrize("mode", ["generated", "interpreted"])
+def test_two_registries_share_a_pool_whose_slots_pad_with_nan(mode):
+    """A NaN pad is the same initial value for both registries of a pool (``nan != nan`` refused the second with
+    'was first registered with initial value nan, this registry needs nan')."""
+    spec = gs.parse_spec(SPEC, "masks.yaml")
+    pool = gs.BufferPool()
+    first = gs.build_registry(spec, device="cpu", max_bs=4, max_num_tokens=4, buffers=pool, impl=mode)
+    second = gs.build_registry(spec, device="cpu", max_bs=4, max_num_tokens=4, buffers=pool, impl=mode)
+    for name in ("logit", "folded", "mask"):
+        assert second.slot(name).buffer.data_ptr() == first.slot(name).buffer.data_ptr()

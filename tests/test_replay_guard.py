@@ -138,3 +138,16 @@ def test_metrics_count_replays_padding_and_eager_fallbacks():
                                   "not 1 token(s) per request (another forward mode)": 1}
     runner.stats.reset()
     assert runner.metrics()["replays"] == 0
+
+
+def test_a_weight_restrided_in_place_is_named():
+    """``w.data = w.data.t()`` on a square weight keeps its address, shape and dtype: only the strides say the
+    graph reads it in the old layout (eager would read the new one: a silent difference without the guard)."""
+    rt, runner, batch = setup(guard=True)
+    runner.replay(batch(2))
+    weight = rt.model.layers[0].self_attn.o_proj.weight
+    weight.data = weight.data.t()
+    with pytest.raises(ReplayGuardError, match=r"static tensor 'model.layers.0.self_attn.o_proj.weight' changed "
+                                               r"layout since capture: was \[64, 64\] float32 strides \[64, 1\] "
+                                               r"at 0x[0-9a-f]+, now \[64, 64\] float32 strides \[1, 64\]"):
+        runner.replay(batch(2))

@@ -5,6 +5,7 @@ address whichever runner filled it.
 
 from __future__ import annotations
 
+import math
 import threading
 import weakref
 from typing import Any, Dict, Mapping, Protocol, Tuple, runtime_checkable
@@ -42,7 +43,7 @@ class BufferPool:
                 self._buffers[key], self._init[key] = tensor, init
                 return tensor, True
             first = self._init[key]
-        if first != init:
+        if not same_value(first, init):
             shared = f"shared buffer ({tensor.numel()} x {tensor.dtype} on {tensor.device})"
             needs = f"was first registered with initial value {first!r}, this registry needs {init!r}"
             fix = "give both the same pad value, or build this registry with a pool of its own (or buffers=None)"
@@ -56,11 +57,25 @@ class BufferPool:
         return True  # an empty pool is still a pool (``share_pool=BufferPool()`` must share)
 
 
+def same_value(a: Any, b: Any) -> bool:
+    """Whether two pad values are the same: equal, or both NaN (which ``==`` never is)."""
+    nans = isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b)
+    return nans or a == b
+
+
+def strided(tensor: torch.Tensor) -> str:
+    """``''`` when dense with a unit last stride, else its shape and strides: generated code views buffers of
+    several dtypes as one integer dtype, which needs that (``is_contiguous()`` does not promise it for a last
+    dimension of size 1)."""
+    if tensor.is_contiguous() and not (tensor.dim() and tensor.stride(-1) != 1):
+        return ""
+    return f"shape {list(tensor.shape)}, strides {list(tensor.stride())}"
+
+
 def refuse_strided(where: str, how: str, tensor: torch.Tensor) -> None:
-    """SlotError unless dense with a unit last stride: generated code views buffers of several dtypes as one
-    integer dtype, which needs that (``is_contiguous()`` does not promise it for a last dimension of size 1)."""
-    if not tensor.is_contiguous() or (tensor.dim() and tensor.stride(-1) != 1):
-        layout = f"shape {list(tensor.shape)}, strides {list(tensor.stride())}"
+    """SlotError unless dense with a unit last stride (:func:`strided`)."""
+    layout = strided(tensor)
+    if layout:
         fix = "pass a contiguous tensor (.contiguous() gives one)"
         raise SlotError(f"{where}: {how}= holds a non-contiguous tensor ({layout}); {fix}")
 
@@ -179,6 +194,11 @@ def pooled(name: str, buffer: torch.Tensor, init_value: Any, pool: SharePool) ->
     elif not fits(tensor, buffer.shape, buffer.dtype, buffer.device):
         expected = layout(buffer.shape, buffer.dtype, buffer.device)
         got = f"{layout(tensor.shape, tensor.dtype, tensor.device)}, expected {expected}"
+    elif strided(tensor):
+        fix = "a pool's share() must return a contiguous tensor (.contiguous() gives one)"
+        raise SlotError(
+            f"slot '{name}': the pool {type(pool).__name__} returned a non-contiguous tensor ({strided(tensor)}); {fix}"
+        )
     else:
         return tensor, shared[1]
     fix = "a pool's share() must return a tensor of the shape, dtype and device it was given"

@@ -55,8 +55,11 @@ class InterpretedRegistry(SlotRegistry):
         groups: Dict[tuple, list] = {}
         for dst, src in copies:
             groups.setdefault((dst.device, dst.dtype, src.dtype), []).append((dst, src))
-        for pairs in groups.values():
-            torch._foreach_copy_([dst for dst, _ in pairs], [src for _, src in pairs])
+        try:
+            for pairs in groups.values():
+                torch._foreach_copy_([dst for dst, _ in pairs], [src for _, src in pairs])
+        except Exception as exc:  # a source overlapping what it is copied into, say: name the slot
+            check.diagnose(fb, raw_bs, raw_num_tokens, exc, skip)
 
         # 2. make the padded tail safe: [raw:padded] (extra rows included), or to the end under reset_to: capacity
         for slot in active:

@@ -136,12 +136,22 @@ class StepChecker:
             self._strict(slot, src, head=slot.head(src.shape[d] if shape else None))
         return src
 
-    def diagnose(self, fb: Any, raw_bs: int, raw_num_tokens: int, exc: BaseException) -> None:
-        """Generated code's except branch: the interpreter's SlotError, or ``exc`` when every source fits."""
-        for slot in self.plain:
+    def diagnose(
+        self, fb: Any, raw_bs: int, raw_num_tokens: int, exc: BaseException, skip: AbstractSet[str] = frozenset()
+    ) -> None:
+        """A failed fill's except branch: the interpreter's SlotError, else the SlotError naming a source that
+        aliases a slot buffer (what strict mode refuses; a copy torch refuses for overlap names no slot), else
+        ``exc``. ``skip``: slots the fill left alone."""
+        plain = [slot for slot in self.plain if slot.name not in skip]
+        for slot in plain:
             try:
                 self.plain_source(slot, fb, raw_bs, raw_num_tokens)
             except SlotError as error:
+                raise error from exc
+        for slot in plain:
+            src = self.plain_source(slot, fb, raw_bs, raw_num_tokens)
+            error = None if src is None else self._aliasing(slot, src, slot.head(slot.count(raw_bs, raw_num_tokens)))
+            if error is not None:
                 raise error from exc
         raise exc
 
@@ -161,15 +171,22 @@ class StepChecker:
             raise self.fail(slot.name, f"expected dtype {buffer.dtype}, got {src.dtype} (copy_ would cast silently)")
         if src.device != buffer.device:
             raise self.fail(slot.name, f"expected device {buffer.device}, got {src.device}")
+        error = self._aliasing(slot, src, head)
+        if error is not None:
+            raise error
+
+    def _aliasing(self, slot, src: torch.Tensor, head: torch.Tensor) -> Optional[SlotError]:
+        """The SlotError of a source overlapping a slot buffer other than exactly its own head, or None."""
         if (src.data_ptr(), src.shape, src.stride()) == (head.data_ptr(), head.shape, head.stride()):
-            return  # exactly its own head, however it was made: copies onto itself
+            return None  # exactly its own head, however it was made: copies onto itself
         starts, reach = self._extents.get(src.device, ((), ()))
         start, end = byte_extent(src)
         i = bisect.bisect_left(starts, end)  # the buffers starting before the source's end
         if end > start and i and reach[i - 1][0] > start:
             view = "(a view of a static buffer other than this slot's own head)"
             fix = "copy it first, or pass the batch's own tensor"
-            raise self.fail(slot.name, f"the source aliases the buffer of slot '{reach[i - 1][1]}' {view}; {fix}")
+            return self.fail(slot.name, f"the source aliases the buffer of slot '{reach[i - 1][1]}' {view}; {fix}")
+        return None
 
 
 def byte_extent(t: torch.Tensor) -> Tuple[int, int]:

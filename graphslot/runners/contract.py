@@ -15,6 +15,7 @@ buffers of the adapter's models (``static_modules()``; by default
 from __future__ import annotations
 
 import inspect
+import operator
 from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -138,3 +139,19 @@ def check_adapter(adapter: Any, base: type, required: Sequence[str]) -> torch.de
         return torch.device(device)
     except (TypeError, RuntimeError) as exc:
         raise AdapterContractError(f"{cls}.device is {device!r}, not a device: {exc}") from None
+
+
+def hook_count(adapter: Any, hook: str, fb: Any, means: str) -> int:
+    """What ``adapter.<hook>(fb)`` returns, as an int a DP exchange sends (0 to 2**63-1); else a TypeError or
+    ValueError naming the hook. Checked before the exchange it fails every rank; inside it, it failed that rank
+    alone (its peers hung) and a float went truncated."""
+    value = getattr(adapter, hook)(fb)
+    try:
+        n = None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        n = None
+    if n is None or not 0 <= n < 2**63:
+        what = f"{type(adapter).__name__}.{hook} returned {value!r}"[:200]
+        raise (TypeError if n is None else ValueError)(f"{what}; it must be an int >= 0 ({means}, what the ranks "
+                                                       "exchange)")
+    return n

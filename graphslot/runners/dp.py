@@ -103,6 +103,7 @@ from ..spec.expr import Expr
 from ..spec.model import RegistrySpec
 from .adapter import DecodeAdapter
 from .config import runner_config
+from .contract import hook_count
 from .decode import DecodeGraphRunner, DecodeRunnerConfig
 from .guard import guard_wanted
 
@@ -400,10 +401,11 @@ class DPDecodeRunner:
         that after the exchange the runner's own steps cannot fail). Writes nothing but a
         fresh ``global_num_tokens_cpu`` list on the batch."""
         adapter, k = self.adapter, self.k
-        num_tokens = 0 if fb is None else adapter.num_tokens(fb)
+        num_tokens = 0 if fb is None else hook_count(adapter, "num_tokens", fb, "the batch's tokens")
         runnable = self.locally_runnable(fb)
         reason = None if runnable or fb is None else self.runner.eager_reason(fb)  # no peer's count needed
-        longest = self.adapter.context_len(fb) if self.runner.bucketed and runnable and fb is not None else 0
+        bucketed = self.runner.bucketed and runnable and fb is not None
+        longest = hook_count(adapter, "context_len", fb, "the batch's longest context") if bucketed else 0
         batch = adapter.make_dummy_batch(1, k) if fb is None else fb
         if runnable and self.runner.dispatch.rows_for_tokens(num_tokens) <= self.runner.dispatch.largest:
             raw_bs = adapter.batch_size(batch)  # a graph may run it: padded between its rows and the largest

@@ -4,7 +4,7 @@ A captured graph holds raw addresses. Rebinding a slot buffer, reallocating a KV
 or a weight (``param.data = ...``, ``pool.k_buffer[0] = torch.empty(...)``), or
 resizing a tensor leaves the graph reading the old memory: silent wrong answers on a
 GPU. Before each replay the guard re-reads every slot buffer and every tensor the
-adapter declares static and compares its data pointer, shape and dtype with what they
+adapter declares static and compares its data pointer, shape, dtype and strides with what they
 were at capture; a difference raises :class:`ReplayGuardError` naming the tensor,
 logged first at WARNING (``graphslot.runners.guard``).
 
@@ -54,13 +54,17 @@ def runner_tensors(registry: Any, adapter: Any) -> Iterator[Named]:
         yield f"static tensor '{name}'", tensor
 
 
-def _signature(t: torch.Tensor) -> Tuple[int, torch.Size, torch.dtype]:
-    return t.data_ptr(), t.shape, t.dtype
+Signature = Tuple[int, torch.Size, torch.dtype, Tuple[int, ...]]
 
 
-def _describe(sig: Tuple[int, torch.Size, torch.dtype]) -> str:
-    ptr, shape, dtype = sig
-    return f"{list(shape)} {str(dtype).removeprefix('torch.')} at 0x{ptr:x}"
+def _signature(t: torch.Tensor) -> Signature:
+    return t.data_ptr(), t.shape, t.dtype, t.stride()
+
+
+def _describe(sig: Signature, strides: bool = False) -> str:
+    ptr, shape, dtype, stride = sig
+    layout = f" strides {list(stride)}" if strides else ""
+    return f"{list(shape)} {str(dtype).removeprefix('torch.')}{layout} at 0x{ptr:x}"
 
 
 class ReplayGuard:
@@ -70,7 +74,7 @@ class ReplayGuard:
     def __init__(self, tensors: Callable[[], Iterable[Named]]):
         self._tensors = tensors
         self._names: List[str] = []
-        self._expected: List[Tuple[int, torch.Size, torch.dtype]] = []
+        self._expected: List[Signature] = []
         self.refresh()
 
     def refresh(self) -> None:
@@ -89,14 +93,15 @@ class ReplayGuard:
 
     def _explain(self, seen: List[Tuple[str, Any]]) -> str:
         fix = ("the captured graph still reads the old memory: write into the tensor in place "
-               "(copy_, fill_), never rebind, reallocate or resize it after capture")
+               "(copy_, fill_), never rebind, reallocate, resize or restride it after capture")
         for name, (got_name, sig), want in zip(self._names, seen, self._expected):
             if got_name != name:
                 break
             if sig != want:
-                what = "moved" if sig[0] != want[0] else "changed shape or dtype"
-                return (f"replay guard: {name} {what} since capture: was {_describe(want)}, "
-                        f"now {_describe(sig)}; {fix}")
+                restrided = sig[:3] == want[:3]  # same address, shape and dtype: read in another layout
+                what = "moved" if sig[0] != want[0] else "changed layout" if restrided else "changed shape or dtype"
+                return (f"replay guard: {name} {what} since capture: was {_describe(want, restrided)}, "
+                        f"now {_describe(sig, restrided)}; {fix}")
         now = [name for name, _ in seen]
         gone = [n for n in self._names if n not in now]
         new = [n for n in now if n not in self._names]
