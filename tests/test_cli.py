@@ -115,6 +115,15 @@ def test_validate_missing_file(capsys, tmp_path, monkeypatch):
     assert out.splitlines() == ["nope.yaml: no such spec file; shipped specs are: decode, prefill, vllm"]
 
 
+@pytest.mark.parametrize("command", ["validate", "show"])
+def test_a_path_that_is_a_directory_is_named_so(command, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "specs").mkdir()
+    status, out, err = run(capsys, command, "specs")
+    assert status == 1
+    assert "specs: is a directory: pass the path of a .yaml spec file (or a spec's name)" in out + err
+
+
 def test_validate_project_specs(capsys, tmp_path, monkeypatch):
     (tmp_path / "specs").mkdir()
     (tmp_path / "specs" / "mine.yaml").write_text((SHIPPED_DIR / "prefill.yaml").read_text())

@@ -125,6 +125,9 @@ def spec_path(name_or_path: Union[str, os.PathLike]) -> Path:
     for path in (project_spec(text, project), is_spec_name(text) and shipped_spec_path(text), Path(text)):
         if path and path.is_file():
             return path
+    if Path(text).exists():  # a directory, a device, a pipe: never read as a spec
+        kind = "is a directory" if Path(text).is_dir() else "is not a regular file"
+        raise SpecError.at(text, None, f"{kind}: pass the path of a .yaml spec file (or a spec's name)")
     names, shipped = sorted({p.stem for p in project}), shipped_spec_names()
     known = (f"; the project's specs are: {one_of(names)}" if names else "") + "; shipped specs are: "
     raise SpecError.at(text, None, "no such spec file" + known + one_of(shipped) + did_you_mean(text, names + shipped))
