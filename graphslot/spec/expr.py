@@ -338,3 +338,8 @@ class Expr:
 
 
 _parse = functools.lru_cache(maxsize=4096)(Expr)
+
+
+def evaluate_field(value: Any, env: Mapping[str, Any]) -> Any:
+    """A spec value that is a literal or an expression string."""
+    return Expr.parse(value).evaluate(env) if isinstance(value, str) else value

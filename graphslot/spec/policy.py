@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from .errors import ExprError, did_you_mean, shorten
-from .expr import Expr
+from .expr import evaluate_field
 from .kinds import INDEX_SKIP, Axis, Padding, ResetTo
 from .model import ParamSpec, SlotSpec
 
@@ -211,7 +211,7 @@ def tail_issues(
             problems.append((exc.key, str(exc) + _where(preset, {})))
             continue
         try:
-            pad_value = _evaluate(slot.pad_value, values)
+            pad_value = evaluate_field(slot.pad_value, values)
         except (ExprError, KeyError):
             pad_value = UNKNOWN  # reported by the pad_value check
         tail = tail_of(slot, made["padding"], made["reset_to"], pad_value, named["padding"] is not None)
@@ -253,7 +253,3 @@ def _where(preset: Optional[str], shown: Mapping[str, Any]) -> str:
     if preset is not None:
         return f" (with preset '{shorten(str(preset), quote=False)}'" + (f": {made})" if made else ")")
     return f" (under the defaults: {made})" if made else ""
-
-
-def _evaluate(value: Any, values: Mapping[str, Any]) -> Any:
-    return Expr.parse(value).evaluate(values) if isinstance(value, str) else value

@@ -11,7 +11,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from .dtypes import DTypeName, parse_dtype, spelling_hint, torch_dtype, value_fits_dtype
 from .errors import ExprError, SpecError, SpecIssue, did_you_mean, shorten
-from .expr import Expr
+from .expr import Expr, evaluate_field
 from .live import Live
 from .kinds import CAPACITY_NAMES, Axis, Padding, ResetTo, SlotKind
 from .model import RegistrySpec, SlotSpec, one_nan
@@ -206,11 +206,6 @@ def too_long_chain(params: Mapping[str, Any]) -> Optional[str]:
 
     found = (too_long(start, (start,)) for start in params if start not in depth)  # lazy: sees depth grow
     return next((bad for bad in found if bad is not None), None)
-
-
-def evaluate_field(value: Any, env: Mapping[str, Any]) -> Any:
-    """A spec value that is a literal or an expression string."""
-    return Expr.parse(value).evaluate(env) if isinstance(value, str) else value
 
 
 def slot_dtype(slot: SlotSpec, params: Mapping[str, Any]) -> Optional[DTypeName]:
