@@ -109,7 +109,8 @@ def build(
     if isinstance(spec, types.ModuleType):
         from .codegen.embedded import module_params, module_spec
 
-        module, spec = spec, module_spec(spec)
+        module = spec
+        spec = module_spec(spec)
         if preset is None:
             params = {**module_params(module), **(params or {})}
         if isinstance(impl, str) and impl == "generated":

@@ -59,7 +59,9 @@ class PerReason:
     def __init__(self, logger: logging.Logger, level: int = logging.INFO, every: int = EVERY):
         if every < 1:
             raise ValueError(f"every must be >= 1, got {every}")
-        self.logger, self.level, self.every = logger, level, every
+        self.logger = logger
+        self.level = level
+        self.every = every
         self.counts: Dict[str, int] = {}
 
     def log(self, reason: str, message: str, *args: Any) -> bool:

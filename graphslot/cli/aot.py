@@ -77,7 +77,8 @@ def plan_outputs(root: Path, table: Mapping[str, Any], text: str = "") -> List[P
     """Every file ``generate`` owns, with the bytes it should hold; ``text``, that of pyproject.toml, gives the
     lines of errors there."""
     root = root.resolve()
-    pyproject, where = display_path(root / PYPROJECT), Locator(text)
+    pyproject = display_path(root / PYPROJECT)
+    where = Locator(text)
     fields = validate_table(table, text, root / PYPROJECT)
     if not fields["output_dir"]:
         message = f"{TABLE} needs 'output_dir' (where generated modules go)"
@@ -199,7 +200,8 @@ def generate(root: Path, table: Mapping[str, Any], check: bool = False, text: st
     current = {item.path: _read_owned(item.path, item.path.relative_to(root).as_posix()) for item in planned}
     report = GenerateReport()
     for path, body in planned:
-        rel, existing = path.relative_to(root).as_posix(), current[path]
+        rel = path.relative_to(root).as_posix()
+        existing = current[path]
         if existing == body:
             report.unchanged.append(path)
         elif not check:
@@ -210,7 +212,8 @@ def generate(root: Path, table: Mapping[str, Any], check: bool = False, text: st
             report.outdated.append(path)
             report.problems.append(f"{'missing' if existing is None else 'stale'}: {rel}")
             if existing is not None:
-                old, new = existing.splitlines(keepends=True), body.splitlines(keepends=True)
+                old = existing.splitlines(keepends=True)
+                new = body.splitlines(keepends=True)
                 report.diffs.append("".join(difflib.unified_diff(old, new, f"{rel} (on disk)", f"{rel} (generated)")))
     elsewhere, stopped = stale_files(root, out)
     if stopped:

@@ -90,7 +90,8 @@ def _run(steps: int, backend: str, mode: str, max_bs: int, seed: int, progress: 
     }
     if batches:
         fb = representative(batches, runner.graphs, lambda b: b.batch_size)
-        raw, padded = fb.batch_size, runner.padded_bs(fb)
+        raw = fb.batch_size
+        padded = runner.padded_bs(fb)
         result.update(fill_timings("decode", runner.registry, lambda reg: reg.fill_from(fb, raw_bs=raw, padded_bs=padded, raw_num_tokens=raw, padded_num_tokens=padded),
                                    f"{raw} -> {padded}"))
     result["seconds"] = time.perf_counter() - started

@@ -28,7 +28,8 @@ from .demo_common import single_thread, timed
 #: How far beyond the largest graph the last rank's batches may grow, so that some
 #: steps must fall back to eager on every rank; its sparser arrivals keep that rare.
 OVERFLOW = 2
-ARRIVAL_GAP, LAST_RANK_ARRIVAL_GAP = 2, 4
+ARRIVAL_GAP = 2
+LAST_RANK_ARRIVAL_GAP = 4
 #: Seconds a whole run may take before its ranks are killed (a hang in a collective).
 DEFAULT_TIMEOUT = 600.0
 
@@ -102,7 +103,8 @@ def _check_single_process(ranks: List[Dict[str, Any]], steps: int, max_bs: int, 
     mismatches: List[List[int]] = []
 
     def checked(rank: int, theirs: Dict[int, torch.Tensor], fb: Any) -> torch.Tensor:
-        step, ours = scheds[rank].step_idx, runtime.forward(fb)
+        step = scheds[rank].step_idx
+        ours = runtime.forward(fb)
         if step not in theirs or not check(theirs[step], ours):
             mismatches.append([step, rank])
             return ours

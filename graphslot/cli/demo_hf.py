@@ -75,7 +75,11 @@ def _run(hf, name: str, steps: int, backend: str, mode: str, max_bs: int, seed: 
     reference_s: List[float] = []
     sizes: List[int] = []
     mismatches: List[int] = []
-    worst, rows, graph_steps, finished, admitted = 0.0, 0, 0, 0, 0
+    worst = 0.0
+    rows = 0
+    graph_steps = 0
+    finished = 0
+    admitted = 0
 
     bar = progress_bar(range(steps), show=progress, desc=f"Decoding {name}", unit="step", leave=False)
     for step in bar:

@@ -32,7 +32,8 @@ from ..reference.numerics import output_check
 
 DEFAULT_BUCKETS = (64, 48, 32, 16, 8)
 #: Request slots of the demo runtime; a batch plus the cached requests must fit.
-MAX_NUM_REQS, MAX_LIVE = PREFILL_REQUEST_SLOTS, PREFILL_CACHED
+MAX_NUM_REQS = PREFILL_REQUEST_SLOTS
+MAX_LIVE = PREFILL_CACHED
 MAX_DEMO_BS = MAX_NUM_REQS - MAX_LIVE
 RunnerFactory = Callable[[Any, Dict[str, Any]], Any]
 
@@ -58,7 +59,9 @@ class _Request:
     __slots__ = ("rpi", "cached", "slots")
 
     def __init__(self, rpi: int) -> None:
-        self.rpi, self.cached, self.slots = rpi, 0, []
+        self.rpi = rpi
+        self.cached = 0
+        self.slots = []
 
 
 def prefill_batches(runtime: Any, count: int, seed: int, max_bs: int, max_tokens: int,
@@ -123,7 +126,9 @@ def _one_or_all(values: Sequence[int]) -> Any:
 def _prefill_fill_timings(runner: Any, fb: Any) -> Dict[str, Any]:
     """``fill_from`` of ``fb``, token-padded as the runner pads it."""
     adapter = runner.adapter
-    bs, raw, n = adapter.batch_size(fb), adapter.num_tokens(fb), runner.bucket(fb)
+    bs = adapter.batch_size(fb)
+    raw = adapter.num_tokens(fb)
+    n = runner.bucket(fb)
     side = adapter.side_inputs()
     return fill_timings("prefill", runner.registry, lambda reg: reg.fill_from(fb, raw_bs=bs, padded_bs=bs, raw_num_tokens=raw, padded_num_tokens=n, side_inputs=side),
                         f"{bs} reqs, {raw} -> {n} tokens")

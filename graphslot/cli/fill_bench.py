@@ -62,7 +62,9 @@ class HandWrittenDecode:
             return torch.zeros(n, dtype=torch.int64, device=device, **kw)
 
         self.fill_value = seq_len_fill_value
-        self.input_ids, self.positions, self.out_cache_loc = z(max_num_tokens), z(max_num_tokens), z(max_num_tokens)
+        self.input_ids = z(max_num_tokens)
+        self.positions = z(max_num_tokens)
+        self.out_cache_loc = z(max_num_tokens)
         self.req_pool_indices = z(max_bs)
         self.seq_lens = z(max_bs).fill_(seq_len_fill_value)
         self.seq_lens_cpu = torch.full((max_bs,), seq_len_fill_value, dtype=torch.int64)
@@ -161,7 +163,8 @@ def time_per_call(runners: Dict[str, object], fb, raw: int, padded: int, iters: 
     samples: Dict[str, List[float]] = {name: [] for name in runners}
     for _ in range(repeats):
         for name, r in runners.items():
-            fill, extract = r.fill_from, r.extract
+            fill = r.fill_from
+            extract = r.extract
             start = time.perf_counter()
             for _ in range(iters):
                 fill(fb, raw_bs=raw, padded_bs=padded, raw_num_tokens=raw, padded_num_tokens=padded)
@@ -175,7 +178,9 @@ def unchecked_decode_module() -> types.ModuleType:
     """The generated decode module without its per-step shape check (measurement only:
     what the check costs)."""
     spec = load_spec(SPEC)
-    lines, kept, skipping = render_module(spec, resolve_params(spec)).splitlines(), [], False
+    lines = render_module(spec, resolve_params(spec)).splitlines()
+    kept = []
+    skipping = False
     for line in lines:
         skipping = skipping or line.strip().startswith("if (src_")
         if not skipping:

@@ -51,7 +51,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except ProjectConfigError as exc:  # one `pyproject.toml:LINE: message` line per problem
         print(exc, file=sys.stderr)
         return 1
-    modules, total = GenerateReport.modules, f"{len(config.outputs)} generated module(s)"
+    modules = GenerateReport.modules
+    total = f"{len(config.outputs)} generated module(s)"
     for note in report.notes:
         print(f"note: {note}", file=sys.stderr)
     if args.check:

@@ -24,7 +24,8 @@ from .common import positive_int
 
 #: The prefill demo's request slots, and how many requests it keeps cached between
 #: batches: a batch takes at most the rest.
-PREFILL_REQUEST_SLOTS, PREFILL_CACHED = 64, 16
+PREFILL_REQUEST_SLOTS = 64
+PREFILL_CACHED = 16
 
 
 @dataclass(frozen=True)

@@ -243,7 +243,8 @@ SYMLINK = "it is a symbolic link, and graphslot does not write through links"
 def plan_edit(plan: Plan, data: bytes, config: ProjectConfig) -> None:
     """Set what :func:`register` writes when pyproject.toml holds ``data`` (b"": none),
     which reads as ``config``."""
-    plan.config, plan.old_pyproject = config, data
+    plan.config = config
+    plan.old_pyproject = data
     plan.new_pyproject = plan.register_problem = None
     plan.already_listed = any(listed == plan.spec_path for listed in config.specs)
     if plan.already_listed:
@@ -329,9 +330,11 @@ def register(plan: Plan) -> Optional[str]:
 def suggested_module(plan: Plan) -> str:
     taken = {output.module for output in plan.config.outputs}
     base = f"{plan.spec_name}_default"
-    module, n = base, 2
+    module = base
+    n = 2
     while module in taken:
-        module, n = f"{base}_{n}", n + 1
+        module = f"{base}_{n}"
+        n = n + 1
     return module
 
 

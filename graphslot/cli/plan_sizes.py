@@ -112,7 +112,10 @@ def _row(name: str, plan: Dict[str, Any], memory: bool) -> list:
 
 
 def format_plan_report(report: Dict[str, Any]) -> str:
-    h, plan, ladder, saving = report["histogram"], report["plan"], report["default_ladder"], report["saving"]
+    h = report["histogram"]
+    plan = report["plan"]
+    ladder = report["default_ladder"]
+    saving = report["saving"]
     budget = report["budget"]
     memory = "memory" in budget
     what = (f"graphs within {budget['memory'] / 2**20:.1f} MiB ({budget['graph_bytes']} B + {budget['row_bytes']} B "

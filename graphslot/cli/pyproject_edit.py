@@ -48,13 +48,15 @@ def scan_array(text: str, i: int) -> Tuple[int, List[Tuple[int, int]], Optional[
         if text[i] == "]":
             return i, elements, comma
         if text[i] == "," and elements and comma is None:
-            comma, i = i, i + 1
+            comma = i
+            i = i + 1
         elif text[i] in "\"'" and (not elements or comma is not None):
             string = _STRING.match(text, i)
             if string is None:
                 raise CannotEdit("a string in its specs array does not end")
             elements.append((i, string.end()))
-            comma, i = None, string.end()
+            comma = None
+            i = string.end()
         else:
             raise CannotEdit("its specs array is not a plain list of strings")
 

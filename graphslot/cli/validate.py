@@ -87,7 +87,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             print(f"ok  {spec.path} ({len(spec.slots)} slots{note})")
         for issue in issues:
             print(issue)
-        failed, errors = failed + bool(issues), errors + len(issues)
+        failed = failed + bool(issues)
+        errors = errors + len(issues)
     if failed:
         print(f"{errors} error(s) in {failed} of {len(targets)} spec file(s)", file=sys.stderr)
     return 1 if failed else 0

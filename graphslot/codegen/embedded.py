@@ -34,9 +34,11 @@ def _dump(value: Any) -> str:
 def canonical_parts(spec: RegistrySpec) -> List[str]:
     """``spec.canonical_json()`` in pieces: one per param, preset and slot, its comma leading, so a slot
     added changes no other piece."""
-    canonical, parts = spec.canonical(), ["{"]
+    canonical = spec.canonical()
+    parts = ["{"]
     for i, key in enumerate(sorted(canonical)):
-        value, head = canonical[key], ("," if i else "") + _dump(key) + ":"
+        value = canonical[key]
+        head = ("," if i else "") + _dump(key) + ":"
         if isinstance(value, dict) and value:
             parts[-1] += head + "{"
             parts += [("," if j else "") + _dump(k) + ":" + _dump(value[k]) for j, k in enumerate(sorted(value))]
@@ -75,7 +77,8 @@ def module_spec(module: Any) -> RegistrySpec:
     refuse_foreign(module, f"<module {name}>", "build_registry a spec (a RegistrySpec, a spec name or a YAML path)")
     label = getattr(module, "SPEC_SOURCE", None)
     source = f"{shorten(label, quote=False) if isinstance(label, str) else '<unknown spec>'} (embedded in {name})"
-    text, identity = getattr(module, "SPEC_JSON", None), getattr(module, "SPEC_IDENTITY", None)
+    text = getattr(module, "SPEC_JSON", None)
+    identity = getattr(module, "SPEC_IDENTITY", None)
     regenerate = "regenerate it (graphslot generate)"
     readable = isinstance(text, str) and len(text) <= MAX_SPEC_JSON and text.isascii()
     if not readable or hashlib.sha256(text.encode("ascii")).hexdigest() != identity:
@@ -87,12 +90,14 @@ def module_spec(module: Any) -> RegistrySpec:
         detail = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) and exc.errors() else str(exc)
         message = f"carries a spec this graphslot cannot read ({shorten(detail, 200, quote=False)})"
         raise SpecError([SpecIssue(source, None, f"generated module '{name}' {message}: {regenerate}")]) from None
-    locations, slots = Locations(source), list(enumerate(spec.slots))
+    locations = Locations(source)
+    slots = list(enumerate(spec.slots))
     options = dict(name=spec.name, max_bytes=None, structurally_valid=True)
     issues = check_spec(spec.params, spec.presets, slots, source, locations, **options)
     if issues:
         raise SpecError(issues)
-    spec._source, spec._locations = source, locations
+    spec._source = source
+    spec._locations = locations
     return spec
 
 

@@ -26,7 +26,10 @@ from .names import shape_src, slot_idents, unique
 
 PLAN_CACHE_LIMIT = 4096  # distinct step sizes kept; a server sees ~one per captured size
 # Indentations: a function's body, a closure's, the fill's try block, the inner try that reads and copies.
-BODY, CLOSURE, FILL, COPY = 4, 8, 12, 16
+BODY = 4
+CLOSURE = 8
+FILL = 12
+COPY = 16
 STEP_COUNTS = "raw_bs, padded_bs, raw_num_tokens, padded_num_tokens"
 
 
@@ -47,7 +50,10 @@ def params_literal(params: Mapping[str, Any]) -> str:
 
 class Emitter:
     def __init__(self, spec: RegistrySpec, params: Mapping[str, Any], version: str, source: str, skip=frozenset()):
-        self.spec, self.params, self.version, self.source_label = spec, dict(params), version, source
+        self.spec = spec
+        self.params = dict(params)
+        self.version = version
+        self.source_label = source
         # sorted: the order of a spec's params is no part of its meaning (RegistrySpec.identity)
         self.runtime = sorted(n for n, p in spec.params.items() if p.runtime)
         self.baked = structural_params(spec, self.params)  # folded into the code (not runtime, not live)
@@ -55,12 +61,14 @@ class Emitter:
         self.names = [SlotNames(s, i) for s, i in zip(self.slots, slot_idents(self.slots))]
         self.viewed = [n for n in self.names if not n.slot.structured]  # what extract sets (dotted slots: never)
         # fill_from writes all but ``skip`` (fill_from_skipping's variant); allocate and extract cover all.
-        self.skip, self.fill_names = skip, [n for n in self.names if n.slot.name not in skip]
+        self.skip = skip
+        self.fill_names = [n for n in self.names if n.slot.name not in skip]
         self.hooks = {n.slot.name: self._expected_hooks(n.slot) for n in self.names}
 
     def _symbolic_slots(self) -> List[ResolvedSlot]:
         """The slots resolved with capacities left symbolic (``None``): one module serves every max_bs."""
-        slots, issues = [], []
+        slots = []
+        issues = []
         for i, spec_slot in enumerate(self.spec.slots):
             fixed = [None if depends_on_capacity(e) else e for e in spec_slot.shape]
             placeholder = spec_slot.model_copy(update={"shape": tuple(1 if e is None else e for e in fixed)})
@@ -112,7 +120,8 @@ class Emitter:
         """Write every piece the template lays out (the ``*_lines``) and pick the runtime helpers; returns self."""
         copies = plan_copies(self)  # before any builder: it takes the hooks it fuses away
         shapes = expected_shapes(self, copies)
-        self.allocate_lines, self.plan_lines = allocate_lines(self), plan_lines(copies, shapes)
+        self.allocate_lines = allocate_lines(self)
+        self.plan_lines = plan_lines(copies, shapes)
         self.fill_lines, self.extract_lines = fill_lines(self, copies, shapes), extract_lines(self)
         self.view_lines = assign("entry", tuple_of([n.padded_view() for n in self.viewed]), CLOSURE)  # make_views
         others = self.allocate_lines + self.plan_lines + self.fill_lines + self.view_lines + self.extract_lines
@@ -166,7 +175,8 @@ Shapes = namedtuple("Shapes", "of in_plan in_bind")
 
 
 def expected_shapes(em: Emitter, copies: Copies) -> Shapes:
-    shapes, names = Shapes({}, [], []), {}
+    shapes = Shapes({}, [], [])
+    names = {}
     for n in copies.copied(em.fill_names):
         extents = em.extents(n.slot)
         if n.counts is not None:
@@ -180,7 +190,8 @@ def expected_shapes(em: Emitter, copies: Copies) -> Shapes:
 
 def bind_lines(em: Emitter, copies: Copies, shapes: Shapes, others: List[str]) -> List[str]:
     """``bind``'s own statements: runtime params, the buffers ``others`` use, hooks, constants, the view maker."""
-    lines, used = [], _used_names(others)
+    lines = []
+    used = _used_names(others)
     for n in em.names:
         if n.slot.staged and {n.buf, n.view_buf} & used:  # a staged slot's buffers: (host, device)
             lines += assign(f"{n.buf}, {n.view_buf}", subscript("buffers", py_str(n.slot.name)), BODY)

@@ -29,7 +29,8 @@ from .names import RUNTIME_HELPERS
 
 DOCSTRING = "Specialised fill_from / extract for one slot spec: see SPEC_NAME and the banner."
 CONSTANTS = tuple("SPEC_NAME SPEC_IDENTITY GRAPHSLOT_VERSION PARAMS RUNTIME_PARAMS SLOTS SPEC_SOURCE SPEC_JSON".split())
-RUNTIME_ALIAS, RUNTIME_IMPORT = "__gs_rt", "from graphslot.codegen import runtime as __gs_rt"
+RUNTIME_ALIAS = "__gs_rt"
+RUNTIME_IMPORT = "from graphslot.codegen import runtime as __gs_rt"
 HELPER_ALIASES = dict(RUNTIME_HELPERS)
 
 # Inside the functions: so even spec text that slipped into an expression could do nothing
@@ -158,7 +159,8 @@ def check_module_structure(text: str, spec: RegistrySpec, expected: Optional[Seq
 
 
 def _function_problems(function: ast.FunctionDef) -> List[str]:
-    problems, where = [], f"in `def {function.name}`"
+    problems = []
+    where = f"in `def {function.name}`"
     for node in ast.walk(function):
         if isinstance(node, _FORBIDDEN_NODES):
             problems.append(f"`{type(node).__name__}` {where}, {_describe(node)}")

@@ -87,7 +87,9 @@ class CopyGroup:
 
     def _block(self, p: str, viewed: bool, indent: int) -> List[str]:
         """One ``_foreach_copy_``: the heads (then the tails) from their sources (then the pads)."""
-        dsts, tails, pad = f"{p}dsts_{self.name}", f"{p}tails_{self.name}", " " * indent
+        dsts = f"{p}dsts_{self.name}"
+        tails = f"{p}tails_{self.name}"
+        pad = " " * indent
         pads = f"{p}pads_{self.name}" if self.tails or self.values else None
         sources = [self._source(n, viewed) for n in self.heads]
         if not self.optional_heads:
@@ -125,7 +127,8 @@ class CopyGroup:
         if not self.mixed:
             return self._block("", False, indent)
         # on CUDA only, and then only for sources the views take (none to check: the heads are of the carrier dtype)
-        pad, lines = " " * indent, condition("if", Chain("and", ("dt_carrier",) + tuple(self._viewable())), indent)
+        pad = " " * indent
+        lines = condition("if", Chain("and", ("dt_carrier",) + tuple(self._viewable())), indent)
         lines += self._block("", True, indent + 4)
         lines += [f"{pad}else:", f"{pad}    # the CPU, another dtype or layout: typed copies (copy_ casts)"]
         return lines + self._block("t", False, indent + 4)
@@ -155,9 +158,13 @@ class Copies:
 def plan_copies(em: "Emitter") -> Copies:
     """Sort the slots into copy groups; a computed slot the device group fills drops its hook from ``em.hooks``."""
     host: Dict[str, CopyGroup] = {}
-    dev, constants, names = CopyGroup(), {}, {}
+    dev = CopyGroup()
+    constants = {}
+    names = {}
     values: Dict[str, Tuple[str, Tuple[str, ...], str, str]] = {}
-    resets, copies, sourced = [], [], []
+    resets = []
+    copies = []
+    sourced = []
     for n in em.fill_names:
         s = n.slot
         # the fill writes a staged slot's host buffer: it joins the host-side copies

@@ -71,7 +71,9 @@ def _other_spec(module: Any, spec: RegistrySpec) -> str:
     """A module of another spec, naming each one's file and the fix: regenerate when the module's spec file
     changed since, else build the registry from the module's own spec."""
     label = getattr(module, "SPEC_SOURCE", None)
-    name, theirs, ours = module_name(module), str(module.SPEC_IDENTITY)[:12], spec.identity[:12]
+    name = module_name(module)
+    theirs = str(module.SPEC_IDENTITY)[:12]
+    ours = spec.identity[:12]
     same = same_spec_file(label, spec.path)
     if same:
         version = f"another version of {spec.path} (identity {theirs}…, the spec is now {ours}…)"
@@ -101,7 +103,8 @@ class GeneratedRegistry(SlotRegistry):
     impl = "generated"
 
     def __init__(self, module, spec, slots, hooks, params, buffers=None, **kwargs):
-        pool, source = kwargs.pop("pool"), kwargs.pop("source")
+        pool = kwargs.pop("pool")
+        source = kwargs.pop("source")
         if buffers is None:  # else the caller's buffers (build_registry(buffers=...)): nothing allocated
             buffers = module.allocate(
                 kwargs["max_bs"], kwargs["max_num_tokens"], kwargs["device"], params, pool, source
@@ -109,7 +112,8 @@ class GeneratedRegistry(SlotRegistry):
             if not isinstance(buffers, dict):
                 raise _damaged(module, spec, "allocate", type(buffers).__name__, "a dict of buffers")
         super().__init__(spec, slots, hooks, params, buffers=buffers, pool=pool, adopt=source, **kwargs)
-        self.module, self._hooks = module, hooks
+        self.module = module
+        self._hooks = hooks
         self._buffers = {slot.name: slot.binding for slot in self.active}  # a staged slot's: (host, device)
         for slot in self.active:
             buffer = slot.buffer

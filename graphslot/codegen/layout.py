@@ -14,7 +14,8 @@ import tokenize
 from collections import namedtuple
 from typing import List, Sequence, Tuple, Union
 
-LINE_WIDTH, STEP = 88, 4
+LINE_WIDTH = 88
+STEP = 4
 
 # A call (``head`` the callee), a subscript (``[]`` after a head: one index) or a display (``head`` empty);
 # ``magic``: one item per line even when it fits.
@@ -104,7 +105,8 @@ def layout(item: Item, indent: int, lead: str = "", tail: str = "") -> List[str]
 
 def assign(target: str, value: Item, indent: int, op: str = "=") -> List[str]:
     """``target = value`` (or ``+=``); a first line too long goes between parentheses."""
-    lines, pad = layout(value, indent, f"{target} {op} "), " " * indent
+    lines = layout(value, indent, f"{target} {op} ")
+    pad = " " * indent
     if len(lines[0]) <= LINE_WIDTH:
         return lines
     return [f"{pad}{target} {op} ("] + layout(value, indent + STEP) + [pad + ")"]
@@ -160,7 +162,8 @@ def py_str(text: str) -> str:
 
 def normalise(source: str) -> str:
     """A one-line expression (``Expr.to_python``, a ``repr``) with its string literals written by :func:`py_str`."""
-    out, pos = [], 0
+    out = []
+    pos = 0
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
         if token.type == tokenize.STRING:
             (row, start), (_, end) = token.start, token.end

@@ -175,7 +175,8 @@ class SlotNames:
 
     def read_source(self, indent: int) -> List[str]:
         """``src_<slot> = fb.<slot>``; getattr where the field may be absent or is a keyword."""
-        name, pad = self.slot.name, " " * indent
+        name = self.slot.name
+        pad = " " * indent
         if self.slot.skip_absent or self.slot.optional:
             read = assign(self.src, call("getattr", "fb", py_str(name), "None"), indent)
             if self.slot.skip_absent:  # absent_fields: skip: anything but a tensor is no copy

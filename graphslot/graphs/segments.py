@@ -46,7 +46,11 @@ class EagerStep:
     returned at capture, which the next segment reads."""
 
     def __init__(self, name: str, fn: Callable, args: tuple, kwargs: dict, result: Any) -> None:
-        self.name, self.fn, self.args, self.kwargs, self.result = name, fn, args, kwargs, result
+        self.name = name
+        self.fn = fn
+        self.args = args
+        self.kwargs = kwargs
+        self.result = result
         self.outputs = _tensor_leaves(result)
 
     def __call__(self) -> None:
@@ -71,7 +75,8 @@ class SegmentedGraph:
     what the last segment returned at capture, rewritten in place by every replay."""
 
     def __init__(self, steps: List[Any], output: Any) -> None:
-        self.steps, self.output = steps, output
+        self.steps = steps
+        self.output = output
 
     @property
     def segments(self) -> List[Any]:

@@ -39,7 +39,8 @@ MemoryModel = Union[CostFn, Tuple[float, float]]
 MAX_GRAPHS = 512
 MAX_MEMORY_PLAN_SIZES = 512
 MEMORY_DP_WORK = 1 << 23
-MIN_MEMORY_UNITS, MAX_MEMORY_UNITS = 64, 1024
+MIN_MEMORY_UNITS = 64
+MAX_MEMORY_UNITS = 1024
 
 
 #: The default schedule takes every 8th size up to here (sglang's), then 64 sizes per
@@ -52,7 +53,8 @@ def default_capture_schedule(max_bs: int) -> List[int]:
     """sglang's schedule: 1, 2, 4, 8, then every 8th size up to ``max_bs`` (above
     ``LADDER_FINE_UNTIL`` the step doubles with each doubling of the size)."""
     sizes = [bs for bs in (1, 2, 4, 8) if bs <= max_bs]
-    bs, step = 16, 8
+    bs = 16
+    step = 8
     while bs <= max_bs:
         sizes.append(bs)
         if bs >= LADDER_FINE_UNTIL and bs & (bs - 1) == 0:  # a power of two: the next octave
@@ -143,7 +145,8 @@ def evaluate(sizes: Sequence[int], histogram: Union[BatchSizeHistogram, Mapping[
              cost: Optional[CostFn] = None, memory: Optional[MemoryModel] = None,
              memory_unit: Optional[float] = None) -> Plan:
     """What capturing ``sizes`` costs on ``histogram``; larger raw sizes run eager."""
-    cost, mem = cost or _rows, _memory_fn(memory)
+    cost = cost or _rows
+    mem = _memory_fn(memory)
     ascending = sorted(set(sizes))
     if not ascending or ascending[0] < 1:
         raise ValueError(f"capture sizes must be positive integers, got {list(sizes)}")
@@ -156,7 +159,9 @@ def evaluate(sizes: Sequence[int], histogram: Union[BatchSizeHistogram, Mapping[
         if at == len(ascending):
             eager[bs] = n
             continue
-        replayed, rows, padded = replayed + n, rows + n * bs, padded + n * (ascending[at] - bs)
+        replayed = replayed + n
+        rows = rows + n * bs
+        padded = padded + n * (ascending[at] - bs)
         work += n * cost(ascending[at])
     return Plan(tuple(ascending), steps, replayed, rows, padded, work, eager,
                 None if mem is None else sum(mem(s) for s in ascending), memory_unit)
@@ -180,26 +185,31 @@ def _graph_dp(cost: List[float], prefix: List[int], graphs: int) -> List[int]:
     best = [cost[j] * prefix[j + 1] for j in range(k)]  # one bucket: everything up to j
     choices: List[List[int]] = []
     for _ in range(min(graphs, k) - 1):
-        new, choice = best[:], [-1] * k  # -1: keep the layer below (fewer graphs)
+        new = best[:]
+        choice = [-1] * k  # -1: keep the layer below (fewer graphs)
 
         def solve(lo: int, hi: int, opt_lo: int, opt_hi: int) -> None:
             if lo > hi:
                 return
             j = (lo + hi) // 2
-            arg, value = opt_lo, math.inf
+            arg = opt_lo
+            value = math.inf
             for i in range(opt_lo, min(j - 1, opt_hi) + 1):
                 v = best[i] + cost[j] * (prefix[j + 1] - prefix[i + 1])
                 if v < value:
-                    arg, value = i, v
+                    arg = i
+                    value = v
             if value < new[j]:
-                new[j], choice[j] = value, arg
+                new[j] = value
+                choice[j] = arg
             solve(lo, j - 1, opt_lo, arg)
             solve(j + 1, hi, arg, opt_hi)
 
         solve(1, k - 1, 0, k - 2)
         best = new
         choices.append(choice)
-    tops, j = [], k - 1
+    tops = []
+    j = k - 1
     for choice in reversed(choices):  # layer n's choice at j
         if choice[j] >= 0:
             tops.append(j)
@@ -211,10 +221,12 @@ def _graph_dp(cost: List[float], prefix: List[int], graphs: int) -> List[int]:
 def _memory_dp(cost: List[float], prefix: List[int], units: List[int], budget: int) -> List[int]:
     """Bucket tops of the best partition whose graphs' units sum to at most ``budget``;
     ``best[j][m]``: the least work of sizes up to j, a graph at j, within m units."""
-    k, inf = len(cost), math.inf
+    k = len(cost)
+    inf = math.inf
     best: List[List[float]] = []
     for j in range(k):
-        u, row = units[j], [inf] * (budget + 1)
+        u = units[j]
+        row = [inf] * (budget + 1)
         for m in range(u, budget + 1):
             row[m] = cost[j] * prefix[j + 1]
         for i in range(j):
@@ -223,10 +235,13 @@ def _memory_dp(cost: List[float], prefix: List[int], units: List[int], budget: i
         best.append(row)
     if best[-1][budget] == inf:
         raise ValueError("no plan fits the memory budget")
-    tops, j, m = [], k - 1, budget
+    tops = []
+    j = k - 1
+    m = budget
     while True:
         tops.append(j)
-        target, m = best[j][m], m - units[j]
+        target = best[j][m]
+        m = m - units[j]
         if target == cost[j] * prefix[j + 1]:
             return tops[::-1]
         j = next(i for i in range(j) if best[i][m] + cost[j] * (prefix[j + 1] - prefix[i + 1]) == target)

@@ -255,7 +255,8 @@ class TorchAttentionBackend:
         """
         layer_id = int(getattr(layer, "layer_id", layer))
         num_tokens = q.shape[0]
-        hkv, d = self.num_kv_heads, self.head_dim
+        hkv = self.num_kv_heads
+        d = self.head_dim
         group = self.num_heads // hkv
         swa = self.is_swa_layer(layer_id)
 

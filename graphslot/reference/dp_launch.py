@@ -72,7 +72,9 @@ class RankFailure(RuntimeError):
 
     def __init__(self, summary: str, details: str = "", culprits: Sequence[int] = ()):
         super().__init__(f"{summary}\n{details}" if details else summary)
-        self.summary, self.details, self.culprits = summary, details, list(culprits)
+        self.summary = summary
+        self.details = details
+        self.culprits = list(culprits)
 
 
 @dataclass
@@ -206,10 +208,13 @@ def verdict(w: Watched, world_size: int) -> Optional[RankFailure]:
         blamed.update(report.blamed)
     silent = sorted((t, rank) for rank, (t, code) in w.exits.items() if code != 0 and rank not in w.reports)
     done = sorted(rank for rank, (_, code) in w.exits.items() if code == 0)
-    details, waiting, ended = "", False, "failed"
+    details = ""
+    waiting = False
+    ended = "failed"
     if own:
         culprits = sorted(r.rank for r in own if r.error == own[0].error)
-        what, details = "failed: {}: {}".format(*own[0].error), own[0].traceback
+        what = "failed: {}: {}".format(*own[0].error)
+        details = own[0].traceback
     elif blamed:
         culprits = sorted(blamed)
         errors = [f"{t}: {m}" for t, m in blamed.values()]
@@ -221,7 +226,8 @@ def verdict(w: Watched, world_size: int) -> Optional[RankFailure]:
         how = f"killed by {_signal_name(code)}" if code < 0 else f"exit code {code}"
         what = f"died without reporting an error ({how})"
     elif done and w.reports:  # only peers lost: the ranks that returned left them in a collective
-        culprits, ended = done, "returned early"
+        culprits = done
+        ended = "returned early"
         lost = sorted(w.reports)
         what = f"returned while {_ranks(lost)} still waited for {'it' if len(done) == 1 else 'them'} in a collective"
         details = w.reports[lost[0]].traceback
@@ -237,7 +243,8 @@ def verdict(w: Watched, world_size: int) -> Optional[RankFailure]:
             what = f"still running after {w.seconds:.0f} s (a hang in a collective?); killed"
     elif w.reports:
         first = min(w.reports.values(), key=lambda r: r.time)
-        culprits, details = [first.rank], first.traceback
+        culprits = [first.rank]
+        details = first.traceback
         what = "failed: {}: {}".format(*first.error)
     else:
         return None

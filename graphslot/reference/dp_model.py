@@ -44,7 +44,8 @@ class DPAttention:
                 or global_dp_buffer_len != sum(global_num_tokens):
             raise ValueError(f"DP gather (MAX_LEN padding): expected one equal count per rank ({self.size}) "
                              f"summing to the buffer length, got {global_num_tokens} and {global_dp_buffer_len}")
-        self.global_num_tokens, self.buffer_len = list(global_num_tokens), global_dp_buffer_len
+        self.global_num_tokens = list(global_num_tokens)
+        self.buffer_len = global_dp_buffer_len
 
     @property
     def local_len(self) -> int:
@@ -52,7 +53,8 @@ class DPAttention:
 
     def gather(self, local: torch.Tensor) -> torch.Tensor:
         """``[n, H]`` rows of this rank -> ``[N * L, H]`` rows of all ranks."""
-        n, rows = local.shape[0], self.local_len
+        n = local.shape[0]
+        rows = self.local_len
         if not 0 <= n <= rows:
             raise ValueError(f"DP gather: this rank has {n} rows, the buffer holds {rows} per rank; "
                              "set_dp_buffer_len was not called for this step")

@@ -132,7 +132,8 @@ def generate_requests(
 ) -> List[Request]:
     """Random prompts with staggered arrivals; lengths clipped to fit the context."""
     rng = random.Random(seed)
-    requests, arrival = [], 0
+    requests = []
+    arrival = 0
     for rid in range(num_requests):
         n = min(rng.randint(*prompt_len), max_context_len - 1)
         prompt = [rng.randrange(vocab_size) for _ in range(n)]
@@ -214,7 +215,9 @@ class Scheduler:
             self.running += admitted
             finished += self._retire()
 
-        batch, logits, next_tokens = None, None, []
+        batch = None
+        logits = None
+        next_tokens = []
         decoding = list(self.running)
         if decoding:
             batch = make_decode_batch(rt, [r.req_pool_idx for r in decoding], [r.kv_len for r in decoding], [r.output_ids[-1] for r in decoding])
@@ -250,7 +253,8 @@ class Scheduler:
         kv = self.runtime.token_to_kv_pool
         ctx = self.runtime.config.max_context_len
         window = self.runtime.config.sliding_window
-        done, still = [], []
+        done = []
+        still = []
         for r in self.running:
             # The last sampled token is not cached yet; its decode would write at kv_len.
             if len(r.output_ids) >= r.max_new_tokens or r.kv_len >= ctx:

@@ -36,9 +36,12 @@ class TraceConfig:
 
 def _poisson(rng: random.Random, lam: float) -> int:
     """Knuth's method: fine for the small per-step rates here."""
-    limit, n, p = math.exp(-lam), 0, rng.random()
+    limit = math.exp(-lam)
+    n = 0
+    p = rng.random()
     while p > limit:
-        n, p = n + 1, p * rng.random()
+        n = n + 1
+        p = p * rng.random()
     return n
 
 

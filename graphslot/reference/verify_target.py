@@ -37,7 +37,8 @@ def reference_target(backend: str = "auto", max_bs: int = 8, spec: Any = "decode
         unknown(spec, exc)
         raise
     rng = random.Random(seed)
-    vocab, ctx = rt.config.vocab_size, rt.config.max_context_len
+    vocab = rt.config.vocab_size
+    ctx = rt.config.max_context_len
     prompts = [[rng.randrange(1, vocab) for _ in range(rng.randint(2, ctx // 2))] for _ in range(max_bs)]
     rpi = rt.req_to_token_pool.alloc(max_bs)
     rt.forward(make_extend_batch(rt, rpi, [0] * max_bs, prompts))

@@ -87,7 +87,9 @@ class ViewMaker:
     __slots__ = ("names", "spec_name", "_plain")
 
     def __init__(self, names: Tuple[str, ...], spec_name: str = "?"):
-        self.names, self.spec_name, self._plain = names, spec_name, {}
+        self.names = names
+        self.spec_name = spec_name
+        self._plain = {}
 
     def __call__(self, batch: Any, fields: Dict[str, Any]) -> Any:
         cls = batch.__class__
@@ -134,8 +136,12 @@ class SlotRegistry:
         strict: bool = False,
         context: Optional[Callable[..., Any]] = None,
     ):
-        self.spec, self.params, self.strict = spec, dict(params), strict
-        self.max_bs, self.max_num_tokens, self.device = max_bs, max_num_tokens, torch.device(device)
+        self.spec = spec
+        self.params = dict(params)
+        self.strict = strict
+        self.max_bs = max_bs
+        self.max_num_tokens = max_num_tokens
+        self.device = torch.device(device)
         # Makes each fill's hook context (FillContext, or ``context``) with live params resolved.
         self.make_context = context_factory(context or FillContext, self.params)
         self._skipping: Dict[frozenset, Callable[..., None]] = {}

@@ -40,7 +40,8 @@ class BufferPool:
         with self._lock:
             canonical = self._buffers.get(key)
             if canonical is None:
-                self._buffers[key], self._init[key] = tensor, init
+                self._buffers[key] = tensor
+                self._init[key] = init
                 return tensor, True
             first = self._init[key]
         if not same_value(first, init):
@@ -106,7 +107,8 @@ def allocate_buffer(
 def check_adopted(name: str, tensor: torch.Tensor, shape: tuple, dtype: torch.dtype, device) -> torch.Tensor:
     """``tensor`` if it can be slot ``name``'s buffer: dense, of its shape, dtype and device; else SlotError."""
     if tuple(tensor.shape) != tuple(shape) or tensor.dtype != dtype:
-        want, got = f"{list(shape)} dtype {dtype}", f"{list(tensor.shape)} dtype {tensor.dtype}"
+        want = f"{list(shape)} dtype {dtype}"
+        got = f"{list(tensor.shape)} dtype {tensor.dtype}"
         raise SlotError(f"slot '{name}': cannot adopt the tensor: expected shape {want}, got shape {got}")
     if not _same_device(tensor.device, device):
         where = f"expected device {device}, got {tensor.device}"

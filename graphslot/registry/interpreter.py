@@ -35,7 +35,8 @@ class InterpretedRegistry(SlotRegistry):
 
         # 0. every source (batch fields, source hooks) is read and checked before
         #    anything is written (slots being skipped are left alone entirely)
-        copies, hook_copies = [], []
+        copies = []
+        hook_copies = []
         for slot in check.plain:
             if slot.name in skip:
                 continue

@@ -29,11 +29,17 @@ class StepChecker:
     """The checks of one registry; built once, called per step or only on failure."""
 
     def __init__(self, spec_name: str, slots: Iterable[Any], max_bs: int, max_num_tokens: int, strict: bool):
-        self.spec_name, self.max_bs, self.max_num_tokens, self.strict = spec_name, max_bs, max_num_tokens, strict
+        self.spec_name = spec_name
+        self.max_bs = max_bs
+        self.max_num_tokens = max_num_tokens
+        self.strict = strict
         self.slots = {slot.name: slot for slot in slots}  # enabled ``Slot`` objects with buffers
         self.plain = tuple(s for s in self.slots.values() if s.resolved.copy_from_fb and s.resolved.source is None)
         self._extents = extent_tables((s.name, b) for s in self.slots.values() for b in s.buffers())
-        self._seen_steps, self._seen_views, self._seen_raw = {}, {}, {}  # what _once remembers
+        # what _once remembers
+        self._seen_steps = {}
+        self._seen_views = {}
+        self._seen_raw = {}
 
     def without(self, names: AbstractSet[str]) -> "StepChecker":
         """The checker of a fill leaving the slots ``names`` alone; aliasing is still judged on every buffer."""
@@ -94,7 +100,8 @@ class StepChecker:
         return value
 
     def expected_shape(self, slot, raw_bs: int, raw_num_tokens: int) -> Tuple[int, ...]:
-        shape, count = list(slot.buffer.shape), slot.count(raw_bs, raw_num_tokens)
+        shape = list(slot.buffer.shape)
+        count = slot.count(raw_bs, raw_num_tokens)
         if count is not None:
             shape[slot.resolved.slice_dim] = count
         return torch.Size(shape)
@@ -125,7 +132,8 @@ class StepChecker:
             return None
         slot = self.slots[name]
         self._tensor(slot, src)
-        shape, d = list(slot.buffer.shape), slot.resolved.slice_dim
+        shape = list(slot.buffer.shape)
+        d = slot.resolved.slice_dim
         if src.dim() == len(shape) and shape:  # a 0-d slot takes a 0-d source
             if src.shape[d] > shape[d]:
                 raise self.fail(name, f"source returned {src.shape[d]} rows, more than the capacity {shape[d]}")
@@ -195,8 +203,10 @@ def byte_extent(t: torch.Tensor) -> Tuple[int, int]:
     if t.numel() == 0:
         return 0, 0
     spans = [(size - 1) * stride for size, stride in zip(t.shape, t.stride())]
-    low, high = sum(d for d in spans if d < 0), sum(d for d in spans if d > 0)
-    start, item = t.data_ptr(), t.element_size()
+    low = sum(d for d in spans if d < 0)
+    high = sum(d for d in spans if d > 0)
+    start = t.data_ptr()
+    item = t.element_size()
     return start + low * item, start + (high + 1) * item
 
 

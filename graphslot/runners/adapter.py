@@ -117,7 +117,8 @@ class DecodeAdapter(AdapterStatics):
             if is_verify is not None and is_verify():
                 return int(fb.num_tokens_per_bs)
             return None
-        bs, n = self.batch_size(fb), self.num_tokens(fb)
+        bs = self.batch_size(fb)
+        n = self.num_tokens(fb)
         if bs < 1 or n < bs or n % bs:
             return None
         return n // bs

@@ -84,7 +84,9 @@ def _fn_name(fn: Callable) -> str:
 
 class _BreakableCapture:
     def __init__(self, backend: GraphBackend, context: Optional[Callable[[], Any]] = None, stream: Any = None) -> None:
-        self.backend, self.context, self.stream = backend, context, stream
+        self.backend = backend
+        self.context = context
+        self.stream = stream
         self._entered = entered(None)
         self.steps: List[Any] = []
         self.in_eager = False
@@ -100,7 +102,8 @@ class _BreakableCapture:
             raise
 
     def _close(self, output: Any) -> Any:
-        seg, self.segment = self.segment, None
+        seg = self.segment
+        self.segment = None
         try:
             return seg.end(output)
         except GraphCaptureError as e:

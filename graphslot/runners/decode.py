@@ -116,7 +116,8 @@ class DecodeGraphRunner(PhaseRunner):
         config = runner_config(DecodeRunnerConfig, config, overrides)
         #: Where the registry's buffers and the graphs live: the adapter's ``device``, else its model's.
         self.device = check_adapter(adapter, DecodeAdapter, DecodeAdapter.REQUIRED_HOOKS)
-        self.adapter, self.config = adapter, config
+        self.adapter = adapter
+        self.config = config
         self.k = int(config.num_tokens_per_bs)
         #: Which captured size a step replays, or why it runs eager.
         self.dispatch = SizeDispatcher(
@@ -211,7 +212,9 @@ class DecodeGraphRunner(PhaseRunner):
         replay), its view of the static buffers, DP buffer sizes and the capture metadata.
         Returns the view, which :meth:`graph_body` takes. Raises SlotError naming the dummy
         batch when it does not fit the spec."""
-        adapter, reg, n = self.adapter, self.registry, bs * self.k
+        adapter = self.adapter
+        reg = self.registry
+        n = bs * self.k
         self._check_context(context)
         if context is not None:
             adapter.set_context_bucket(context)
@@ -313,7 +316,9 @@ class DecodeGraphRunner(PhaseRunner):
         runner passes what the ranks agreed on); None: ``fb``'s own (with MLP gather, the
         busiest rank's). ``context``: the context bucket; None: ``fb``'s own (none without
         buckets). ``count=False``: kept out of :meth:`metrics` and the histogram."""
-        adapter, reg, k = self.adapter, self.registry, self.k
+        adapter = self.adapter
+        reg = self.registry
+        k = self.k
         raw_bs = adapter.batch_size(fb)
         needed = self._needed_bs(fb, raw_bs) if needed is None else needed
         context = self._context(fb, None) if context is None else context

@@ -114,7 +114,8 @@ def context_ladder(buckets: Union[None, str, Sequence[int]], max_context_len: Op
         if max_context_len is None:
             raise ValueError(f"{where}='auto' needs the adapter's max_context_len (DecodeAdapter.max_context_len is "
                              "None): give the lengths explicitly, or have the adapter say its longest context")
-        ladder, n = [], AUTO_SMALLEST_CONTEXT
+        ladder = []
+        n = AUTO_SMALLEST_CONTEXT
         while n < max_context_len:
             ladder.append(n)
             n *= 2

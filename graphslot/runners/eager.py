@@ -46,7 +46,8 @@ class EagerRunner:
     ):
         #: Where the registry's buffers live: the adapter's ``device``, else its model's.
         self.device = check_adapter(adapter, DecodeAdapter, ("forward_eager",))
-        self.adapter, self.impl = adapter, impl
+        self.adapter = adapter
+        self.impl = impl
         self.no_copy = no_copy_from_env() if no_copy is None else bool(no_copy)
         if not isinstance(spec, RegistrySpec):
             spec = load_spec(spec)
@@ -82,7 +83,8 @@ class EagerRunner:
     def forward(self, fb: Any) -> Any:
         if self.no_copy:
             return self.adapter.forward_eager(fb)
-        bs, n = self.adapter.batch_size(fb), self.adapter.num_tokens(fb)
+        bs = self.adapter.batch_size(fb)
+        n = self.adapter.num_tokens(fb)
         self.ensure_capacity(bs, n)
         self.registry.fill_from(fb, raw_bs=bs, padded_bs=bs, raw_num_tokens=n, padded_num_tokens=n, side_inputs=self._side)
         return self.adapter.forward_eager(self.registry.extract(fb, padded_bs=bs, padded_num_tokens=n))

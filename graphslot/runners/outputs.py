@@ -105,7 +105,8 @@ class SharedOutputs:
     """
 
     def __init__(self, max_bs: int, max_num_tokens: int):
-        self.max_bs, self.max_num_tokens = max_bs, max_num_tokens
+        self.max_bs = max_bs
+        self.max_num_tokens = max_num_tokens
         self.spec: Any = None
         #: Per output leaf: (buffer, whether its rows are tokens), or None for a non-tensor.
         self.buffers: list = []

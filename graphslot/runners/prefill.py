@@ -119,7 +119,8 @@ class PrefillGraphRunner(PhaseRunner):
         config = runner_config(PrefillRunnerConfig, config, overrides)
         #: Where the registry's buffers and the graphs live: the adapter's ``device``, else its model's.
         self.device = check_adapter(adapter, PrefillAdapter, PrefillAdapter.REQUIRED_HOOKS)
-        self.adapter, self.config = adapter, config
+        self.adapter = adapter
+        self.config = config
         self.stack = resolve_layer_stack(adapter)
         self.buckets = token_buckets(config.max_num_tokens, config.token_buckets)
         self._ascending = sorted(self.buckets)
@@ -163,7 +164,9 @@ class PrefillGraphRunner(PhaseRunner):
                        warmup: int = 0) -> Tuple[Graph, Any]:
         """Token bucket ``n`` (at ``requests`` request slots, ``capture="full"``) captured
         on ``backend``: ``(graph, view)``, ``view`` being the staged dummy batch."""
-        adapter, reg, rows = self.adapter, self.registry, requests or 0
+        adapter = self.adapter
+        reg = self.registry
+        rows = requests or 0
         reg.run_pre_capture(rows, n, self._side)
         dummy = adapter.make_dummy_batch(n)
         try:  # every row is padding
@@ -175,7 +178,8 @@ class PrefillGraphRunner(PhaseRunner):
                             f"'{reg.spec.name}': {exc}") from exc
         adapter.init_capture_metadata(n, view)
         self.capture_mode.mark_rows(view, reg)
-        hidden, stack = view.input_embeds, self.captured_fn
+        hidden = view.input_embeds
+        stack = self.captured_fn
 
         def run() -> Any:
             with torch.no_grad():
@@ -191,7 +195,8 @@ class PrefillGraphRunner(PhaseRunner):
         """Why ``fb`` cannot replay a graph, or None when it can."""
         if not self.adapter.is_prefill(fb):
             return NOT_A_PREFILL
-        bs, n = self.adapter.batch_size(fb), self.adapter.num_tokens(fb)
+        bs = self.adapter.batch_size(fb)
+        n = self.adapter.num_tokens(fb)
         if bs < 1 or n < 1:
             return EMPTY_PREFILL
         if bs > self.max_bs:
@@ -226,9 +231,12 @@ class PrefillGraphRunner(PhaseRunner):
         """Stage ``fb`` for its graph: a lazy capture, the fill, the observers, extract, the
         embedding head, the replay metadata and the guard, so that :meth:`launch` only
         replays and runs the tail. Nothing else may fill or replay in between."""
-        adapter, reg = self.adapter, self.registry
-        bs, raw = adapter.batch_size(fb), adapter.num_tokens(fb)
-        n, requests = self.bucket(fb), self.request_slots(fb)
+        adapter = self.adapter
+        reg = self.registry
+        bs = adapter.batch_size(fb)
+        raw = adapter.num_tokens(fb)
+        n = self.bucket(fb)
+        requests = self.request_slots(fb)
         rows = bs if requests is None else requests
         self._next_fill()  # from here on the buffers are this step's: a step staged before is stale
         with self._in_step():  # from the graph's fetch to its replay, release() and recapture() refuse

@@ -58,7 +58,8 @@ def check_buffer_bytes(
     """The total of ``sized`` (``(slot name, bytes)`` pairs) at the capacities ``where`` says,
     or a BufferBudgetError: any buffer of 2**63 bytes or more (named), or a total over the cap."""
     cap, origin = byte_cap(max_bytes, MAX_BUFFER_BYTES.name, DEFAULT_MAX_BUFFER_BYTES)
-    total, largest = 0, (0, "")
+    total = 0
+    largest = (0, "")
     for name, nbytes in sized:
         if nbytes >= TORCH_MAX_BYTES:
             raise BufferBudgetError(

@@ -41,7 +41,9 @@ class Reporter:
     """Collects the issues of one file; its expression checks report rather than raise."""
 
     def __init__(self, file: str, locations: Locations):
-        self.file, self.locations, self.issues = file, locations, []
+        self.file = file
+        self.locations = locations
+        self.issues = []
 
     def add(self, path: Tuple[Any, ...], message: str, slot: Optional[str] = None) -> None:
         self.issues.append(SpecIssue(self.file, self.locations.line(path), message, slot))
@@ -116,7 +118,8 @@ def check_spec(
     default_values = []  # param values under the defaults and under each preset, for evaluating extents
     if not report.issues:
         probe = RegistrySpec.model_construct(name="", params=params, presets=presets, slots=[])
-        probe._source, probe._locations = file, locations
+        probe._source = file
+        probe._locations = locations
         try:
             default_values = [resolve_params(probe, preset=p, torch_dtypes=False) for p in [None, *presets]]
         except SpecError as exc:
@@ -141,7 +144,8 @@ def _check_total_bytes(slots, presets, default_values, max_bytes: int, report: R
     where = ", ".join(f"{k}={v}" for k, v in VALIDATION_CAPACITIES.items())
     for preset, values in zip([None, *presets], default_values):
         env = dict(values, **VALIDATION_CAPACITIES)
-        total, largest = 0, (0, "")
+        total = 0
+        largest = (0, "")
         for index, slot in slots:
             try:
                 if slot.enabled_if is not None and not evaluate_field(slot.enabled_if, values):

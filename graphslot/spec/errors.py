@@ -51,7 +51,8 @@ MAX_HINT_CANDIDATES = 2000
 
 def did_you_mean(word: str, candidates: Iterable[str]) -> str:
     """A ``; did you mean 'x'?`` suffix, or an empty string when nothing is close."""
-    word, candidates = str(word), set(candidates)
+    word = str(word)
+    candidates = set(candidates)
     # difflib is quadratic in the lengths: a hint is for typos, not for hostile input.
     if len(word) > MAX_HINT_WORD or len(candidates) > MAX_HINT_CANDIDATES:
         return ""

@@ -206,7 +206,8 @@ class Expr:
                     )
                 value = env[name]
                 if not static and kind(value) is None:
-                    got, allowed = type(value).__name__, ", ".join(TYPES)
+                    got = type(value).__name__
+                    allowed = ", ".join(TYPES)
                     raise self._fail(node, f"value {shorten(value)} has type {got}, not one of {allowed}")
                 return value if static else self._bounded(node, value)
             case ast.UnaryOp(op=op, operand=x):
@@ -218,7 +219,8 @@ class Expr:
                 return a if static else self._bounded(node, fn(a))
             case ast.BinOp(left=left, op=op, right=right):
                 sym, fn = _BINOPS[type(op)]
-                a, b = walk(left), walk(right)
+                a = walk(left)
+                b = walk(right)
                 if kind(a) not in _NUMERIC or kind(b) not in _NUMERIC:
                     raise self._fail(node, f"cannot apply '{sym}' to {kind(a)} and {kind(b)}")
                 if static:
@@ -254,7 +256,8 @@ class Expr:
                 self._need_bool(node, kind(cond))
                 if not static:
                     return walk(body if cond else orelse)
-                a, b = walk(body), walk(orelse)
+                a = walk(body)
+                b = walk(orelse)
                 if a != b and not (a in _NUMERIC and b in _NUMERIC):
                     raise self._fail(node, f"branches have different types {a} and {b}")
                 return a if a == b else "float"

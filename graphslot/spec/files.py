@@ -93,7 +93,8 @@ def locked_file(path: Path, wait_s: float) -> Iterator[None]:
                 if time.monotonic() > deadline:
                     raise LockTimeout()
                 time.sleep(0.005)
-            held, now = os.fstat(fd), os.stat(path, follow_symlinks=False)
+            held = os.fstat(fd)
+            now = os.stat(path, follow_symlinks=False)
             if (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino):
                 yield
                 return

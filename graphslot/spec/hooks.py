@@ -146,7 +146,8 @@ def _shard(get, fail):
     sharded = get("attn_tp_sharded", None)
     if not (get("require_gathered_buffer", False) if sharded is None else sharded):
         return 0, 1
-    rank, size = int(get("attn_tp_rank", 0)), int(get("attn_tp_size", 1))
+    rank = int(get("attn_tp_rank", 0))
+    size = int(get("attn_tp_size", 1))
     if not (size >= 1 and 0 <= rank < size):
         raise fail(
             f"attn_tp_rank={rank} must lie in [0, attn_tp_size={size}) when the "

@@ -34,13 +34,16 @@ class Live:
 
     def __init__(self, fn: Callable[[Any], Any], check: Optional[Callable[[Any], Any]] = None):
         #: ``check(value) -> value``, ValueError for another type than the param's (``resolve_params`` sets it).
-        self.fn, self.check = fn, check
+        self.fn = fn
+        self.check = check
 
     def __repr__(self) -> str:
         return f"Live({getattr(self.fn, '__qualname__', type(self.fn).__name__)})"
 
 
-_UNREAD, _READING = object(), object()  # a live param not read yet this fill; being read
+# a live param not read yet this fill; being read
+_UNREAD = object()
+_READING = object()
 
 
 class LiveParams(Mapping):
@@ -50,7 +53,10 @@ class LiveParams(Mapping):
     __slots__ = ("_values", "_providers", "_evaluated", "ctx")
 
     def __init__(self, values: Mapping[str, Any], providers: Mapping[str, "Live"]):
-        self._values, self._providers, self._evaluated, self.ctx = values, providers, {}, None
+        self._values = values
+        self._providers = providers
+        self._evaluated = {}
+        self.ctx = None
 
     def __getitem__(self, name: str) -> Any:
         provider = self._providers.get(name)

@@ -128,7 +128,8 @@ def spec_path(name_or_path: Union[str, os.PathLike]) -> Path:
     if Path(text).exists():  # a directory, a device, a pipe: never read as a spec
         kind = "is a directory" if Path(text).is_dir() else "is not a regular file"
         raise SpecError.at(text, None, f"{kind}: pass the path of a .yaml spec file (or a spec's name)")
-    names, shipped = sorted({p.stem for p in project}), shipped_spec_names()
+    names = sorted({p.stem for p in project})
+    shipped = shipped_spec_names()
     known = (f"; the project's specs are: {one_of(names)}" if names else "") + "; shipped specs are: "
     raise SpecError.at(text, None, "no such spec file" + known + one_of(shipped) + did_you_mean(text, names + shipped))
 
@@ -183,15 +184,19 @@ def _plain_copy(data: Any, source: str) -> Dict[str, Any]:
 
     def copy(value: Any, path: Tuple[Any, ...]) -> Any:
         nonlocal nodes
-        mapping, out = isinstance(value, Mapping), {}  # a list's items by index, in order
+        # a list's items by index, in order
+        mapping = isinstance(value, Mapping)
+        out = {}
         for key, item in value.items() if mapping else enumerate(value):
             nodes += 1
             if mapping and not isinstance(key, str):
                 raise SpecError.at(
                     source, None, f"{_data_path(path) or 'the spec'}: key {shorten(key)} is not a string"
                 )
-            key, item = _plain(key), _plain(item)
-            kind, problem = type(item), None
+            key = _plain(key)
+            item = _plain(item)
+            kind = type(item)
+            problem = None
             if nodes > MAX_YAML_NODES:
                 problem = f"more than {MAX_YAML_NODES} values"
             elif len(path) >= MAX_YAML_DEPTH:
@@ -294,7 +299,9 @@ def _validated(
     )
     if issues:
         raise SpecError(sorted(issues, key=lambda i: i.line or 0))
-    spec._source, spec._text, spec._locations = locations.file, text, locations
+    spec._source = locations.file
+    spec._text = text
+    spec._locations = locations
     return spec
 
 
@@ -320,16 +327,20 @@ def _structural_issues(exc: ValidationError, data: Any, locations: Locations) ->
     # sequence whose item failed (one it counts as missing): drop those.
     errors = exc.errors()
     failed_items = {error["loc"][:-i] for error in errors for i in range(1, len(error["loc"]))}
-    seen, issues = set(), []
+    seen = set()
+    issues = []
     for error in errors:
         kind = error["type"]
         if kind == "too_short" and error["loc"] in failed_items:
             continue
-        path, node = (), data  # the part of the loc in the document; the rest: union tags ('int') or a missing key
+        # the part of the loc in the document; the rest: union tags ('int') or a missing key
+        path = ()
+        node = data
         for part in error["loc"]:
             if not (isinstance(node, dict) and part in node or isinstance(node, list) and part in range(len(node))):
                 break
-            path, node = path + (part,), node[part]
+            path = path + (part,)
+            node = node[part]
         rest = tuple(error["loc"][len(path) :])
         if rest[-1:] == ("[key]",):
             message = (

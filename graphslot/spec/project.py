@@ -100,7 +100,9 @@ def _unknown_key(where: str, key: Any, keys: tuple, other_keys: tuple, owner: st
 
 def _check_output(error, where: Locator, i: int, entry: Any) -> Optional[OutputConfig]:
     """Entry ``i`` of ``outputs``, or None after reporting its problems through ``error(line, message)``."""
-    name, header, errors = f"{OUTPUTS} entry {i + 1}", where.output(i), []
+    name = f"{OUTPUTS} entry {i + 1}"
+    header = where.output(i)
+    errors = []
 
     def fail(key: Optional[str], message: str) -> None:
         errors.append(message)
@@ -116,7 +118,8 @@ def _check_output(error, where: Locator, i: int, entry: Any) -> Optional[OutputC
     missing = [k for k in ("module", "spec") if k not in entry]
     if missing:
         return fail(None, f": needs 'module' and 'spec' keys (missing: {', '.join(missing)})")
-    module, this = entry["module"], f": module {_shown(entry['module'])}"
+    module = entry["module"]
+    this = f": module {_shown(entry['module'])}"
     if not isinstance(module, str):
         fail("module", f": module must be a string, got {_type_name(module)}")
     elif not is_identifier(module):
@@ -147,7 +150,8 @@ def _check_output(error, where: Locator, i: int, entry: Any) -> Optional[OutputC
 def validate_table(table: Any, text: str = "", path: Optional[Path] = None) -> Dict[str, Any]:
     """Check a ``[tool.graphslot]`` table: its validated fields, or a ProjectConfigError listing every problem
     (``text``, the file's text, gives the lines)."""
-    where, issues = Locator(text), []
+    where = Locator(text)
+    issues = []
 
     def error(line: Optional[int], message: str) -> None:
         issues.append(SpecIssue(pyproject_label(path), line, message))
@@ -197,7 +201,9 @@ def validate_table(table: Any, text: str = "", path: Optional[Path] = None) -> D
 def parse_pyproject(path: Path, data: bytes) -> ProjectConfig:
     """The settings in ``data``, the bytes of the pyproject.toml at ``path``."""
     text, document = read_toml(path, data)
-    tool, root, file = document.get("tool", {}), path.parent, pyproject_label(path)
+    tool = document.get("tool", {})
+    root = path.parent
+    file = pyproject_label(path)
     if not isinstance(tool, dict):
         raise ProjectConfigError("[tool] must be a table", None, file)
     if "graphslot" not in tool:

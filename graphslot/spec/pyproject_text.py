@@ -27,7 +27,8 @@ _LINE_KEY = re.compile(r"""[ \t]*(?:"([^"]*)"|'([^']*)'|([A-Za-z0-9_-]+))[ \t]*=
 _KEY_PART = r"""(?:[A-Za-z0-9_-]+|"[^"\\]*(?:\\.[^"\\]*)*"|'[^']*')"""  # bare, "basic", 'literal'
 # A key of more than MAX_KEY_PARTS parts; its parts cannot match the same text two ways, so matching is linear.
 _LONG_KEY = re.compile(rf"[ \t]*(?:{_KEY_PART}[ \t]*\.[ \t]*){{{MAX_KEY_PARTS}}}{_KEY_PART}")
-_LINE_START, _KEY_STARTS = re.compile(r"[ \t]*\[{0,2}"), re.compile(r"[{,]")
+_LINE_START = re.compile(r"[ \t]*\[{0,2}")
+_KEY_STARTS = re.compile(r"[{,]")
 
 
 def pyproject_label(path: Optional[Path]) -> str:
@@ -141,7 +142,8 @@ def read_toml(path: Path, data: bytes) -> Tuple[str, Dict[str, Any]]:
 
 def lines_with_offsets(text: str) -> List[Tuple[int, str]]:
     """``(offset, line)`` for every line, the line without its newline (nor a CR before it)."""
-    result, offset = [], 0
+    result = []
+    offset = 0
     for line in text.split("\n"):
         result.append((offset, line.removesuffix("\r")))
         offset += len(line) + 1

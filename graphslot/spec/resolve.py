@@ -124,7 +124,8 @@ def resolve_params(
 ) -> Dict[str, Any]:
     """Every param's value: explicit override, else preset, else (evaluated) default. Dtype
     params come back as ``torch.dtype``, or with ``torch_dtypes=False`` as names (no torch)."""
-    file, issues = spec.path, []
+    file = spec.path
+    issues = []
     if preset is not None and preset not in spec.presets:
         known = ", ".join(sorted(spec.presets)) or "none"
         raise SpecError.at(
@@ -302,7 +303,8 @@ def resolve_slots(
 def _resolve_slots(
     spec: RegistrySpec, params: Mapping[str, Any], max_bs: int, max_num_tokens: int
 ) -> List[ResolvedSlot]:
-    resolved, issues = [], []
+    resolved = []
+    issues = []
     for i, slot in enumerate(spec.slots):
 
         def add(key: Optional[str], message: str) -> None:

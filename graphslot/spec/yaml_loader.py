@@ -55,7 +55,8 @@ class LoadedYaml(NamedTuple):
 class _Refused(Exception):
     def __init__(self, event: yaml.Event, message: str):
         super().__init__(message)
-        self.line, self.message = event.start_mark.line + 1, message
+        self.line = event.start_mark.line + 1
+        self.message = message
 
 
 class _Scalar(NamedTuple):  # small: a spec may hold many
@@ -67,7 +68,8 @@ class _Composer(*_LOADER):
     def __init__(self, text: str):
         _LOADER[-1].__init__(self, text)
         yaml.composer.Composer.__init__(self)
-        self.depth, self.nodes = 0, 0
+        self.depth = 0
+        self.nodes = 0
 
     def compose_node(self, parent, index):
         event = self.peek_event()
@@ -91,7 +93,9 @@ class _Composer(*_LOADER):
         self.depth += 1
         node = super().compose_node(parent, index)
         self.depth -= 1
-        node.line, node.start_mark, node.end_mark = node.start_mark.line + 1, None, None  # marks are large
+        node.line = node.start_mark.line + 1
+        node.start_mark = None  # marks are large
+        node.end_mark = None
         return node
 
     def compose_scalar_node(self, anchor=None) -> _Scalar:
@@ -128,7 +132,8 @@ def _data(node: yaml.Node, path: Path, locations: Locations, issues: List[SpecIs
         return [_data(item, path + (i,), locations, issues) for i, item in enumerate(node.value)]
     result: Dict[Any, Any] = {}
     for key_node, value_node in node.value:
-        key, line = key_node.data, key_node.line
+        key = key_node.data
+        line = key_node.line
         if key in result:
             first = locations.lines[path + (key,)]
             message = f"duplicate key '{shorten(str(key), quote=False)}' (first at line {first}); YAML would silently"
@@ -141,7 +146,8 @@ def _data(node: yaml.Node, path: Path, locations: Locations, issues: List[SpecIs
 
 def load_yaml(text: str, file: str) -> LoadedYaml:
     """Parse ``text``; syntax errors, refused constructs and duplicate keys come back as issues."""
-    locations, issues = Locations(file), []
+    locations = Locations(file)
+    issues = []
     # Building many small containers makes the cyclic GC rescan the growing heap again and again (quadratic in the
     # file); nothing built here is cyclic.
     gc_was_enabled = gc.isenabled()
@@ -150,7 +156,8 @@ def load_yaml(text: str, file: str) -> LoadedYaml:
         node = _Composer(text).compose_spec()
         return LoadedYaml(None if node is None else _data(node, (), locations, issues), locations, issues)
     except _Refused as exc:
-        line, message = exc.line, exc.message
+        line = exc.line
+        message = exc.message
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None
@@ -160,12 +167,11 @@ def load_yaml(text: str, file: str) -> LoadedYaml:
     except yaml.reader.ReaderError as exc:
         char = exc.character
         shown = f"{char!r}" if isinstance(char, str) else f"#x{char:04x}" if isinstance(char, int) else "?"
-        line, message = (
-            text.count("\n", 0, max(exc.position, 0)) + 1,
-            f"YAML syntax error: {exc.reason} (character {shown})",
-        )
+        line = text.count("\n", 0, max(exc.position, 0)) + 1
+        message = f"YAML syntax error: {exc.reason} (character {shown})"
     except yaml.YAMLError as exc:
-        line, message = None, f"YAML syntax error: {shorten(str(exc), 200, quote=False)}"
+        line = None
+        message = f"YAML syntax error: {shorten(str(exc), 200, quote=False)}"
     finally:
         if gc_was_enabled:
             gc.enable()

@@ -64,7 +64,8 @@ class Poisoner:
         """Poison rows ``[raw:padded]`` of ``slot``; None, or why nothing was written."""
         if padded <= raw:
             return "no padded rows"
-        dim, buf = slot.resolved.slice_dim, slot.buffer
+        dim = slot.resolved.slice_dim
+        buf = slot.buffer
         rows = torch.arange(padded - raw, device=buf.device) % raw
         stale = buf.narrow(dim, 0, raw).index_select(dim, rows)
         if pattern == "stale":

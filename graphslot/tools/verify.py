@@ -48,7 +48,9 @@ def describe_exception(exc: BaseException) -> str:
     not the import machinery's, nor graphslot's when the target's code called it (the
     target's line that called graphslot wrongly; none: ``Type: message``)."""
     if isinstance(exc, SyntaxError):
-        where, line, message = exc.filename, exc.lineno, exc.msg
+        where = exc.filename
+        line = exc.lineno
+        message = exc.msg
     else:
         frames = [f for f in traceback.extract_tb(exc.__traceback__)[1:]
                   if not (f.filename.startswith("<frozen") or Path(f.filename).parent == _IMPORTLIB)]
@@ -117,7 +119,9 @@ class VerifyReport:
 def sample_raw_sizes(captured: Sequence[int], samples: int, seed: int) -> List[Tuple[int, int]]:
     """(raw, padded) cases: per captured size the smallest raw size padding to it (the
     longest tail) and up to ``samples - 1`` more at random; sizes with no tail are skipped."""
-    rng, cases, below = random.Random(seed), [], 0
+    rng = random.Random(seed)
+    cases = []
+    below = 0
     for bs in sorted(captured):
         raws = list(range(below + 1, bs))
         below = bs
@@ -157,7 +161,8 @@ def differing_rows(a: List[torch.Tensor], b: List[torch.Tensor]) -> List[int]:
 
 def span(rows: Sequence[int]) -> str:
     """``[0, 1, 2, 5]`` -> ``"0..2, 5"``."""
-    parts, start = [], None
+    parts = []
+    start = None
     for i, r in enumerate(rows):
         start = r if start is None else start
         if i + 1 == len(rows) or rows[i + 1] != r + 1:
@@ -214,7 +219,8 @@ def verify_runner(target: VerifyTarget, samples: int = 2, seed: int = 0, audit: 
     reg = runner.registry
     external = audit_external_inputs(runner) if audit else []
     slots = [s for s in reg.active if poisonable(s)]
-    poisoner, problems = Poisoner(), []
+    poisoner = Poisoner()
+    problems = []
     leaks: Dict[str, List[Dict[str, Any]]] = {s.name: [] for s in slots}
     exercised: Dict[str, int] = {s.name: 0 for s in slots}
     cases = sample_raw_sizes(runner.verify_sizes, samples, seed)
@@ -296,7 +302,8 @@ def _poisoned_leak(runner, fb, state, slot, raw_rows, pattern, poisoner, clean) 
 
 
 def _verdict(slot, poisoned, leaks, exercised) -> SlotVerdict:
-    spec, name = slot.resolved, slot.name
+    spec = slot.resolved
+    name = slot.name
     if not spec.axis.sliced:
         return SlotVerdict(name, spec.padding, "n/a", "not sliced by the step: no padded rows")
     if spec.resets_tail:
@@ -305,7 +312,8 @@ def _verdict(slot, poisoned, leaks, exercised) -> SlotVerdict:
         return SlotVerdict(name, spec.padding, "safe", "tail set to the head's last row every step")
     found = leaks.get(name, [])
     if found:
-        first, rows = found[0], sorted({r for leak in found for r in leak["rows"]})
+        first = found[0]
+        rows = sorted({r for leak in found for r in leak["rows"]})
         what = (f"the replay fails with the tail poisoned ({first['error']})" if first.get("error") else
                 f"the tail leaks into real rows {span(rows)}")
         cases = sorted({f"{leak['raw_bs']}->{leak['padded_bs']}" for leak in found})

@@ -41,7 +41,9 @@ class OpInfo:
 
 @functools.lru_cache(maxsize=None)
 def op_info(func: torch._ops.OpOverload) -> OpInfo:
-    name, tags, schema = str(func), set(func.tags), func._schema
+    name = str(func)
+    tags = set(func.tags)
+    schema = func._schema
     writes = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
     if name in _ALLOC_OPS:
         kind = "alloc"

@@ -38,7 +38,8 @@ class _Capture:
         return error
 
     def record(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
-        info, name = op_info(func), str(func)
+        info = op_info(func)
+        name = str(func)
         error = info.check(name, args, kwargs) if info.check is not None else None
         if error is not None:
             raise self.fail(error)
