@@ -379,6 +379,25 @@ def test_a_bad_share_pool_result_is_refused_at_registration_naming_share_pool_an
         dropin.build_decode_registry(**{**DECODE_KW, "share_pool": pool})
 
 
+class ByShape:
+    """A share pool keyed by size and dtype alone: slots of other names get one tensor."""
+
+    def __init__(self):
+        self.tensors = {}
+
+    def share(self, name, tensor, init_value=None):
+        return self.tensors.setdefault((tensor.numel(), tensor.dtype), tensor).view(tensor.shape), True
+
+
+def test_a_share_pool_giving_two_slots_one_tensor_is_refused_at_registration_naming_them():
+    reg = dropin.CudaGraphBufferRegistry(device=CPU, max_bs=2, max_num_tokens=4, share_pool=ByShape())
+    reg.register_slot(dropin.GraphSlot("ids", lambda bs, mt: (mt,), torch.int64))
+    with pytest.raises(ValueError, match=r"^GraphSlot 'positions': share_pool=ByShape returned memory slot 'ids' "
+                                         r"holds \(32 bytes\): "):
+        reg.register_slot(dropin.GraphSlot("positions", lambda bs, mt: (mt,), torch.int64))
+    assert reg.slot_names() == ["ids"]
+
+
 def test_a_bad_tensor_from_sglangs_pool_is_refused_at_registration_naming_it(monkeypatch):
     monkeypatch.setattr(SGL.input_buffers, "share_input_buffer", lambda name, buffer: buffer[:1])
     with pytest.raises(ValueError, match=r"^GraphSlot '\w+': share_pool=True \(sglang's share_input_buffer\) "
