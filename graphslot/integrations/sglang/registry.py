@@ -26,7 +26,7 @@ from ...api import bind_slot_hooks, build
 from ...registry.base import SlotRegistry, ViewMaker
 from ...registry.buffers import fits, refuse_strided
 from ...registry.interpreter import InterpretedRegistry
-from ...registry.stepcheck import describe
+from ...registry.stepcheck import describe, overlaps
 from ...spec.errors import SlotError, shorten
 from ...spec.loading import spec_from_dict
 from ...spec.model import RegistrySpec
@@ -115,9 +115,14 @@ class CudaGraphBufferRegistry:
         """The tensor of the share pool's ``(tensor, fresh)`` for slot ``name``; a ValueError naming
         ``share_pool=`` and the slot unless it has ``buffer``'s shape, dtype and device."""
         tensor = shared[0] if isinstance(shared, tuple) and len(shared) == 2 else None
-        if isinstance(tensor, torch.Tensor) and fits(tensor, buffer.shape, buffer.dtype, buffer.device):
-            return tensor
         pool = "True (sglang's share_input_buffer)" if self.share_pool is True else type(self.share_pool).__name__
+        if isinstance(tensor, torch.Tensor) and fits(tensor, buffer.shape, buffer.dtype, buffer.device):
+            for first, second, nbytes in overlaps([*self._buffers.items(), (name, tensor)]):
+                if name in (first, second):  # fills of the two would overwrite each other
+                    raise ValueError(f"GraphSlot {name!r}: share_pool={pool} returned memory slot "
+                                     f"{first if second == name else second!r} holds ({nbytes} bytes): a share pool "
+                                     "must return a tensor of its own for each slot name of a registry")
+            return tensor
         got = describe(tensor if isinstance(tensor, torch.Tensor) else shared)
         raise ValueError(f"GraphSlot {name!r}: share_pool={pool} returned {got}, expected (tensor, fresh) with a "
                          f"{buffer.dtype} tensor of shape {list(buffer.shape)} on {buffer.device}: a share pool "
