@@ -97,7 +97,7 @@ class Variants(ReferenceDecodeAdapter):
         return ""
 
     def for_variant(self, variant):
-        return self
+        return Variants(self.runtime)  # one adapter per variant: an object bound to two is refused
 
 
 def test_the_model_runner_counts_every_mode_and_variant_before_capturing_any():

@@ -415,3 +415,35 @@ def test_unset_sizes_take_their_defaults(model):
     assert engine.cache.pool.size == 2 * 64 + 1 and engine.kv_budget.origin.startswith("0.25 of the ")
     assert engine.eos_token_ids == (model.generation_config.eos_token_id,) == (2,)
     assert engine.sample is None
+
+
+# ------------------------------------------------------- re-entry from on_token
+
+
+def test_step_from_an_on_token_callback_is_refused_and_events_stay_in_order(model):
+    """A step's callbacks run after it committed: a step() inside one ran a whole step
+    there, whose events reached the other requests before this step's (index 3 before 0)."""
+    engine = make_engine(model)
+    events, refused = [], []
+
+    def reenter(event):
+        events.append(event)
+        try:
+            engine.step()
+        except RuntimeError as exc:
+            refused.append(str(exc))
+
+    reqs = [engine.add_request(prompt, n, on_token=reenter if i == 0 else events.append)
+            for i, (prompt, n) in enumerate(SCHEDULE[0])]
+    while not engine.done:
+        engine.step()
+    assert refused and set(refused) == {
+        "ContinuousBatcher.step() called while a step's on_token callbacks run (from a callback, or another "
+        "thread): call it after step() returns"}
+    for req in reqs:
+        assert [e.index for e in events if e.rid == req.rid] == list(range(len(req.output)))
+    want = make_engine(model)
+    plain = [want.add_request(prompt, n) for prompt, n in SCHEDULE[0]]
+    while not want.done:
+        want.step()
+    assert [r.output for r in reqs] == [r.output for r in plain]

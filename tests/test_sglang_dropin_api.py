@@ -350,6 +350,61 @@ def test_share_pool_may_be_a_graphslot_share_pool():
     assert regs[0].get_slot("ids").buffer.data_ptr() == regs[1].get_slot("ids").buffer.data_ptr()
 
 
+class ReturnsFromShare:
+    """A share pool whose ``share`` returns ``make(tensor)`` as its result."""
+
+    def __init__(self, make):
+        self.make = make
+
+    def share(self, name, tensor, init_value=None):
+        return self.make(tensor)
+
+
+BAD_SHARES = {
+    "too short": lambda t: (t[:1], True),
+    "another dtype": lambda t: (t.to(torch.float32), True),
+    "None": lambda t: (None, True),
+    "a bare tensor": lambda t: t,
+}
+
+
+@pytest.mark.parametrize("bad", list(BAD_SHARES))
+def test_a_bad_share_pool_result_is_refused_at_registration_naming_share_pool_and_the_slot(bad):
+    pool = ReturnsFromShare(BAD_SHARES[bad])
+    reg = dropin.CudaGraphBufferRegistry(device=CPU, max_bs=2, max_num_tokens=4, share_pool=pool)
+    with pytest.raises(ValueError, match=r"^GraphSlot 'ids': share_pool=ReturnsFromShare returned .*, expected ") as exc:
+        reg.register_slot(dropin.GraphSlot("ids", lambda bs, mt: (mt, 2), torch.int64))
+    assert "buffers=" not in str(exc.value) and not reg.has_slot("ids")
+    with pytest.raises(ValueError, match=r"^GraphSlot '\w+': share_pool=ReturnsFromShare returned "):
+        dropin.build_decode_registry(**{**DECODE_KW, "share_pool": pool})
+
+
+class ByShape:
+    """A share pool keyed by size and dtype alone: slots of other names get one tensor."""
+
+    def __init__(self):
+        self.tensors = {}
+
+    def share(self, name, tensor, init_value=None):
+        return self.tensors.setdefault((tensor.numel(), tensor.dtype), tensor).view(tensor.shape), True
+
+
+def test_a_share_pool_giving_two_slots_one_tensor_is_refused_at_registration_naming_them():
+    reg = dropin.CudaGraphBufferRegistry(device=CPU, max_bs=2, max_num_tokens=4, share_pool=ByShape())
+    reg.register_slot(dropin.GraphSlot("ids", lambda bs, mt: (mt,), torch.int64))
+    with pytest.raises(ValueError, match=r"^GraphSlot 'positions': share_pool=ByShape returned memory slot 'ids' "
+                                         r"holds \(32 bytes\): "):
+        reg.register_slot(dropin.GraphSlot("positions", lambda bs, mt: (mt,), torch.int64))
+    assert reg.slot_names() == ["ids"]
+
+
+def test_a_bad_tensor_from_sglangs_pool_is_refused_at_registration_naming_it(monkeypatch):
+    monkeypatch.setattr(SGL.input_buffers, "share_input_buffer", lambda name, buffer: buffer[:1])
+    with pytest.raises(ValueError, match=r"^GraphSlot '\w+': share_pool=True \(sglang's share_input_buffer\) "
+                                         r"returned a torch.int\d+ tensor of shape \[1\]"):
+        dropin.build_decode_registry(**{**DECODE_KW, "share_pool": True})
+
+
 # --- the 0-d slot and sglang's later enable_global_num_token_non_padded -----------------
 
 @pytest.mark.parametrize("kind", ["decode", "prefill"])

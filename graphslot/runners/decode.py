@@ -305,7 +305,8 @@ class DecodeGraphRunner(PhaseRunner):
     def prepare(self, fb: Any, *, count: bool = True, longest: Optional[int] = None) -> PreparedReplay:
         """:meth:`stage` with the context bucket of ``longest`` (the DP runner passes the one
         the ranks agreed on); None reads ``adapter.context_len(fb)``."""
-        return self.stage(fb, context=self._context(fb, longest), count=count)
+        raw_bs = self.adapter.batch_size(fb)
+        return self._stage(fb, raw_bs, self._needed_bs(fb, raw_bs), self._context(fb, longest), count)
 
     def stage(self, fb: Any, *, needed: Optional[int] = None, context: Optional[int] = None,
               count: bool = True) -> PreparedReplay:
@@ -315,13 +316,19 @@ class DecodeGraphRunner(PhaseRunner):
         the buffers hold this batch. ``needed``: the rows the graph must have (the DP
         runner passes what the ranks agreed on); None: ``fb``'s own (with MLP gather, the
         busiest rank's). ``context``: the context bucket; None: ``fb``'s own (none without
-        buckets). ``count=False``: kept out of :meth:`metrics` and the histogram."""
+        buckets). Either smaller than ``fb`` needs (fewer rows than its requests, a bucket
+        below its longest context) is a ValueError naming it, before the fill.
+        ``count=False``: kept out of :meth:`metrics` and the histogram."""
+        raw_bs = self.adapter.batch_size(fb)
+        needed = self._needed_bs(fb, raw_bs) if needed is None else self._given_needed(needed, raw_bs)
+        context = self._context(fb, None) if context is None else self._given_context(fb, context)
+        return self._stage(fb, raw_bs, needed, context, count)
+
+    def _stage(self, fb: Any, raw_bs: int, needed: int, context: Optional[int], count: bool) -> PreparedReplay:
+        """:meth:`stage` of a graph known to hold ``fb`` (``needed`` rows, the ``context`` bucket)."""
         adapter = self.adapter
         reg = self.registry
         k = self.k
-        raw_bs = adapter.batch_size(fb)
-        needed = self._needed_bs(fb, raw_bs) if needed is None else needed
-        context = self._context(fb, None) if context is None else context
         bs = self.dispatch.pad(needed)
         self._next_fill()  # from here on the buffers are this step's: a step staged before is stale
         with self._in_step():  # from here to the staged step, release() and recapture() refuse
@@ -337,6 +344,26 @@ class DecodeGraphRunner(PhaseRunner):
                 adapter.init_replay_metadata(bs, view, fb)
             self._check_guard()
         return PreparedReplay(graph, raw_bs, bs, needed if count else None, context, self.generation, self.fills)
+
+    def _given_needed(self, needed: Any, raw_bs: int) -> int:
+        """:meth:`stage`'s ``needed``, checked: a graph holding the batch's rows, never fewer."""
+        ok = isinstance(needed, int) and not isinstance(needed, bool) and needed >= raw_bs
+        problem = self.dispatch.size_problem(needed) if ok else None
+        if not ok or problem:
+            why = f": {problem}" if problem else ""
+            raise ValueError(f"stage(needed={needed!r}): the batch has {raw_bs} request(s); needed must be an int from "
+                             f"{raw_bs} to {self.dispatch.largest} (the largest captured size), or None{why}")
+        return needed
+
+    def _given_context(self, fb: Any, context: int) -> int:
+        """:meth:`stage`'s ``context``, checked: a bucket holding the batch's longest context (a
+        smaller one attends to fewer positions than the batch has)."""
+        longest = self.adapter.context_len(fb) if self.bucketed else None
+        if longest is not None and not context >= longest:
+            raise ValueError(f"stage(context={context!r}): the batch's longest context is {longest}, more than the "
+                             "bucket: its graph attends to fewer positions than the batch has; pass a bucket of at "
+                             f"least {longest}, or None")
+        return context
 
     def launch(self, step: PreparedReplay) -> Any:
         """Replay a step :meth:`stage` staged; its outputs, as :meth:`replay` returns them.
@@ -360,9 +387,9 @@ class DecodeGraphRunner(PhaseRunner):
 
     def __call__(self, fb: Any) -> Any:
         """Replay when a graph fits, else the eager forward."""
-        reason, _, needed, context = self._decide(fb)
+        reason, raw_bs, needed, context = self._decide(fb)
         if reason is None:
-            return self.launch(self.stage(fb, needed=needed, context=context))
+            return self.launch(self._stage(fb, raw_bs, needed, context, True))
         self.record_eager(reason, needed)
         return self.adapter.forward_eager(fb)
 

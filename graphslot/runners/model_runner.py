@@ -32,9 +32,10 @@ import torch
 from ..graphs.backend import graph_pool as new_graph_pool
 from ..log import PerReason, get_logger
 from ..registry.buffers import BufferPool
+from ..registry.stepcheck import describe
 from .adapter import DecodeAdapter
 from .config import DEFAULT_MAX_GRAPHS, runner_config
-from .contract import check_adapter
+from .contract import AdapterContractError, check_adapter
 from .decode import DecodeGraphRunner, DecodeRunnerConfig
 from .dispatcher import EAGER, FULL, MODES, PIECEWISE, Dispatch, Dispatcher
 from .graph_count import KNOBS, check_graph_count, describe_count
@@ -69,7 +70,36 @@ def bound_adapter(adapter: Any, variant: str) -> Any:
     if for_variant is None:
         raise TypeError(f"{type(adapter).__name__} declares variants {list(adapter.variants)} but has no "
                         "for_variant(variant): give it one returning the adapter bound to that variant")
-    return for_variant(variant)
+    try:
+        return for_variant(variant)
+    except Exception as exc:
+        exc.add_note(f"graphslot: while binding {type(adapter).__name__} to variant {variant!r} "
+                     f"(for_variant({variant!r}))")
+        raise
+
+
+def bound_adapters(adapter: Any, base: type) -> Dict[str, Any]:
+    """Each variant of ``adapter`` -> its bound adapter (a ``base``), one object per variant: a graph
+    captures its adapter's forward, so an object bound to two variants would replay one under the
+    other's key. Else an error naming the adapter and the variant."""
+    bound: Dict[str, Any] = {}
+    for variant in adapter_variants(adapter):
+        one = bound_adapter(adapter, variant)
+        where = f"{type(adapter).__name__}.for_variant({variant!r})"
+        if one is None:
+            raise TypeError(f"{where} returned None, expected the adapter bound to variant {variant!r} "
+                            f"(a {base.__name__})")
+        try:
+            check_adapter(one, base, base.REQUIRED_HOOKS)
+        except AdapterContractError as exc:
+            raise AdapterContractError(f"{where} returned {describe(one)}, not a {base.__name__}: {exc}") from None
+        twin = next((other for other, seen in bound.items() if seen is one), None)
+        if twin is not None:
+            raise ValueError(f"{where} returned the adapter it returned for variant {twin!r}: one object cannot run "
+                             "two variants (each variant's graphs capture its own adapter's forward); return a new "
+                             "adapter per variant (they may share weights and state)")
+        bound[variant] = one
+    return bound
 
 
 def captured_pairs(runner: Any) -> Set[Pair]:
@@ -149,8 +179,9 @@ class ModelGraphRunner:
 
     def _add_runners(self, mode: str, cls: type, adapter: Any, config: Any) -> None:
         """One deferred ``cls`` runner per variant of ``adapter``, over its bound adapter."""
-        for variant in adapter_variants(adapter):
-            self.runners[(mode, variant)] = cls(bound_adapter(adapter, variant), config, defer_capture=True)
+        base = DecodeAdapter if mode == FULL else PrefillAdapter
+        for variant, bound in bound_adapters(adapter, base).items():
+            self.runners[(mode, variant)] = cls(bound, config, defer_capture=True)
 
     @staticmethod
     def _check_modes(modes: Sequence[str], decode_adapter: Any, prefill_adapter: Any) -> Tuple[str, ...]:

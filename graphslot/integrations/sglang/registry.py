@@ -24,8 +24,9 @@ import torch
 from ... import env
 from ...api import bind_slot_hooks, build
 from ...registry.base import SlotRegistry, ViewMaker
-from ...registry.buffers import refuse_strided
+from ...registry.buffers import fits, refuse_strided
 from ...registry.interpreter import InterpretedRegistry
+from ...registry.stepcheck import describe, overlaps
 from ...spec.errors import SlotError, shorten
 from ...spec.loading import spec_from_dict
 from ...spec.model import RegistrySpec
@@ -105,10 +106,27 @@ class CudaGraphBufferRegistry:
     def _share(self, name: str, buffer: torch.Tensor, init: Any) -> torch.Tensor:
         pool = SGLANG_POOL if self.share_pool is True else (self.share_pool or None)
         if pool is not None:
-            buffer = pool.share(name, buffer, init)[0]
+            buffer = self._shared(name, buffer, pool.share(name, buffer, init))
         if init is not None:
             buffer.fill_(init)
         return buffer
+
+    def _shared(self, name: str, buffer: torch.Tensor, shared: Any) -> torch.Tensor:
+        """The tensor of the share pool's ``(tensor, fresh)`` for slot ``name``; a ValueError naming
+        ``share_pool=`` and the slot unless it has ``buffer``'s shape, dtype and device."""
+        tensor = shared[0] if isinstance(shared, tuple) and len(shared) == 2 else None
+        pool = "True (sglang's share_input_buffer)" if self.share_pool is True else type(self.share_pool).__name__
+        if isinstance(tensor, torch.Tensor) and fits(tensor, buffer.shape, buffer.dtype, buffer.device):
+            for first, second, nbytes in overlaps([*self._buffers.items(), (name, tensor)]):
+                if name in (first, second):  # fills of the two would overwrite each other
+                    raise ValueError(f"GraphSlot {name!r}: share_pool={pool} returned memory slot "
+                                     f"{first if second == name else second!r} holds ({nbytes} bytes): a share pool "
+                                     "must return a tensor of its own for each slot name of a registry")
+            return tensor
+        got = describe(tensor if isinstance(tensor, torch.Tensor) else shared)
+        raise ValueError(f"GraphSlot {name!r}: share_pool={pool} returned {got}, expected (tensor, fresh) with a "
+                         f"{buffer.dtype} tensor of shape {list(buffer.shape)} on {buffer.device}: a share pool "
+                         "must return a tensor of the shape, dtype and device it was given")
 
     def _checked_bind(self, name: str, bind: Any, shape: tuple, dtype: torch.dtype, device: Any) -> torch.Tensor:
         if not isinstance(bind, torch.Tensor):

@@ -13,7 +13,7 @@ import torch
 
 from .adapter import DecodeStep
 from .cache import MASK_2D, PagedCache, with_cache
-from .requests import Pending, Request
+from .requests import Lane, Pending, Request
 from .rope import per_row_rope
 
 
@@ -129,6 +129,15 @@ def split_prompt_logprobs(p: Pending, values: List[float]) -> None:
             n = len(req.prompt) - 1
             p.prompt_logprobs.append((req, [None] + values[start:start + n]))
             start += n
+
+
+def fed_ids(lanes: List[Lane], fresh: Optional[torch.Tensor]) -> Union[List[int], torch.Tensor]:
+    """The decode's input ids: the running requests' last tokens (host), then the tokens
+    the admitted ones just drew (``fresh``, on the device: not read to be fed)."""
+    known = [lane.fed for lane in lanes if lane.fed is not None]
+    if fresh is None:
+        return known
+    return torch.cat([torch.tensor(known, dtype=torch.int64, device=fresh.device), fresh])
 
 
 def decode_step(dev: torch.device, fed: Union[List[int], torch.Tensor], positions: List[int], rows: List[int],

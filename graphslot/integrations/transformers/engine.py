@@ -42,7 +42,7 @@ import itertools
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -50,7 +50,7 @@ from ...graphs.cuda import CudaGraphBackend
 from ...runners.decode import DecodeGraphRunner, DecodeRunnerConfig
 from . import rope
 from .adapter import HFDecodeAdapter, check_model
-from .batches import Packed, decode_step, packed_fits, packed_logits, prefill_logits, split_prompt_logprobs
+from .batches import Packed, decode_step, fed_ids, packed_fits, packed_logits, prefill_logits, split_prompt_logprobs
 from .budget import Allocations, check_decode_graphs, pool_size
 from .cache import PagedCache, forward_takes, kv_geometry
 from .checks import count, flag, stop_ids, token_ids
@@ -58,7 +58,7 @@ from .driving import Driving
 from .families import packs
 from .generation import generation_settings
 from .geometry import bytes_per_slot, text_config
-from .requests import FINISH_ABORT, Lane, Pending, Picks, Request, StepOutput, TokenEvent, notify
+from .requests import FINISH_ABORT, Lane, Pending, Picks, Request, StepOutput, TokenEvent, notify, reentered
 from .picking import Picking
 from .recovery import Recovery
 from .sampling import Sampler, check_seed, generation_defaults, model_eos, request_seed, to_host
@@ -157,6 +157,7 @@ class ContinuousBatcher(Driving, Picking, Recovery):
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self._stepping = False
+        self._notifying = False  # the step's on_token callbacks run
         self._aborts: Dict[int, None] = {}  # rids aborted while the step runs, in order
 
     # -- requests --------------------------------------------------------------------
@@ -246,9 +247,8 @@ class ContinuousBatcher(Driving, Picking, Recovery):
         callbacks run; when one raises, the others still run and the first exception
         propagates (the step stays committed)."""
         with self._lock:
-            if self._stepping:
-                raise RuntimeError("ContinuousBatcher.step() is already running: call it from one thread at a "
-                                   "time, and not from sample")
+            if self._stepping or self._notifying:
+                raise RuntimeError(reentered(self._notifying))
             self._stepping = True
         pending = Pending()
         try:
@@ -269,7 +269,11 @@ class ContinuousBatcher(Driving, Picking, Recovery):
                 self._commit(pending)
             finally:
                 self._end_step(pending.out)
-        notify(pending.tokens)
+                self._notifying = True  # until the callbacks ran: a step() in one would send its events first
+        try:
+            notify(pending.tokens)
+        finally:
+            self._notifying = False
         return pending.out
 
     def _compute(self, p: Pending, only: Optional[Request] = None) -> None:
@@ -304,7 +308,7 @@ class ContinuousBatcher(Driving, Picking, Recovery):
         if p.lanes:
             p.decode_slots = self.cache.pool.take_slots(len(p.lanes))
             p.slots += p.decode_slots
-            step = decode_step(self.cache.device, self._fed(p.lanes, fresh), [lane.position for lane in p.lanes],
+            step = decode_step(self.cache.device, fed_ids(p.lanes, fresh), [lane.position for lane in p.lanes],
                                      [lane.row for lane in p.lanes], p.decode_slots)
             self.cache.req_to_token_pool.write_tokens(step.req_pool_indices, step.positions, step.out_cache_loc)
             out.decode_batch_size = len(p.lanes)
@@ -424,14 +428,6 @@ class ContinuousBatcher(Driving, Picking, Recovery):
             p.admitted.append((req, row, slots))
             free -= req.need
             i += 1
-
-    def _fed(self, lanes: List[Lane], fresh: Optional[torch.Tensor]) -> Union[List[int], torch.Tensor]:
-        """The decode's input ids: the running requests' last tokens (host), then the tokens
-        the admitted ones just drew (``fresh``, on the device: not read to be fed)."""
-        known = [lane.fed for lane in lanes if lane.fed is not None]
-        if fresh is None:
-            return known
-        return torch.cat([torch.tensor(known, dtype=torch.int64, device=fresh.device), fresh])
 
     def _drop(self, req: Request, reason: str = FINISH_ABORT) -> None:
         """Abort (or fail) ``req`` between steps (under the lock); a finished request stays as it is."""

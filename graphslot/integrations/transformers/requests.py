@@ -186,6 +186,14 @@ class Picks(NamedTuple):
         return tokens, logprobs, top
 
 
+def reentered(notifying: bool) -> str:
+    """Why ``step()`` is refused now: a step runs, or its ``on_token`` callbacks do."""
+    if notifying:
+        return ("ContinuousBatcher.step() called while a step's on_token callbacks run (from a callback, or another "
+                "thread): call it after step() returns")
+    return "ContinuousBatcher.step() is already running: call it from one thread at a time, and not from sample"
+
+
 def notify(tokens: List[Tuple[Request, TokenEvent]]) -> None:
     """The step's ``on_token`` callbacks, in token order; the first error is raised at the end."""
     error = None
