@@ -88,7 +88,8 @@ def _same_view(a: Any, b: torch.Tensor) -> bool:
 def slice_dim(slot: Any, buffer: torch.Tensor, capacity: int) -> int:
     """The dimension ``slot.slice_fn`` slices to the first ``n`` entries (0 without
     one); ValueError for a ``slice_fn`` that is not such a slice."""
-    fn, axis = slot.slice_fn, slot.axis
+    fn = slot.slice_fn
+    axis = slot.axis
     if fn is None:
         return 0
     if isinstance(fn, SliceDim):
@@ -122,7 +123,8 @@ def slot_entry(slot: Any, buffer: torch.Tensor, max_bs: int, max_num_tokens: int
                device: torch.device) -> Tuple[Dict[str, Any], Dict[str, Callable]]:
     """``(entry, hooks)`` for an enabled slot whose buffer is ``buffer``; ValueError
     for what a graphslot spec cannot say (the message says what to change)."""
-    name, axis = slot.name, slot.axis
+    name = slot.name
+    axis = slot.axis
     if not isinstance(name, str) or axis not in AXES:
         raise ValueError(f"GraphSlot {name!r}: name must be a str and axis one of {', '.join(AXES)}, got {axis!r}")
     policy = policy_name(slot.padding_policy)

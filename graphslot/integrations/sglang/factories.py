@@ -52,7 +52,8 @@ class SpecShape:
     __slots__ = ("extents", "params")
 
     def __init__(self, extents, params):
-        self.extents, self.params = tuple(extents), params
+        self.extents = tuple(extents)
+        self.params = params
 
     def __call__(self, max_bs: int, max_num_tokens: int) -> tuple:
         env = dict(self.params, max_bs=max_bs, max_num_tokens=max_num_tokens)
@@ -199,7 +200,8 @@ class NestedField:
     __slots__ = ("field", "attr")
 
     def __init__(self, field: str, attr: str):
-        self.field, self.attr = field, attr
+        self.field = field
+        self.attr = attr
 
     def __call__(self, fb: Any, ctx: Any) -> Any:
         info = getattr(fb, self.field, None)

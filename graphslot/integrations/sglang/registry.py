@@ -54,7 +54,10 @@ class CudaGraphBufferRegistry:
     """
 
     def __init__(self, *, device: torch.device, max_bs: int, max_num_tokens: int, share_pool: Any = False) -> None:
-        self.device, self.max_bs, self.max_num_tokens, self.share_pool = device, max_bs, max_num_tokens, share_pool
+        self.device = device
+        self.max_bs = max_bs
+        self.max_num_tokens = max_num_tokens
+        self.share_pool = share_pool
         self._slots: Dict[str, Any] = {}
         self._buffers: Dict[str, torch.Tensor] = {}
         self._entries: List[Dict[str, Any]] = []

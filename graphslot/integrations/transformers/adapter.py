@@ -94,7 +94,8 @@ class HFDecodeAdapter(DecodeAdapter):
 
     def __init__(self, model: Any, cache: PagedCache, *, allow_untested: bool = False):
         check_model(model, allow_untested, cache.max_context_len)
-        self.model, self.cache = model, cache
+        self.model = model
+        self.cache = cache
         self.device = cache.device
         self._bucket: Optional[int] = None  # the context bucket of the next capture; None: max_context_len
         if getattr(model.config, "model_type", None) in ROUTED_FAMILIES:
@@ -108,7 +109,8 @@ class HFDecodeAdapter(DecodeAdapter):
     def run(self, step: Any) -> torch.Tensor:
         """Logits ``[num_tokens, vocab]`` of a step (a view or a live batch)."""
         bs = self.batch_size(step)
-        ids, pos = step.input_ids.view(bs, -1), step.positions.view(bs, -1)
+        ids = step.input_ids.view(bs, -1)
+        pos = step.positions.view(bs, -1)
         self.cache.bind(step.out_cache_loc, step.req_pool_indices)
         with torch.no_grad(), per_row_rope(self.model):
             out = self.model(input_ids=ids, position_ids=pos, **self._cache_arg, use_cache=True,

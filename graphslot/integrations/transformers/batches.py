@@ -32,14 +32,17 @@ def prefill_groups(lengths: Sequence[int], forward_tokens: int) -> List[List[int
     cuts minimise ``forwards x forward_tokens + padded positions`` (exactly: a dynamic
     programme over the sorted lengths, a group always a run of them)."""
     order = sorted(range(len(lengths)), key=lengths.__getitem__)
-    cost, cut = [0] + [float("inf")] * len(order), [0] * (len(order) + 1)
+    cost = [0] + [float("inf")] * len(order)
+    cut = [0] * (len(order) + 1)
     for end in range(1, len(order) + 1):
         longest = lengths[order[end - 1]]
         for start in range(end):
             total = cost[start] + forward_tokens + (end - start) * longest
             if total < cost[end]:
-                cost[end], cut[end] = total, start
-    groups, end = [], len(order)
+                cost[end] = total
+                cut[end] = start
+    groups = []
+    end = len(order)
     while end:
         groups.append(order[cut[end]:end])
         end = cut[end]
@@ -90,17 +93,21 @@ def _forward(model: Any, cache: PagedCache, admitted: List[Tuple[Request, int, L
     0 of the dummy slot 0, so it writes nothing a request reads, and its query sees
     position 0 of its own row only. The forward gathers ``width`` positions per row
     (the longest prompt), not ``max_context_len``."""
-    dev, width = cache.device, max(len(r.prompt) for r, _, _ in admitted)
+    dev = cache.device
+    width = max(len(r.prompt) for r, _, _ in admitted)
     left = cache.mask_route != MASK_2D
     asked = [r for r, _, _ in admitted if r.wants_prompt_logprobs]
     keep = max((len(r.prompt) for r in asked), default=1) if left and last_logits_only else 0
-    ids, pos, loc = [], [], []
+    ids = []
+    pos = []
+    loc = []
     for r, _, slots in admitted:
         pad = [0] * (width - len(r.prompt))
         ids.append(pad + r.prompt if left else r.prompt + pad)
         pos.append(pad + list(range(len(r.prompt))) if left else list(range(len(r.prompt))) + pad)
         loc.append(pad + slots if left else slots + pad)
-    ids, pos = torch.tensor(ids, device=dev), torch.tensor(pos, device=dev)
+    ids = torch.tensor(ids, device=dev)
+    pos = torch.tensor(pos, device=dev)
     cache.bind(torch.tensor(loc, device=dev).view(-1), torch.tensor([row for _, row, _ in admitted], device=dev))
     extra = {"logits_to_keep": keep} if keep else {}
     with torch.no_grad(), cache.gathering(width), per_row_rope(model):
@@ -113,7 +120,8 @@ def _forward(model: Any, cache: PagedCache, admitted: List[Tuple[Request, int, L
                    torch.tensor([len(r.prompt) - 1 for r, _, _ in admitted], device=dev)])
     parts: List[Optional[torch.Tensor]] = []
     for i, (r, _, _) in enumerate(admitted):
-        n, lp = len(r.prompt), None
+        n = len(r.prompt)
+        lp = None
         if r.wants_prompt_logprobs and n > 1:  # column starts[i] + j predicts prompt token j + 1
             lp = logits[i, starts[i]:starts[i] + n - 1].float().log_softmax(-1)
             lp = lp.gather(1, torch.tensor(r.prompt[1:], device=dev).unsqueeze(1)).squeeze(1)
@@ -179,7 +187,14 @@ def packed_logits(model: Any, cache: PagedCache, seqs: Sequence[Packed]) -> torc
     over all of them packed in one row (no padding), each token attending over its own
     sequence's context (:meth:`.cache.PagedCache.packed_mask`); the model computes the
     logits of those positions only (``logits_to_keep``)."""
-    ids, pos, loc, query_seqs, keys, key_seqs, key_pos, last = [], [], [], [], [], [], [], []
+    ids = []
+    pos = []
+    loc = []
+    query_seqs = []
+    keys = []
+    key_seqs = []
+    key_pos = []
+    last = []
     for i, (tokens, start, slots) in enumerate(seqs):
         ids += tokens
         pos += range(start, start + len(tokens))

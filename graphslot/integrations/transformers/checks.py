@@ -71,7 +71,8 @@ def number(value: Any, name: str, where: str, low: float, high: float, *, low_op
     with ``low_open``), or a TypeError/ValueError naming ``name`` and ``rule``."""
     ok_type = isinstance(value, (int, float)) and not isinstance(value, bool)
     if not ok_type and isinstance(value, torch.Tensor) and value.dim() == 0 and value.dtype.is_floating_point:
-        value, ok_type = value.item(), True
+        value = value.item()
+        ok_type = True
     x = float(value) if ok_type else math.nan
     if not ok_type or not math.isfinite(x) or not (x > low if low_open else x >= low) or x > high:
         if math.isfinite(high):

@@ -20,7 +20,8 @@ import torch
 
 from ...kvpool import PagedKVCache
 
-FULL, SLIDING = "full_attention", "sliding_attention"
+FULL = "full_attention"
+SLIDING = "sliding_attention"
 
 
 def text_config(config: Any) -> Any:

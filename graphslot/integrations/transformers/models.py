@@ -37,7 +37,8 @@ class Recipe(NamedTuple):
     attn_implementation: Optional[str] = None
 
 
-_VOCAB, _POSITIONS = 128, 64
+_VOCAB = 128
+_POSITIONS = 64
 #: The common shape, in the names Llama-like configs take.
 TINY_SHAPE = dict(vocab_size=_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=_POSITIONS)
@@ -115,7 +116,8 @@ TESTED_FAMILIES = tuple(dict.fromkeys(recipe.model_type for recipe in FAMILIES.v
 
 #: Tolerance of the per-request comparison (fp32 on the CPU; batching changes the
 #: reduction order of the matmuls, so rows are close, not identical).
-ATOL, RTOL = 1e-4, 1e-4
+ATOL = 1e-4
+RTOL = 1e-4
 
 
 def _recipe(family: str) -> Recipe:

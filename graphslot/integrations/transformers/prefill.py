@@ -57,7 +57,9 @@ def prefill_step(device: torch.device, chunks: Sequence[Tuple[int, int, Sequence
                  ) -> PrefillStep:
     """The step of ``chunks``: ``(row, start, tokens, slots)`` each, the tokens at
     positions ``start..`` of the request in cache row ``row``, their K and V to ``slots``."""
-    ids, pos, loc = [], [], []
+    ids = []
+    pos = []
+    loc = []
     for _, start, tokens, slots in chunks:
         ids += tokens
         pos += range(start, start + len(tokens))
@@ -77,7 +79,8 @@ class PrefillMetadata:
         self.cache = cache
         self.rows = torch.zeros(max_bs, dtype=torch.int64, device=cache.device)
         self.token_req = torch.full((max_num_tokens,), -1, dtype=torch.int64, device=cache.device)
-        self.requests, self.length = 0, 1
+        self.requests = 0
+        self.length = 1
         self.positions: Optional[torch.Tensor] = None
         self.loc: Optional[torch.Tensor] = None
         self._keys: Optional[Tuple[torch.Tensor, Any]] = None
@@ -99,8 +102,10 @@ class PrefillMetadata:
             self.rows[:bs].copy_(fb.req_pool_indices, non_blocking=True)
             lens = torch.tensor(fb.extend_seq_lens_cpu)
             self.token_req[:int(lens.sum())].copy_(torch.repeat_interleave(torch.arange(bs), lens), non_blocking=True)
-        self.requests, self.length = requests, length
-        self.positions, self.loc = view.positions, view.out_cache_loc
+        self.requests = requests
+        self.length = length
+        self.positions = view.positions
+        self.loc = view.out_cache_loc
         self.begin()
 
     def begin(self) -> None:
@@ -113,7 +118,9 @@ class PrefillMetadata:
         kind, made at the first layer that asks after :meth:`write` (inside the graph
         under ``capture="full"``) and shared by the rest."""
         if self._keys is None:
-            r, length, n = self.requests, self.length, self.positions.shape[0]
+            r = self.requests
+            length = self.length
+            n = self.positions.shape[0]
             table = self.cache.req_to_token_pool.req_to_token
             slots = table.index_select(0, self.rows[:r])[:, :length].reshape(-1)
             key = torch.arange(r * length, device=slots.device)
@@ -129,10 +136,13 @@ class HFLayerStack(nn.Module):
 
     def __init__(self, base: nn.Module):
         super().__init__()
-        self.rotary_emb, self.layers, self.norm = base.rotary_emb, base.layers, base.norm
+        self.rotary_emb = base.rotary_emb
+        self.layers = base.layers
+        self.norm = base.norm
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, meta: PrefillMetadata) -> torch.Tensor:
-        pos, h = positions.unsqueeze(0), hidden.unsqueeze(0)
+        pos = positions.unsqueeze(0)
+        h = hidden.unsqueeze(0)
         rope = self.rotary_emb(h, position_ids=pos)
         for layer in self.layers:
             h = layer(h, attention_mask=None, position_ids=pos, position_embeddings=rope, graphslot_prefill=meta)
@@ -158,7 +168,9 @@ class HFPrefillAdapter(PrefillAdapter):
                              "one choice; prefill this model with ContinuousBatcher (longrope is chosen per request "
                              "there)")
         route_attention(model)
-        self.model, self.cache, self.device = model, cache, cache.device
+        self.model = model
+        self.cache = cache
+        self.device = cache.device
         self.meta: Optional[PrefillMetadata] = None
         if not cache.geometry_probed:
             cache.probe(model)

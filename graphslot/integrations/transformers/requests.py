@@ -181,7 +181,9 @@ class Picks(NamedTuple):
         logprobs = host[self.first + 1] if self.logprobs else None
         top = None
         if self.top:
-            ids, values, n = host[self.first + 2], host[self.first + 3], self.top
+            ids = host[self.first + 2]
+            values = host[self.first + 3]
+            n = self.top
             top = [list(zip(ids[i * n:(i + 1) * n], values[i * n:(i + 1) * n])) for i in range(len(tokens))]
         return tokens, logprobs, top
 

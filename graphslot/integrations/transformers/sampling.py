@@ -239,7 +239,8 @@ class Sampler:
 
     def _draw(self, scores: torch.Tensor, rows: List[Row]) -> torch.Tensor:
         """One token per row of ``scores`` (every row samples)."""
-        dev, vocab = scores.device, scores.shape[-1]
+        dev = scores.device
+        vocab = scores.shape[-1]
         params = [row.params for row in rows]
         # Shifted so that each row's largest score is 0: divided by a tiny temperature the
         # others overflow to -inf (probability 0), never the largest to +inf. The draw,
@@ -305,7 +306,8 @@ def to_host(tensors: Sequence[torch.Tensor]) -> List[List[Any]]:
     if len(tensors) == 1:
         return [tensors[0].reshape(-1).tolist()]
     flat = torch.cat([t.reshape(-1).to(torch.float64) for t in tensors]).tolist()
-    out, start = [], 0
+    out = []
+    start = 0
     for t in tensors:
         part = flat[start:start + t.numel()]
         out.append([int(v) for v in part] if not t.dtype.is_floating_point else part)
