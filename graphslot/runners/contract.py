@@ -129,8 +129,9 @@ def check_adapter(adapter: Any, base: type, required: Sequence[str]) -> torch.de
                         f"{', '.join(missing)}")
     device = getattr(adapter, "device", None)
     if device is None:
-        device, why = model_device(adapter) if callable(getattr(adapter, "static_modules", None)) else (
-            None, "no static_modules() to take it from")
+        why = "no static_modules() to take it from"
+        if callable(getattr(adapter, "static_modules", None)):
+            device, why = model_device(adapter)
         if device is None:
             problems.append(f"has no `device` and {why}: set `device = torch.device(...)` on the adapter")
     if problems:
