@@ -148,8 +148,9 @@ def test_a_contiguous_source_without_a_unit_last_stride_is_not_reinterpreted():
 @pytest.mark.parametrize("mode", ["interpreted", "generated"])
 def test_a_row_copied_slot_judges_a_source_overlapping_its_own_buffer_row_by_row(mode):
     """Both modes copy a ``[L, capacity]`` head as rows, so copy_ refuses a source that
-    partially overlaps the buffer the same way in both (a 2-D copy would not notice,
-    while the rows of the grouped copy do; found by the differential property)."""
+    partially overlaps the buffer the same way in both, and both name the slot (a 2-D copy
+    would not notice, while the rows of the grouped copy do; found by the differential
+    property)."""
     spec = gs.parse_spec(
         "name: rows\nslots:\n"
         "- {name: flags, shape: [max_bs], dtype: bool, axis: bs, padding: zero, device: cpu}\n"
@@ -162,8 +163,9 @@ def test_a_row_copied_slot_judges_a_source_overlapping_its_own_buffer_row_by_row
     assert not gs.build_registry(host, max_bs=3, max_num_tokens=1, impl=mode, device="cpu").slot("pos").resolved.rows  # a host copy is 2-D in both
     shifted = reg.slot("pos").buffer[:, 1:3]  # the buffer's own columns 1-2 into columns 0-1
     fb = SimpleNamespace(flags=torch.tensor([True, False]), pos=shifted)
-    with pytest.raises(RuntimeError, match="refer to a single memory location"):
+    with pytest.raises(gs.SlotError, match="slot 'pos': the source aliases the buffer of slot 'pos'") as refused:
         reg.fill_from(fb, raw_bs=2, padded_bs=2, raw_num_tokens=0, padded_num_tokens=0)
+    assert "refer to a single memory location" in str(refused.value.__cause__)  # copy_'s refusal, named
     distinct = SimpleNamespace(flags=torch.tensor([True, False]), pos=torch.tensor([[True, False], [False, True]]))
     reg.fill_from(distinct, raw_bs=2, padded_bs=3, raw_num_tokens=0, padded_num_tokens=0)
     assert reg.slot("pos").buffer[:, :2].tolist() == [[True, False], [False, True]]
