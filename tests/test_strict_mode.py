@@ -402,6 +402,27 @@ def test_without_strict_a_source_overlapping_its_head_is_refused_by_copy_naming_
     assert "refer to a single memory location" in str(caught.value.__cause__)  # torch's refusal, kept as the cause
 
 
+class CountingBatch(types.SimpleNamespace):
+    """A batch that counts each read of its fields (a property on a real batch may compute or move a tensor)."""
+
+    def __getattribute__(self, name):
+        if not name.startswith("__"):
+            reads = object.__getattribute__(self, "__dict__").setdefault("__reads", {})
+            reads[name] = reads.get(name, 0) + 1
+        return object.__getattribute__(self, name)
+
+
+@pytest.mark.parametrize("error", [RuntimeError("the copy failed"), None], ids=["exc re-raised", "aliasing"])
+def test_diagnose_reads_each_batch_field_once(error):
+    reg = alias_registry("interpreted", strict=False)
+    fb = CountingBatch(**vars(alias_batch(reg, x=None if error else (1, 3))))
+    exc = error or RuntimeError("unsupported operation: more than one element refers to a single memory location")
+    with pytest.raises((RuntimeError, gs.SlotError)) as info:
+        reg.checker.diagnose(fb, 2, 2, exc)
+    assert (info.value is exc) == (error is not None)  # no slot to blame: the fill's own error, unchanged
+    assert {name: n for name, n in vars(fb)["__reads"].items() if name in ("x", "y")} == {"x": 1, "y": 1}
+
+
 @pytest.mark.parametrize("batch, message", [
     (dict(x=(1, 3)), "slot 'x': the source aliases the buffer of slot 'x'"),
     (dict(y=(2, 4)), "slot 'y': the source aliases the buffer of slot 'y'"),

@@ -150,14 +150,14 @@ class StepChecker:
         """A failed fill's except branch: the interpreter's SlotError, else the SlotError naming a source that
         aliases a slot buffer (what strict mode refuses; a copy torch refuses for overlap names no slot), else
         ``exc``. ``skip``: slots the fill left alone."""
-        plain = [slot for slot in self.plain if slot.name not in skip]
-        for slot in plain:
-            try:
-                self.plain_source(slot, fb, raw_bs, raw_num_tokens)
-            except SlotError as error:
-                raise error from exc
-        for slot in plain:
-            src = self.plain_source(slot, fb, raw_bs, raw_num_tokens)
+        sources = []  # each field read once: every field's own check comes before any aliasing
+        for slot in self.plain:
+            if slot.name not in skip:
+                try:
+                    sources.append((slot, self.plain_source(slot, fb, raw_bs, raw_num_tokens)))
+                except SlotError as error:
+                    raise error from exc
+        for slot, src in sources:
             error = None if src is None else self._aliasing(slot, src, slot.head(slot.count(raw_bs, raw_num_tokens)))
             if error is not None:
                 raise error from exc
