@@ -24,6 +24,16 @@ from graphslot.runners.piecewise import PiecewiseModule, capture_piecewise, comp
 make_runner = functools.partial(make_prefill_runner, capture="piecewise")
 
 
+@torch.library.custom_op("graphslot_test::third", mutates_args=())
+def third(x: torch.Tensor) -> torch.Tensor:  # a split op for the plain functions compiled here
+    return x / 3
+
+
+@third.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
 def owned_per_key(runner):
     """Per key, the tensors its graph keeps alive besides the static ones."""
     declared = [s.buffer for s in runner.registry.active] + statics(runner.adapter)
@@ -50,18 +60,10 @@ def test_one_trace_for_every_token_bucket_one_included():
 
 
 def test_compile_piecewise_traces_a_function_once_for_any_size():
-    @torch.library.custom_op("graphslot_test::halve", mutates_args=())
-    def halve(x: torch.Tensor) -> torch.Tensor:
-        return x / 2
-
-    @halve.register_fake
-    def _(x):
-        return torch.empty_like(x)
-
     def f(x):
-        return torch.ops.graphslot_test.halve(x * 3) + 1
+        return torch.ops.graphslot_test.third(x * 3) + 1
 
-    fn = compile_piecewise(f, ["graphslot_test::halve"])
+    fn = compile_piecewise(f, ["graphslot_test::third"])
     for n in (7, 3, 1, 12):
         x = torch.arange(float(n))
         torch._dynamo.maybe_mark_dynamic(x, 0)
@@ -186,6 +188,30 @@ def test_cuda_decode_pieces_one_trace_sizes_one_to_eight():
 def test_an_unknown_compile_backend_names_the_choices():
     with pytest.raises(ValueError, match=r"^unknown compile_backend 'inductr': choose one of inductor, aot_eager, eager"):
         make_runner(token_buckets=[16], compile_backend="inductr")
+
+
+@pytest.mark.parametrize("failing, where", [(0, "piece 0 (submod_0, after the start)"),
+                                            (1, "piece 1 (submod_2, after graphslot_test::third)")])
+def test_a_compile_backend_that_raises_is_a_graphslot_error_naming_it_and_the_piece(failing, where):
+    cause = ValueError("no kernel for aten.mul")
+    compiled = []
+
+    def refusing_backend(gm, example_inputs):
+        compiled.append(gm)
+        if len(compiled) > failing:
+            raise cause
+        return gm
+
+    fn = compile_piecewise(lambda x: torch.ops.graphslot_test.third(x * 3) + 1, ["graphslot_test::third"],
+                           compile_backend=refusing_backend)
+    with pytest.raises(GraphCaptureError) as info:
+        fn(torch.arange(4.0))
+    assert str(info.value) == (
+        f"{where}: compile_backend 'refusing_backend' raised ValueError: no kernel for aten.mul; "
+        "compile the pieces with compile_backend='eager' (no compiler) to tell the backend's failure from the "
+        "model's")
+    assert info.value.__cause__ is cause
+    assert not isinstance(info.value, torch._dynamo.exc.BackendCompilerFailed)
 
 
 class OutputsOnly:

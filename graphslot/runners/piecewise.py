@@ -37,6 +37,9 @@ inputs, each piece handed to the compiler with its fake arguments):
   tape cannot record: under them a capture would record nothing and replay nothing;
 * ``"eager"``: no compiler, the pieces run as plain FX modules (for debugging).
 
+A backend that raises on a piece is a ``GraphCaptureError`` naming the piece and the backend
+(Dynamo would report its own ``BackendCompilerFailed``; :class:`PiecewiseFunction` unwraps it).
+
 **Captures per size** (:func:`capture_piecewise`). The compiled function runs once as a
 warm-up for the key (not once per piece), then once as a *capture pass*: each piece is
 captured through the graph backend (``backend.capture(lambda: piece(*inputs), warmup=0,
@@ -178,22 +181,42 @@ def _first(compiled: Callable) -> Callable:
     return single
 
 
+def piece_label(index: int, target: str, after: str) -> str:
+    """How an error names a piece: ``piece 1 (submod_2, after <split op>)``."""
+    return f"piece {index} ({target}, after {after})"
+
+
+def backend_name(compile_backend: Any) -> str:
+    return compile_backend if isinstance(compile_backend, str) else getattr(compile_backend, "__name__", "?")
+
+
 class _PieceCompiler(torch.fx.Interpreter):
     """Runs the split module on fake inputs, compiling each piece with its fake arguments."""
 
-    def __init__(self, module: PiecewiseModule, compiler: Callable):
+    def __init__(self, module: PiecewiseModule, compiler: Callable, name: str):
         super().__init__(module.split_gm)
         self.extra_traceback = False
         self.pieces = set(module.piece_names)
+        self.split_names = module.split_names
         self.compiler = compiler
+        self.name = name  # the compile_backend, as errors name it
         self.count = 0
+        self.after = "the start"  # the last split op run
 
     def call_module(self, target, args, kwargs):
         output = super().call_module(target, args, kwargs)
+        self.after = self.split_names.get(target, self.after)
         if target in self.pieces:
             piece = self.fetch_attr(target)
             single = _tuple_output(piece)
-            compiled = self.compiler(piece, list(args))
+            try:
+                compiled = self.compiler(piece, list(args))
+            except Exception as e:  # Dynamo would report it as its own BackendCompilerFailed: PiecewiseFunction
+                where = piece_label(self.count, target, self.after)
+                fix = ("compile the pieces with compile_backend='eager' (no compiler) to tell the backend's failure "
+                       "from the model's")
+                raise GraphCaptureError(f"{where}: compile_backend '{self.name}' raised {type(e).__name__}: {e}; "
+                                        f"{fix}") from e
             self.module.__dict__[target] = _first(compiled) if single else compiled  # shadows the submodule
             self.count += 1
         return output
@@ -207,7 +230,7 @@ def compile_pieces(module: PiecewiseModule, example_inputs: Sequence[Any], compi
     compiler = torch._dynamo.lookup_backend(compile_backend) if isinstance(compile_backend, str) else compile_backend
     fake_mode = detect_fake_mode(example_inputs) or detect_fake_mode()
     fake = [fake_mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in example_inputs]
-    runner = _PieceCompiler(module, compiler)
+    runner = _PieceCompiler(module, compiler, backend_name(compile_backend))
     shape_env = fake_mode.shape_env
     # The trace bound the sizes a piece makes (an .item() Dynamo was told to keep); running the
     # pieces again on fake inputs makes them anew, bound by nothing: not an error here.
@@ -282,8 +305,14 @@ class PiecewiseFunction:
         return len(self.compiled_modules)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        with _dynamo_limits():
-            return self._compiled(*args, **kwargs)
+        try:
+            with _dynamo_limits():
+                return self._compiled(*args, **kwargs)
+        except torch._dynamo.exc.BackendCompilerFailed as failed:
+            error = failed.inner_exception
+            if not isinstance(error, GraphCaptureError):
+                raise
+        raise error.with_traceback(None) from error.__cause__  # a piece's compile failed: ours, not Dynamo's
 
 
 def compile_piecewise(fn: Callable, split_ops: Sequence[str], compile_backend: Any = "aot_eager") -> PiecewiseFunction:
@@ -365,8 +394,8 @@ class _PieceRunner(torch.fx.Interpreter):
                 graph = rec.backend.capture(piece, warmup=0, **stream_kwargs(rec.stream))
         except GraphCaptureError as e:
             after = next((s.name for s in reversed(rec.steps) if isinstance(s, EagerStep)), "the start")
-            raise GraphCaptureError(f"piece {sum(not isinstance(s, EagerStep) for s in rec.steps)} "
-                                    f"({target}, after {after}): {e}") from e
+            index = sum(not isinstance(s, EagerStep) for s in rec.steps)
+            raise GraphCaptureError(f"{piece_label(index, target, after)}: {e}") from e
         rec.steps.append(graph)
         return graph.output
 
