@@ -47,3 +47,17 @@ def test_a_graph_large_enough_replays_the_eager_logits(setup, kwargs):
     out = runner.launch(staged).clone()
     assert (staged.bs, staged.context) == (4, 64)
     assert torch.allclose(out, rt.forward(fb), atol=1e-5)
+
+
+def test_needed_is_a_python_int_only(setup):
+    """Unlike the runner's config counts (``checked_count`` takes anything with ``__index__``, a numpy
+    integer too: test_runner_arguments), ``needed`` is the int the DP runner's agreement gives: a bool, a
+    numpy integer or a 0-d tensor is refused with the ValueError naming it, as a float is."""
+    np = pytest.importorskip("numpy")
+    rt, runner, reqs = setup
+    fills = runner.fills
+    for fb, needed in ((reqs.decode(1), True), (reqs.decode(3), np.int64(3)), (reqs.decode(3), torch.tensor(3))):
+        with pytest.raises(ValueError, match=r"^stage\(needed=.*\): the batch has \d request\(s\); needed must be an int "):
+            runner.stage(fb, needed=needed)
+    assert runner.fills == fills
+    assert runner.stage(reqs.decode(1), needed=1).bs == 1  # the int itself is taken
