@@ -13,7 +13,7 @@ from ..spec.hooks import CaptureContext, FillContext
 from ..spec.live import context_factory, live_view
 from ..spec.model import RegistrySpec
 from ..spec.resolve import ResolvedSlot
-from .buffers import SharePool, allocate_buffer, allocate_staged, refuse_shared_memory
+from .buffers import SharePool, owned_buffers, refuse_shared_memory, slot_buffers
 from .stepcheck import StepChecker
 
 
@@ -145,26 +145,13 @@ class SlotRegistry:
         # Makes each fill's hook context (FillContext, or ``context``) with live params resolved.
         self.make_context = context_factory(context or FillContext, self.params)
         self._skipping: Dict[frozenset, Callable[..., None]] = {}
+        given = buffers or {}
         self._slots: Dict[str, Slot] = {}
         for resolved in slots:
-            buffer = (buffers or {}).get(resolved.name) if resolved.enabled else None
-            if resolved.enabled and buffer is None:
-                device = "cpu" if resolved.host else self.device
-                init = resolved.pad_value if resolved.fills_at_allocation else None
-                adopted = adopt if resolved.adopt else None
-                allocate = allocate_staged if resolved.staged else allocate_buffer  # staged: (host, device)
-                buffer = allocate(resolved.name, resolved.shape, resolved.dtype, device, init, pool, adopted)
-            host = None
-            if resolved.staged and isinstance(buffer, tuple):
-                host, buffer = buffer
+            host, buffer = slot_buffers(resolved, given.get(resolved.name), self.device, pool, adopt)
             self._slots[resolved.name] = Slot(resolved, buffer, hooks.get(resolved.name, {}), host)
         self.active: Tuple[Slot, ...] = tuple(s for s in self._slots.values() if s.enabled)
-        owned: Dict[str, torch.Tensor] = {}
-        for s in self.active:  # a staged slot's two buffers are two to the identity check (one tensor for both: one)
-            if len(s.buffers()) == 2:
-                owned[f"{s.name} (host)"] = s.host
-            owned[s.name] = s.buffer
-        refuse_shared_memory(spec.name, owned, pool, adopt)
+        refuse_shared_memory(spec.name, owned_buffers(self.active), pool, adopt)
         self.checker = StepChecker(spec.name, self.active, max_bs, max_num_tokens, strict)
         self.make_view = ViewMaker(self.view_names(), spec.name)
 

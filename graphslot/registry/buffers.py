@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import threading
 import weakref
-from typing import Any, Dict, Mapping, Protocol, Tuple, runtime_checkable
+from typing import Any, Dict, Iterable, Mapping, Protocol, Tuple, runtime_checkable
 
 import torch
 
@@ -133,6 +133,22 @@ def allocate_staged(name: str, shape: tuple, dtype: torch.dtype, device, init_va
     return host, allocate_buffer(name, shape, dtype, device, init_value, pool)
 
 
+def slot_buffers(resolved: Any, given: Any, device: torch.device, pool: Any, adopt: Any) -> Tuple[Any, Any]:
+    """One slot's ``(host, buffer)``: ``given`` (a bound buffer, or a staged slot's ``(host, device)`` pair), else
+    allocated (on the CPU for ``device: cpu``), adopted or pooled as the slot asks. ``host`` is None but for a
+    staged slot, ``buffer`` None for a disabled one."""
+    buffer = given if resolved.enabled else None
+    if resolved.enabled and buffer is None:
+        where = "cpu" if resolved.host else device
+        init = resolved.pad_value if resolved.fills_at_allocation else None
+        adopted = adopt if resolved.adopt else None
+        allocate = allocate_staged if resolved.staged else allocate_buffer
+        buffer = allocate(resolved.name, resolved.shape, resolved.dtype, where, init, pool, adopted)
+    if resolved.staged and isinstance(buffer, tuple):
+        return buffer  # (host, device)
+    return None, buffer
+
+
 def staged_tensors(where: str, value: Any, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
     """A staged slot's adoptee as its ``(host, device)`` tensors: an object with ``.cpu`` and ``.gpu`` tensors
     (vLLM's ``CpuGpuBuffer``) or a ``(host, device)`` pair. The host one must be on the CPU and the device one on
@@ -214,6 +230,17 @@ OWN_MEMORY = {
     " (gs.BufferPool shares by (name, numel, dtype, device), so only across registries)",
     "bound": "bind a tensor of its own to each slot",
 }
+
+
+def owned_buffers(slots: Iterable[Any]) -> Dict[str, torch.Tensor]:
+    """The enabled ``slots``' buffers by the names :func:`refuse_shared_memory` reports, in spec order: a staged
+    slot's two are two, ``'<name> (host)'`` and ``'<name>'`` (one tensor for both: one)."""
+    owned: Dict[str, torch.Tensor] = {}
+    for slot in slots:
+        if len(slot.buffers()) == 2:
+            owned[f"{slot.name} (host)"] = slot.host
+        owned[slot.name] = slot.buffer
+    return owned
 
 
 def refuse_shared_memory(spec_name: str, buffers: Mapping[str, torch.Tensor], pool: Any, adopt: Any) -> None:
