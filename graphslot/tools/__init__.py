@@ -2,12 +2,14 @@
 
 ``graphslot verify``'s engine: :func:`verify_runner` replays a :class:`VerifyTarget`
 with poisoned padded tails (:mod:`.poison`) and runs the stale-input audit
-(:func:`audit_external_inputs`); :func:`format_report` prints a :class:`VerifyReport`.
+(:func:`audit_external_inputs`); :func:`format_report` prints a :class:`VerifyReport`
+(:mod:`.verify_report`).
 """
 
 from .audit import ExternalInput, audit_external_inputs, capture_on_tape
 from .poison import PATTERNS, UNTOUCHED_POLICIES, Poisoner, poisonable
-from .verify import SlotVerdict, VerifyReport, VerifyTarget, format_report, verify_runner
+from .verify import VerifyTarget, verify_runner
+from .verify_report import SlotVerdict, VerifyReport, format_report
 
 __all__ = [
     "ExternalInput",

@@ -14,7 +14,7 @@ greedy tokens, request by request:
   ``_prepare_inputs``. One the step rewrites before the forward loses the poison; one the step reads as it was is
   a per-step input the spec does not fill, and changes tokens: reported as a stale input.
 
-The report is :class:`graphslot.tools.verify.VerifyReport`, printed as for a graph runner.
+The report is :class:`graphslot.tools.verify_report.VerifyReport`, printed as for a graph runner.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import torch
 
 from ...tools.audit import ExternalInput
 from ...tools.poison import PATTERNS, Poisoner, hostile_name
-from ...tools.verify import SlotVerdict, VerifyReport
+from ...tools.verify_report import SlotVerdict, VerifyReport
 from . import patching
 from . import runner as runner_fill
 from .workload import Wrap, generate, in_process_engine_env, tiny_engine
