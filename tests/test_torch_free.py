@@ -79,8 +79,11 @@ COMMANDS = [
 
 
 def run_python(code: str, env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
+    """Runs ``code`` on this checkout's graphslot, even where a test changes directory before importing it."""
+    paths = [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    this_checkout = {"PYTHONPATH": os.pathsep.join(paths)}
     return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **(env or {})})
+                          env={**os.environ, **this_checkout, **(env or {})})
 
 
 def report_of(proc: subprocess.CompletedProcess) -> Dict[str, Any]:
