@@ -87,8 +87,10 @@ class PagedCacheLayer(CacheLayerMixin):
 
     def __init__(self, cache: "PagedCache", layer_idx: int, layer_type: str, window: Optional[int]):
         super().__init__()
-        self.cache, self.layer_idx = cache, layer_idx
-        self.layer_type, self.sliding_window = layer_type, window
+        self.cache = cache
+        self.layer_idx = layer_idx
+        self.layer_type = layer_type
+        self.sliding_window = window
         self.is_sliding = window is not None
         self.is_initialized = True  # the pool is allocated up front
 
@@ -137,8 +139,10 @@ class PagedCache(Cache):
                              f"{num_slots!r}")
         self.config = text_config(config)
         self.layer_kinds = attention_layers(self.config)
-        self.max_requests, self.max_context_len = max_requests, max_context_len
-        self.device, self.dtype = torch.device(device), dtype
+        self.max_requests = max_requests
+        self.max_context_len = max_context_len
+        self.device = torch.device(device)
+        self.dtype = dtype
         #: KV slots in the pool, slot 0 included.
         self.num_slots = num_slots or max_requests * max_context_len + 1
         self._sized_by = "num_slots" if num_slots else "max_requests x max_context_len"
@@ -252,7 +256,8 @@ class PagedCache(Cache):
         if length is not None and not 1 <= length <= self.max_context_len:
             raise ValueError(f"PagedCache: a gather length of {length!r}; it must be 1..max_context_len "
                              f"({self.max_context_len})")
-        previous, self.gather_len = self.gather_len, length
+        previous = self.gather_len
+        self.gather_len = length
         try:
             yield
         finally:
@@ -260,14 +265,18 @@ class PagedCache(Cache):
 
     def bind(self, out_cache_loc: torch.Tensor, req_pool_indices: torch.Tensor) -> None:
         """Point the next forward at a step's slots (the same tensors a graph was captured on)."""
-        self._loc, self._rows, self._keys = out_cache_loc, req_pool_indices, None
+        self._loc = out_cache_loc
+        self._rows = req_pool_indices
+        self._keys = None
 
     def bind_packed(self, out_cache_loc: torch.Tensor, keys: torch.Tensor) -> None:
         """Point the next (eager) forward at a packed step: one row of ``T`` tokens from
         several sequences, token ``i``'s K and V to slot ``out_cache_loc[i]``, every layer
         attending over the slots ``keys`` (``[K]``: the sequences' contexts, one after
         another); :meth:`packed_mask` says which query sees which key."""
-        self._loc, self._rows, self._keys = out_cache_loc, None, keys
+        self._loc = out_cache_loc
+        self._rows = None
+        self._keys = keys
 
     def write_and_gather(self, layer_idx: int, key_states: torch.Tensor, value_states: torch.Tensor):
         if self._probed is not None:
@@ -285,9 +294,11 @@ class PagedCache(Cache):
         pool.set_kv(layer_idx, self._loc, key_states.transpose(1, 2).reshape(b * t, h, d),
                     value_states.transpose(1, 2).reshape(b * t, hv, value_states.shape[-1]))
         if self._keys is not None:  # packed: one row over the given slots
-            slots, length = self._keys, self._keys.shape[0]
+            slots = self._keys
+            length = self._keys.shape[0]
         else:
-            length, table = self.gather_length, self.req_to_token_pool.req_to_token
+            length = self.gather_length
+            table = self.req_to_token_pool.req_to_token
             if length != self.max_context_len:
                 table = table[:, :length]  # a view of the static table: fixed for a given length
             slots = table.index_select(0, self._rows).view(-1)

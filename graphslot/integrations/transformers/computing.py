@@ -38,7 +38,8 @@ class Computing:
     def _compute(self, p: Pending, only: Optional[Request] = None) -> None:
         """Everything a step computes, into ``p``; no request changes. ``only``: the step of
         that one request (running, or admitted if it waits), as :mod:`.recovery` asks."""
-        out, reads = p.out, []
+        out = p.out
+        reads: List[torch.Tensor] = []
         with self._lock:
             queue = self.waiting if only is None else [req for req in self.waiting if req is only]
         self._admit(p, queue)
@@ -79,7 +80,8 @@ class Computing:
         host = to_host(reads)  # the step's one read: it waits for the device
         if p.lanes:
             out.decode_seconds = time.perf_counter() - start
-        ended, first = set(), {}
+        ended = set()
+        first = {}
         if prefill is not None:
             tokens, lps, top = prefill.get(host)
             for i, (req, _, _) in enumerate(p.admitted):
@@ -100,7 +102,8 @@ class Computing:
         row, and slots for its every token beside what the running requests may still
         take (so a running request never runs out). The queue is indexed, not iterated:
         another thread may append to it meanwhile."""
-        cache, i = self.cache, 0
+        cache = self.cache
+        i = 0
         free = cache.available_slots - sum(r.need - r.cached for r in self.running)
         while (i < len(queue) and len(self.running) + i < self.max_bs and cache.available_requests
                and free >= queue[i].need):
@@ -119,13 +122,17 @@ class Computing:
         decode read them twice). The admitted requests draw their first token here and
         decode from the next step. False (nothing done) when a request wants its prompt
         logprobs or the packed mask would be too large: the step runs apart."""
-        lanes, out, n = p.lanes, p.out, len(p.lanes)
+        lanes = p.lanes
+        out = p.out
+        n = len(lanes)
         prompts = sum(len(req.prompt) for req, _, _ in p.admitted)
         if (any(req.wants_prompt_logprobs for req, _, _ in p.admitted)
                 or not packed_fits(n + prompts, sum(lane.position + 1 for lane in lanes) + prompts)):
             return False
-        start, slots = time.perf_counter(), self.cache.pool.take_slots(n)
-        p.decode_slots, p.slots = slots, p.slots + slots
+        start = time.perf_counter()
+        slots = self.cache.pool.take_slots(n)
+        p.decode_slots = slots
+        p.slots += slots
         seqs = [Packed([lane.fed], lane.position, lane.req.slots + [slot]) for lane, slot in zip(lanes, slots)]
         seqs += [Packed(req.prompt, 0, prompt_slots) for req, _, prompt_slots in p.admitted]
         dev = self.cache.device
@@ -137,7 +144,9 @@ class Computing:
         picks = Picks.add(self._choose(logits, [self._row(lane.req, lane.emitted) for lane in lanes]
                                        + [self._row(req, 0) for req, _, _ in p.admitted]), reads)
         tokens, lps, top = picks.get(to_host(reads))
-        out.decode_batch_size, out.decode_seconds, ended = n, time.perf_counter() - start, set()
+        out.decode_batch_size = n
+        out.decode_seconds = time.perf_counter() - start
+        ended = set()
         for i, (req, _, _) in enumerate(p.admitted, n):
             out.prefill_logits[req.rid] = logits[i].clone()
             p.record(req, 0, tokens[i], lps and lps[i], top and top[i], ended)

@@ -99,7 +99,8 @@ class ContinuousBatcher(Computing, Driving, Picking, Recovery):
                  eos_token_id: Any = None, sample: Optional[Callable[[torch.Tensor], Any]] = None,
                  seed: Optional[int] = None, mix_prefill: Optional[bool] = None, allow_untested: bool = False,
                  **runner_options: Any):
-        config, where = model.config, "ContinuousBatcher"
+        config = model.config
+        where = "ContinuousBatcher"
         max_bs = count(max_bs, "max_bs", where)
         max_requests = max_bs if max_requests is None else count(max_requests, "max_requests", where)
         max_context_len = None if max_context_len is None else count(max_context_len, "max_context_len", where)
@@ -132,7 +133,9 @@ class ContinuousBatcher(Computing, Driving, Picking, Recovery):
                                    kv_cache_bytes=kv_cache_bytes,
                                    positions=getattr(text_config(config), "max_position_embeddings", None))
         check_decode_graphs(device, self.kv_budget, runner_config, max_requests, made.bytes, per_slot)
-        self.model, self.sample, self.max_bs = model, sample, max_bs
+        self.model = model
+        self.sample = sample
+        self.max_bs = max_bs
         self.sampler = Sampler()
         self.cache = PagedCache(config, max_requests=max_requests, max_context_len=self.kv_budget.max_context_len,
                                 num_slots=self.kv_budget.num_slots, dtype=model.dtype, device=device,
@@ -283,7 +286,8 @@ class ContinuousBatcher(Computing, Driving, Picking, Recovery):
         """Apply a computed step: list operations only, nothing here can fail halfway."""
         for req, row, slots in p.admitted:
             self.waiting.popleft()  # the admitted are the queue's head: only a commit or an abort between steps pops
-            req.row, req.slots = row, slots
+            req.row = row
+            req.slots = slots
             self.running.append(req)
         for lane, slot in zip(p.lanes, p.decode_slots):
             lane.req.slots.append(slot)
@@ -321,10 +325,12 @@ class ContinuousBatcher(Computing, Driving, Picking, Recovery):
             self._finish(req, reason)
         else:
             self.waiting.remove(req)
-            req.finished, req.finish_reason = True, reason
+            req.finished = True
+            req.finish_reason = reason
 
     def _finish(self, req: Request, reason: str) -> None:
-        req.finished, req.finish_reason = True, reason
+        req.finished = True
+        req.finish_reason = reason
         self.running.remove(req)
         self.cache.free_request(req.row, req.slots)
         req.slots = []
