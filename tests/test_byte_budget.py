@@ -231,7 +231,8 @@ def test_a_paged_cache_within_its_cap_is_built():
 
     # 17 slots x 2 x 2 x 16 x 2 x 4 bytes = 8704, plus 3 x 8 x 8 = 192 of request table: 8896 exactly.
     cache = PagedCache(tiny_config("llama"), max_requests=2, max_context_len=8, max_bytes=8896)
-    assert sum(t.numel() * t.element_size() for t in cache.static_tensors() if t is not cache.kv_positions) == 8896
+    pool = [t for t in cache.static_tensors() if t is not cache.masks.kv_positions]
+    assert sum(t.numel() * t.element_size() for t in pool) == 8896
 
 
 def test_continuous_batcher_with_a_huge_batch_is_refused_by_its_kv_pool(monkeypatch):

@@ -229,7 +229,7 @@ def test_the_paged_cache_has_no_single_length_and_requests_must_fit():
 def test_the_cache_goes_under_the_keyword_the_forward_declares():
     """transformers 5.24 renames the forward's past_key_values to cache (the old name
     warns on every call); older releases know only past_key_values."""
-    from graphslot.integrations.transformers.cache import with_cache
+    from graphslot.integrations.transformers.forward import with_cache
 
     class New:
         def forward(self, input_ids=None, cache=None):

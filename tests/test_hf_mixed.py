@@ -20,7 +20,7 @@ from graphslot.integrations.transformers import (  # noqa: E402
     ContinuousBatcher,
     PerRequestHF,
     batches,
-    engine as engine_module,
+    computing,
     tiny_model,
 )
 from graphslot.integrations.transformers.families import packs  # noqa: E402
@@ -125,7 +125,7 @@ def test_a_failed_mixed_step_changes_nothing_and_the_retry_gives_the_same_tokens
     model = tiny_model("llama")
     _, _, want = drive(model)
     engine = ContinuousBatcher(model, max_bs=3, max_context_len=32, backend="cpu", eos_token_id=())
-    real, calls = engine_module.packed_logits, []
+    real, calls = computing.packed_logits, []
 
     def fail_once(*args, **kwargs):
         calls.append(1)
@@ -133,7 +133,7 @@ def test_a_failed_mixed_step_changes_nothing_and_the_retry_gives_the_same_tokens
             raise RuntimeError("the packed forward failed")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(engine_module, "packed_logits", fail_once)
+    monkeypatch.setattr(computing, "packed_logits", fail_once)
     requests, step, arrived = [], 0, set()
     while step in ARRIVALS or any(s > step for s in ARRIVALS) or not engine.done:
         for length, new in ARRIVALS.get(step, []) if step not in arrived else []:

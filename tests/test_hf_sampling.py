@@ -178,11 +178,11 @@ def test_the_sampler_reads_nothing_back_from_the_device(monkeypatch):
 
 
 def test_a_step_reads_the_device_once_whatever_its_rows_ask(model, monkeypatch):
-    from graphslot.integrations.transformers import engine as engine_module
+    from graphslot.integrations.transformers import computing
 
     engine, reads = make_engine(model), []
-    real = engine_module.to_host
-    monkeypatch.setattr(engine_module, "to_host", lambda tensors: reads.append(len(tensors)) or real(tensors))
+    real = computing.to_host
+    monkeypatch.setattr(computing, "to_host", lambda tensors: reads.append(len(tensors)) or real(tensors))
     engine.add_request(PROMPTS[0], 6)
     engine.add_request(PROMPTS[1], 6, temperature=0.8, top_k=7, logprobs=True)
     engine.add_request(PROMPTS[2], 6, top_p=0.9, seed=4, top_logprobs=2, prompt_logprobs=True)

@@ -35,8 +35,9 @@ import torch
 
 from ...runners.adapter import DecodeAdapter
 from .attention import ROUTED_FAMILIES, SPLIT_OPS, inner_implementation, route_attention
-from .cache import PagedCache, with_cache
+from .cache import PagedCache
 from .families import capture_shims, family_problem
+from .forward import with_cache
 from .models import TESTED_FAMILIES
 from .rope import per_row_rope, rope_problem
 #: Attention implementations that take the cache's additive 4-D mask.

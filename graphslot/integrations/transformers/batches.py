@@ -12,7 +12,9 @@ from typing import Any, List, NamedTuple, Optional, Sequence, Tuple, Union
 import torch
 
 from .adapter import DecodeStep
-from .cache import MASK_2D, PagedCache, with_cache
+from .cache import PagedCache
+from .forward import with_cache
+from .masks import MASK_2D
 from .requests import Lane, Pending, Request
 from .rope import per_row_rope
 

@@ -33,22 +33,9 @@ captured size:
   or the context bucket a graph was captured for (:meth:`PagedCache.gathering`), so a
   step's attention costs its bucket, not the longest context the cache allows. Every
   row's context must fit in ``L`` (the runner picks the bucket from the step's longest);
-* which of those positions a query sees is the mask's business
-  (:meth:`PagedCache.attention_mask`): position ``j`` is visible to a query at position
-  ``p`` when ``j <= p`` (and ``j > p - window`` on a sliding-window layer, as
-  transformers' own sliding mask). Unused and stale positions are masked out; their
-  values are finite (the pool starts at zero, a freed slot keeps what it held), so they
-  add nothing.
-
-Two mask routes. Most families take the additive 4-D mask as given (``"4d"``). Bloom
-and alibi Falcon build their alibi bias from a 2-D padding mask, so for them
-(``mask_route="2d"``) the mask is ``[B, L]`` (1 where ``j <= `` the row's last query
-position) and transformers builds causal-and-padding itself from the query offset this
-cache reports (:meth:`PagedCache.get_query_offset`): 0 for a forward of several tokens
-per row (a prefill whose rows start at position 0 in column 0, right-padded: checked),
-``L - 1`` for a decode step, where the 2-D mask alone says what each row sees. Alibi
-from that mask is ``slope * j``, a key-position bias, which softmax makes the same as
-``slope * (j - i)``.
+* which of those positions a query sees is the mask's business (:mod:`.masks`:
+  :meth:`PagedCache.attention_mask`, :meth:`PagedCache.packed_mask`, and the query
+  offset transformers asks of a 2-D mask, :meth:`PagedCache.get_query_offset`).
 
 :meth:`PagedCache.get_seq_length` is 0: the cache has no one length, and with
 ``position_ids`` and a mask given the families that ask (OPT, BioGPT, CTRL, XGLM,
@@ -61,8 +48,6 @@ the host, so the whole forward can be captured.
 from __future__ import annotations
 
 import contextlib
-import functools
-import inspect
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -71,7 +56,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from ...kvpool import ReqToTokenPool, free_request
 from ...spec.budget import BufferBudgetError, byte_cap, format_bytes
 from .budget import MAX_KV_BYTES_ENV, device_memory, table_bytes
-from .families import mask_route
+from .forward import with_cache
 from .geometry import (
     GeometryKVPool,
     KVGeometry,
@@ -82,10 +67,7 @@ from .geometry import (
     describe_slot,
     text_config,
 )
-
-
-#: Mask routes (see the module docstring).
-MASK_4D, MASK_2D = "4d", "2d"
+from .masks import AttentionMasks, Mask
 
 
 def _gather(buffer: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
@@ -94,28 +76,6 @@ def _gather(buffer: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     CPU tape backend copies every such result; these are the step's largest)."""
     out = torch.empty((slots.shape[0], *buffer.shape[1:]), dtype=buffer.dtype, device=buffer.device)
     return torch.index_select(buffer, 0, slots, out=out)
-
-
-def forward_takes(model: Any, name: str) -> bool:
-    """Whether ``model.forward`` declares the argument ``name``. The signature is read
-    once per forward function: :func:`with_cache` asks on every forward call."""
-    forward = model.forward
-    return name in _arguments(getattr(forward, "__func__", forward))
-
-
-@functools.lru_cache(maxsize=None)
-def _arguments(function: Any) -> frozenset:
-    try:
-        return frozenset(inspect.signature(function).parameters)
-    except (TypeError, ValueError):
-        return frozenset()
-
-
-def with_cache(model: Any, cache: Any) -> Dict[str, Any]:
-    """The forward's keyword argument for the KV cache: ``cache`` from transformers 5.24,
-    which deprecates ``past_key_values`` (a FutureWarning every call), else
-    ``past_key_values``."""
-    return {"cache" if forward_takes(model, "cache") else "past_key_values": cache}
 
 
 class PagedCacheLayer(CacheLayerMixin):
@@ -127,8 +87,10 @@ class PagedCacheLayer(CacheLayerMixin):
 
     def __init__(self, cache: "PagedCache", layer_idx: int, layer_type: str, window: Optional[int]):
         super().__init__()
-        self.cache, self.layer_idx = cache, layer_idx
-        self.layer_type, self.sliding_window = layer_type, window
+        self.cache = cache
+        self.layer_idx = layer_idx
+        self.layer_type = layer_type
+        self.sliding_window = window
         self.is_sliding = window is not None
         self.is_initialized = True  # the pool is allocated up front
 
@@ -177,8 +139,10 @@ class PagedCache(Cache):
                              f"{num_slots!r}")
         self.config = text_config(config)
         self.layer_kinds = attention_layers(self.config)
-        self.max_requests, self.max_context_len = max_requests, max_context_len
-        self.device, self.dtype = torch.device(device), dtype
+        self.max_requests = max_requests
+        self.max_context_len = max_context_len
+        self.device = torch.device(device)
+        self.dtype = dtype
         #: KV slots in the pool, slot 0 included.
         self.num_slots = num_slots or max_requests * max_context_len + 1
         self._sized_by = "num_slots" if num_slots else "max_requests x max_context_len"
@@ -190,16 +154,10 @@ class PagedCache(Cache):
         self._pool: Optional[GeometryKVPool] = None
         self._set_geometry(tuple(geometry) if geometry is not None else config_geometry(self.config))
         self.req_to_token_pool = ReqToTokenPool(max_requests + 1, max_context_len, self.device)
-        #: ``[1, 1, max_context_len]`` positions of the gathered keys, made once (a static input).
-        self.kv_positions = torch.arange(max_context_len, device=self.device).view(1, 1, -1)
         #: Positions gathered per row by the next forwards; None: ``max_context_len``.
         self.gather_len: Optional[int] = None
-        #: ``"4d"`` (an additive mask the model takes as given) or ``"2d"`` (see the module docstring).
-        self.mask_route = mask_route(self.config)
-        if self.mask_route == MASK_2D and any(window for _, window in self.layer_kinds):
-            raise ValueError(f"{type(self.config).__name__}: sliding-window layers cannot take the 2-D mask its "
-                             "family needs (the window is a 4-D mask's business)")
-        self._query_len = 1  # tokens per row of the forward whose mask was made last (2-D route)
+        #: Which gathered positions each query sees (:mod:`.masks`).
+        self.masks = AttentionMasks(self.config, self.layer_kinds, max_context_len, self.device)
         self._probed: Optional[Dict[int, LayerGeometry]] = None  # while probing
         self._loc: Optional[torch.Tensor] = None
         self._rows: Optional[torch.Tensor] = None
@@ -298,7 +256,8 @@ class PagedCache(Cache):
         if length is not None and not 1 <= length <= self.max_context_len:
             raise ValueError(f"PagedCache: a gather length of {length!r}; it must be 1..max_context_len "
                              f"({self.max_context_len})")
-        previous, self.gather_len = self.gather_len, length
+        previous = self.gather_len
+        self.gather_len = length
         try:
             yield
         finally:
@@ -306,14 +265,18 @@ class PagedCache(Cache):
 
     def bind(self, out_cache_loc: torch.Tensor, req_pool_indices: torch.Tensor) -> None:
         """Point the next forward at a step's slots (the same tensors a graph was captured on)."""
-        self._loc, self._rows, self._keys = out_cache_loc, req_pool_indices, None
+        self._loc = out_cache_loc
+        self._rows = req_pool_indices
+        self._keys = None
 
     def bind_packed(self, out_cache_loc: torch.Tensor, keys: torch.Tensor) -> None:
         """Point the next (eager) forward at a packed step: one row of ``T`` tokens from
         several sequences, token ``i``'s K and V to slot ``out_cache_loc[i]``, every layer
         attending over the slots ``keys`` (``[K]``: the sequences' contexts, one after
         another); :meth:`packed_mask` says which query sees which key."""
-        self._loc, self._rows, self._keys = out_cache_loc, None, keys
+        self._loc = out_cache_loc
+        self._rows = None
+        self._keys = keys
 
     def write_and_gather(self, layer_idx: int, key_states: torch.Tensor, value_states: torch.Tensor):
         if self._probed is not None:
@@ -331,9 +294,11 @@ class PagedCache(Cache):
         pool.set_kv(layer_idx, self._loc, key_states.transpose(1, 2).reshape(b * t, h, d),
                     value_states.transpose(1, 2).reshape(b * t, hv, value_states.shape[-1]))
         if self._keys is not None:  # packed: one row over the given slots
-            slots, length = self._keys, self._keys.shape[0]
+            slots = self._keys
+            length = self._keys.shape[0]
         else:
-            length, table = self.gather_length, self.req_to_token_pool.req_to_token
+            length = self.gather_length
+            table = self.req_to_token_pool.req_to_token
             if length != self.max_context_len:
                 table = table[:, :length]  # a view of the static table: fixed for a given length
             slots = table.index_select(0, self._rows).view(-1)
@@ -349,60 +314,26 @@ class PagedCache(Cache):
                              f"{self._probed[layer_idx]} and {seen}; PagedCache keeps one K and V per layer and token")
         return key_states, value_states
 
-    def attention_mask(self, positions: torch.Tensor, dtype: Optional[torch.dtype] = None
-                       ) -> Union[torch.Tensor, Dict[str, torch.Tensor]]:
-        """The mask for queries at ``positions`` (``[B, T]``) over the gathered positions.
+    @property
+    def mask_route(self) -> str:
+        """``"4d"`` (an additive mask the model takes as given) or ``"2d"`` (:mod:`.masks`)."""
+        return self.masks.route
 
-        Route ``"4d"``: additive masks ``[B, 1, T, L]``, one tensor when every layer has
-        the same kind, else a mapping by layer type (what Qwen2/Qwen3 take); transformers
-        uses a 4-D mask as given. Route ``"2d"``: ``[B, L]`` of 0/1 (see the module
-        docstring); a forward of several tokens per row must have each row's token at
-        position ``p > 0`` in column ``p`` (right padding), else ValueError."""
-        length = self.gather_length
-        kv = self.kv_positions if length == self.max_context_len else self.kv_positions[..., :length]
-        if self.mask_route == MASK_2D:
-            return self._two_d_mask(positions, kv)
-        return self._additive(positions.unsqueeze(-1), kv, None, dtype or self.dtype)
+    def attention_mask(self, positions: torch.Tensor, dtype: Optional[torch.dtype] = None) -> Mask:
+        """The mask for queries at ``positions`` (``[B, T]``) over the gathered positions
+        (:meth:`.masks.AttentionMasks.attention_mask`; ``dtype``: the cache's by default).
+        A mask of route ``"4d"`` is one tensor when every layer has the same kind, else a
+        mapping by layer type (what Qwen2/Qwen3 take)."""
+        return self.masks.attention_mask(positions, self.gather_length, dtype or self.dtype)
 
     def packed_mask(self, query_seqs: torch.Tensor, query_positions: torch.Tensor, key_seqs: torch.Tensor,
-                    key_positions: torch.Tensor, dtype: Optional[torch.dtype] = None
-                    ) -> Union[torch.Tensor, Dict[str, torch.Tensor]]:
-        """The mask of a packed step (:meth:`bind_packed`), ``[1, 1, T, K]`` (or a mapping by
-        layer type): query ``i`` of sequence ``query_seqs[i]`` at ``query_positions[i]``
-        sees key ``j`` when it is of the same sequence at a position ``<=`` its own (and
-        within the window on a sliding layer)."""
-        same = query_seqs.view(1, -1, 1) == key_seqs.view(1, 1, -1)
-        return self._additive(query_positions.view(1, -1, 1), key_positions.view(1, 1, -1), same,
-                              dtype or self.dtype)
-
-    def _additive(self, pos: torch.Tensor, kv: torch.Tensor, same: Optional[torch.Tensor], dtype: torch.dtype
-                  ) -> Union[torch.Tensor, Dict[str, torch.Tensor]]:
-        """Additive masks ``[B, 1, T, L]``: 0 where the key at ``kv`` is visible from the
-        query at ``pos`` (``[B, T, 1]``), the dtype's lowest elsewhere; per layer type."""
-        visible = kv <= pos if same is None else (kv <= pos) & same
-        masks: Dict[str, torch.Tensor] = {}
-        for kind, window in dict.fromkeys(self.layer_kinds):
-            seen = visible if window is None else visible & (kv > pos - window)
-            masks[kind] = torch.zeros(seen.shape, dtype=dtype, device=seen.device).masked_fill_(
-                ~seen, torch.finfo(dtype).min).unsqueeze(1)
-        return next(iter(masks.values())) if len(masks) == 1 else masks
-
-    def _two_d_mask(self, positions: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
-        self._query_len = positions.shape[-1]
-        if self._query_len > 1:  # eager only (a prefill): a decode step has one token per row
-            columns = torch.arange(self._query_len, device=positions.device)
-            if not bool(((positions == columns) | (positions == 0)).all()):
-                raise ValueError("PagedCache (2-D mask route): a forward of several tokens per row needs each row's "
-                                 "token at position p in column p (rows start at position 0 in column 0, padded on "
-                                 "the right): the query offset that transformers combines with a 2-D mask is one int "
-                                 "for the whole batch")
-        last = positions.max(dim=-1, keepdim=True).values  # [B, 1]: the row's last query position
-        return (kv.view(1, -1) <= last).to(torch.int64)
+                    key_positions: torch.Tensor, dtype: Optional[torch.dtype] = None) -> Mask:
+        """The mask of a packed step (:meth:`bind_packed`; :meth:`.masks.AttentionMasks.packed_mask`)."""
+        return self.masks.packed_mask(query_seqs, query_positions, key_seqs, key_positions, dtype or self.dtype)
 
     def get_query_offset(self, layer_idx: int = 0) -> int:
-        """Where the queries start among the gathered positions, for transformers' mask
-        from a 2-D mask: 0 for a forward of several tokens per row, ``L - 1`` for one."""
-        return 0 if self._query_len > 1 else self.gather_length - 1
+        """Where the queries start among the gathered positions (:meth:`.masks.AttentionMasks.query_offset`)."""
+        return self.masks.query_offset(self.gather_length)
 
     # -- request bookkeeping (host) -------------------------------------------------
     def alloc_request(self) -> int:
@@ -434,7 +365,7 @@ class PagedCache(Cache):
         yield from self.pool.k_buffer
         yield from self.pool.v_buffer
         yield self.req_to_token_pool.req_to_token
-        yield self.kv_positions
+        yield self.masks.kv_positions
 
 
 def kv_geometry(model: Any) -> KVGeometry:

@@ -1,16 +1,11 @@
 """A small continuous-batching driver: requests join and leave, decode goes through graphs.
 
-Each :meth:`ContinuousBatcher.step` prefills the requests admitted this step (eager
-forwards asking the model for each prompt's last logits only: :mod:`.batches`), then
-decodes every running request by one token through the :class:`DecodeGraphRunner`
-(replayed when a captured size fits, eager otherwise); a request admitted in a step is
-decoded in it too, fed the token its prefill drew on the device. With ``mix_prefill``
-(the CPU's default) a step that admits requests while others run is one packed eager
-forward of the running requests' tokens and the new prompts instead (the weights read
-once, not twice), and the new requests decode from the next step. Tokens are picked on
-the device per request (:mod:`.sampling`) and read back once per step, with their
-logprobs when asked. A request leaves when it has ``max_new_tokens`` tokens, draws one
-of its stop tokens (EOS; kept in its output, as generate keeps it) or is aborted.
+Each :meth:`ContinuousBatcher.step` prefills the requests admitted this step (eager)
+and decodes every running request by one token through the :class:`DecodeGraphRunner`,
+or, with ``mix_prefill`` (the CPU's default), runs both as one packed eager forward;
+tokens are picked on the device per request (:mod:`.computing`). A request leaves when
+it has ``max_new_tokens`` tokens, draws one of its stop tokens (EOS; kept in its
+output, as generate keeps it) or is aborted.
 
 A step is all or nothing. It computes first (admission, prefill, decode, sampling) into
 local results, taking the rows and slots it needs from the pool, and only then commits
@@ -40,7 +35,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import threading
-import time
 from collections import deque
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
@@ -50,21 +44,22 @@ from ...graphs.cuda import CudaGraphBackend
 from ...runners.decode import DecodeGraphRunner, DecodeRunnerConfig
 from . import rope
 from .adapter import HFDecodeAdapter, check_model
-from .batches import Packed, decode_step, fed_ids, packed_fits, packed_logits, prefill_logits, split_prompt_logprobs
 from .budget import Allocations, check_decode_graphs, pool_size
-from .cache import PagedCache, forward_takes, kv_geometry
+from .cache import PagedCache, kv_geometry
 from .checks import count, flag, stop_ids, token_ids
+from .computing import Computing
 from .driving import Driving
 from .families import packs
+from .forward import forward_takes
 from .generation import generation_settings
 from .geometry import bytes_per_slot, text_config
-from .requests import FINISH_ABORT, Lane, Pending, Picks, Request, StepOutput, TokenEvent, notify, reentered
+from .requests import FINISH_ABORT, Pending, Request, StepOutput, TokenEvent, notify, reentered
 from .picking import Picking
 from .recovery import Recovery
-from .sampling import Sampler, check_seed, generation_defaults, model_eos, request_seed, to_host
+from .sampling import Sampler, check_seed, generation_defaults, model_eos, request_seed
 
 
-class ContinuousBatcher(Driving, Picking, Recovery):
+class ContinuousBatcher(Computing, Driving, Picking, Recovery):
     """Decode a stream of requests with a transformers causal LM through graphs.
 
     * ``max_bs`` caps the running batch and the captured sizes; ``max_requests``
@@ -87,7 +82,7 @@ class ContinuousBatcher(Driving, Picking, Recovery):
       ``min_new_tokens`` masks applied, its ids are read on the host (a read per call),
       and requests cannot set sampling parameters then. It may be set or changed
       between steps (``engine.sample = fn``; None: the built-in sampler).
-    * ``mix_prefill`` (default: True on the CPU): see the module docstring; where the
+    * ``mix_prefill`` (default: True on the CPU): see :mod:`.computing`; where the
       family cannot pack (:func:`.families.packs`) or a request wants its prompt
       logprobs, the step prefills apart. The tokens are the same either way.
     * Runner options (``backend``, ``impl``, ``capture_bs``, ...) go to :class:`DecodeRunnerConfig`;
@@ -104,7 +99,8 @@ class ContinuousBatcher(Driving, Picking, Recovery):
                  eos_token_id: Any = None, sample: Optional[Callable[[torch.Tensor], Any]] = None,
                  seed: Optional[int] = None, mix_prefill: Optional[bool] = None, allow_untested: bool = False,
                  **runner_options: Any):
-        config, where = model.config, "ContinuousBatcher"
+        config = model.config
+        where = "ContinuousBatcher"
         max_bs = count(max_bs, "max_bs", where)
         max_requests = max_bs if max_requests is None else count(max_requests, "max_requests", where)
         max_context_len = None if max_context_len is None else count(max_context_len, "max_context_len", where)
@@ -137,7 +133,9 @@ class ContinuousBatcher(Driving, Picking, Recovery):
                                    kv_cache_bytes=kv_cache_bytes,
                                    positions=getattr(text_config(config), "max_position_embeddings", None))
         check_decode_graphs(device, self.kv_budget, runner_config, max_requests, made.bytes, per_slot)
-        self.model, self.sample, self.max_bs = model, sample, max_bs
+        self.model = model
+        self.sample = sample
+        self.max_bs = max_bs
         self.sampler = Sampler()
         self.cache = PagedCache(config, max_requests=max_requests, max_context_len=self.kv_budget.max_context_len,
                                 num_slots=self.kv_budget.num_slots, dtype=model.dtype, device=device,
@@ -276,99 +274,6 @@ class ContinuousBatcher(Driving, Picking, Recovery):
             self._notifying = False
         return pending.out
 
-    def _compute(self, p: Pending, only: Optional[Request] = None) -> None:
-        """Everything a step computes, into ``p``; no request changes. ``only``: the step of
-        that one request (running, or admitted if it waits), as :mod:`.recovery` asks."""
-        out, reads = p.out, []
-        with self._lock:
-            queue = self.waiting if only is None else [req for req in self.waiting if req is only]
-        self._admit(p, queue)
-        p.lanes = [Lane(r, r.row, r.cached, r.output[-1], len(r.output)) for r in self.running
-                   if only is None or r is only]
-        if p.admitted and p.lanes and self.mix_prefill and self._mixed(p):
-            return
-        prefill = prompt_part = fresh = None
-        if p.admitted:
-            logits, prompt_lp = prefill_logits(self.model, self.cache, p.admitted, self.last_logits_only)
-            for (req, _, _), row_logits in zip(p.admitted, logits):
-                out.prefill_logits[req.rid] = row_logits.clone()
-            choice = self._choose(logits, [self._row(req, 0) for req, _, _ in p.admitted])
-            prefill = Picks.add(choice, reads)
-            if prompt_lp is not None:
-                prompt_part = len(reads)
-                reads.append(prompt_lp)
-            # Decoded in this step too, fed the token just drawn (unless one token is all it wants).
-            going_on = [i for i, (req, _, _) in enumerate(p.admitted) if req.max_new_tokens > 1]
-            if going_on:
-                fresh = choice.tokens.index_select(0, torch.tensor(going_on, device=choice.tokens.device))
-                p.lanes += [Lane(req, row, len(slots), None, 1)
-                            for req, row, slots in (p.admitted[i] for i in going_on)]
-        decode = logits = None
-        start = time.perf_counter()
-        if p.lanes:
-            p.decode_slots = self.cache.pool.take_slots(len(p.lanes))
-            p.slots += p.decode_slots
-            step = decode_step(self.cache.device, fed_ids(p.lanes, fresh), [lane.position for lane in p.lanes],
-                                     [lane.row for lane in p.lanes], p.decode_slots)
-            self.cache.req_to_token_pool.write_tokens(step.req_pool_indices, step.positions, step.out_cache_loc)
-            out.decode_batch_size = len(p.lanes)
-            out.decode_graph = self.runner.can_run(step)
-            logits = self.runner(step).clone()  # replayed outputs are views of static memory
-            if logits.shape[0] != len(p.lanes):
-                raise RuntimeError(f"the decode step of {len(p.lanes)} requests returned {logits.shape[0]} rows")
-            decode = Picks.add(self._choose(logits, [self._row(lane.req, lane.emitted) for lane in p.lanes]), reads)
-        host = to_host(reads)  # the step's one read: it waits for the device
-        if p.lanes:
-            out.decode_seconds = time.perf_counter() - start
-        ended, first = set(), {}
-        if prefill is not None:
-            tokens, lps, top = prefill.get(host)
-            for i, (req, _, _) in enumerate(p.admitted):
-                first[req.rid] = tokens[i]
-                p.record(req, 0, tokens[i], lps and lps[i], top and top[i], ended)
-            if prompt_part is not None:
-                split_prompt_logprobs(p, host[prompt_part])
-        if decode is not None:
-            tokens, lps, top = decode.get(host)
-            for i, lane in enumerate(p.lanes):
-                if lane.req.rid in ended:  # its first token ended it: this row was decoded in vain
-                    continue
-                out.decode[lane.req.rid] = (first[lane.req.rid] if lane.fed is None else lane.fed, logits[i])
-                p.record(lane.req, lane.emitted, tokens[i], lps and lps[i], top and top[i], ended)
-
-    def _mixed(self, p: Pending) -> bool:
-        """The step as one packed eager forward: each running request's token and each
-        admitted prompt, no padding (the weights are read once, where a prefill and a
-        decode read them twice). The admitted requests draw their first token here and
-        decode from the next step. False (nothing done) when a request wants its prompt
-        logprobs or the packed mask would be too large: the step runs apart."""
-        lanes, out, n = p.lanes, p.out, len(p.lanes)
-        prompts = sum(len(req.prompt) for req, _, _ in p.admitted)
-        if (any(req.wants_prompt_logprobs for req, _, _ in p.admitted)
-                or not packed_fits(n + prompts, sum(lane.position + 1 for lane in lanes) + prompts)):
-            return False
-        start, slots = time.perf_counter(), self.cache.pool.take_slots(n)
-        p.decode_slots, p.slots = slots, p.slots + slots
-        seqs = [Packed([lane.fed], lane.position, lane.req.slots + [slot]) for lane, slot in zip(lanes, slots)]
-        seqs += [Packed(req.prompt, 0, prompt_slots) for req, _, prompt_slots in p.admitted]
-        dev = self.cache.device
-        self.cache.req_to_token_pool.write_tokens(torch.tensor([lane.row for lane in lanes], device=dev),
-                                                  torch.tensor([lane.position for lane in lanes], device=dev),
-                                                  torch.tensor(slots, device=dev))
-        logits = packed_logits(self.model, self.cache, seqs)
-        reads: List[torch.Tensor] = []
-        picks = Picks.add(self._choose(logits, [self._row(lane.req, lane.emitted) for lane in lanes]
-                                       + [self._row(req, 0) for req, _, _ in p.admitted]), reads)
-        tokens, lps, top = picks.get(to_host(reads))
-        out.decode_batch_size, out.decode_seconds, ended = n, time.perf_counter() - start, set()
-        for i, (req, _, _) in enumerate(p.admitted, n):
-            out.prefill_logits[req.rid] = logits[i].clone()
-            p.record(req, 0, tokens[i], lps and lps[i], top and top[i], ended)
-        for i, lane in enumerate(lanes):
-            out.decode[lane.req.rid] = (lane.fed, logits[i])
-            p.record(lane.req, lane.emitted, tokens[i], lps and lps[i], top and top[i], ended)
-        return True
-
     def _release(self, p: Pending) -> None:
         """Give back the rows and slots a computed step took (once: they are forgotten)."""
         with self._lock:
@@ -381,7 +286,8 @@ class ContinuousBatcher(Driving, Picking, Recovery):
         """Apply a computed step: list operations only, nothing here can fail halfway."""
         for req, row, slots in p.admitted:
             self.waiting.popleft()  # the admitted are the queue's head: only a commit or an abort between steps pops
-            req.row, req.slots = row, slots
+            req.row = row
+            req.slots = slots
             self.running.append(req)
         for lane, slot in zip(p.lanes, p.decode_slots):
             lane.req.slots.append(slot)
@@ -411,24 +317,6 @@ class ContinuousBatcher(Driving, Picking, Recovery):
             self._aborts.clear()
             self._stepping = False
 
-    def _admit(self, p: Pending, queue: Sequence[Request]) -> None:
-        """Take rows and prompt slots for the waiting requests there is room for: a free
-        row, and slots for its every token beside what the running requests may still
-        take (so a running request never runs out). The queue is indexed, not iterated:
-        another thread may append to it meanwhile."""
-        cache, i = self.cache, 0
-        free = cache.available_slots - sum(r.need - r.cached for r in self.running)
-        while (i < len(queue) and len(self.running) + i < self.max_bs and cache.available_requests
-               and free >= queue[i].need):
-            req = queue[i]
-            row = cache.alloc_request()
-            p.rows.append(row)
-            slots = cache.alloc_tokens(row, 0, len(req.prompt))
-            p.slots += slots
-            p.admitted.append((req, row, slots))
-            free -= req.need
-            i += 1
-
     def _drop(self, req: Request, reason: str = FINISH_ABORT) -> None:
         """Abort (or fail) ``req`` between steps (under the lock); a finished request stays as it is."""
         if req.finished:
@@ -437,10 +325,12 @@ class ContinuousBatcher(Driving, Picking, Recovery):
             self._finish(req, reason)
         else:
             self.waiting.remove(req)
-            req.finished, req.finish_reason = True, reason
+            req.finished = True
+            req.finish_reason = reason
 
     def _finish(self, req: Request, reason: str) -> None:
-        req.finished, req.finish_reason = True, reason
+        req.finished = True
+        req.finish_reason = reason
         self.running.remove(req)
         self.cache.free_request(req.row, req.slots)
         req.slots = []

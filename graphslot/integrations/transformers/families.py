@@ -41,7 +41,7 @@ POSITION_TABLES = ("gpt2", "gpt_bigcode", "gptj", "opt", "biogpt", "xglm", "ctrl
 
 def mask_route(config: Any) -> str:
     """``"2d"`` for the families that build alibi from a 2-D padding mask (Bloom, Falcon with
-    ``alibi=True``), ``"4d"`` for the rest (see :mod:`.cache`)."""
+    ``alibi=True``), ``"4d"`` for the rest (see :mod:`.masks`)."""
     family = getattr(config, "model_type", None)
     if family == "bloom" or (family == "falcon" and getattr(config, "alibi", False)):
         return "2d"

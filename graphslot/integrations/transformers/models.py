@@ -22,7 +22,7 @@ from typing import Any, Dict, NamedTuple, Optional
 import torch
 import transformers
 
-from .cache import with_cache
+from .forward import with_cache
 
 
 class Recipe(NamedTuple):
