@@ -614,7 +614,7 @@ def test_a_num_tokens_no_exchange_can_send_fails_every_rank_before_it(value, err
     before the exchange, naming the hook."""
     import torch.distributed as dist
 
-    from graphslot.runners.dp import DPDecodeRunner, DPExchange, DPStepError
+    from graphslot.runners import DPDecodeRunner, DPExchange, DPStepError
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
