@@ -122,7 +122,8 @@ def buffer_params(spec: RegistrySpec) -> List[str]:
 
 def runner_settings(runner: DecodeGraphRunner) -> Dict[str, Any]:
     """What DP ranks must hold alike before capture, by the name an error shows."""
-    config, registry = runner.config, runner.registry
+    config = runner.config
+    registry = runner.registry
     spec = registry.spec
     settings: Dict[str, Any] = {
         "the captured sizes": list(runner.captured_sizes), "the context buckets": runner.captured_contexts,
@@ -193,9 +194,11 @@ class DPDecodeRunner:
         try:  # everything local first: a rank failing here must not leave the others in a capture
             self._check_dp_params(adapter, config, exchange.size)
             runner = DecodeGraphRunner(adapter, config, defer_capture=True)
-            mine, error = runner_settings(runner), None
+            mine = runner_settings(runner)
+            error = None
         except Exception as exc:  # noqa: BLE001 -- whatever it is, every rank must hear of it
-            mine, error = None, exc
+            mine = None
+            error = exc
         told = exchange.gather_objects(mine if error is None else describe_error(error))
         failures = {rank: t for rank, t in enumerate(told) if isinstance(t, tuple)}
         if failures:
@@ -210,12 +213,17 @@ class DPDecodeRunner:
                                   "two steps")
         if not config.lazy:
             runner.capture_all()
-        self.runner, self.exchange = runner, exchange
-        self.adapter, self.k = adapter, runner.k
+        self.runner = runner
+        self.exchange = exchange
+        self.adapter = adapter
+        self.k = runner.k
         #: A second all-gather a step, after prepare (the replay guard is on: debugging).
         self.confirm = guard_wanted(config.guard)
         self.last: Optional[DPStep] = None
-        self.steps = self.graph_steps = self.eager_steps = self.skipped_steps = 0
+        self.steps = 0
+        self.graph_steps = 0
+        self.eager_steps = 0
+        self.skipped_steps = 0
 
     @staticmethod
     def _check_dp_params(adapter: DecodeAdapter, config: DecodeRunnerConfig, size: int) -> None:
@@ -269,9 +277,11 @@ class DPDecodeRunner:
         self.steps += 1
         where = f"at DP step {self.steps}"
         try:
-            mine, error = self._check(fb), None
+            mine = self._check(fb)
+            error = None
         except Exception as exc:  # noqa: BLE001 -- whatever it is, every rank must hear of it
-            mine, error = None, exc
+            mine = None
+            error = exc
         generation = self.runner.generation
         counts, flags, failed, contexts = (
             self.exchange(0, False, True, generation=generation) if mine is None else
@@ -280,7 +290,8 @@ class DPDecodeRunner:
         mine.counts[:] = counts  # the batch's global_num_tokens_cpu: fresh every step, never stale
         padded = self.agree(counts, flags, max(contexts))
         context = None if padded is None else self.runner.dispatch.pad_context(max(contexts))
-        step = self.last = DPStep(counts, flags, padded, contexts, context)
+        step = DPStep(counts, flags, padded, contexts, context)
+        self.last = step
         if step.idle:
             self.skipped_steps += 1
             return None
@@ -289,9 +300,11 @@ class DPDecodeRunner:
         if not self.confirm:
             return self._stage(mine, step, fb is not None)()
         try:  # debugging: a second all-gather, so that what prepare raises fails every rank before the forward
-            run, error = self._stage(mine, step, fb is not None), None
+            run = self._stage(mine, step, fb is not None)
+            error = None
         except Exception as exc:  # noqa: BLE001 -- whatever it is, every rank must hear of it
-            run, error = None, exc
+            run = None
+            error = exc
         self.exchange.settle(error, self.exchange.failed(error is not None), f"{where}, preparing its batch",
                              AFTER_A_STEP_ERROR)
         return run()
@@ -301,7 +314,8 @@ class DPDecodeRunner:
         tells its peers and, when a graph may run it, that every fill it can get fits (so
         that after the exchange the runner's own steps cannot fail). Writes nothing but a
         fresh ``global_num_tokens_cpu`` list on the batch."""
-        adapter, k = self.adapter, self.k
+        adapter = self.adapter
+        k = self.k
         num_tokens = 0 if fb is None else hook_count(adapter, "num_tokens", fb, "the batch's tokens")
         runnable = self.locally_runnable(fb)
         reason = None if runnable or fb is None else self.runner.eager_reason(fb)  # no peer's count needed
@@ -316,13 +330,15 @@ class DPDecodeRunner:
                                 "ranks pick the graph from the tokens and the fill copies the requests: make the "
                                 "two agree (batch_size, num_tokens, or the batch)")
             self.runner.registry.check_step(batch, raw_bs=raw_bs, raw_num_tokens=raw_bs * k)
-        counts = batch.global_num_tokens_cpu = [0] * self.exchange.size
+        counts = [0] * self.exchange.size
+        batch.global_num_tokens_cpu = counts
         return _Checked(batch, counts, num_tokens, runnable, longest, reason)
 
     def _stage(self, mine: _Checked, step: DPStep, real: bool) -> Callable[[], Optional[Any]]:
         """The host steps after the exchange (on a checked batch, none of the runner's own
         can fail); the forward, to run. ``real``: the batch is the rank's, not a dummy."""
-        dispatch, counts = self.runner.dispatch, step.global_num_tokens
+        dispatch = self.runner.dispatch
+        counts = step.global_num_tokens
         rows = max(counts)
         needed = dispatch.rows_for_tokens(rows)
         if step.padded_bs is not None:  # the size and bucket the ranks agreed on (_check made raw_bs * k our count)

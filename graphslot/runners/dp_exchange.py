@@ -38,7 +38,9 @@ class DPStepError(SlotError):
     message); ``rank``: the rank that raised this one."""
 
     def __init__(self, failures: Mapping[int, Tuple[str, str]], rank: int, where: str, after: str = ""):
-        self.failures, self.rank, self._args = dict(sorted(failures.items())), rank, (where, after)
+        self.failures = dict(sorted(failures.items()))
+        self.rank = rank
+        self._args = (where, after)
         if len(self.failures) == 1:
             (culprit, (kind, message)), = self.failures.items()
             what = f"DP rank {culprit} failed {where}: {kind}: {message}"
