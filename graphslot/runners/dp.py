@@ -52,7 +52,7 @@ phases, and everything of the runner's own that can fail comes before its one co
   messages are gathered only then, in a second collective off the steady path).
 - *run*: every rank computes the same answer, fills the batch's
   ``global_num_tokens_cpu`` in place, then replays (a lazy capture first, if the key is
-  new; then :meth:`DecodeGraphRunner.prepare`: the fill, extract, the replay metadata;
+  new; then :meth:`DecodeGraphRunner.stage`: the fill, extract, the replay metadata;
   then the replay) or runs eager (the gather's size, the eager forward).
 
 On a checked batch the run phase has nothing of the runner's own left to fail: the
@@ -177,7 +177,7 @@ class _Checked(NamedTuple):
     counts: List[int]
     num_tokens: int
     runnable: bool
-    #: The longest context, for the exchange (0: no buckets, no batch or no graph).
+    #: The longest context, for the exchange and the stage (0: no buckets, no batch or no graph).
     longest: int
     #: Why no graph runs the batch (``runnable`` false), for the metrics.
     reason: Optional[str]
@@ -342,7 +342,8 @@ class DPDecodeRunner:
         rows = max(counts)
         needed = dispatch.rows_for_tokens(rows)
         if step.padded_bs is not None:  # the size and bucket the ranks agreed on (_check made raw_bs * k our count)
-            staged = self.runner.stage(mine.batch, needed=needed, context=step.context, count=real)
+            longest = mine.longest if real else None  # read by the check; a dummy's is not: stage reads it
+            staged = self.runner.stage(mine.batch, needed=needed, context=step.context, longest=longest, count=real)
             return functools.partial(self._replay, staged, real)
         reason = None
         if real:  # in the runner's metrics and histogram, as a fallback of its own would be
