@@ -32,7 +32,7 @@ def per_call_us(fn: Any, iters: int) -> float:
 def rank_timings(rank: int, world_size: int, iters: int, rounds: int) -> Dict[str, Any]:
     from graphslot.reference import build_reference_model, make_decode_batch, make_extend_batch
     from graphslot.reference.dp_model import DPAttention, ReferenceDPDecodeAdapter
-    from graphslot.runners.dp import DPDecodeRunner, DPExchange
+    from graphslot.runners import DPDecodeRunner, DPExchange
 
     torch.set_num_threads(1)
     rt = build_reference_model(max_num_reqs=8)

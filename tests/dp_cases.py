@@ -65,7 +65,7 @@ def run_rank(rank: int, world_size: int, device: str = "cpu", lazy: bool = False
     graph captured at the step that first needs it, by every rank at once;
     ``context_buckets``: the runners' context buckets)."""
     from graphslot.reference.dp_model import DPAttention, ReferenceDPDecodeAdapter
-    from graphslot.runners.dp import DPDecodeRunner, DPExchange
+    from graphslot.runners import DPDecodeRunner, DPExchange
 
     torch.set_num_threads(1)
     dev = torch.device(device if device == "cpu" else f"cuda:{rank}")
@@ -143,7 +143,7 @@ def refuse_mismatches(rank: int, world_size: int) -> Dict[str, Dict[str, Any]]:
     """Each MISMATCHES case built on both ranks: the error each rank raised, and whether
     the model ran at all (a capture, or its warm-up, runs the forward)."""
     from graphslot.reference.dp_model import DPAttention, ReferenceDPDecodeAdapter
-    from graphslot.runners.dp import DPDecodeRunner, DPExchange
+    from graphslot.runners import DPDecodeRunner, DPExchange
 
     torch.set_num_threads(1)
     out = {}
@@ -176,7 +176,7 @@ def run_with_a_bad_batch(rank: int, world_size: int, on_error: str) -> Dict[str,
     "raise": no rank catches it; "failing rank retries": rank 1 catches it and goes on,
     rank 0 does not catch it."""
     from graphslot.reference.dp_model import DPAttention, ReferenceDPDecodeAdapter
-    from graphslot.runners.dp import DPDecodeRunner, DPExchange
+    from graphslot.runners import DPDecodeRunner, DPExchange
 
     torch.set_num_threads(1)
     rt = build_reference_model(max_num_reqs=16)
@@ -273,7 +273,7 @@ def count_collectives(rank: int, world_size: int) -> Dict[str, Any]:
     its good batch. Then, with the replay guard on, two graph steps and one where rank 1's
     replay metadata hook raises after the exchange, caught the same way."""
     from graphslot.reference.dp_model import DPAttention, ReferenceDPDecodeAdapter
-    from graphslot.runners.dp import DPDecodeRunner, DPExchange, DPStepError
+    from graphslot.runners import DPDecodeRunner, DPExchange, DPStepError
 
     torch.set_num_threads(1)
     rt = build_reference_model(max_num_reqs=16)
@@ -332,7 +332,7 @@ def hook_fails_after_the_exchange(rank: int, world_size: int) -> None:
     """Rank 1's replay metadata hook raises at a graph step, after the exchange (the
     replay guard off): rank 1 raises its own error, rank 0 is in the forward by then."""
     from graphslot.reference.dp_model import DPAttention, ReferenceDPDecodeAdapter
-    from graphslot.runners.dp import DPDecodeRunner, DPExchange
+    from graphslot.runners import DPDecodeRunner, DPExchange
 
     torch.set_num_threads(1)
     rt = build_reference_model(max_num_reqs=16)
@@ -355,7 +355,7 @@ def lifecycle_alone(rank: int, world_size: int, call: str, lazy: bool, on_error:
     behind the DP runner's back and both run a step; "raise": no rank catches it. Also what
     the rank's own runner says to ``<call>()``."""
     from graphslot.reference.dp_model import DPAttention, ReferenceDPDecodeAdapter
-    from graphslot.runners.dp import DPDecodeRunner, DPExchange, DPStepError
+    from graphslot.runners import DPDecodeRunner, DPExchange, DPStepError
 
     torch.set_num_threads(1)
     rt = build_reference_model(max_num_reqs=16)
@@ -398,7 +398,7 @@ def hangs_after_the_exchange(rank: int, world_size: int) -> None:
     import time
 
     from graphslot.reference.dp_model import DPAttention, ReferenceDPDecodeAdapter
-    from graphslot.runners.dp import DPDecodeRunner, DPExchange
+    from graphslot.runners import DPDecodeRunner, DPExchange
 
     torch.set_num_threads(1)
     rt = build_reference_model(max_num_reqs=16)

@@ -1,4 +1,4 @@
-"""DecodeGraphRunner.stage(fb, needed=, context=) (the DP runner passes what the ranks
+"""DecodeGraphRunner.stage(fb, needed=, context=, longest=) (the DP runner passes what the ranks
 agreed on): a graph smaller than the batch needs, in rows or in context, is refused naming
 the argument. A bucket below the batch's longest context replayed a graph that attends to
 fewer positions than the batch has (silently wrong on a bucketed attention); too few or
@@ -62,3 +62,14 @@ def test_needed_is_a_python_int_only(setup):
             runner.stage(fb, needed=needed)
     assert runner.fills == fills
     assert runner.stage(reqs.decode(1), needed=1).bs == 1  # the int itself is taken
+
+
+def test_a_longest_context_given_is_not_read_again(setup, monkeypatch):
+    """``longest=``: the caller read it (the DP runner, before its exchange); stage checks and pads with it."""
+    rt, runner, reqs = setup
+    fb = reqs.decode(3)
+    monkeypatch.setattr(runner.adapter, "context_len", lambda fb: pytest.fail("context_len read again"))
+    with pytest.raises(ValueError, match=r"^stage\(context=16\): the batch's longest context is 31, more than"):
+        runner.stage(fb, context=16, longest=31)
+    assert runner.stage(fb, context=64, longest=31).context == 64
+    assert runner.stage(fb, longest=31).context == 64

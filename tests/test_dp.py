@@ -614,7 +614,7 @@ def test_a_num_tokens_no_exchange_can_send_fails_every_rank_before_it(value, err
     before the exchange, naming the hook."""
     import torch.distributed as dist
 
-    from graphslot.runners.dp import DPDecodeRunner, DPExchange, DPStepError
+    from graphslot.runners import DPDecodeRunner, DPExchange, DPStepError
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
@@ -625,5 +625,32 @@ def test_a_num_tokens_no_exchange_can_send_fails_every_rank_before_it(value, err
                 f"DP rank 0 failed at DP step 1, before the exchange: {error}: Odd.num_tokens returned {value}; it "
                 "must be an int >= 0 (the batch's tokens, what the ranks exchange); every rank raised this error")):
             dp(fb)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_bucketed_step_reads_the_batch_s_longest_context_once():
+    """The check read it before the exchange, then runner.stage() read it again to check the agreed bucket against
+    it; now the stage is given the one the check read."""
+    import torch.distributed as dist
+
+    from graphslot.reference.dp_model import DPAttention, ReferenceDPDecodeAdapter
+    from graphslot.runners import DPDecodeRunner, DPExchange
+
+    class Counting(ReferenceDPDecodeAdapter):
+        def context_len(self, fb):
+            reads.append(fb)
+            return super().context_len(fb)
+
+    reads = []
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        adapter = Counting(build_reference_model(max_num_reqs=4), DPAttention())
+        dp = DPDecodeRunner(adapter, DPExchange(), max_bs=2, capture_bs=[2], context_buckets=[8, 16], progress=False)
+        fb = make_decode_batch(adapter.runtime, adapter.runtime.req_to_token_pool.alloc(1), [5], [3])
+        reads.clear()
+        dp(fb)
+        assert (dp.graph_steps, dp.last.contexts, dp.last.context) == (1, [6], 8)
+        assert [read is fb for read in reads] == [True]
     finally:
         dist.destroy_process_group()

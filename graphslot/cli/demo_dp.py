@@ -51,7 +51,8 @@ def _rank_main(rank: int, dp: int, steps: int, backend: str, mode: str, max_bs: 
                progress: bool) -> Dict[str, Any]:
     """One rank: capture, then ``steps`` scheduler steps, one DP decode each (idle included)."""
     from ..reference.dp_model import DPAttention, ReferenceDPDecodeAdapter
-    from ..runners.dp import DPDecodeRunner, DPExchange
+    from ..runners.dp import DPDecodeRunner
+    from ..runners.dp_exchange import DPExchange
 
     torch.set_num_threads(1)
     device = torch.device(f"cuda:{rank}") if backend == "cuda" else torch.device("cpu")

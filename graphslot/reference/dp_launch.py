@@ -8,7 +8,7 @@ A rank that raises reports it at once over its own pipe (the error's type, messa
 traceback and a timestamp); the launcher then gives the others a moment to report too
 and kills those still running. It blames the rank whose own error came first, never a
 survivor: a rank that only stopped because of a peer -- a
-:class:`~graphslot.runners.dp.DPStepError` naming another rank, a collective that lost
+:class:`~graphslot.runners.dp_exchange.DPStepError` naming another rank, a collective that lost
 its peer (connection closed, timed out), the launcher's kill -- is listed as a
 consequence ("DP rank 1 of 2 failed: SlotError: ...; rank 0 stopped because rank 1
 failed"). A rank that dies without a report (a signal, an abort) is the culprit when no
@@ -105,7 +105,7 @@ def peer_lost(exc: BaseException) -> bool:
 
 def rank_report(rank: int, exc: BaseException) -> RankReport:
     """The report of ``rank``, which raised ``exc``."""
-    from ..runners.dp import DPStepError, describe_error
+    from ..runners.dp_exchange import DPStepError, describe_error
 
     text = traceback.format_exc()[-MAX_TRACEBACK_CHARS:]
     error = describe_error(exc)

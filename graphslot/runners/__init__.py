@@ -17,7 +17,8 @@ from .breakable import eager_on_graph
 from .contract import AdapterContractError
 from .decode import DecodeGraphRunner, DecodeRunnerConfig
 from .dispatcher import Dispatch, Dispatcher
-from .dp import DPDecodeRunner, DPExchange, DPStepError
+from .dp import DPDecodeRunner
+from .dp_exchange import DPExchange, DPStepError
 from .eager import EagerRunner
 from .graph_count import GraphCountError
 from .guard import ReplayGuardError

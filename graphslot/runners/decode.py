@@ -303,13 +303,12 @@ class DecodeGraphRunner(PhaseRunner):
         return self.launch(self.stage(fb, count=count))
 
     def prepare(self, fb: Any, *, count: bool = True, longest: Optional[int] = None) -> PreparedReplay:
-        """:meth:`stage` with the context bucket of ``longest`` (the DP runner passes the one
-        the ranks agreed on); None reads ``adapter.context_len(fb)``."""
-        raw_bs = self.adapter.batch_size(fb)
-        return self._stage(fb, raw_bs, self._needed_bs(fb, raw_bs), self._context(fb, longest), count)
+        """:meth:`stage` with the context bucket of ``longest`` (the model runner passes the
+        one its dispatch read); None reads ``adapter.context_len(fb)``."""
+        return self.stage(fb, longest=longest, count=count)
 
     def stage(self, fb: Any, *, needed: Optional[int] = None, context: Optional[int] = None,
-              count: bool = True) -> PreparedReplay:
+              longest: Optional[int] = None, count: bool = True) -> PreparedReplay:
         """Stage ``fb`` for its graph: every host step of a replay that can raise (a lazy
         capture, the fill, the observers, extract, the replay metadata, the guard), so
         that :meth:`launch` only replays. Nothing else may fill or replay in between:
@@ -317,11 +316,13 @@ class DecodeGraphRunner(PhaseRunner):
         runner passes what the ranks agreed on); None: ``fb``'s own (with MLP gather, the
         busiest rank's). ``context``: the context bucket; None: ``fb``'s own (none without
         buckets). Either smaller than ``fb`` needs (fewer rows than its requests, a bucket
-        below its longest context) is a ValueError naming it, before the fill.
+        below its longest context) is a ValueError naming it, before the fill. ``longest``:
+        ``fb``'s longest context, when the caller has read it (the DP runner, before its
+        exchange); None: ``adapter.context_len(fb)``, read with buckets only.
         ``count=False``: kept out of :meth:`metrics` and the histogram."""
         raw_bs = self.adapter.batch_size(fb)
         needed = self._needed_bs(fb, raw_bs) if needed is None else self._given_needed(needed, raw_bs)
-        context = self._context(fb, None) if context is None else self._given_context(fb, context)
+        context = self._context(fb, longest) if context is None else self._given_context(fb, context, longest)
         return self._stage(fb, raw_bs, needed, context, count)
 
     def _stage(self, fb: Any, raw_bs: int, needed: int, context: Optional[int], count: bool) -> PreparedReplay:
@@ -355,11 +356,14 @@ class DecodeGraphRunner(PhaseRunner):
                              f"{raw_bs} to {self.dispatch.largest} (the largest captured size), or None{why}")
         return needed
 
-    def _given_context(self, fb: Any, context: int) -> int:
+    def _given_context(self, fb: Any, context: int, longest: Optional[int]) -> int:
         """:meth:`stage`'s ``context``, checked: a bucket holding the batch's longest context (a
-        smaller one attends to fewer positions than the batch has)."""
-        longest = self.adapter.context_len(fb) if self.bucketed else None
-        if longest is not None and not context >= longest:
+        smaller one attends to fewer positions than the batch has); ``longest`` None: read it."""
+        if not self.bucketed:
+            return context
+        if longest is None:
+            longest = self.adapter.context_len(fb)
+        if not context >= longest:
             raise ValueError(f"stage(context={context!r}): the batch's longest context is {longest}, more than the "
                              "bucket: its graph attends to fewer positions than the batch has; pass a bucket of at "
                              f"least {longest}, or None")

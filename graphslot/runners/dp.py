@@ -52,7 +52,7 @@ phases, and everything of the runner's own that can fail comes before its one co
   messages are gathered only then, in a second collective off the steady path).
 - *run*: every rank computes the same answer, fills the batch's
   ``global_num_tokens_cpu`` in place, then replays (a lazy capture first, if the key is
-  new; then :meth:`DecodeGraphRunner.prepare`: the fill, extract, the replay metadata;
+  new; then :meth:`DecodeGraphRunner.stage`: the fill, extract, the replay metadata;
   then the replay) or runs eager (the gather's size, the eager forward).
 
 On a checked batch the run phase has nothing of the runner's own left to fail: the
@@ -92,10 +92,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
-
-import torch
-import torch.distributed as dist
+from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
 from ..spec.dtypes import dtype_name, is_torch_dtype
 from ..spec.errors import SlotError, shorten
@@ -105,107 +102,11 @@ from .adapter import DecodeAdapter
 from .config import runner_config
 from .contract import hook_count
 from .decode import DecodeGraphRunner, DecodeRunnerConfig
+from .dp_exchange import CALLS, DPExchange, DPStepError, describe_error
 from .guard import guard_wanted
 
-#: Characters of one rank's error message sent to its peers.
-MAX_ERROR_CHARS = 2000
 #: The end of a step's DPStepError: what the ranks may do next.
 AFTER_A_STEP_ERROR = ", and no rank ran this step: all may go on with their next step, or all stop"
-#: What a rank calls at an exchange, by the code it sends first.
-CALLS = ("a step", "release()", "recapture()")
-#: The end of the DPStepError of ranks that differ in their call or their graphs' lifecycle.
-AFTER_A_LIFECYCLE_ERROR = (", and no rank ran its call: release() and recapture() on a DP runner are collective, "
-                           "every rank calls them between the same two steps; all may go on, or all stop")
-
-
-def _all_gather_into(out: torch.Tensor, mine: torch.Tensor, group: Any) -> None:
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # the new name, else the old
-    gather(out, mine, group=group)
-
-
-def describe_error(exc: BaseException) -> Tuple[str, str]:
-    """``(type name, message)`` of an error, the message bounded: what a rank tells its peers."""
-    return type(exc).__name__, shorten(str(exc), MAX_ERROR_CHARS, quote=False)
-
-
-class DPStepError(SlotError):
-    """Raised on every DP rank, with the same message, when any rank failed where the
-    others cannot go on without it. ``failures``: each failing rank's (error type,
-    message); ``rank``: the rank that raised this one."""
-
-    def __init__(self, failures: Mapping[int, Tuple[str, str]], rank: int, where: str, after: str = ""):
-        self.failures, self.rank, self._args = dict(sorted(failures.items())), rank, (where, after)
-        if len(self.failures) == 1:
-            (culprit, (kind, message)), = self.failures.items()
-            what = f"DP rank {culprit} failed {where}: {kind}: {message}"
-        else:
-            what = (f"DP ranks {', '.join(map(str, self.failures))} failed {where} ("
-                    + "; ".join(f"rank {r}: {kind}: {message}" for r, (kind, message) in self.failures.items()) + ")")
-        super().__init__(f"{what}; every rank raised this error{after}")
-
-    def __reduce__(self) -> Any:
-        return type(self), (self.failures, self.rank, *self._args)
-
-    @property
-    def failed_ranks(self) -> List[int]:
-        return list(self.failures)
-
-
-class DPExchange:
-    """The collectives of a DP step over a process group: the per-step exchange of token
-    counts and flags, and the settling of failures."""
-
-    def __init__(self, group: Optional[Any] = None, device: torch.device | str = "cpu"):
-        self.group = group or dist.group.WORLD
-        self.rank = dist.get_rank(self.group)
-        self.size = dist.get_world_size(self.group)
-        self.device = torch.device(device)
-
-    def __call__(self, num_tokens: int, can_run: bool, failed: bool = False, longest: int = 0, *, call: int = 0,
-                 generation: int = 0) -> Tuple[List[int], List[bool], List[bool], List[int]]:
-        """Every rank's token count, can-run flag, failed flag and longest context; first
-        :func:`check_calls` on what each calls (``call``, in :data:`CALLS`) and its ``generation``."""
-        rows = self._gather_ints([call, generation, num_tokens, int(can_run), int(failed), longest])
-        check_calls([row[0] for row in rows], [row[1] for row in rows], self.rank)
-        return ([row[2] for row in rows], [bool(row[3]) for row in rows], [bool(row[4]) for row in rows],
-                [row[5] for row in rows])
-
-    def failed(self, mine: bool) -> List[bool]:
-        """Every rank's failed flag: one int a rank."""
-        return [bool(row[0]) for row in self._gather_ints([int(mine)])]
-
-    def _gather_ints(self, mine: List[int]) -> List[List[int]]:
-        everyone = torch.empty(len(mine) * self.size, dtype=torch.int64, device=self.device)
-        _all_gather_into(everyone, torch.tensor(mine, dtype=torch.int64, device=self.device), self.group)
-        return everyone.view(self.size, len(mine)).tolist()
-
-    def gather_objects(self, mine: Any) -> List[Any]:
-        """Every rank's picklable object (``all_gather_object``: for rare or one-off use)."""
-        values: List[Any] = [None] * self.size
-        dist.all_gather_object(values, mine, group=self.group)
-        return values
-
-    def settle(self, error: Optional[BaseException], failed: List[bool], where: str, after: str = "") -> None:
-        """When any rank failed, raise :class:`DPStepError` on every rank (this rank's
-        ``error`` chained), after gathering the failing ranks' messages."""
-        if not any(failed):
-            return
-        told = self.gather_objects(None if error is None else describe_error(error))
-        failures = {r: told[r] or ("Error", "(no message)") for r, bad in enumerate(failed) if bad}
-        raise DPStepError(failures, self.rank, where, after) from error
-
-
-def check_calls(calls: List[int], generations: List[int], rank: int) -> None:
-    """Raise :class:`DPStepError`, the same on every rank (all hold these lists), naming
-    the ranks whose call (:data:`CALLS`), else whose lifecycle generation, is not most ranks'."""
-    for values, say in ((calls, lambda v: f"called {CALLS[v]}"),
-                        (generations, lambda v: f"had its graphs released or recaptured {v} time(s)")):
-        if len(set(values)) > 1:
-            usual = min(set(values), key=lambda v: (-values.count(v), v))  # on a tie: a step, or the fewest
-            others = ", ".join(str(r) for r, v in enumerate(values) if v == usual)
-            failures = {r: ("RuntimeError", f"it {say(v)} while rank(s) {others} {say(usual)}")
-                        for r, v in enumerate(values) if v != usual}
-            raise DPStepError(failures, rank, "agreeing on what to call", AFTER_A_LIFECYCLE_ERROR)
 
 
 def buffer_params(spec: RegistrySpec) -> List[str]:
@@ -221,7 +122,8 @@ def buffer_params(spec: RegistrySpec) -> List[str]:
 
 def runner_settings(runner: DecodeGraphRunner) -> Dict[str, Any]:
     """What DP ranks must hold alike before capture, by the name an error shows."""
-    config, registry = runner.config, runner.registry
+    config = runner.config
+    registry = runner.registry
     spec = registry.spec
     settings: Dict[str, Any] = {
         "the captured sizes": list(runner.captured_sizes), "the context buckets": runner.captured_contexts,
@@ -275,7 +177,7 @@ class _Checked(NamedTuple):
     counts: List[int]
     num_tokens: int
     runnable: bool
-    #: The longest context, for the exchange (0: no buckets, no batch or no graph).
+    #: The longest context, for the exchange and the stage (0: no buckets, no batch or no graph).
     longest: int
     #: Why no graph runs the batch (``runnable`` false), for the metrics.
     reason: Optional[str]
@@ -292,9 +194,11 @@ class DPDecodeRunner:
         try:  # everything local first: a rank failing here must not leave the others in a capture
             self._check_dp_params(adapter, config, exchange.size)
             runner = DecodeGraphRunner(adapter, config, defer_capture=True)
-            mine, error = runner_settings(runner), None
+            mine = runner_settings(runner)
+            error = None
         except Exception as exc:  # noqa: BLE001 -- whatever it is, every rank must hear of it
-            mine, error = None, exc
+            mine = None
+            error = exc
         told = exchange.gather_objects(mine if error is None else describe_error(error))
         failures = {rank: t for rank, t in enumerate(told) if isinstance(t, tuple)}
         if failures:
@@ -309,12 +213,17 @@ class DPDecodeRunner:
                                   "two steps")
         if not config.lazy:
             runner.capture_all()
-        self.runner, self.exchange = runner, exchange
-        self.adapter, self.k = adapter, runner.k
+        self.runner = runner
+        self.exchange = exchange
+        self.adapter = adapter
+        self.k = runner.k
         #: A second all-gather a step, after prepare (the replay guard is on: debugging).
         self.confirm = guard_wanted(config.guard)
         self.last: Optional[DPStep] = None
-        self.steps = self.graph_steps = self.eager_steps = self.skipped_steps = 0
+        self.steps = 0
+        self.graph_steps = 0
+        self.eager_steps = 0
+        self.skipped_steps = 0
 
     @staticmethod
     def _check_dp_params(adapter: DecodeAdapter, config: DecodeRunnerConfig, size: int) -> None:
@@ -368,9 +277,11 @@ class DPDecodeRunner:
         self.steps += 1
         where = f"at DP step {self.steps}"
         try:
-            mine, error = self._check(fb), None
+            mine = self._check(fb)
+            error = None
         except Exception as exc:  # noqa: BLE001 -- whatever it is, every rank must hear of it
-            mine, error = None, exc
+            mine = None
+            error = exc
         generation = self.runner.generation
         counts, flags, failed, contexts = (
             self.exchange(0, False, True, generation=generation) if mine is None else
@@ -379,7 +290,8 @@ class DPDecodeRunner:
         mine.counts[:] = counts  # the batch's global_num_tokens_cpu: fresh every step, never stale
         padded = self.agree(counts, flags, max(contexts))
         context = None if padded is None else self.runner.dispatch.pad_context(max(contexts))
-        step = self.last = DPStep(counts, flags, padded, contexts, context)
+        step = DPStep(counts, flags, padded, contexts, context)
+        self.last = step
         if step.idle:
             self.skipped_steps += 1
             return None
@@ -388,9 +300,11 @@ class DPDecodeRunner:
         if not self.confirm:
             return self._stage(mine, step, fb is not None)()
         try:  # debugging: a second all-gather, so that what prepare raises fails every rank before the forward
-            run, error = self._stage(mine, step, fb is not None), None
+            run = self._stage(mine, step, fb is not None)
+            error = None
         except Exception as exc:  # noqa: BLE001 -- whatever it is, every rank must hear of it
-            run, error = None, exc
+            run = None
+            error = exc
         self.exchange.settle(error, self.exchange.failed(error is not None), f"{where}, preparing its batch",
                              AFTER_A_STEP_ERROR)
         return run()
@@ -400,7 +314,8 @@ class DPDecodeRunner:
         tells its peers and, when a graph may run it, that every fill it can get fits (so
         that after the exchange the runner's own steps cannot fail). Writes nothing but a
         fresh ``global_num_tokens_cpu`` list on the batch."""
-        adapter, k = self.adapter, self.k
+        adapter = self.adapter
+        k = self.k
         num_tokens = 0 if fb is None else hook_count(adapter, "num_tokens", fb, "the batch's tokens")
         runnable = self.locally_runnable(fb)
         reason = None if runnable or fb is None else self.runner.eager_reason(fb)  # no peer's count needed
@@ -415,17 +330,20 @@ class DPDecodeRunner:
                                 "ranks pick the graph from the tokens and the fill copies the requests: make the "
                                 "two agree (batch_size, num_tokens, or the batch)")
             self.runner.registry.check_step(batch, raw_bs=raw_bs, raw_num_tokens=raw_bs * k)
-        counts = batch.global_num_tokens_cpu = [0] * self.exchange.size
+        counts = [0] * self.exchange.size
+        batch.global_num_tokens_cpu = counts
         return _Checked(batch, counts, num_tokens, runnable, longest, reason)
 
     def _stage(self, mine: _Checked, step: DPStep, real: bool) -> Callable[[], Optional[Any]]:
         """The host steps after the exchange (on a checked batch, none of the runner's own
         can fail); the forward, to run. ``real``: the batch is the rank's, not a dummy."""
-        dispatch, counts = self.runner.dispatch, step.global_num_tokens
+        dispatch = self.runner.dispatch
+        counts = step.global_num_tokens
         rows = max(counts)
         needed = dispatch.rows_for_tokens(rows)
         if step.padded_bs is not None:  # the size and bucket the ranks agreed on (_check made raw_bs * k our count)
-            staged = self.runner.stage(mine.batch, needed=needed, context=step.context, count=real)
+            longest = mine.longest if real else None  # read by the check; a dummy's is not: stage reads it
+            staged = self.runner.stage(mine.batch, needed=needed, context=step.context, longest=longest, count=real)
             return functools.partial(self._replay, staged, real)
         reason = None
         if real:  # in the runner's metrics and histogram, as a fallback of its own would be
