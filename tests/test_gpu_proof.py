@@ -203,3 +203,34 @@ def test_the_fill_keeps_every_registry_measured_when_one_fails(tmp_path, monkeyp
                                 for raw, pad in ((3, 4), (30, 32), (200, 256))}
     assert result["targets"]["faster_than_fast_path_everywhere"] is None
     assert "n/a" in "\n".join(proof_report.fill_table(result))  # the table prints the missing ratio
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_hf_cb_leaves_the_model_on_its_own_attention_even_when_it_fails(fails):
+    """transformers 5.17's continuous batching switches the model to paged attention before
+    its warm-up and restores it only past it: a failed hf_cb (5.17 on this CPU: a
+    MemoryError) left the next engines on paged attention, and reduce-overhead's tokens
+    differed from generate's at every later batch size."""
+    import torch
+
+    import proof_common
+    import proof_serving
+
+    model = proof_common.build_llama(True, torch.device("cpu"))
+    ids = torch.tensor([[5, 6, 7, 8]])
+    want = model(input_ids=ids).logits
+
+    def hf_cb():
+        model.set_attn_implementation("paged|sdpa")
+        if fails:
+            raise MemoryError("Memory footprint 29927424 is more than available memory 0")
+        model.set_attn_implementation("sdpa")
+        return "tokens"
+
+    if fails:
+        with pytest.raises(MemoryError):
+            proof_serving.keeping_attention(model, hf_cb)
+    else:
+        assert proof_serving.keeping_attention(model, hf_cb) == "tokens"
+    assert model.config._attn_implementation == "sdpa"
+    assert torch.equal(model(input_ids=ids).logits, want)
