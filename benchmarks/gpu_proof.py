@@ -237,7 +237,7 @@ def run_part(part: int, runner: Runner, smoke: bool, deadline: float) -> Dict[st
                  for p in pieces if p.name in records or p.proc is not None}
         result = {"part": part, "name": name, "smoke": smoke, "state": state,
                   "budget_s": round(deadline - start, 1), "seconds": round(time.monotonic() - start, 2),
-                  "pieces": shown, "summary": proof_report.summarize(part, shown)}
+                  "pieces": shown, "summary": guarded(proof_report.summarize, part, shown)}
         write_json(path, result)
         return result
 
@@ -259,8 +259,19 @@ def run_part(part: int, runner: Runner, smoke: bool, deadline: float) -> Dict[st
             records[piece.name] = runner.finish(piece, deadline, running)
             running()
     result = save("done")
-    print(proof_report.table(result), flush=True)
+    table = guarded(proof_report.table, result)
+    print(table if isinstance(table, str) else f"== part {part}: {name}: no table ({table['error']}); "
+          f"{path.name} holds the figures", flush=True)
     return result
+
+
+def guarded(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, or ``{"error": ...}`` when it raises: a piece's figures in a shape the
+    summary or the table did not expect must not end the run (the parts after it)."""
+    try:
+        return fn(*args)
+    except Exception as exc:  # noqa: BLE001 -- reported in the part's file and table line
+        return {"error": f"{getattr(fn, '__name__', fn)}: {type(exc).__name__}: {exc}"}
 
 
 def preflight(env: Dict[str, str], wheels: Dict[str, Any], cuda: bool, timeout: float = 120) -> Dict[str, Any]:

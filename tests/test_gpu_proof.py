@@ -234,3 +234,34 @@ def test_hf_cb_leaves_the_model_on_its_own_attention_even_when_it_fails(fails):
         assert proof_serving.keeping_attention(model, hf_cb) == "tokens"
     assert model.config._attn_implementation == "sdpa"
     assert torch.equal(model(input_ids=ids).logits, want)
+
+
+def test_a_summary_or_table_that_breaks_on_a_piece_s_figures_ends_no_run(tmp_path, monkeypatch, capsys):
+    """proof_report reads the pieces' JSON: figures of a shape it did not expect (a KeyError
+    there) ended the orchestrator, and every later part with it."""
+    pieces = {2: [fake_piece("odd", "print('{\"rows\": [{}]}')")], 3: [fake_piece("fine", "print('{\"x\": 1}')")]}
+    real_summarize = proof_report.summarize
+    real_table = proof_report.table
+
+    def summarize(part, records):
+        if part == 2:
+            raise KeyError("graphslot_us")
+        return real_summarize(part, records)
+
+    def table(result):
+        if result["part"] == 2:
+            raise KeyError("vs_fast_path")
+        return real_table(result)
+
+    monkeypatch.setattr(gpu_proof, "plan", lambda part, smoke, work: pieces[part])
+    monkeypatch.setattr(gpu_proof, "preflight", lambda env, wheels, cuda: {"wheels": wheels, "problems": []})
+    monkeypatch.setattr(proof_report, "summarize", summarize)
+    monkeypatch.setattr(proof_report, "table", table)
+    out = tmp_path / "out"
+    assert gpu_proof.main(["--smoke", "--parts", "2,3", "--out", str(out), "--work", str(tmp_path / "work")]) == 0
+    part2 = json.loads((out / "part2_fill.json").read_text())
+    assert part2["summary"] == {"error": "summarize: KeyError: 'graphslot_us'"}
+    assert part2["pieces"]["odd"]["result"] == {"rows": [{}]}
+    assert json.loads((out / "part3_capture.json").read_text())["pieces"]["fine"]["result"] == {"x": 1}
+    assert "== part 2: fill: no table (table: KeyError: 'vs_fast_path'); part2_fill.json holds the figures" in (
+        capsys.readouterr().out)
