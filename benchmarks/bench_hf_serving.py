@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import json
 import math
 import random
@@ -110,16 +111,27 @@ def generate_engine(model, reqs: Workload, max_bs: int):
     return run
 
 
+def cb_config_kwargs(config_class: Any, reqs: Workload, max_bs: int, page_size: int) -> Dict[str, Any]:
+    """``ContinuousBatchingConfig``'s arguments, as the installed transformers names them:
+    ``page_size`` was ``block_size`` before 5.20 or so (5.17, the GPU machine's, knows only
+    ``block_size``), and ``auto_switch_to_flash`` (off here: sdpa, as the other engines)
+    came with it."""
+    params = inspect.signature(config_class.__init__).parameters
+    kwargs: Dict[str, Any] = {"page_size" if "page_size" in params else "block_size": page_size}
+    kwargs.update(num_blocks=sum(-(-(len(p) + n) // page_size) for p, n in reqs) + 4, max_batch_tokens=2048,
+                  max_requests_per_batch=max_bs, allow_block_sharing=False, seed=0)
+    if "auto_switch_to_flash" in params:
+        kwargs["auto_switch_to_flash"] = False
+    return kwargs
+
+
 def hf_cb_engine(model, reqs: Workload, max_bs: int, page_size: int = 256):
     from transformers import ContinuousBatchingConfig, GenerationConfig
 
     def run():
         gc = GenerationConfig(do_sample=False, max_new_tokens=max(n for _, n in reqs), eos_token_id=-1,
                               pad_token_id=0)
-        cbc = ContinuousBatchingConfig(page_size=page_size,
-                                       num_blocks=sum(-(-(len(p) + n) // page_size) for p, n in reqs) + 4,
-                                       max_batch_tokens=2048, max_requests_per_batch=max_bs,
-                                       allow_block_sharing=False, auto_switch_to_flash=False, seed=0)
+        cbc = ContinuousBatchingConfig(**cb_config_kwargs(ContinuousBatchingConfig, reqs, max_bs, page_size))
         outs = {}
         with model.continuous_batching_context_manager(generation_config=gc, continuous_batching_config=cbc,
                                                        block=True, timeout=60) as manager:

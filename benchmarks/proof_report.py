@@ -99,7 +99,7 @@ def gib(n: Optional[int]) -> str:
 def environment_line(env: Dict[str, Any], out: Path) -> str:
     wheels = env.get("wheels", {})
     installed = ", ".join(wheels.get("installed", [])) or wheels.get("reason") or wheels.get("error", "")[-200:]
-    keys = ("python", "torch", "cuda", "gpu", "transformers", "triton", "pydantic", "sglang")
+    keys = ("python", "torch", "cuda", "gpu", "transformers", "triton", "pydantic", "sglang", "sglang_registry")
     return (f"gpu_proof {env.get('date')}: " + ", ".join(f"{k} {env.get(k)}" for k in keys)
             + f"\n  wheels: {installed}\n  results: {out}")
 
@@ -155,7 +155,8 @@ def fill_table(fill: Dict[str, Any]) -> List[str]:
     for r in fill.get("rows", []):
         cells = [f"{num(r[f'{n}_us'], '.2f', 'µs'):>9} {launches(r[f'{n}_launches']):>10}"
                  for n in ("graphslot", "sglang", "sglang_fast_path")]
-        lines.append(f"  {r['raw']:>3}/{r['padded']:<4} " + "  ".join(cells) + f"  {r['vs_fast_path']:.2f}x")
+        ratio = num(r["vs_fast_path"], ".2f", "x")
+        lines.append(f"  {r['raw']:>3}/{r['padded']:<4} " + "  ".join(cells) + f"  {ratio}")
     t = fill.get("targets")
     if t:
         lines.append(f"  targets: 1 GPU event per padded fill {t['one_gpu_event_per_padded_fill']}; "

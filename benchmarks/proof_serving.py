@@ -45,6 +45,19 @@ def timed_run(device, run: Callable[[], List[List[int]]]) -> Dict[str, Any]:
     return {"tokens": tokens, "seconds": time.perf_counter() - start}
 
 
+def keeping_attention(model, run: Callable[[], Any]) -> Any:
+    """``run()``, the model's attention implementation as it was afterwards, even when
+    ``run`` fails: transformers' continuous batching switches it to ``paged|...`` before
+    its warm-up and (5.17, the GPU machine's) puts it back only when it got that far, so
+    a failed hf_cb left every later engine on paged attention (wrong tokens, or a raise)."""
+    attention = model.config._attn_implementation
+    try:
+        return run()
+    finally:
+        if model.config._attn_implementation != attention:
+            model.set_attn_implementation(attention)
+
+
 def engines(s, prompts: List[List[int]], new_tokens: int) -> Dict[str, Callable[[], List[List[int]]]]:
     import torch
 
@@ -73,7 +86,7 @@ def engines(s, prompts: List[List[int]], new_tokens: int) -> Dict[str, Callable[
         return [r.output for r in reqs]
 
     def hf_cb():
-        return bench_hf_serving.hf_cb_engine(model, [(p, new_tokens) for p in prompts], bs)()[0]
+        return keeping_attention(model, bench_hf_serving.hf_cb_engine(model, [(p, new_tokens) for p in prompts], bs))[0]
 
     compiled = s.compiled
 

@@ -38,12 +38,18 @@ SGLANG_FILES = (
 
 
 def install(wheels: Path, site: Path) -> Dict[str, Any]:
-    """``pip install --no-index --no-deps --target site wheels/*.whl``: what was installed, or why not."""
+    """``pip install --no-index --no-deps --upgrade --target site wheels/*.whl``: what was
+    installed, or why not (``--upgrade``: a folder left by an earlier run on a warm machine
+    is replaced, not kept with a warning)."""
     found = sorted(str(p) for p in wheels.glob("*.whl"))
     if not found:
         return {"installed": [], "reason": f"no wheels in {wheels}"}
-    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(site), *found]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir",
+           "--upgrade", "--target", str(site), *found]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        return {"installed": [], "error": f"{' '.join(cmd[:4])} did not finish in 120 s"}
     names = [Path(p).name for p in found]
     if proc.returncode != 0:
         return {"installed": [], "wheels": names, "error": (proc.stderr or proc.stdout)[-2000:]}

@@ -38,3 +38,32 @@ def test_bad_buckets_are_refused(capsys):
     with pytest.raises(SystemExit):
         load_bench().main(["--smoke", "--context-buckets", "big"])
     assert "--context-buckets takes 'auto', 'none' or lengths like 128,512,2048, got 'big'" in capsys.readouterr().err
+
+
+class CBConfig5_17:
+    """transformers 5.17's ContinuousBatchingConfig signature (the GPU machine's): ``block_size``."""
+
+    def __init__(self, block_size: int = 256, num_blocks=None, max_batch_tokens=None, max_requests_per_batch=None,
+                 allow_block_sharing: bool = True, seed=None):
+        pass
+
+
+class CBConfig5_24:
+    """5.24's: ``page_size`` (``block_size`` kept as a deprecated alias), ``auto_switch_to_flash``."""
+
+    def __init__(self, page_size: int = 256, num_blocks=None, max_batch_tokens=None, max_requests_per_batch=None,
+                 allow_block_sharing: bool = True, seed=None, auto_switch_to_flash: bool = True, block_size=None):
+        pass
+
+
+def test_hf_cb_config_takes_the_names_of_the_installed_transformers():
+    """5.17 refused page_size= and auto_switch_to_flash= (a TypeError: no hf_cb figures on the GPU machine)."""
+    bench = load_bench()
+    reqs = [([1] * 300, 10), ([2] * 20, 5)]
+    common = dict(num_blocks=2 + 1 + 4, max_batch_tokens=2048, max_requests_per_batch=8, allow_block_sharing=False,
+                  seed=0)
+    old = bench.cb_config_kwargs(CBConfig5_17, reqs, 8, 256)
+    assert old == dict(block_size=256, **common)
+    CBConfig5_17(**old)
+    new = bench.cb_config_kwargs(CBConfig5_24, reqs, 8, 256)
+    assert new == dict(page_size=256, auto_switch_to_flash=False, **common)
