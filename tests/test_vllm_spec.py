@@ -384,3 +384,24 @@ def test_verify_poisons_and_audits_a_device_slot_a_fork_adds():
     assert runner.request_scale.tolist() == [5, 6, 5, 6, 5, 6]  # the rows past the step's 2: its rows again
     candidates = audit_candidates(runner, reg)
     assert "runner.request_scale" not in candidates and "runner.positions" not in candidates
+
+
+def test_a_poisoned_tail_that_leaks_makes_the_slot_unsafe_naming_the_first_leak():
+    """`graphslot verify`'s verdict on a vLLM slot whose tail was poisoned: a run that failed or tokens that changed
+    make it UNSAFE, its detail naming the first leak; no leak, safe, naming both patterns."""
+    from graphslot.integrations.vllm.verify import leaks_verdict
+
+    slot = SimpleNamespace(name="positions", resolved=SimpleNamespace(padding="keep_pad"),
+                           buffer=torch.zeros(4, dtype=torch.int64))
+    failed = {"pattern": "stale", "requests": [], "error": "ValueError: boom"}
+    changed = {"pattern": "other seen values", "requests": [1, 3]}
+    fix = "; reset the tail every step (padding zero or fill_sentinel with reset_to: capacity)"
+    first_failed = leaks_verdict(slot, [failed, changed])
+    assert (first_failed.slot, first_failed.policy, first_failed.verdict) == ("positions", "keep_pad", "UNSAFE")
+    assert first_failed.detail == "the run fails with the tail poisoned (ValueError: boom)" + fix
+    assert first_failed.leaks == [failed, changed]
+    assert leaks_verdict(slot, [changed]).detail == ("poisoning the tail (other seen values) changes the tokens of "
+                                                     "requests [1, 3]" + fix)
+    safe = leaks_verdict(slot, [])
+    assert (safe.verdict, safe.leaks) == ("safe", [])
+    assert safe.detail == "tail poisoned (stale, other seen values) after every step's fill: the tokens equal the clean run's"

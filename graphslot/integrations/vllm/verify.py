@@ -119,13 +119,11 @@ def differing(a: List[List[int]], b: List[List[int]]) -> List[int]:
     return [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
 
 
-class VllmVerify:
-    """``graphslot verify``'s target for the plugin: an engine, the workload, and the checks of the module doc."""
+class WorkloadRuns:
+    """The workload run on one engine, as often as the checks ask; a failed run is sticky."""
 
-    def __init__(self, llm: Any, label: str = "vLLM 0.32 plugin", spec: Optional[Path] = None):
+    def __init__(self, llm: Any):
         self.llm = llm
-        self.label = label
-        self.spec = spec
         #: The error of a run that failed: vLLM's in-process engine does not run again after a step raised (its
         #: next run hangs), so the checks after it are not run.
         self.failed: Optional[str] = None
@@ -137,6 +135,88 @@ class VllmVerify:
         except Exception as exc:  # noqa: BLE001 - a poisoned run that fails is the finding
             self.failed = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc).strip() else ''}"
             return None, self.failed
+
+
+def tail_leaks(runs: WorkloadRuns, slot: Any, clean: List[List[int]],
+               progress: Callable[[str], None]) -> List[Dict[str, Any]]:
+    """The workload with the slot's tail poisoned after every step's fill, once per pattern (none after a failed
+    run): each pattern whose run fails or whose tokens differ from ``clean``."""
+    poisoner = Poisoner()
+    leaks: List[Dict[str, Any]] = []
+    for pattern in PATTERNS:
+        progress(f"{slot.name}: tail poisoned ({pattern})")
+
+        def poisoned(inner, runner, scheduler_output, counts, pattern=pattern):
+            returned = inner(runner, scheduler_output, counts)
+            poison_tail(slot, poisoner, runner.input_batch.num_reqs, scheduler_output.total_num_scheduled_tokens,
+                        pattern)
+            return returned
+
+        if runs.failed is not None:
+            break
+        tokens, error = runs.run(poisoned)
+        name = pattern if pattern == "stale" else hostile_name(slot.buffer.dtype)
+        if error is not None:
+            leaks.append({"pattern": name, "requests": [], "error": error})
+        elif tokens != clean:
+            leaks.append({"pattern": name, "requests": differing(tokens, clean)})
+    return leaks
+
+
+def leaks_verdict(slot: Any, leaks: List[Dict[str, Any]]) -> SlotVerdict:
+    """The verdict on a slot whose tail was poisoned with every pattern: UNSAFE, naming the first leak, if any."""
+    spec = slot.resolved
+    if leaks:
+        first = leaks[0]
+        what = (f"the run fails with the tail poisoned ({first['error']})" if first.get("error") else
+                f"poisoning the tail ({first['pattern']}) changes the tokens of requests {first['requests']}")
+        return SlotVerdict(slot.name, spec.padding, "UNSAFE", f"{what}; reset the tail every step "
+                           "(padding zero or fill_sentinel with reset_to: capacity)", leaks)
+    patterns = f"stale, {hostile_name(slot.buffer.dtype)}"
+    return SlotVerdict(slot.name, spec.padding, "safe", f"tail poisoned ({patterns}) after every step's fill: "
+                       "the tokens equal the clean run's")
+
+
+def tail_verdict(runs: WorkloadRuns, slot: Any, clean: List[List[int]],
+                 progress: Callable[[str], None]) -> SlotVerdict:
+    """The poisoned-tails check of one slot (the module doc)."""
+    spec = slot.resolved
+    if not untouched_tail(slot):
+        what = "repeats the head's last row" if spec.repeats_last else f"is reset to {spec.tail_value!r}"
+        return SlotVerdict(slot.name, spec.padding, "safe", f"tail {what} to the end of the buffer every step")
+    if runs.failed is not None:
+        return SlotVerdict(slot.name, spec.padding, "unverified", "not run: an earlier poisoned run failed")
+    return leaks_verdict(slot, tail_leaks(runs, slot, clean, progress))
+
+
+def stale_inputs(runs: WorkloadRuns, runner: Any, registry: Any, clean: List[List[int]],
+                 progress: Callable[[str], None]) -> List[ExternalInput]:
+    """The stale-input audit (the module doc): each candidate poisoned before every step, one run each."""
+    found: List[ExternalInput] = []
+    for name, tensor in audit_candidates(runner, registry).items():
+        if runs.failed is not None:
+            break
+        progress(f"audit: {name}")
+
+        def poisoned(inner, step_runner, *args, tensor=tensor):
+            scramble(tensor)
+            return inner(step_runner, *args)
+
+        tokens, error = runs.run(poisoned)
+        if error is not None or tokens != clean:
+            found.append(StaleInput(name, tuple(tensor.shape), str(tensor.dtype).replace("torch.", "")))
+    return found
+
+
+class VllmVerify:
+    """``graphslot verify``'s target for the plugin: stock vLLM's and the plugin's clean runs, the checks of the module
+    doc, and the report; the plugin installed for them and restored after."""
+
+    def __init__(self, llm: Any, label: str = "vLLM 0.32 plugin", spec: Optional[Path] = None):
+        self.llm = llm
+        self.label = label
+        self.spec = spec
+        self.runs = WorkloadRuns(llm)
 
     def verify(self, samples: int = 2, seed: int = 0, audit: bool = True,
                progress: Optional[Callable[[str], None]] = None) -> VerifyReport:
@@ -155,11 +235,11 @@ class VllmVerify:
 
     def checked(self, stock: List[List[int]], audit: bool, progress: Callable[[str], None]) -> VerifyReport:
         runners: List[Any] = []
-        clean, error = self.run(lambda inner, runner, *args: runners.append(runner) or inner(runner, *args))
+        clean, error = self.runs.run(lambda inner, runner, *args: runners.append(runner) or inner(runner, *args))
         if error is not None:
             raise RuntimeError(f"the workload fails with the plugin: {error}")
         problems = []
-        again, _ = self.run()
+        again, _ = self.runs.run()
         if again != clean:
             problems.append("two clean runs give other tokens: the run is not deterministic")
         if clean != stock:
@@ -169,69 +249,15 @@ class VllmVerify:
         if registry is None:
             raise RuntimeError(f"the plugin handed {type(runner).__name__} back to vLLM's own _prepare_inputs (its "
                                "WARNING names why): there is no graphslot fill to verify")
-        verdicts = [self.slot_verdict(slot, registry, clean, progress) for slot in registry.active]
-        stale = self.audit(runner, registry, clean, progress) if audit else []
-        if self.failed is not None:
-            problems.append(f"a poisoned run failed ({self.failed}); the engine does not run again after a failed "
-                            "step, so the checks after it were not run")
+        verdicts = [tail_verdict(self.runs, slot, clean, progress) for slot in registry.active]
+        stale = stale_inputs(self.runs, runner, registry, clean, progress) if audit else []
+        if self.runs.failed is not None:
+            problems.append(f"a poisoned run failed ({self.runs.failed}); the engine does not run again after a "
+                            "failed step, so the checks after it were not run")
         summary = (f"{len(runners)} steps of {len(clean)} requests, each run with the plugin "
                    f"(spec {runner_fill.spec_path().name}); tokens compared request by request; vLLM on "
                    f"{runner.device}, no graphs")
         return VerifyReport(self.label, f"vLLM {runner.device}", [], verdicts, stale, problems, summary=summary)
-
-    def slot_verdict(self, slot: Any, registry: Any, clean: List[List[int]],
-                     progress: Callable[[str], None]) -> SlotVerdict:
-        spec = slot.resolved
-        if not untouched_tail(slot):
-            what = "repeats the head's last row" if spec.repeats_last else f"is reset to {spec.tail_value!r}"
-            return SlotVerdict(slot.name, spec.padding, "safe", f"tail {what} to the end of the buffer every step")
-        if self.failed is not None:
-            return SlotVerdict(slot.name, spec.padding, "unverified", "not run: an earlier poisoned run failed")
-        poisoner = Poisoner()
-        leaks = []
-        for pattern in PATTERNS:
-            progress(f"{slot.name}: tail poisoned ({pattern})")
-
-            def poisoned(inner, runner, scheduler_output, counts, pattern=pattern):
-                returned = inner(runner, scheduler_output, counts)
-                poison_tail(slot, poisoner, runner.input_batch.num_reqs, scheduler_output.total_num_scheduled_tokens,
-                            pattern)
-                return returned
-
-            if self.failed is not None:
-                break
-            tokens, error = self.run(poisoned)
-            name = pattern if pattern == "stale" else hostile_name(slot.buffer.dtype)
-            if error is not None:
-                leaks.append({"pattern": name, "requests": [], "error": error})
-            elif tokens != clean:
-                leaks.append({"pattern": name, "requests": differing(tokens, clean)})
-        if leaks:
-            first = leaks[0]
-            what = (f"the run fails with the tail poisoned ({first['error']})" if first.get("error") else
-                    f"poisoning the tail ({first['pattern']}) changes the tokens of requests {first['requests']}")
-            return SlotVerdict(slot.name, spec.padding, "UNSAFE", f"{what}; reset the tail every step "
-                               "(padding zero or fill_sentinel with reset_to: capacity)", leaks)
-        patterns = f"stale, {hostile_name(slot.buffer.dtype)}"
-        return SlotVerdict(slot.name, spec.padding, "safe", f"tail poisoned ({patterns}) after every step's fill: "
-                           "the tokens equal the clean run's")
-
-    def audit(self, runner: Any, registry: Any, clean: List[List[int]],
-              progress: Callable[[str], None]) -> List[ExternalInput]:
-        found: List[ExternalInput] = []
-        for name, tensor in audit_candidates(runner, registry).items():
-            if self.failed is not None:
-                break
-            progress(f"audit: {name}")
-
-            def poisoned(inner, step_runner, *args, tensor=tensor):
-                scramble(tensor)
-                return inner(step_runner, *args)
-
-            tokens, error = self.run(poisoned)
-            if error is not None or tokens != clean:
-                found.append(StaleInput(name, tuple(tensor.shape), str(tensor.dtype).replace("torch.", "")))
-        return found
 
 
 def target() -> VllmVerify:
@@ -242,4 +268,4 @@ def target() -> VllmVerify:
     return VllmVerify(tiny_engine(model_dir), label="graphslot.integrations.vllm (vllm.yaml, the tiny Llama)")
 
 
-__all__ = ["DECLARED_STATE", "StaleInput", "VllmVerify", "target"]
+__all__ = ["DECLARED_STATE", "StaleInput", "VllmVerify", "WorkloadRuns", "target"]
