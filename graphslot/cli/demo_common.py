@@ -63,8 +63,8 @@ def fill_timings(spec: str, registry: Any, fill: Callable[[Any], Any], label: st
     shaped like ``registry`` (the runner's own buffers stay as they are)."""
     out: Dict[str, Any] = {"fill_batch": label}
     for mode in ("generated", "interpreted"):
-        fresh = build_registry(spec, max_bs=registry.max_bs, max_num_tokens=registry.max_num_tokens, device=registry.device,
-                               params=registry.params, impl=mode)
+        fresh = build_registry(spec, max_bs=registry.max_bs, max_num_tokens=registry.max_num_tokens,
+                               device=registry.device, params=registry.params, impl=mode)
         out[f"fill_us_{mode}"] = _median_us(lambda: fill(fresh))
     return out
 

@@ -92,7 +92,9 @@ def _run(steps: int, backend: str, mode: str, max_bs: int, seed: int, progress: 
         fb = representative(batches, runner.graphs, lambda b: b.batch_size)
         raw = fb.batch_size
         padded = runner.padded_bs(fb)
-        result.update(fill_timings("decode", runner.registry, lambda reg: reg.fill_from(fb, raw_bs=raw, padded_bs=padded, raw_num_tokens=raw, padded_num_tokens=padded),
+        result.update(fill_timings("decode", runner.registry,
+                                   lambda reg: reg.fill_from(fb, raw_bs=raw, padded_bs=padded, raw_num_tokens=raw,
+                                                             padded_num_tokens=padded),
                                    f"{raw} -> {padded}"))
     result["seconds"] = time.perf_counter() - started
     return result

@@ -114,7 +114,8 @@ def _check_single_process(ranks: List[Dict[str, Any]], steps: int, max_bs: int, 
     for _ in range(steps):
         for r, sched in enumerate(scheds):
             if not sched.done:
-                sched.step(lambda fb, r=r: checked(r, decodes[r], fb), lambda fb, r=r: checked(r, ranks[r]["extends"], fb))
+                sched.step(lambda fb, r=r: checked(r, decodes[r], fb),
+                           lambda fb, r=r: checked(r, ranks[r]["extends"], fb))
     return mismatches
 
 

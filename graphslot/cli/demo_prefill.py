@@ -130,7 +130,9 @@ def _prefill_fill_timings(runner: Any, fb: Any) -> Dict[str, Any]:
     raw = adapter.num_tokens(fb)
     n = runner.bucket(fb)
     side = adapter.side_inputs()
-    return fill_timings("prefill", runner.registry, lambda reg: reg.fill_from(fb, raw_bs=bs, padded_bs=bs, raw_num_tokens=raw, padded_num_tokens=n, side_inputs=side),
+    return fill_timings("prefill", runner.registry,
+                        lambda reg: reg.fill_from(fb, raw_bs=bs, padded_bs=bs, raw_num_tokens=raw, padded_num_tokens=n,
+                                                  side_inputs=side),
                         f"{bs} reqs, {raw} -> {n} tokens")
 
 

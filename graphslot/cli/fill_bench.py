@@ -147,7 +147,8 @@ def count_device_ops(registry, fb, raw_bs: int, padded_bs: int, raw_num_tokens: 
                      side_inputs=None) -> List[str]:
     """The ops one ``fill_from`` issues that write the registry's device buffers."""
     with MutatingOpCounter(device_storages(registry)) as counter:
-        registry.fill_from(fb, raw_bs=raw_bs, padded_bs=padded_bs, raw_num_tokens=raw_num_tokens, padded_num_tokens=padded_num_tokens, side_inputs=side_inputs)
+        registry.fill_from(fb, raw_bs=raw_bs, padded_bs=padded_bs, raw_num_tokens=raw_num_tokens,
+                           padded_num_tokens=padded_num_tokens, side_inputs=side_inputs)
     return counter.ops
 
 
@@ -196,7 +197,8 @@ def run_bench(iters: int = 2000, repeats: int = 7, device: str = "cpu", progress
     else a line per size."""
     runners = {
         "generated": build_registry(SPEC, max_bs=MAX_BS, max_num_tokens=MAX_BS, device=device, impl="generated"),
-        "unchecked": build_registry(SPEC, max_bs=MAX_BS, max_num_tokens=MAX_BS, device=device, impl=unchecked_decode_module()),
+        "unchecked": build_registry(SPEC, max_bs=MAX_BS, max_num_tokens=MAX_BS, device=device,
+                                    impl=unchecked_decode_module()),
         "interpreted": build_registry(SPEC, max_bs=MAX_BS, max_num_tokens=MAX_BS, device=device, impl="interpreted"),
         "hand_written": HandWrittenDecode(MAX_BS, MAX_BS, device=device),
     }

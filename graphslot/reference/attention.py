@@ -260,7 +260,8 @@ class TorchAttentionBackend:
         group = self.num_heads // hkv
         swa = self.is_swa_layer(layer_id)
 
-        self.kv_cache.set_kv(layer_id, self._out_loc(fb, swa), k.reshape(num_tokens, hkv, d), v.reshape(num_tokens, hkv, d))
+        self.kv_cache.set_kv(layer_id, self._out_loc(fb, swa),
+                             k.reshape(num_tokens, hkv, d), v.reshape(num_tokens, hkv, d))
 
         meta = self.forward_metadata
         kv_indices, mask = (meta.swa_kv_indices, meta.swa_mask) if swa else (meta.kv_indices, meta.mask)

@@ -192,7 +192,8 @@ class Scheduler:
     def done(self) -> bool:
         return not self.waiting and not self.running
 
-    def run(self, decode_fn: Optional[ForwardFn] = None, extend_fn: Optional[ForwardFn] = None, max_steps: int = 10_000) -> List[StepRecord]:
+    def run(self, decode_fn: Optional[ForwardFn] = None, extend_fn: Optional[ForwardFn] = None,
+            max_steps: int = 10_000) -> List[StepRecord]:
         records = []
         while not self.done and len(records) < max_steps:
             records.append(self.step(decode_fn, extend_fn))
@@ -204,7 +205,8 @@ class Scheduler:
 
         admitted = self._admit()
         if admitted:
-            fb = make_extend_batch(rt, [r.req_pool_idx for r in admitted], [0] * len(admitted), [r.prompt for r in admitted])
+            fb = make_extend_batch(rt, [r.req_pool_idx for r in admitted], [0] * len(admitted),
+                                   [r.prompt for r in admitted])
             logits = (extend_fn or rt.forward)(fb)
             last = torch.tensor(fb.extend_seq_lens_cpu).cumsum(0) - 1
             tokens = logits.index_select(0, last.to(logits.device)).argmax(-1).tolist()
@@ -220,7 +222,8 @@ class Scheduler:
         next_tokens = []
         decoding = list(self.running)
         if decoding:
-            batch = make_decode_batch(rt, [r.req_pool_idx for r in decoding], [r.kv_len for r in decoding], [r.output_ids[-1] for r in decoding])
+            batch = make_decode_batch(rt, [r.req_pool_idx for r in decoding], [r.kv_len for r in decoding],
+                                      [r.output_ids[-1] for r in decoding])
             logits = (decode_fn or rt.forward)(batch)[: len(decoding)].detach().clone()
             next_tokens = logits.argmax(-1).tolist()
             for r, slot, tok in zip(decoding, batch.out_cache_loc.tolist(), next_tokens):

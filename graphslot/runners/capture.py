@@ -84,11 +84,13 @@ class PiecewiseCapture:
                              "the compiled function is split at, e.g. attention), or set the adapter's split_ops")
         self.split_ops: Tuple[str, ...] = tuple(split_ops)
         if not isinstance(compile_backend, str) and not callable(compile_backend):
-            raise TypeError(f"compile_backend must be a Dynamo backend name ({', '.join(COMPILE_BACKENDS)}, ...) or a "
-                            f"(gm, example_inputs) callable, got {compile_backend!r} ({type(compile_backend).__name__})")
+            raise TypeError(f"compile_backend must be a Dynamo backend name ({', '.join(COMPILE_BACKENDS)}, ...) "
+                            f"or a (gm, example_inputs) callable, got {compile_backend!r} "
+                            f"({type(compile_backend).__name__})")
         known = torch._dynamo.list_backends(exclude_tags=())
         if isinstance(compile_backend, str) and compile_backend not in known:
-            raise ValueError(f"unknown compile_backend {compile_backend!r}: choose one of {', '.join(COMPILE_BACKENDS)} "
+            raise ValueError(f"unknown compile_backend {compile_backend!r}: "
+                             f"choose one of {', '.join(COMPILE_BACKENDS)} "
                              "(or another torch._dynamo.list_backends() name, or a (gm, example_inputs) callable)")
         self.compile_backend = compile_backend
 

@@ -147,7 +147,8 @@ class DecodeGraphRunner(PhaseRunner):
         adapter.init_graph_state(max_bs, max_bs * self.k)
         self.shared_outputs = SharedOutputs(max_bs, max_bs * self.k) if config.share_outputs else None
         self._init_step_path(config.guard, log, num_tokens_per_bs=self.k, contexts=self.bucketed)
-        self._eager_message = f"decode step ran eager: %s (%d rows needed; captured sizes {describe_sizes(self.dispatch.sizes)})"
+        self._eager_message = ("decode step ran eager: %s (%d rows needed; "
+                               f"captured sizes {describe_sizes(self.dispatch.sizes)})")
         if not (config.lazy or defer_capture):
             self._capture_keys(self.graph_keys)
 
@@ -417,5 +418,5 @@ class DecodeGraphRunner(PhaseRunner):
 
     def __repr__(self) -> str:
         contexts = f" contexts={self.captured_contexts}" if self.bucketed else ""
-        return (f"<DecodeGraphRunner capture={self.capture_mode.name} backend={self.backend.name} sizes={self.captured_sizes}{contexts} "
-                f"k={self.k} registry={self.registry.impl}>")
+        return (f"<DecodeGraphRunner capture={self.capture_mode.name} backend={self.backend.name} "
+                f"sizes={self.captured_sizes}{contexts} k={self.k} registry={self.registry.impl}>")

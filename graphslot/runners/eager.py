@@ -86,7 +86,8 @@ class EagerRunner:
         bs = self.adapter.batch_size(fb)
         n = self.adapter.num_tokens(fb)
         self.ensure_capacity(bs, n)
-        self.registry.fill_from(fb, raw_bs=bs, padded_bs=bs, raw_num_tokens=n, padded_num_tokens=n, side_inputs=self._side)
+        self.registry.fill_from(fb, raw_bs=bs, padded_bs=bs, raw_num_tokens=n, padded_num_tokens=n,
+                                side_inputs=self._side)
         return self.adapter.forward_eager(self.registry.extract(fb, padded_bs=bs, padded_num_tokens=n))
 
     __call__ = forward

@@ -158,7 +158,8 @@ class PrefillGraphRunner(PhaseRunner):
         if n not in self.buckets:
             raise KeyError(f"token bucket {n} is not among the runner's buckets {self.buckets}")
         if requests not in (self.request_buckets or [None]):
-            raise KeyError(f"request slots {requests!r} are not among the runner's request buckets {self.request_buckets}")
+            raise KeyError(f"request slots {requests!r} are not among the runner's request buckets "
+                           f"{self.request_buckets}")
 
     def capture_key_on(self, backend: GraphBackend, n: int, requests: Optional[int] = None, *,
                        warmup: int = 0) -> Tuple[Graph, Any]:

@@ -57,8 +57,9 @@ class ExternalInput:
 def capture_on_tape(runner: PhaseRunner, bs: int, context: Optional[int] = None) -> Tuple[TapeGraph, Any]:
     """Key ``(bs, context)`` of a phase runner (decode: batch size and context bucket;
     prefill: token bucket and request slots) captured again on the CPU tape, whatever its
-    backend: ``(graph, view)`` (:meth:`~graphslot.runners.step.StepPath.capture_key_on`). It writes what a capture writes (slot buffers,
-    attention metadata), so call it between steps."""
+    backend: ``(graph, view)`` (:meth:`~graphslot.runners.step.StepPath.capture_key_on`). It
+    writes what a capture writes (slot buffers, attention metadata), so call it between
+    steps."""
     return runner.capture_key_on(TapeBackend(), bs, context)
 
 

@@ -6,10 +6,10 @@ read by duck typing) into the plain data of one ``slots:`` item and its hooks:
 the sliced one as ``max_bs`` / ``max_num_tokens``; ``slice_fn`` becomes ``slice_dim``
 (probed on the buffer, unless it is a :class:`~.slots.SliceDim`); the callables
 (``post_fill``, ``source_fn``) become hooks under names made from the slot's name
-(``sglang.post_fill.<slot>``; a dotted slot sglang never copies gets :func:`no_source`), so the spec, and the generated module compiled for it,
-do not depend on which closures a registry holds. ``check_entry`` validates the entry
-through ``graphslot.spec_from_dict`` (errors are ``SpecError``, a ``ValueError``,
-naming the slot).
+(``sglang.post_fill.<slot>``; a dotted slot sglang never copies gets :func:`no_source`), so
+the spec, and the generated module compiled for it, do not depend on which closures a
+registry holds. ``check_entry`` validates the entry through ``graphslot.spec_from_dict``
+(errors are ``SpecError``, a ``ValueError``, naming the slot).
 """
 
 from __future__ import annotations

@@ -124,7 +124,8 @@ def pool_size(per_slot: int, device: torch.device, *, max_requests: int, max_con
         slots = max_requests * context + 1
         return PoolSize(slots, context, slots * per_slot + table_bytes(max_requests, context),
                         "every row full (no budget: the free memory is unknown)")
-    if context is None:  # the longest c whose table leaves c + 1 slots: (budget - c * per_position) >= (c + 1) * per_slot
+    if context is None:
+        # the longest c whose table leaves c + 1 slots: (budget - c * per_position) >= (c + 1) * per_slot
         context = max(1, (budget - per_slot) // (per_slot + per_position))
         if positions:
             context = min(context, positions)

@@ -112,7 +112,8 @@ def _temperature(value: Any, where: str) -> float:
     t = number(value, "temperature", where, 0.0, float("inf"), rule="0: greedy")
     if 0.0 < t < MIN_TEMPERATURE:
         raise ValueError(f"{where}: temperature must be 0 (greedy) or at least {MIN_TEMPERATURE!r} (MIN_TEMPERATURE: "
-                         f"float32's smallest normal number; below it the logits divided by it overflow), got {value!r}")
+                         "float32's smallest normal number; below it the logits divided by it overflow), "
+                         f"got {value!r}")
     return t
 
 
