@@ -83,11 +83,13 @@ def cases() -> Dict[str, Callable[[], Any]]:
     given = {slot.name: slot.buffer for slot in owner.active}
     return {
         "decode": lambda: gs.build_registry("decode", max_bs=MAX_BS, max_num_tokens=MAX_NUM_TOKENS, device="cpu"),
-        "decode, live providers": lambda: gs.build_registry("decode", max_bs=MAX_BS, max_num_tokens=MAX_NUM_TOKENS, params=_providers(), device="cpu"),
+        "decode, live providers": lambda: gs.build_registry("decode", max_bs=MAX_BS, max_num_tokens=MAX_NUM_TOKENS,
+                                                            params=_providers(), device="cpu"),
         "decode from code": _decode_from_code,
         "prefill, buffers=": lambda: build("prefill", max_bs=MAX_BS, max_num_tokens=MAX_NUM_TOKENS, buffers=given,
                                                        context=FillContext, device="cpu"),
-        "skip variant": lambda: gs.build_registry("decode", max_bs=MAX_BS, max_num_tokens=MAX_NUM_TOKENS, device="cpu").fill_from_skipping(STAGED),
+        "skip variant": lambda: gs.build_registry("decode", max_bs=MAX_BS, max_num_tokens=MAX_NUM_TOKENS,
+                                                  device="cpu").fill_from_skipping(STAGED),
     }
 
 
@@ -113,7 +115,8 @@ def main(argv=None) -> int:
                         help="instead: the first build of a generated registry from an N-slot spec")
     args = parser.parse_args(argv)
     if args.slots:
-        gs.build_registry("decode", max_bs=MAX_BS, max_num_tokens=MAX_NUM_TOKENS, device="cpu")  # imports and templates, not measured
+        # imports and templates, not measured
+        gs.build_registry("decode", max_bs=MAX_BS, max_num_tokens=MAX_NUM_TOKENS, device="cpu")
         many = {n: first_build_of_many(n) for n in args.slots}
         if args.json:
             print(json.dumps(many, indent=2))
@@ -121,7 +124,8 @@ def main(argv=None) -> int:
             print(f"{n:>6} slots: {r['wall_s']:.2f} s wall, {r['cpu_s']:.2f} s CPU (first build, generated)")
         return 0
     start = time.perf_counter()
-    gs.build_registry("decode", max_bs=MAX_BS, max_num_tokens=MAX_NUM_TOKENS, device="cpu")  # imports, the first parse and compile
+    # imports, the first parse and compile
+    gs.build_registry("decode", max_bs=MAX_BS, max_num_tokens=MAX_NUM_TOKENS, device="cpu")
     results = {"first build in the process (ms)": (time.perf_counter() - start) * 1e3}
     results.update({name: measure(build, max(args.repeat, 1)) for name, build in cases().items()})
     if args.json:

@@ -141,8 +141,11 @@ def bench_fill(s, rt) -> List[Dict[str, Any]]:
             row[f"{mode}_us"] = host_us(step, s.iters * 10, s)
             row[f"{mode}_device_ops_padded"] = len(count_device_ops(reg, fb, raw, padded, raw, padded))
             row[f"{mode}_device_ops_unpadded"] = len(count_device_ops(reg, fb, raw, raw, raw, raw))
-            row[f"{mode}_launches_padded"] = cuda_launches(lambda: reg.fill_from(fb, raw_bs=raw, padded_bs=padded, raw_num_tokens=raw, padded_num_tokens=padded), s)
-            row[f"{mode}_launches_unpadded"] = cuda_launches(lambda: reg.fill_from(fb, raw_bs=raw, padded_bs=raw, raw_num_tokens=raw, padded_num_tokens=raw), s)
+            row[f"{mode}_launches_padded"] = cuda_launches(
+                lambda: reg.fill_from(fb, raw_bs=raw, padded_bs=padded, raw_num_tokens=raw,
+                                      padded_num_tokens=padded), s)
+            row[f"{mode}_launches_unpadded"] = cuda_launches(
+                lambda: reg.fill_from(fb, raw_bs=raw, padded_bs=raw, raw_num_tokens=raw, padded_num_tokens=raw), s)
         row["speedup"] = row["interpreted_us"] / row["generated_us"]
         rows.append(row)
     return rows
@@ -307,7 +310,8 @@ def report(result: Dict[str, Any]) -> str:
     lines.append("   bs  step GPU  graph GPU  gap (GPU not in graph)  replay host  graph.replay host  prep host"
                  "  step GPU, shared outputs")
     for r in result["gap"]:
-        lines.append(f"   {r['bs']:>3}  {fmt(r['step_gpu_ms'], '.3f', 'ms'):>8}  {fmt(r['graph_gpu_ms'], '.3f', 'ms'):>9}  "
+        lines.append(f"   {r['bs']:>3}  {fmt(r['step_gpu_ms'], '.3f', 'ms'):>8}  "
+                     f"{fmt(r['graph_gpu_ms'], '.3f', 'ms'):>9}  "
                      f"{fmt(r['gap_us'], '.1f', 'µs'):>22}  {r['replay_host_us']:9.1f}µs  "
                      f"{r['graph_replay_host_us']:15.1f}µs  {r['prep_host_us']:7.1f}µs"
                      f"  {fmt(r['shared_outputs_step_gpu_ms'], '.3f', 'ms'):>24}")
@@ -321,8 +325,8 @@ def report(result: Dict[str, Any]) -> str:
                      f"+{gib(t['allocated'])}, reserved +{gib(t['reserved'])}")
         pool = c["pool"]
         outside = NA if pool["reserved"] is None else t["reserved"] - pool["reserved"]
-        lines.append(f"     graphs' pool: reserved {mib(pool['reserved'])}, in use {mib(pool['allocated'])}; the graphs' "
-                     f"outputs hold {mib(c['outputs_held'])}; reserved outside the pool +{mib(outside)}")
+        lines.append(f"     graphs' pool: reserved {mib(pool['reserved'])}, in use {mib(pool['allocated'])}; "
+                     f"the graphs' outputs hold {mib(c['outputs_held'])}; reserved outside the pool +{mib(outside)}")
         worst = sorted((p for p in c["per_size"] if p["reserved"] is not None), key=lambda p: -p["reserved"])[:5]
         if worst:
             lines.append("     largest reserved growth: " + ", ".join(

@@ -3,10 +3,10 @@
     python benchmarks/bench_graph_speedup.py [--device cuda|cpu] [--quick] [--json PATH]
 
 Decode: one DecodeGraphRunner (max_bs 32) timed at batch sizes 1, 8 and 32. Prefill:
-the prefill runner captured breakable and piecewise, each on its own runtime, timed at 16, 64 and 256 tokens. Each figure is the
-median over rounds of the mean per-call time; the graph side is the runner's whole
-step (``runner.replay``: fill + metadata + replay), the eager side ``rt.forward``.
-Every case also checks that the runner's output matches eager (torch.equal on the
+the prefill runner captured breakable and piecewise, each on its own runtime, timed at
+16, 64 and 256 tokens. Each figure is the median over rounds of the mean per-call time;
+the graph side is the runner's whole step (``runner.replay``: fill + metadata + replay),
+the eager side ``rt.forward``. Every case also checks that the runner's output matches eager (torch.equal on the
 CPU tape backend where the matmul is batch-invariant, else allclose: see
 graphslot/reference/numerics.py). Exits 1 if any check fails.
 
@@ -127,8 +127,8 @@ def prompt_lens(total: int, n: int) -> List[int]:
 def bench_prefill(timer: Timer, device: torch.device, capture: str) -> Dict[str, Any]:
     rt = build_reference_model(CONFIG, device=device, max_num_reqs=MAX_REQS)
     buckets = [tokens for _, tokens in PREFILL_CASES]
-    runner = PrefillGraphRunner(ReferencePrefillAdapter(rt), capture=capture, token_buckets=buckets, max_num_tokens=max(buckets),
-                        max_bs=max(bs for bs, _ in PREFILL_CASES), progress=False)
+    runner = PrefillGraphRunner(ReferencePrefillAdapter(rt), capture=capture, token_buckets=buckets,
+                                max_num_tokens=max(buckets), max_bs=max(bs for bs, _ in PREFILL_CASES), progress=False)
     rows = []
     for bs, tokens in PREFILL_CASES:
         rpi = rt.req_to_token_pool.alloc(bs)
@@ -180,7 +180,8 @@ def main(argv: List[str] | None = None) -> int:
         "graph_backend": "cuda graphs" if device.type == "cuda" else "cpu tape",
         "quick": args.quick,
         "config": {k: v for k, v in vars(CONFIG).items() if not isinstance(v, tuple)},
-        "timing": {"rounds": timer.rounds, "round_s": timer.round_s, "statistic": "median of round means, eager and graph rounds interleaved"},
+        "timing": {"rounds": timer.rounds, "round_s": timer.round_s,
+                   "statistic": "median of round means, eager and graph rounds interleaved"},
     }
     print(f"device {result['device']} ({result['graph_backend']}), torch {result['torch']}", flush=True)
     result["decode"] = bench_decode(timer, device)

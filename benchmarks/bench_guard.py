@@ -58,4 +58,5 @@ if __name__ == "__main__":
         print(json.dumps(r, indent=2))
     else:
         print(f"{args.device}, torch {r['torch']}: replay {r['replay_us']:.1f} µs, with the guard "
-              f"{r['guarded_replay_us']:.1f} µs; check alone {r['check_us']:.2f} µs over {r['guarded_tensors']} tensors")
+              f"{r['guarded_replay_us']:.1f} µs; check alone {r['check_us']:.2f} µs "
+              f"over {r['guarded_tensors']} tensors")

@@ -340,8 +340,8 @@ def format_report(r: Dict[str, Any]) -> str:
     if cap:
         lines.append(f"graphslot capture: sizes {cap['sizes']} in {cap['seconds']:.2f} s, allocated "
                      f"+{(cap['memory']['allocated'] - cap['memory']['kv_pool']) / 2**20:.0f} MiB beside the "
-                     f"{cap['memory']['kv_pool'] / 2**20:.0f} MiB KV pool (reserved {cap['memory']['reserved'] / 2**20:+.0f} "
-                     "MiB: capture empties the allocator's cache)")
+                     f"{cap['memory']['kv_pool'] / 2**20:.0f} MiB KV pool "
+                     f"(reserved {cap['memory']['reserved'] / 2**20:+.0f} MiB: capture empties the allocator's cache)")
     lines.append(f"{'bs':>4}  {'hf eager':>10}  {'reduce-ovh':>10}  {'graphslot':>10}  {'vs eager':>8}  "
                  f"{'vs r-o':>7}  {'r-o compile':>11}  {'r-o reserved':>12}  {'top1 agree':>10}")
 

@@ -8,7 +8,8 @@ The model is a ``LlamaForCausalLM`` with random weights scaled by fan-in (as
 near-tie and every engine must produce the same tokens), fp32, sdpa:
 
 * ``small``: hidden 256, 4 layers, 4/2 heads (head_dim 64), intermediate 688, vocab 32000 (19.3M parameters);
-* ``issue``: hidden 512, 8 layers, 8/4 heads, intermediate 1024, vocab 32000, untied (51.65M parameters, the shape of the issue that asked for this benchmark).
+* ``issue``: hidden 512, 8 layers, 8/4 heads, intermediate 1024, vocab 32000, untied
+  (51.65M parameters, the shape of the issue that asked for this benchmark).
 
 The workload is ``--requests`` seeded requests (prompts of 16-64 tokens, 32-64 new
 tokens each), greedy, EOS off, all queued at once. Engines:
@@ -222,7 +223,8 @@ def run(args) -> Dict[str, Any]:
         walls, cpus = zip(*times[(bs, name)]) if times[(bs, name)] else ((math.nan,), (math.nan,))
         cpu = statistics.median(cpus)
         row = {"max_bs": bs, "engine": name, "cpu_s": cpu, "wall_s": statistics.median(walls),
-               "tok_per_cpu_s": new_tokens / cpu, "equal_to_generate": sum(a == b for a, b in zip(tokens[(bs, name)], ref)),
+               "tok_per_cpu_s": new_tokens / cpu,
+               "equal_to_generate": sum(a == b for a, b in zip(tokens[(bs, name)], ref)),
                "cpu_s_all": list(cpus), "wall_s_all": list(walls)}
         if (bs, name) in setup:
             row["setup_s"] = setup[(bs, name)]
