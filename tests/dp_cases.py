@@ -104,8 +104,8 @@ def run_rank(rank: int, world_size: int, device: str = "cpu", lazy: bool = False
             rec["own_rows_in_place"] = torch.equal(gathered[rank * rows:(rank + 1) * rows], local)
         records.append(rec)
     records.append({"graph_steps": dp.graph_steps, "eager_steps": dp.eager_steps, "skipped_steps": dp.skipped_steps,
-                    "captured_sizes": runner.captured_sizes, "graphs": sorted(runner.graphs), "metrics": runner.metrics(),
-                    "histogram": dict(runner.histogram.counts),
+                    "captured_sizes": runner.captured_sizes, "graphs": sorted(runner.graphs),
+                    "metrics": runner.metrics(), "histogram": dict(runner.histogram.counts),
                     "refused": refused})
     return records
 
@@ -325,7 +325,8 @@ def count_collectives(rank: int, world_size: int) -> Dict[str, Any]:
             record["invalid"] = call(guarded, fb)
         record.update(call(guarded, fb))
         guard_steps.append(record)
-    return {"steps": steps, "lifecycle": lifecycle, "guard_steps": guard_steps, "confirm": [dp.confirm, guarded.confirm]}
+    return {"steps": steps, "lifecycle": lifecycle, "guard_steps": guard_steps,
+            "confirm": [dp.confirm, guarded.confirm]}
 
 
 def hook_fails_after_the_exchange(rank: int, world_size: int) -> None:

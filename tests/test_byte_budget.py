@@ -97,8 +97,10 @@ def test_the_cap_is_inclusive(mode):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_disabled_slots_take_no_bytes(mode):
-    text = SPEC + "  - {name: unused, shape: [max_bs, 1000], dtype: int64, axis: bs, padding: zero, enabled_if: false}\n"
-    reg = build(gs.parse_spec(text, path="budget.yaml"), max_bs=4, max_num_tokens=8, impl=mode, max_bytes=96, device="cpu")
+    text = SPEC + ("  - {name: unused, shape: [max_bs, 1000], dtype: int64, axis: bs, padding: zero, "
+                   "enabled_if: false}\n")
+    reg = build(gs.parse_spec(text, path="budget.yaml"), max_bs=4, max_num_tokens=8, impl=mode, max_bytes=96,
+                device="cpu")
     assert not reg.has_slot("unused")
 
 
@@ -135,7 +137,8 @@ def test_the_default_cap_is_4_gib_and_refuses_one_byte_more(no_allocation):
           - {name: raw, shape: [max_bs], dtype: uint8, axis: bs, padding: zero}
     """)
     with pytest.raises(BufferBudgetError, match=r"over the cap of 4294967296 bytes \(4\.0 GiB\) \(the default\)"):
-        gs.build_registry(gs.parse_spec(one_byte, path="bytes.yaml"), max_bs=(4 << 30) + 1, max_num_tokens=1, device="cpu")
+        gs.build_registry(gs.parse_spec(one_byte, path="bytes.yaml"), max_bs=(4 << 30) + 1, max_num_tokens=1,
+                          device="cpu")
 
 
 @pytest.mark.parametrize("mode", MODES)

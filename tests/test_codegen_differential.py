@@ -570,8 +570,10 @@ def poison(interp, gen, seed: int) -> None:
 
 
 def build_pair(spec, max_bs, max_num_tokens, strict=False, **kwargs):
-    interp = build(spec, max_bs=max_bs, max_num_tokens=max_num_tokens, impl="interpreted", strict=strict, **kwargs, device="cpu")
-    gen = build(spec, max_bs=max_bs, max_num_tokens=max_num_tokens, impl="generated", strict=strict, **kwargs, device="cpu")
+    interp = build(spec, max_bs=max_bs, max_num_tokens=max_num_tokens, impl="interpreted", strict=strict, **kwargs,
+                   device="cpu")
+    gen = build(spec, max_bs=max_bs, max_num_tokens=max_num_tokens, impl="generated", strict=strict, **kwargs,
+                device="cpu")
     assert interp.impl == "interpreted" and gen.impl == "generated"
     assert interp.strict == gen.strict == strict
     assert [s.name for s in interp.all_slots()] == [s.name for s in gen.all_slots()]
@@ -631,7 +633,8 @@ def run_steps(interp, gen, steps: List[Step], first_poison: bool = True) -> None
         assert_same_snapshot(before, snapshot(fbi), views=views)
         assert_heads_and_tails(interp, fbi, step, views | step.skip)
 
-        (vi, ei), (vg, eg) = (outcome(reg.extract, fb, padded_bs=step.padded_bs, padded_num_tokens=step.padded_num_tokens)
+        (vi, ei), (vg, eg) = (outcome(reg.extract, fb, padded_bs=step.padded_bs,
+                                      padded_num_tokens=step.padded_num_tokens)
                               for reg, fb in ((interp, fbi), (gen, fbg)))
         assert_same_error(ei, eg, f"extract {i}")
         if ei is not None:
@@ -861,7 +864,8 @@ def test_a_user_hook_may_not_shadow_a_builtin_hook():
 
     for mode in ("interpreted", "generated"):
         with pytest.raises(gs.SpecError) as info:
-            gs.build_registry("decode", max_bs=4, max_num_tokens=4, impl=mode, hooks={"global_num_tokens": mine}, device="cpu")
+            gs.build_registry("decode", max_bs=4, max_num_tokens=4, impl=mode, hooks={"global_num_tokens": mine},
+                              device="cpu")
         assert str(info.value) == (
             "<hooks=>: hook name 'global_num_tokens' passed in build_registry(hooks=...) is the name of a "
             "built-in hook; rename yours (e.g. 'my_global_num_tokens') and use that name in the spec")
@@ -909,7 +913,8 @@ def test_shipped_specs(case):
 def test_shipped_decode_fills_what_the_design_says():
     """An absolute check on top of the differential ones: a decode step, by hand."""
     for mode in ("interpreted", "generated"):
-        reg = gs.build_registry("decode", max_bs=4, max_num_tokens=4, impl=mode, params={"seq_len_fill_value": 9}, device="cpu")
+        reg = gs.build_registry("decode", max_bs=4, max_num_tokens=4, impl=mode, params={"seq_len_fill_value": 9},
+                                device="cpu")
         for slot in reg.active:
             slot.buffer.fill_(-7)
         fb = Batch()

@@ -49,7 +49,8 @@ def test_asked_the_workspace_is_made_fresh_at_a_backends_first_capture_only(monk
 @pytest.mark.parametrize("fresh", [False, True])
 def test_capturing_clears_the_workspaces_only_when_fresh(monkeypatch, fresh):
     clears = []
-    monkeypatch.setattr(torch._C, "_cuda_clearCublasWorkspaces", lambda: clears.append(1), raising=False)  # CPU builds lack it
+    # CPU builds lack it
+    monkeypatch.setattr(torch._C, "_cuda_clearCublasWorkspaces", lambda: clears.append(1), raising=False)
     monkeypatch.setattr(torch.cuda, "graph", lambda graph, pool, stream: contextlib.nullcontext())
     with cuda_graph.capturing(None, None, None, fresh_workspace=fresh):
         pass

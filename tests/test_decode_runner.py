@@ -279,5 +279,6 @@ def test_shared_outputs_refuse_a_size_whose_output_does_not_fit():
             logits = super().forward(fb)
             return logits if fb.batch_size == 4 else torch.cat([logits, logits[:, :1]], 1)
 
-    with pytest.raises(TypeError, match=re.escape(f"output tensor 0 of batch size 2 is [2, {rt.config.vocab_size + 1}]")):
+    with pytest.raises(TypeError,
+                       match=re.escape(f"output tensor 0 of batch size 2 is [2, {rt.config.vocab_size + 1}]")):
         DecodeGraphRunner(Adapter(rt), max_bs=4, share_outputs=True, progress=False)

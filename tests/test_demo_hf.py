@@ -62,7 +62,8 @@ def test_cli_hf_demo_json(capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--model", "hf-qwen3", "--workload", "prefill"], "argument --model: hf-qwen3 runs decode only, not --workload "
                                                        "prefill"),
-    (["--model", "hf-llama", "--batches", "3"], "argument --batches: only for --workload prefill, not --workload decode"),
+    (["--model", "hf-llama", "--batches", "3"], "argument --batches: only for --workload prefill, "
+                                                "not --workload decode"),
     (["--model", "hf-gpt_neo"], "argument --model: invalid choice: 'hf-gpt_neo' (choose from reference, "
                              + ", ".join(f"hf-{family}" for family in FAMILIES) + ")"),
     (["--model", "hf-llama", "--dp", "2"], "argument --dp: runs the reference model only, not --model hf-llama"),

@@ -60,11 +60,14 @@ def test_the_committed_module_builds_a_registry_without_its_yaml(import_text, no
 
 def test_a_module_of_a_preset_runs_with_its_own_params(import_text, nowhere):
     module = import_text("decode_eager", (GENERATED / "decode_eager.py").read_text())
-    assert gs.build_registry(module, max_bs=8, max_num_tokens=8, device="cpu").params["dp_size"] == module.PARAMS["dp_size"]
-    runtime = gs.build_registry(module, max_bs=8, max_num_tokens=8, params={"seq_len_fill_value": 7}, device="cpu")  # a runtime param: no regeneration
+    assert (gs.build_registry(module, max_bs=8, max_num_tokens=8, device="cpu").params["dp_size"]
+            == module.PARAMS["dp_size"])
+    # a runtime param: no regeneration
+    runtime = gs.build_registry(module, max_bs=8, max_num_tokens=8, params={"seq_len_fill_value": 7}, device="cpu")
     assert runtime.params["seq_len_fill_value"] == 7
     with pytest.raises(gs.SpecError) as info:
-        gs.build_registry(module, max_bs=8, max_num_tokens=8, params={"dp_size": 2, "require_gathered_buffer": True}, device="cpu")
+        gs.build_registry(module, max_bs=8, max_num_tokens=8, params={"dp_size": 2, "require_gathered_buffer": True},
+                          device="cpu")
     assert "generated module 'gs_tmp_pkg.decode_eager' was generated for other params: dp_size (module: 1, " \
            "registry: 2), require_gathered_buffer (module: False, registry: True); declare an output with these " \
            "params and run `graphslot generate`" in str(info.value)

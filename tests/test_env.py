@@ -138,7 +138,8 @@ def test_graphslot_strict_reads_the_same_spellings(monkeypatch):
 
     for value, expected in [("YES", True), ("off", False), (" ", False)]:
         monkeypatch.setenv("GRAPHSLOT_STRICT", value)
-        assert gs.build_registry("decode", max_bs=2, max_num_tokens=2, impl="interpreted", device="cpu").strict is expected, value
+        assert (gs.build_registry("decode", max_bs=2, max_num_tokens=2, impl="interpreted", device="cpu").strict
+                is expected), value
     monkeypatch.setenv("GRAPHSLOT_STRICT", "maybe")
     with pytest.raises(EnvError, match=r"^GRAPHSLOT_STRICT='maybe' is not a boolean"):
         gs.build_registry("decode", max_bs=2, max_num_tokens=2, impl="interpreted", device="cpu")

@@ -135,7 +135,8 @@ def test_a_contiguous_source_without_a_unit_last_stride_is_not_reinterpreted():
         "name: unit\nslots:\n"
         "- {name: flags, shape: [max_bs], dtype: bool, axis: bs, padding: zero}\n"
         "- {name: scale, shape: [max_bs, 1], dtype: float32, axis: bs, padding: keep_pad}\n", "unit.yaml")
-    interp, gen = (gs.build_registry(spec, max_bs=4, max_num_tokens=4, impl=mode, device="cpu") for mode in ("interpreted", "generated"))
+    interp, gen = (gs.build_registry(spec, max_bs=4, max_num_tokens=4, impl=mode, device="cpu")
+                   for mode in ("interpreted", "generated"))
     scale = torch.as_strided(torch.tensor([1.5, 2.5, 3.5]), (3, 1), (1, 0))
     assert scale.is_contiguous() and scale.stride(-1) == 0
     fb = SimpleNamespace(flags=torch.tensor([True, False, True]), scale=scale)
@@ -160,7 +161,8 @@ def test_a_row_copied_slot_judges_a_source_overlapping_its_own_buffer_row_by_row
     assert reg.slot("pos").resolved.rows
     host = gs.parse_spec("name: rows\nslots:\n- {name: pos, shape: [2, max_bs], dtype: bool, axis: bs, slice_dim: 1, "
                          "padding: keep_pad, device: cpu}\n", "host.yaml")
-    assert not gs.build_registry(host, max_bs=3, max_num_tokens=1, impl=mode, device="cpu").slot("pos").resolved.rows  # a host copy is 2-D in both
+    # a host copy is 2-D in both
+    assert not gs.build_registry(host, max_bs=3, max_num_tokens=1, impl=mode, device="cpu").slot("pos").resolved.rows
     shifted = reg.slot("pos").buffer[:, 1:3]  # the buffer's own columns 1-2 into columns 0-1
     fb = SimpleNamespace(flags=torch.tensor([True, False]), pos=shifted)
     with pytest.raises(gs.SlotError, match="slot 'pos': the source aliases the buffer of slot 'pos'") as refused:

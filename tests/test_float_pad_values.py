@@ -109,7 +109,8 @@ def test_graphslot_generate_writes_a_module_that_imports_and_runs(tmp_path, monk
     monkeypatch.syspath_prepend(str(tmp_path))
     try:
         module = importlib.import_module("gen_masks.masks")
-        reg = gs.build_registry(gs.load_spec(tmp_path / "masks.yaml"), max_bs=2, max_num_tokens=2, impl=module, device="cpu")
+        reg = gs.build_registry(gs.load_spec(tmp_path / "masks.yaml"), max_bs=2, max_num_tokens=2, impl=module,
+                                device="cpu")
         assert reg.slot("once").buffer.tolist() == [math.inf, math.inf]
     finally:
         sys.modules.pop("gen_masks.masks", None)
@@ -119,7 +120,8 @@ def test_graphslot_generate_writes_a_module_that_imports_and_runs(tmp_path, monk
 def test_a_module_built_for_a_nan_param_accepts_that_nan():
     spec = gs.parse_spec(SPEC, "masks.yaml")
     module = compile_module(spec, gs.resolve_params(spec))
-    reg = gs.build_registry(spec, max_bs=2, max_num_tokens=2, impl=module, params={"nanp": -math.nan}, device="cpu")  # any NaN is the one NaN
+    # any NaN is the one NaN
+    reg = gs.build_registry(spec, max_bs=2, max_num_tokens=2, impl=module, params={"nanp": -math.nan}, device="cpu")
     assert reg.module is module
     with pytest.raises(gs.SpecError, match=r"nanp \(module: float\('nan'\), registry: float\('inf'\)\)"):
         gs.build_registry(spec, max_bs=2, max_num_tokens=2, impl=module, params={"nanp": math.inf}, device="cpu")
@@ -162,7 +164,8 @@ def test_a_nan_pad_value_is_the_same_bits_in_every_mode_and_from_a_modules_embed
               "code": lambda mode: gs.build_registry(from_code, max_bs=4, max_num_tokens=4, impl=mode, device="cpu"),
               "preset": lambda mode: gs.build_registry(spec, max_bs=4, max_num_tokens=4, impl=mode,
                                                        params=spec.presets["alt"], device="cpu"),
-              "param": lambda mode: gs.build_registry(spec, max_bs=4, max_num_tokens=4, impl=mode, params={"p": -math.nan}, device="cpu")}
+              "param": lambda mode: gs.build_registry(spec, max_bs=4, max_num_tokens=4, impl=mode,
+                                                      params={"p": -math.nan}, device="cpu")}
     for source, build in builds.items():
         for mode in ("interpreted", "generated"):
             assert _tail_bits(build(mode)) == expected, (source, mode)

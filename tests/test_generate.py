@@ -70,7 +70,8 @@ def test_fill_from_and_extract_are_straight_line():
     assert strings == ["mrope_positions"], strings
     keys = {n.value for n in ast.walk(_function(text, "extract")) if isinstance(n, ast.Constant)
             and isinstance(n.value, str)}
-    assert keys == {"batch_size"} | set(gs.build_registry(spec, max_bs=4, max_num_tokens=4, device="cpu").slot_names())  # the view's fields
+    # the view's fields
+    assert keys == {"batch_size"} | set(gs.build_registry(spec, max_bs=4, max_num_tokens=4, device="cpu").slot_names())
     code = text.split("def allocate", 1)[1]
     assert "padding" not in code
     # disabled slots leave no trace in the code

@@ -7,9 +7,10 @@ says ``# fmt: off`` after its docstring, and ``ruff format`` at any width leaves
 is; ``ruff check`` with the default rule set (E4, E7, E9, F: no import after a
 statement, no unused local) finds nothing in it. The layout itself is plain
 (graphslot/codegen/layout.py): one line when a statement fits 88 columns, else one item
-per line with a trailing comma (a call's arguments first on one line of their own). Checked with ruff on the committed modules, on the
-shipped specs under the param sets the differential tests use, on a spec with long
-names and every kind of slot, and on random specs.
+per line with a trailing comma (a call's arguments first on one line of their own).
+Checked with ruff on the committed modules, on the shipped specs under the param sets
+the differential tests use, on a spec with long names and every kind of slot, and on
+random specs.
 """
 
 from __future__ import annotations

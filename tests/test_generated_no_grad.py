@@ -51,7 +51,8 @@ def _batch(step: int, requires_grad: bool) -> Batch:
 
 def _registry(text: str = SPEC) -> gs.SlotRegistry:
     spec = gs.parse_spec(text, "grads.yaml")
-    reg = gs.build_registry(spec, max_bs=4, max_num_tokens=4, impl="generated", hooks={"embeds_source": lambda fb, ctx: fb.embeds}, device="cpu")
+    reg = gs.build_registry(spec, max_bs=4, max_num_tokens=4, impl="generated",
+                            hooks={"embeds_source": lambda fb, ctx: fb.embeds}, device="cpu")
     assert reg.impl == "generated"
     return reg
 
@@ -109,6 +110,7 @@ def test_the_callers_grad_mode_is_restored_after_a_fill_and_after_an_error():
         reg.fill_from(fb, raw_bs=2, padded_bs=2, raw_num_tokens=2, padded_num_tokens=2)
     assert torch.is_grad_enabled()
     with pytest.raises(gs.SlotError):
-        reg.fill_from(fb, raw_bs=5, padded_bs=2, raw_num_tokens=2, padded_num_tokens=2)  # an impossible step size, found when the plan is made
+        # an impossible step size, found when the plan is made
+        reg.fill_from(fb, raw_bs=5, padded_bs=2, raw_num_tokens=2, padded_num_tokens=2)
     assert torch.is_grad_enabled()
     _assert_no_history(reg)

@@ -137,7 +137,8 @@ def test_a_failing_or_hanging_piece_is_recorded_and_the_next_part_runs(tmp_path,
     part3 = json.loads((out / "part3_capture.json").read_text())["pieces"]
     assert part3["fine"]["rc"] == 0 and part3["fine"]["result"] == {"x": 1} and "tail" not in part3["fine"]
     out = capsys.readouterr().out
-    assert "crash: FAILED (rc 3)" in out and "hang: TIMED OUT" in out and "failed or cut: part 2 crash, part 2 hang" in out
+    assert ("crash: FAILED (rc 3)" in out and "hang: TIMED OUT" in out
+            and "failed or cut: part 2 crash, part 2 hang" in out)
 
 
 def test_without_graphslot_importable_it_stops_in_seconds_saying_why(tmp_path, monkeypatch, capsys):

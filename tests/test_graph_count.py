@@ -56,8 +56,8 @@ def test_a_decode_runner_past_its_max_graphs_is_refused_naming_its_knobs():
     rt = build_reference_model(max_num_reqs=8)
     backend = NoCaptureBackend()
     with pytest.raises(GraphCountError, match=r"^decode capture='full' \(3 batch sizes x 2 context buckets\) asks "
-                                              r"for 6 graphs, more than max_graphs=5 .*capture_bs, capture_bs_multiple, "
-                                              r"context_buckets"):
+                                              r"for 6 graphs, more than max_graphs=5 .*capture_bs, "
+                                              r"capture_bs_multiple, context_buckets"):
         DecodeGraphRunner(ReferenceDecodeAdapter(rt), capture_bs=[1, 2, 4], context_buckets=[16, 32], max_bs=4,
                           max_graphs=5, backend=backend, progress=False)
     assert backend.captures == 0
@@ -75,8 +75,9 @@ def test_a_lazy_runner_is_refused_at_the_capture_past_the_limit():
                                progress=False)
     runner.graph(1)
     runner.graph(2)
-    with pytest.raises(GraphCountError, match=r"asks for 3 graphs, more than max_graphs=2 \(none captured\): fewer keys "
-                                              r"\(capture_bs, capture_bs_multiple, context_buckets\), or a larger"):
+    with pytest.raises(GraphCountError, match=r"asks for 3 graphs, more than max_graphs=2 \(none captured\): "
+                                              r"fewer keys \(capture_bs, capture_bs_multiple, context_buckets\), "
+                                              r"or a larger"):
         runner.graph(4)
     assert sorted(runner.graphs) == [1, 2]
 

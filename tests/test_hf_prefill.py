@@ -146,7 +146,8 @@ def test_the_2d_mask_route_prefills_right_padded_with_the_same_results(family):
             assert req.prompt_logprobs[1:] == pytest.approx(want.tolist(), abs=1e-4)
         ids = torch.tensor([req.prompt])
         assert req.output == alibi.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3,
-                                            do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(req.prompt):].tolist()
+                                            do_sample=False, eos_token_id=None,
+                                            pad_token_id=0)[0, len(req.prompt):].tolist()
 
 
 

@@ -96,7 +96,8 @@ def test_spec_text_never_runs_in_process(field, kind):
     payload = PAYLOADS[kind]
     try:
         spec = gs.parse_spec(_spec_text(field, payload), "victim.yaml")
-        reg = gs.build_registry(spec, max_bs=4, max_num_tokens=4, device="cpu")  # generated mode: render, check, compile, exec
+        # generated mode: render, check, compile, exec
+        reg = gs.build_registry(spec, max_bs=4, max_num_tokens=4, device="cpu")
     except gs.SpecError:
         return  # refused (by validation or by the structure check): fine, as long as nothing ran
     assert reg.impl == "generated"

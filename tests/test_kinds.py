@@ -23,7 +23,8 @@ def test_an_axis_is_its_string():
     assert Axis.BS == "bs" and "tokens" == Axis.TOKENS and Axis("none") is Axis.NONE
     assert {"bs": 1}[Axis.BS] == 1 and hash(Axis.TOKENS) == hash("tokens")
     assert f"{Axis.BS}" == str(Axis.BS) == "%s" % Axis.BS == "bs" and f"{Axis.NONE:>6}" == "  none"
-    assert json.dumps({"axis": Axis.TOKENS, "padding": Padding.FILL_ONCE}) == '{"axis": "tokens", "padding": "fill_once"}'
+    assert (json.dumps({"axis": Axis.TOKENS, "padding": Padding.FILL_ONCE})
+            == '{"axis": "tokens", "padding": "fill_once"}')
     assert type(str(Padding.ZERO)) is str and repr(Axis.TOKENS) == "'tokens'" and repr((Axis.BS,)) == "('bs',)"
 
 
@@ -73,7 +74,8 @@ def test_declared_and_resolved_slots_agree_on_their_kind(keys, structured, compu
     spec = parse(make_slot_yaml(**keys))
     declared = spec.slots[0]
     resolved = resolve_slots(spec, {}, 4, 8)[0]
-    assert (declared.structured, declared.computed) == (resolved.structured, resolved.computed) == (structured, computed)
+    assert ((declared.structured, declared.computed) == (resolved.structured, resolved.computed)
+            == (structured, computed))
     assert declared.is_structured == structured  # the older spelling
 
 

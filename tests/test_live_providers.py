@@ -90,7 +90,8 @@ def test_user_hooks_get_the_same_errors_naming_their_slot(mode):
         buffer.fill_(ctx.params.get("scale", 0.0))  # .get must not read a failure as absent
 
     def build(provider):
-        return gs.build_registry(parse(USER), max_bs=4, max_num_tokens=8, impl=mode, params={"scale": provider}, hooks={"scaled": scaled}, device="cpu")
+        return gs.build_registry(parse(USER), max_bs=4, max_num_tokens=8, impl=mode, params={"scale": provider},
+                                 hooks={"scaled": scaled}, device="cpu")
 
     reg = build(lambda ctx: 3)  # an int for a float param, as at build
     reg.fill_from(SimpleNamespace(), raw_bs=1, padded_bs=1, raw_num_tokens=1, padded_num_tokens=1)

@@ -159,7 +159,8 @@ def test_padding_invariants(step, impl):
 @settings(max_examples=30, deadline=None)
 @given(dtype_name=st.sampled_from(sorted(DTYPES)), max_bs=st.integers(1, 16), max_tokens=st.integers(1, 32))
 def test_fill_once_buffers_start_filled_with_the_pad_value(dtype_name, max_bs, max_tokens):
-    reg = gs.build_registry(policy_spec(dtype_name), max_bs=max_bs, max_num_tokens=max_tokens, impl="interpreted", device="cpu")
+    reg = gs.build_registry(policy_spec(dtype_name), max_bs=max_bs, max_num_tokens=max_tokens, impl="interpreted",
+                            device="cpu")
     pad = reg.params["pad"]
     for suffix in LAYOUTS:
         for buffer in reg.slot(f"fill_once_{suffix}_padded").buffers():  # a staged slot's host one too

@@ -186,7 +186,8 @@ def test_cuda_decode_pieces_one_trace_sizes_one_to_eight():
 
 
 def test_an_unknown_compile_backend_names_the_choices():
-    with pytest.raises(ValueError, match=r"^unknown compile_backend 'inductr': choose one of inductor, aot_eager, eager"):
+    with pytest.raises(ValueError,
+                       match=r"^unknown compile_backend 'inductr': choose one of inductor, aot_eager, eager"):
         make_runner(token_buckets=[16], compile_backend="inductr")
 
 

@@ -261,7 +261,8 @@ def test_decode_replays_in_a_real_cuda_graph():
     static = ForwardBatch(ForwardMode.DECODE, bs, zeros(), zeros(), ones, zeros(), ones.cpu(), zeros())
     swa_loc = torch.zeros(bs, dtype=torch.int64, device="cuda")
     kv.register_out_cache_loc_swa(swa_loc)
-    backend.init_forward_metadata_capture_cuda_graph(bs, bs, static.req_pool_indices, static.seq_lens, ForwardMode.DECODE)
+    backend.init_forward_metadata_capture_cuda_graph(bs, bs, static.req_pool_indices, static.seq_lens,
+                                                     ForwardMode.DECODE)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.no_grad(), torch.cuda.stream(stream):

@@ -142,7 +142,8 @@ def test_axis_none_is_never_reset(policies):
 
 def test_axis_none_plain_slot_copies_the_whole_buffer():
     reg = build(make_slot_yaml(shape=[2, 2], axis="none", padding=None))
-    reg.fill_from(SimpleNamespace(x=t(1, 2, 3, 4).view(2, 2)), raw_bs=1, padded_bs=4, raw_num_tokens=1, padded_num_tokens=4)
+    reg.fill_from(SimpleNamespace(x=t(1, 2, 3, 4).view(2, 2)),
+                  raw_bs=1, padded_bs=4, raw_num_tokens=1, padded_num_tokens=4)
     assert reg.slot("x").buffer.tolist() == [[1, 2], [3, 4]]
     assert reg.slot("x").slice_for(1, 1).shape == (2, 2)
 
@@ -181,7 +182,8 @@ def test_source_hook_result_is_copied_into_its_own_length():
 
     reg = build(make_slot_yaml(padding="keep_pad", source="two_rows"), hooks={"two_rows": two_rows})
     poison(reg)
-    reg.fill_from(SimpleNamespace(ids=t(1, 2, 3)), raw_bs=3, padded_bs=4, raw_num_tokens=3, padded_num_tokens=4, side_inputs="side")
+    reg.fill_from(SimpleNamespace(ids=t(1, 2, 3)), raw_bs=3, padded_bs=4, raw_num_tokens=3, padded_num_tokens=4,
+                  side_inputs="side")
     assert reg.slot("x").buffer.tolist() == [1, 2, POISON, POISON]
     assert calls == [(3, 4, "side")]
 
@@ -192,7 +194,8 @@ def test_dotted_slot_reads_its_field_through_the_builtin_source():
     fb = Batch(extra=SimpleNamespace(ids=t(4, 5)))
     reg.fill_from(fb, raw_bs=2, padded_bs=3, raw_num_tokens=2, padded_num_tokens=3)
     assert reg.slot("extra.ids").buffer.tolist() == [4, 5, 0, POISON]
-    reg.fill_from(Batch(extra=None), raw_bs=1, padded_bs=3, raw_num_tokens=1, padded_num_tokens=3)  # a missing part reads as None: no copy
+    # a missing part reads as None: no copy
+    reg.fill_from(Batch(extra=None), raw_bs=1, padded_bs=3, raw_num_tokens=1, padded_num_tokens=3)
     assert reg.slot("extra.ids").buffer.tolist() == [4, 0, 0, POISON]
 
 
@@ -223,7 +226,8 @@ def test_an_absent_required_field_is_an_error():
 def test_an_optional_field_that_is_none_or_absent_is_skipped_but_the_tail_still_reset(value):
     reg = build(make_slot_yaml(optional=True))
     poison(reg)
-    reg.fill_from(SimpleNamespace() if value == "absent" else SimpleNamespace(x=None), raw_bs=2, padded_bs=3, raw_num_tokens=2, padded_num_tokens=3)
+    reg.fill_from(SimpleNamespace() if value == "absent" else SimpleNamespace(x=None),
+                  raw_bs=2, padded_bs=3, raw_num_tokens=2, padded_num_tokens=3)
     assert reg.slot("x").buffer.tolist() == [POISON, POISON, 0, POISON]
 
 
@@ -292,7 +296,8 @@ def test_post_fill_runs_after_every_copy_and_sees_the_context():
     reg = build(POST_FILL, max_bs=4, max_num_tokens=8, hooks={"sum_of_x": sum_of_x})
     poison(reg)
     side = {"pool": object()}
-    reg.fill_from(SimpleNamespace(x=t(1, 2)), raw_bs=2, padded_bs=3, raw_num_tokens=5, padded_num_tokens=7, side_inputs=side)
+    reg.fill_from(SimpleNamespace(x=t(1, 2)), raw_bs=2, padded_bs=3, raw_num_tokens=5, padded_num_tokens=7,
+                  side_inputs=side)
     assert reg.slot("total").buffer.tolist() == [30]
     (ctx,) = seen
     assert isinstance(ctx, gs.FillContext)
@@ -631,7 +636,8 @@ def test_buffer_addresses_never_change_across_fills(policies):
         padded_bs, padded_tokens = rng.randint(1, 8), rng.randint(1, 8)
         raw_bs, raw_tokens = rng.randint(0, padded_bs), rng.randint(0, padded_tokens)
         fb = policies_batch(raw_bs, raw_tokens)
-        policies.fill_from(fb, raw_bs=raw_bs, padded_bs=padded_bs, raw_num_tokens=raw_tokens, padded_num_tokens=padded_tokens)
+        policies.fill_from(fb, raw_bs=raw_bs, padded_bs=padded_bs, raw_num_tokens=raw_tokens,
+                           padded_num_tokens=padded_tokens)
         view = policies.extract(fb, padded_bs=padded_bs, padded_num_tokens=padded_tokens)
         for name, ptr in ptrs.items():
             assert policies.slot(name).buffer.data_ptr() == ptr
@@ -783,12 +789,16 @@ def test_strict_rejects_bad_counts(strict_reg, counts, expected):
 
 def test_strict_checks_source_hook_results():
     reg = build(make_slot_yaml(source="rows"), strict=True, hooks={"rows": lambda fb, ctx: fb.rows})
-    reg.fill_from(SimpleNamespace(rows=t(1, 2, 3)), raw_bs=3, padded_bs=4, raw_num_tokens=3, padded_num_tokens=4)  # any length up to the capacity
-    reg.fill_from(SimpleNamespace(rows=None), raw_bs=3, padded_bs=4, raw_num_tokens=3, padded_num_tokens=4)  # None: nothing to copy
+    # any length up to the capacity
+    reg.fill_from(SimpleNamespace(rows=t(1, 2, 3)), raw_bs=3, padded_bs=4, raw_num_tokens=3, padded_num_tokens=4)
+    # None: nothing to copy
+    reg.fill_from(SimpleNamespace(rows=None), raw_bs=3, padded_bs=4, raw_num_tokens=3, padded_num_tokens=4)
     with pytest.raises(gs.SlotError, match=r"^spec 't', slot 'x': source returned 5 rows, more than the capacity 4$"):
-        reg.fill_from(SimpleNamespace(rows=t(1, 2, 3, 4, 5)), raw_bs=3, padded_bs=4, raw_num_tokens=3, padded_num_tokens=4)
+        reg.fill_from(SimpleNamespace(rows=t(1, 2, 3, 4, 5)),
+                      raw_bs=3, padded_bs=4, raw_num_tokens=3, padded_num_tokens=4)
     with pytest.raises(gs.SlotError, match=r"^spec 't', slot 'x': expected dtype torch.int64, got torch.float32"):
-        reg.fill_from(SimpleNamespace(rows=torch.zeros(2)), raw_bs=3, padded_bs=4, raw_num_tokens=3, padded_num_tokens=4)
+        reg.fill_from(SimpleNamespace(rows=torch.zeros(2)),
+                      raw_bs=3, padded_bs=4, raw_num_tokens=3, padded_num_tokens=4)
 
 
 @pytest.mark.parametrize("value", ["", "0", "false", "No", "OFF"])
@@ -796,7 +806,9 @@ def test_strict_is_off_by_default_and_with_a_false_graphslot_strict(monkeypatch,
     monkeypatch.setenv("GRAPHSLOT_STRICT", value)
     reg = build(STRICT)
     assert not reg.strict
-    reg.fill_from(SimpleNamespace(x=t(1, 2), pair=torch.ones(3, 2, dtype=torch.int32)), raw_bs=2, padded_bs=4, raw_num_tokens=3, padded_num_tokens=8)  # casts
+    # casts
+    reg.fill_from(SimpleNamespace(x=t(1, 2), pair=torch.ones(3, 2, dtype=torch.int32)),
+                  raw_bs=2, padded_bs=4, raw_num_tokens=3, padded_num_tokens=8)
 
 
 @pytest.mark.parametrize("value", ["1", "true", "Yes", "on"])
@@ -917,7 +929,8 @@ def test_decode_num_token_non_padded_not_sharded_keeps_the_global_count(decode_s
 
 
 def test_decode_num_token_non_padded_rejects_a_rank_outside_the_group(decode_spec):
-    with pytest.raises(gs.SpecError, match=r"slot 'num_token_non_padded'.*attn_tp_rank=2 must lie in \[0, attn_tp_size=2\)"):
+    with pytest.raises(gs.SpecError,
+                       match=r"slot 'num_token_non_padded'.*attn_tp_rank=2 must lie in \[0, attn_tp_size=2\)"):
         build(decode_spec, max_bs=8, max_num_tokens=8,
               params={"enable_num_token_non_padded": True, "require_gathered_buffer": True,
                       "attn_tp_size": 2, "attn_tp_rank": 2})
@@ -963,7 +976,8 @@ def test_prefill_input_ids_tail_is_zeroed():
     reg = build(gs.load_spec("prefill"), max_bs=4, max_num_tokens=8)
     poison(reg)
     reg.fill_from(prefill_batch(), raw_bs=2, padded_bs=2, raw_num_tokens=5, padded_num_tokens=8)
-    assert reg.extract(prefill_batch(), padded_bs=2, padded_num_tokens=8).input_ids.tolist() == [10, 11, 12, 13, 14, 0, 0, 0]
+    assert (reg.extract(prefill_batch(), padded_bs=2, padded_num_tokens=8).input_ids.tolist()
+            == [10, 11, 12, 13, 14, 0, 0, 0])
 
 
 def test_prefill_mamba_track_slots():
@@ -989,7 +1003,8 @@ def test_prefill_mamba_track_slots():
     ({"attn_tp_sharded": True, "attn_tp_size": 4, "attn_tp_rank": 3}, 7, 1),
 ])
 def test_prefill_num_token_non_padded(params, global_cpu, expected):
-    reg = build(gs.load_spec("prefill"), max_bs=4, max_num_tokens=8, params={"enable_num_token_non_padded": True, **params})
+    reg = build(gs.load_spec("prefill"), max_bs=4, max_num_tokens=8,
+                params={"enable_num_token_non_padded": True, **params})
     poison(reg)
     fb = prefill_batch(global_num_token_non_padded_cpu=global_cpu)
     reg.fill_from(fb, raw_bs=2, padded_bs=2, raw_num_tokens=5, padded_num_tokens=8)
@@ -1011,7 +1026,8 @@ GRAD = """\
 
 def grad_registry(mode):
     return gs.build_registry(parse(GRAD), max_bs=4, max_num_tokens=8, impl=mode,
-                             hooks={"double_kept": lambda fb, ctx: fb.kept[:, 0] * 2}, device="cpu")  # a non-leaf result
+                             # a non-leaf result
+                             hooks={"double_kept": lambda fb, ctx: fb.kept[:, 0] * 2}, device="cpu")
 
 
 def grad_batch(step):
@@ -1049,7 +1065,8 @@ def test_a_source_that_requires_grad_is_copied_by_value_on_every_fill(mode):
 def test_keep_pad_slots_accumulate_no_autograd_history_over_many_fills(mode):
     reg = grad_registry(mode)
     for step in range(200):
-        reg.fill_from(grad_batch(step % 5), raw_bs=2, padded_bs=2 + step % 2, raw_num_tokens=3, padded_num_tokens=3 + step % 2)
+        reg.fill_from(grad_batch(step % 5), raw_bs=2, padded_bs=2 + step % 2,
+                      raw_num_tokens=3, padded_num_tokens=3 + step % 2)
     for name in ("kept", "doubled"):  # keep_pad: never reset, so history would chain step after step
         assert reg.slot(name).buffer.grad_fn is None
     assert_plain_data(reg)

@@ -74,8 +74,8 @@ def test_a_capture_logs_its_count_estimate_and_summary_and_a_lazy_capture_its_co
     tiny_engine.runner(8)
     start, estimate, summary = messages(records)
     assert start == "capturing 4 decode graphs (batch sizes 8, 4, 2, 1), backend cpu; static buffers 192 B"
-    assert re.fullmatch(r"decode graphs need about \d+\.\d KiB \(static buffers 192 B \+ \d+\.\d KiB for the first graph "
-                        r"x 4\)", estimate)
+    assert re.fullmatch(r"decode graphs need about \d+\.\d KiB \(static buffers 192 B \+ \d+\.\d KiB "
+                        r"for the first graph x 4\)", estimate)
     assert re.fullmatch(r"captured 4 decode graphs \(batch sizes 8, 4, 2, 1\), backend cpu, in \d+\.\d\d s; "
                         r"static buffers 192 B; graph pool \+\d+\.\d KiB", summary)
     records.clear()

@@ -424,7 +424,8 @@ def test_zero_policy_slots_are_sglangs_index_semantic_buffers():
         reg = gs.build_registry(kind, max_bs=4, max_num_tokens=8, impl="interpreted", params=params, device="cpu")
         index = {s.name for s in reg.all_slots() if s.resolved.index}
         assert index - EXTENSIONS == index_semantic & set(reg.slot_names()), kind
-    decode = gs.build_registry("decode", max_bs=4, max_num_tokens=8, impl="interpreted", params=on["decode"], device="cpu")
+    decode = gs.build_registry("decode", max_bs=4, max_num_tokens=8, impl="interpreted", params=on["decode"],
+                               device="cpu")
     zero = {s.name for s in decode.all_slots() if s.resolved.padding == "zero"}
     assert zero - EXTENSIONS == index_semantic
 
@@ -492,7 +493,8 @@ def test_deviation_swa_out_cache_loc_is_a_graphslot_extension(mode, kind):
     still bit-identical with it on."""
     case = Case(f"swa-{kind}", kind, {})
     sgl_reg = build_sglang(case)
-    ours = gs.build_registry(kind, max_bs=case.max_bs, max_num_tokens=max_tokens(case), device=CPU, impl=mode, params={"is_hybrid_swa": True})
+    ours = gs.build_registry(kind, max_bs=case.max_bs, max_num_tokens=max_tokens(case), device=CPU, impl=mode,
+                             params={"is_hybrid_swa": True})
     assert set(ours.slot_names()) - set(sgl_reg.slot_names()) == {"out_cache_loc_swa"}
     assert "out_cache_loc_swa" not in {f.name for f in dataclasses.fields(ForwardBatch)}
     fb = decode_batch(4) if kind == "decode" else decode_batch(4, forward_mode=ForwardMode.EXTEND)
@@ -540,7 +542,8 @@ def test_num_token_non_padded_buffer_keeps_its_shape_and_address(mode, shape):
     buf = ours.slot("num_token_non_padded").buffer
     ptr = buf.data_ptr()
     fb = decode_batch(3, global_num_token_non_padded=torch.full(shape, 3, dtype=torch.int32))
-    ours.fill_from(fb, raw_bs=3, padded_bs=4, raw_num_tokens=3, padded_num_tokens=4)  # 2 tokens per rank: rank 1 owns token 3
+    # 2 tokens per rank: rank 1 owns token 3
+    ours.fill_from(fb, raw_bs=3, padded_bs=4, raw_num_tokens=3, padded_num_tokens=4)
     assert buf.shape == (1,) and buf.data_ptr() == ptr and buf.tolist() == [1]
     assert ours.slot("num_token_non_padded").buffer is buf
 

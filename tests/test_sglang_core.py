@@ -80,11 +80,13 @@ def test_a_0d_slot_copies_a_0d_value_and_extract_exposes_the_buffer_itself(mode)
 def test_a_0d_slot_refuses_a_one_element_tensor(mode):
     reg = build(ZERO_D, mode, hooks={"feed": lambda fb, ctx: fb.feed})
     with pytest.raises(gs.SlotError) as err:
-        reg.fill_from(SimpleNamespace(count=t(3, dtype=torch.int32), feed=None), raw_bs=1, padded_bs=1, raw_num_tokens=1, padded_num_tokens=1)
+        reg.fill_from(SimpleNamespace(count=t(3, dtype=torch.int32), feed=None),
+                      raw_bs=1, padded_bs=1, raw_num_tokens=1, padded_num_tokens=1)
     assert str(err.value) == ("spec 'scalar', slot 'count': expected shape [], got [1] (copy_ would broadcast "
                               "or fail)")
     with pytest.raises(gs.SlotError) as err:
-        reg.fill_from(SimpleNamespace(count=torch.tensor(1, dtype=torch.int32), feed=t(3)), raw_bs=1, padded_bs=1, raw_num_tokens=1, padded_num_tokens=1)
+        reg.fill_from(SimpleNamespace(count=torch.tensor(1, dtype=torch.int32), feed=t(3)),
+                      raw_bs=1, padded_bs=1, raw_num_tokens=1, padded_num_tokens=1)
     assert str(err.value) == ("spec 'scalar', slot 'fed': expected shape [], got [1] (copy_ would broadcast or "
                               "fail)")
 
@@ -151,7 +153,8 @@ def test_absent_fields_error_is_the_default_and_names_the_slot(mode):
     reg = build(SKIPPING.replace("    absent_fields: skip\n", ""), mode)
     assert reg.spec.absent_fields == "error"
     with pytest.raises(gs.SlotError) as err:
-        reg.fill_from(SimpleNamespace(ids="a string", lens=t(1), computed=t(0, dtype=torch.int32)), raw_bs=1, padded_bs=1, raw_num_tokens=1, padded_num_tokens=1)
+        reg.fill_from(SimpleNamespace(ids="a string", lens=t(1), computed=t(0, dtype=torch.int32)),
+                      raw_bs=1, padded_bs=1, raw_num_tokens=1, padded_num_tokens=1)
     assert str(err.value) == "spec 'lenient', slot 'ids': expected a torch.Tensor, got str 'a string'"
 
 
@@ -189,22 +192,26 @@ def test_live_params_are_read_at_fill_once_each_and_only_on_the_branch_that_need
     reg = build(LIVE_SPEC_TEXT, mode, params=calls.providers())
     assert calls.seen == []  # nothing read at build
     buffer = reg.slot("num_token_non_padded").buffer
-    reg.fill_from(SimpleNamespace(global_num_token_non_padded=None, num_token_non_padded=t(3)), raw_bs=3, padded_bs=4, raw_num_tokens=3, padded_num_tokens=8)
+    reg.fill_from(SimpleNamespace(global_num_token_non_padded=None, num_token_non_padded=t(3)),
+                  raw_bs=3, padded_bs=4, raw_num_tokens=3, padded_num_tokens=8)
     assert calls.seen == [] and buffer.tolist() == [3]  # no global count: nothing sharded to decide
-    reg.fill_from(SimpleNamespace(global_num_token_non_padded=torch.tensor(7)), raw_bs=3, padded_bs=4, raw_num_tokens=7, padded_num_tokens=8)
+    reg.fill_from(SimpleNamespace(global_num_token_non_padded=torch.tensor(7)),
+                  raw_bs=3, padded_bs=4, raw_num_tokens=7, padded_num_tokens=8)
     # rank 1 of 2 on 8 padded tokens: rows [4, 8), 7 real -> 3
     assert buffer.tolist() == [3]
     assert calls.seen == [("attn_tp_sharded", 8), ("attn_tp_rank", 8), ("attn_tp_size", 8)]
     calls.seen.clear()
     calls.values["attn_tp_sharded"] = False  # a per-bucket predicate: decided again at every fill
-    reg.fill_from(SimpleNamespace(global_num_token_non_padded=torch.tensor(7)), raw_bs=3, padded_bs=4, raw_num_tokens=7, padded_num_tokens=8)
+    reg.fill_from(SimpleNamespace(global_num_token_non_padded=torch.tensor(7)),
+                  raw_bs=3, padded_bs=4, raw_num_tokens=7, padded_num_tokens=8)
     assert buffer.tolist() == [7] and calls.seen == [("attn_tp_sharded", 8)]  # rank and size not read
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_live_params_with_plain_values_are_decided_at_build(mode):
     reg = build(LIVE_SPEC_TEXT, mode, params={"attn_tp_sharded": True, "attn_tp_rank": 0, "attn_tp_size": 2})
-    reg.fill_from(SimpleNamespace(global_num_token_non_padded=torch.tensor(7)), raw_bs=3, padded_bs=4, raw_num_tokens=7, padded_num_tokens=8)
+    reg.fill_from(SimpleNamespace(global_num_token_non_padded=torch.tensor(7)),
+                  raw_bs=3, padded_bs=4, raw_num_tokens=7, padded_num_tokens=8)
     assert reg.slot("num_token_non_padded").buffer.tolist() == [4]
     with pytest.raises(gs.SpecError) as err:
         build(LIVE_SPEC_TEXT, mode, params={"attn_tp_sharded": True, "attn_tp_rank": 2, "attn_tp_size": 2})
@@ -216,7 +223,8 @@ def test_live_params_with_plain_values_are_decided_at_build(mode):
 def test_a_live_rank_out_of_range_is_a_slot_error_at_the_fill(mode):
     reg = build(LIVE_SPEC_TEXT, mode, params=Calls(rank=5).providers())
     with pytest.raises(gs.SlotError) as err:
-        reg.fill_from(SimpleNamespace(global_num_token_non_padded=torch.tensor(7)), raw_bs=3, padded_bs=4, raw_num_tokens=7, padded_num_tokens=8)
+        reg.fill_from(SimpleNamespace(global_num_token_non_padded=torch.tensor(7)),
+                      raw_bs=3, padded_bs=4, raw_num_tokens=7, padded_num_tokens=8)
     assert str(err.value) == ("slot 'num_token_non_padded': attn_tp_rank=5 must lie in [0, attn_tp_size=2) "
                               "when the non-padded count is sharded (attn_tp_sharded)")
 
@@ -225,7 +233,8 @@ def test_a_live_rank_out_of_range_is_a_slot_error_at_the_fill(mode):
 def test_enable_prefill_cp_never_reads_the_live_predicate(mode):
     calls = Calls()
     reg = build(LIVE_SPEC_TEXT, mode, params=dict(calls.providers(), enable_prefill_cp=True))
-    reg.fill_from(SimpleNamespace(global_num_token_non_padded=torch.tensor(7)), raw_bs=3, padded_bs=4, raw_num_tokens=7, padded_num_tokens=8)
+    reg.fill_from(SimpleNamespace(global_num_token_non_padded=torch.tensor(7)),
+                  raw_bs=3, padded_bs=4, raw_num_tokens=7, padded_num_tokens=8)
     assert calls.seen == [] and reg.slot("num_token_non_padded").buffer.tolist() == [7]
 
 

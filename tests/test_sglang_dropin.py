@@ -143,7 +143,8 @@ def project_with_its_own_specs(tmp_path, monkeypatch):
     prefill keeps ``input_ids``' (keep_pad, not zero)."""
     specs = tmp_path / "specs"
     specs.mkdir()
-    edits = {"decode": ("padding: fill_sentinel", "padding: fill_once"), "prefill": ("padding: zero", "padding: keep_pad")}
+    edits = {"decode": ("padding: fill_sentinel", "padding: fill_once"),
+             "prefill": ("padding: zero", "padding: keep_pad")}
     for kind, (old, new) in edits.items():
         text = shipped_spec_path(kind).read_text(encoding="utf-8")
         (specs / f"{kind}.yaml").write_text(text.replace(old, new, 1), encoding="utf-8")

@@ -261,7 +261,8 @@ def test_registrations_bind_once_at_the_next_fill_never_per_registration(binds):
     assert binds.call_count == 1
     bound = reg.graphslot
     for name in ("a", "b", "c"):
-        reg.register_slot(dropin.GraphSlot(name, lambda bs, mt: (mt,), torch.int32, padding_policy=dropin.PaddingPolicy.ZERO))
+        reg.register_slot(dropin.GraphSlot(name, lambda bs, mt: (mt,), torch.int32,
+                                           padding_policy=dropin.PaddingPolicy.ZERO))
     assert binds.call_count == 1
     fill(reg, fb, 3, 4, 3, 4)
     assert binds.call_count == 2 and reg.graphslot is not bound
@@ -338,7 +339,8 @@ def test_sglang_pool_is_looked_up_at_call_time(monkeypatch):
     monkeypatch.setattr(SGL.input_buffers, "share_input_buffer", share_input_buffer)
     reg = dropin.CudaGraphBufferRegistry(device=CPU, max_bs=2, max_num_tokens=2, share_pool=True)
     reg.register_slot(dropin.GraphSlot("ids", lambda bs, mt: (mt,), torch.int64))
-    reg.register_slot(dropin.GraphSlot("pinned", lambda bs, mt: (mt,), torch.int64), bind=torch.zeros(2, dtype=torch.int64))
+    reg.register_slot(dropin.GraphSlot("pinned", lambda bs, mt: (mt,), torch.int64),
+                      bind=torch.zeros(2, dtype=torch.int64))
     assert shared == ["ids"]  # bind= bypasses the pool, as in sglang
 
 
@@ -372,7 +374,8 @@ BAD_SHARES = {
 def test_a_bad_share_pool_result_is_refused_at_registration_naming_share_pool_and_the_slot(bad):
     pool = ReturnsFromShare(BAD_SHARES[bad])
     reg = dropin.CudaGraphBufferRegistry(device=CPU, max_bs=2, max_num_tokens=4, share_pool=pool)
-    with pytest.raises(ValueError, match=r"^GraphSlot 'ids': share_pool=ReturnsFromShare returned .*, expected ") as exc:
+    with pytest.raises(ValueError,
+                       match=r"^GraphSlot 'ids': share_pool=ReturnsFromShare returned .*, expected ") as exc:
         reg.register_slot(dropin.GraphSlot("ids", lambda bs, mt: (mt, 2), torch.int64))
     assert "buffers=" not in str(exc.value) and not reg.has_slot("ids")
     with pytest.raises(ValueError, match=r"^GraphSlot '\w+': share_pool=ReturnsFromShare returned "):

@@ -30,6 +30,7 @@ def test_smoke_run_reports_each_size_with_its_ratio(tmp_path, capsys):
         assert r["sglang_us"] > 0 and r["dropin_us"] > 0
         assert r["ratio"] == pytest.approx(r["sglang_us"] / r["dropin_us"])
     assert [c["runner"] for c in result["construction"]] == list(configs)
-    assert all(c["dropin_with_bind_ms"] > 0 and c["dropin_ms"] > 0 and c["sglang_ms"] > 0 for c in result["construction"])
+    assert all(c["dropin_with_bind_ms"] > 0 and c["dropin_ms"] > 0 and c["sglang_ms"] > 0
+               for c in result["construction"])
     out = capsys.readouterr().out
     assert "ratio" in out and "targets:" in out and out.count("x\n") >= len(result["rows"])

@@ -345,8 +345,10 @@ def test_index_slot_with_zero_padding_is_valid():
         ("max_bs.bit_length()",
          "shape[1]: unsupported syntax 'max_bs.bit_length()' in expression 'max_bs.bit_length()': "
          f"{EXPRESSIONS_MAY_USE}"),
-        ("max_bs ** 2", f"shape[1]: unsupported syntax 'max_bs ** 2' in expression 'max_bs ** 2': {EXPRESSIONS_MAY_USE}"),
-        ("max_bs / 2", f"shape[1]: unsupported syntax 'max_bs / 2' in expression 'max_bs / 2': {EXPRESSIONS_MAY_USE}"),
+        ("max_bs ** 2",
+         f"shape[1]: unsupported syntax 'max_bs ** 2' in expression 'max_bs ** 2': {EXPRESSIONS_MAY_USE}"),
+        ("max_bs / 2",
+         f"shape[1]: unsupported syntax 'max_bs / 2' in expression 'max_bs / 2': {EXPRESSIONS_MAY_USE}"),
         ("max_bs > 2", "shape[1] must be int, but 'max_bs > 2' is bool"),
     ],
     ids=["unknown-name", "import", "attribute", "power", "true-division", "bool"],
@@ -546,7 +548,8 @@ def test_import_hooks_that_fit_are_valid():
     [
         ({"source": "count_non_padded_tokens"},
          "built-in hook 'count_non_padded_tokens' is a post_fill hook and cannot be used as source"),
-        ({"post_fill": "dotted_field"}, "built-in hook 'dotted_field' is a source hook and cannot be used as post_fill"),
+        ({"post_fill": "dotted_field"},
+         "built-in hook 'dotted_field' is a source hook and cannot be used as post_fill"),
         ({"pre_capture": "global_num_tokens"},
          "built-in hook 'global_num_tokens' is a post_fill hook and cannot be used as pre_capture"),
     ],
@@ -727,7 +730,8 @@ def test_build_reports_every_bad_param(build_spec):
         ({"width": 3.0}, "spec.yaml:3: param 'width' is int, got float 3.0"),
         ({"width": True}, "spec.yaml:3: param 'width' is int, got bool True"),
         ({"use_y": 1}, "spec.yaml:4: param 'use_y' is bool, got int 1"),
-        ({"idx_dtype": "int46x"}, "spec.yaml:5: param 'idx_dtype' is a dtype: pass torch.int64 or 'int64', got 'int46x'"),
+        ({"idx_dtype": "int46x"},
+         "spec.yaml:5: param 'idx_dtype' is a dtype: pass torch.int64 or 'int64', got 'int46x'"),
         ({"idx_dtype": 3}, "spec.yaml:5: param 'idx_dtype' is a dtype: pass torch.int64 or 'int64', got 3"),
     ],
     ids=["int-float", "int-bool", "bool-int", "dtype-str", "dtype-int"],
@@ -738,18 +742,22 @@ def test_build_with_a_param_of_the_wrong_type(build_spec, params, expected):
 
 @pytest.mark.parametrize("value", [torch.int32, "int32", "torch.int32"])
 def test_dtype_param_accepts_a_torch_dtype_or_its_name(build_spec, value):
-    reg = gs.build_registry(build_spec, max_bs=4, max_num_tokens=8, params={"idx_dtype": value}, impl="interpreted", device="cpu")
+    reg = gs.build_registry(build_spec, max_bs=4, max_num_tokens=8, params={"idx_dtype": value}, impl="interpreted",
+                            device="cpu")
     assert reg.slot("x").buffer.dtype == torch.int32
     assert reg.params["idx_dtype"] is torch.int32
 
 
 def test_build_with_an_unknown_preset(build_spec):
-    assert build_error(build_spec, preset="wid") == ["spec.yaml: unknown preset 'wid' (presets: wide); did you mean 'wide'?"]
+    assert build_error(build_spec, preset="wid") == [
+        "spec.yaml: unknown preset 'wid' (presets: wide); did you mean 'wide'?"]
 
 
 def test_preset_then_explicit_params_win_over_defaults(build_spec):
-    assert build(build_spec, max_bs=4, max_num_tokens=8, preset="wide", impl="interpreted", device="cpu").slot("x").buffer.shape == (4, 4)
-    reg = build(build_spec, max_bs=4, max_num_tokens=8, preset="wide", params={"width": 5}, impl="interpreted", device="cpu")
+    assert (build(build_spec, max_bs=4, max_num_tokens=8, preset="wide", impl="interpreted", device="cpu")
+            .slot("x").buffer.shape == (4, 4))
+    reg = build(build_spec, max_bs=4, max_num_tokens=8, preset="wide", params={"width": 5}, impl="interpreted",
+                device="cpu")
     assert reg.slot("x").buffer.shape == (4, 5)
 
 

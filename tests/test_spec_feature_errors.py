@@ -181,7 +181,8 @@ def test_a_module_is_not_generated_for_params_that_break_a_rule():
 @pytest.mark.parametrize("written, value", [('"true"', "true"), ("'false'", "false")])
 def test_a_quoted_boolean_index_says_to_unquote_it(written, value):
     """``index: "true"`` is the string, not the boolean: the error says so (it said: did you mean 'true'?)."""
-    text = f"name: s\nslots:\n  - {{name: x, shape: [max_bs], dtype: int32, axis: bs, padding: zero, index: {written}}}\n"
+    text = ("name: s\nslots:\n"
+            f"  - {{name: x, shape: [max_bs], dtype: int32, axis: bs, padding: zero, index: {written}}}\n")
     assert spec_error(text) == [
         f"spec.yaml:3: slot 'x': '{value}' is not a valid index (one of: true, false, skip): it is a quoted string; "
         f"write {value} unquoted for the boolean"]

@@ -66,7 +66,8 @@ def batch(raw_bs, raw_num_tokens):
 
     return SimpleNamespace(
         qsl=rows(raw_bs + 1), qsl_cap=rows(raw_bs + 1), last=rows(raw_bs, torch.int64, width=2),
-        seq_lens=rows(raw_bs), slot_mapping=rows(raw_num_tokens, torch.int64, 10), chosen=rows(raw_num_tokens, torch.int64),
+        seq_lens=rows(raw_bs), slot_mapping=rows(raw_num_tokens, torch.int64, 10),
+        chosen=rows(raw_num_tokens, torch.int64),
         wide=rows(2 * (raw_num_tokens + 2)).view(2, raw_num_tokens + 2),
     )
 

@@ -56,8 +56,8 @@ def test_a_code_spec_is_validated_like_a_file_and_its_errors_name_the_label_and_
     ({1: 2}, "the spec: key 1 is not a string"),
     ({"name": "t", "slots": [{("a",): 1}]}, "slots[0]: key ('a',) is not a string"),
     ({"name": "t", "slots": [slot(shape=[torch.int64])]},
-     "slots[0].shape[0]: torch.dtype is not plain data: a spec from code holds only dicts, lists, str, int, float, bool "
-     "and None (a dtype by its name: 'int64')"),
+     "slots[0].shape[0]: torch.dtype is not plain data: a spec from code holds only dicts, lists, str, int, float, "
+     "bool and None (a dtype by its name: 'int64')"),
     ({"name": "t", "slots": [slot(shape=[2 ** 63])]},
      "slots[0].shape[0]: integer 9223372036854775808 out of range (|value| < 2**63)"),
 ])
@@ -117,7 +117,8 @@ def test_hooks_of_a_code_spec_are_passed_by_name():
                                         post_fill="mine")]}
     spec = gs.spec_from_dict(data, label=LABEL)
     for mode in ("interpreted", "generated"):
-        reg = gs.build_registry(spec, max_bs=4, max_num_tokens=4, impl=mode, hooks={"mine": lambda buf, fb, ctx: buf.fill_(ctx.raw_bs)}, device="cpu")
+        reg = gs.build_registry(spec, max_bs=4, max_num_tokens=4, impl=mode,
+                                hooks={"mine": lambda buf, fb, ctx: buf.fill_(ctx.raw_bs)}, device="cpu")
         reg.fill_from(SimpleNamespace(), raw_bs=3, padded_bs=4, raw_num_tokens=3, padded_num_tokens=4)
         assert reg.slot("n").buffer.tolist() == [3]
     with pytest.raises(gs.SpecError) as err:
@@ -156,7 +157,8 @@ def test_a_second_build_parses_resolves_and_compiles_nothing(monkeypatch):
     assert calls == []
     reg.fill_from(SimpleNamespace(x=torch.tensor([5])), raw_bs=1, padded_bs=2, raw_num_tokens=1, padded_num_tokens=2)
     assert reg.slot("x").buffer.tolist() == [5, 0, 0, 0]
-    gs.build_registry(spec, max_bs=4, max_num_tokens=16, device="cpu")  # other capacities: resolved again, not compiled again
+    # other capacities: resolved again, not compiled again
+    gs.build_registry(spec, max_bs=4, max_num_tokens=16, device="cpu")
     assert calls == ["_resolve_slots"]
 
 

@@ -182,7 +182,8 @@ def test_a_crlf_module_imports_and_runs(tmp_path, monkeypatch):
     module = importlib.import_module("crlf_pkg.decode_crlf")
     try:
         spec = gs.parse_spec(_crlf(SHIPPED["decode"]), LABEL.format("decode"))
-        reg = gs.build_registry(spec, max_bs=4, max_num_tokens=4, impl=module, params={"seq_len_fill_value": 3}, device="cpu")
+        reg = gs.build_registry(spec, max_bs=4, max_num_tokens=4, impl=module, params={"seq_len_fill_value": 3},
+                                device="cpu")
         assert reg.slot("seq_lens").buffer.tolist() == [3, 3, 3, 3]
     finally:
         sys.modules.pop("crlf_pkg.decode_crlf", None)

@@ -42,7 +42,8 @@ def test_load_spec_and_build_registry_use_the_projects_spec(project):
     assert spec.path == "specs/decode.yaml" and _slots(spec)[-1] == "lora_ids"
     reg = gs.build_registry("decode", max_bs=8, max_num_tokens=8, impl="interpreted", device="cpu")
     assert reg.spec.path == "specs/decode.yaml" and "lora_ids" in reg.slot_names()
-    assert "lora_ids" in gs.build_registry("decode", max_bs=8, max_num_tokens=8, device="cpu").slot_names()  # generated in process, the same spec
+    # generated in process, the same spec
+    assert "lora_ids" in gs.build_registry("decode", max_bs=8, max_num_tokens=8, device="cpu").slot_names()
 
 
 def test_from_a_subdirectory_too_and_outside_the_project_the_shipped_one(project, monkeypatch, tmp_path):

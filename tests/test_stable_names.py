@@ -198,7 +198,9 @@ def test_no_generated_name_shifts_when_a_param_enables_more_slots(name):
         if declared.type != "bool" or declared.runtime:
             continue
         flipped = gs.resolve_params(spec, {param: not base[param]})
-        slots = [set(gs.build_registry(spec, max_bs=4, max_num_tokens=4, params=p, impl="interpreted", device="cpu").slot_names()) for p in (base, flipped)]
+        slots = [set(gs.build_registry(spec, max_bs=4, max_num_tokens=4, params=p, impl="interpreted",
+                                       device="cpu").slot_names())
+                 for p in (base, flipped)]
         if slots[0] == slots[1] or not slots[0] <= slots[1]:
             continue
         after = _definitions(render_module(spec, flipped, name))

@@ -123,7 +123,8 @@ def test_a_good_batch_fills_exactly_as_without_strict_mode(strict_reg, monkeypat
     assert not plain.strict
     for raw_bs, padded_bs, raw_nt, padded_nt in [(2, 3, 3, 5), (4, 4, 8, 8), (0, 0, 0, 0), (1, 4, 0, 8)]:
         for reg in (strict_reg, plain):
-            reg.fill_from(good_batch(raw_bs, raw_nt), raw_bs=raw_bs, padded_bs=padded_bs, raw_num_tokens=raw_nt, padded_num_tokens=padded_nt)
+            reg.fill_from(good_batch(raw_bs, raw_nt), raw_bs=raw_bs, padded_bs=padded_bs, raw_num_tokens=raw_nt,
+                          padded_num_tokens=padded_nt)
         for name in plain.slot_names():
             assert torch.equal(strict_reg.slot(name).buffer, plain.slot(name).buffer), name
     assert strict_reg.slot("count").buffer.tolist() == [0]
@@ -177,43 +178,56 @@ NOT_OPTIONAL = ("the batch field is None, but the slot is not optional; set it o
                 "`optional: true` in the spec")
 
 MISMATCHES = {
-    "not a tensor": (_set("ids", [10, 11, 12]), "spec 'strict', slot 'ids': expected a torch.Tensor, got list [10, 11, 12]"),
-    "not a tensor (host slot)": (_set("lens_cpu", 5), "spec 'strict', slot 'lens_cpu': expected a torch.Tensor, got int 5"),
-    "wrong dtype": (_set("lens", torch.tensor([5, 6])),
-                    "spec 'strict', slot 'lens': expected dtype torch.int32, got torch.int64 (copy_ would cast silently)"),
-    "wrong dtype (float)": (_set("table", torch.ones(2, 4, dtype=torch.float64)),
-                            "spec 'strict', slot 'table': expected dtype torch.float32, got torch.float64 (copy_ would cast "
-                            "silently)"),
-    "too short along the tokens axis": (_set("ids", torch.tensor([10, 11])),
-                                        "spec 'strict', slot 'ids': expected shape [3], got [2] (copy_ would broadcast or fail)"),
-    "too long along the bs axis": (_set("lens", torch.arange(4, dtype=torch.int32)),
-                                   "spec 'strict', slot 'lens': expected shape [2], got [4] (copy_ would broadcast or fail)"),
-    "one row that would broadcast": (_set("lens", torch.tensor([5], dtype=torch.int32)),
-                                     "spec 'strict', slot 'lens': expected shape [2], got [1] (copy_ would broadcast or fail)"),
-    "wrong length along slice_dim 1": (_set("rope", torch.zeros(3, 2, dtype=torch.int64)),
-                                       "spec 'strict', slot 'rope': expected shape [3, 3], got [3, 2] (copy_ would broadcast or "
-                                       "fail)"),
-    "wrong leading extent": (_set("rope", torch.zeros(2, 3, dtype=torch.int64)),
-                             "spec 'strict', slot 'rope': expected shape [3, 3], got [2, 3] (copy_ would broadcast or fail)"),
-    "wrong trailing dims": (_set("table", torch.ones(2, 5)),
-                            "spec 'strict', slot 'table': expected shape [2, 4], got [2, 5] (copy_ would broadcast or fail)"),
-    "missing trailing dim": (_set("table", torch.ones(2)),
-                             "spec 'strict', slot 'table': expected shape [2, 4], got [2] (copy_ would broadcast or fail)"),
-    "axis none: whole buffer": (_set("flags", torch.tensor([True])),
-                                "spec 'strict', slot 'flags': expected shape [2], got [1] (copy_ would broadcast or fail)"),
+    "not a tensor": (_set("ids", [10, 11, 12]),
+                     "spec 'strict', slot 'ids': expected a torch.Tensor, got list [10, 11, 12]"),
+    "not a tensor (host slot)": (_set("lens_cpu", 5),
+                                 "spec 'strict', slot 'lens_cpu': expected a torch.Tensor, got int 5"),
+    "wrong dtype": (
+        _set("lens", torch.tensor([5, 6])),
+        "spec 'strict', slot 'lens': expected dtype torch.int32, got torch.int64 (copy_ would cast silently)"),
+    "wrong dtype (float)": (
+        _set("table", torch.ones(2, 4, dtype=torch.float64)),
+        "spec 'strict', slot 'table': expected dtype torch.float32, got torch.float64 (copy_ would cast silently)"),
+    "too short along the tokens axis": (
+        _set("ids", torch.tensor([10, 11])),
+        "spec 'strict', slot 'ids': expected shape [3], got [2] (copy_ would broadcast or fail)"),
+    "too long along the bs axis": (
+        _set("lens", torch.arange(4, dtype=torch.int32)),
+        "spec 'strict', slot 'lens': expected shape [2], got [4] (copy_ would broadcast or fail)"),
+    "one row that would broadcast": (
+        _set("lens", torch.tensor([5], dtype=torch.int32)),
+        "spec 'strict', slot 'lens': expected shape [2], got [1] (copy_ would broadcast or fail)"),
+    "wrong length along slice_dim 1": (
+        _set("rope", torch.zeros(3, 2, dtype=torch.int64)),
+        "spec 'strict', slot 'rope': expected shape [3, 3], got [3, 2] (copy_ would broadcast or fail)"),
+    "wrong leading extent": (
+        _set("rope", torch.zeros(2, 3, dtype=torch.int64)),
+        "spec 'strict', slot 'rope': expected shape [3, 3], got [2, 3] (copy_ would broadcast or fail)"),
+    "wrong trailing dims": (
+        _set("table", torch.ones(2, 5)),
+        "spec 'strict', slot 'table': expected shape [2, 4], got [2, 5] (copy_ would broadcast or fail)"),
+    "missing trailing dim": (
+        _set("table", torch.ones(2)),
+        "spec 'strict', slot 'table': expected shape [2, 4], got [2] (copy_ would broadcast or fail)"),
+    "axis none: whole buffer": (
+        _set("flags", torch.tensor([True])),
+        "spec 'strict', slot 'flags': expected shape [2], got [1] (copy_ would broadcast or fail)"),
     "None in a non-optional slot": (_set("lens", None), f"spec 'strict', slot 'lens': {NOT_OPTIONAL}"),
     "absent non-optional field": (_delete("table"), "spec 'strict', slot 'table': the batch has no field 'table', "
                                                    "but the slot is not optional; set it on the batch, or declare "
                                                    "`optional: true` in the spec"),
-    "source returns more rows than capacity": (_set("extra_rows", torch.arange(MAX_BS + 1)),
-                                               "spec 'strict', slot 'extra': source returned 5 rows, more than the capacity 4"),
-    "source returns the wrong dtype": (_set("extra_rows", torch.tensor([1, 2], dtype=torch.int32)),
-                                       "spec 'strict', slot 'extra': expected dtype torch.int64, got torch.int32 (copy_ would "
-                                       "cast silently)"),
-    "source returns a non-tensor": (_set("extra_rows", [1, 2]), "spec 'strict', slot 'extra': expected a torch.Tensor, got list [1, 2]"),
-    "dotted source of the wrong dtype": (_set("meta", types.SimpleNamespace(mask=torch.ones(2, dtype=torch.int64))),
-                                         "spec 'strict', slot 'meta.mask': expected dtype torch.bool, got torch.int64 (copy_ would "
-                                         "cast silently)"),
+    "source returns more rows than capacity": (
+        _set("extra_rows", torch.arange(MAX_BS + 1)),
+        "spec 'strict', slot 'extra': source returned 5 rows, more than the capacity 4"),
+    "source returns the wrong dtype": (
+        _set("extra_rows", torch.tensor([1, 2], dtype=torch.int32)),
+        "spec 'strict', slot 'extra': expected dtype torch.int64, got torch.int32 (copy_ would cast silently)"),
+    "source returns a non-tensor": (
+        _set("extra_rows", [1, 2]),
+        "spec 'strict', slot 'extra': expected a torch.Tensor, got list [1, 2]"),
+    "dotted source of the wrong dtype": (
+        _set("meta", types.SimpleNamespace(mask=torch.ones(2, dtype=torch.int64))),
+        "spec 'strict', slot 'meta.mask': expected dtype torch.bool, got torch.int64 (copy_ would cast silently)"),
     "dotted source with wrong trailing dims": (
         _set("meta", types.SimpleNamespace(mask=torch.ones(2, 1, dtype=torch.bool))),
         "spec 'strict', slot 'meta.mask': expected shape [4], got [2, 1] (copy_ would broadcast or fail)"),
@@ -223,7 +237,8 @@ MISMATCHES = {
 @pytest.mark.parametrize("case", list(MISMATCHES))
 def test_each_mismatch_is_a_slot_error_naming_slot_expected_and_got(strict_reg, case):
     mutate, message = MISMATCHES[case]
-    strict_reg.fill_from(good_batch(), raw_bs=2, padded_bs=3, raw_num_tokens=3, padded_num_tokens=5)  # a first, good step
+    # a first, good step
+    strict_reg.fill_from(good_batch(), raw_bs=2, padded_bs=3, raw_num_tokens=3, padded_num_tokens=5)
     before = buffers(strict_reg)
     fb = good_batch()
     mutate(fb)
@@ -390,7 +405,8 @@ def test_a_slots_own_head_view_passed_back_copies_onto_itself(mode, strict):
 @pytest.mark.parametrize("mode", MODES)
 def test_without_strict_a_source_viewing_its_own_tail_is_read_before_the_reset(mode):
     reg = alias_registry(mode, strict=False)
-    reg.fill_from(alias_batch(reg, y=(2, 4)), raw_bs=2, padded_bs=4, raw_num_tokens=2, padded_num_tokens=4)  # y's head <- y[2:4], then its tail reset
+    # y's head <- y[2:4], then its tail reset
+    reg.fill_from(alias_batch(reg, y=(2, 4)), raw_bs=2, padded_bs=4, raw_num_tokens=2, padded_num_tokens=4)
     assert reg.slot("y").buffer[:5].tolist() == [22, 23, -1, -1, 24]
 
 
@@ -481,7 +497,8 @@ def test_strict_rejects_a_dlpack_or_numpy_view_of_a_buffer_at_an_offset(mode, ma
     # Another storage object than the buffer's: only its bytes tell that it aliases.
     assert view.untyped_storage().data_ptr() != reg.slot(owner).buffer.untyped_storage().data_ptr()
     with pytest.raises(gs.SlotError) as info:
-        reg.fill_from(with_fields(alias_batch(reg), **{field: view}), raw_bs=2, padded_bs=4, raw_num_tokens=2, padded_num_tokens=4)
+        reg.fill_from(with_fields(alias_batch(reg), **{field: view}),
+                      raw_bs=2, padded_bs=4, raw_num_tokens=2, padded_num_tokens=4)
     assert str(info.value) == f"spec 'alias', slot '{field}': the source aliases the buffer of slot '{owner}' {ALIASES}"
     assert_untouched(reg, before)
 
@@ -490,7 +507,8 @@ def test_strict_rejects_a_dlpack_or_numpy_view_of_a_buffer_at_an_offset(mode, ma
 @pytest.mark.parametrize("mode", MODES)
 def test_strict_accepts_a_dlpack_or_numpy_view_of_exactly_its_own_head(mode, make):
     reg = alias_registry(mode, strict=True)
-    reg.fill_from(with_fields(alias_batch(reg), x=make(reg.slot("x").buffer, 0, 2)), raw_bs=2, padded_bs=4, raw_num_tokens=2, padded_num_tokens=4)
+    reg.fill_from(with_fields(alias_batch(reg), x=make(reg.slot("x").buffer, 0, 2)),
+                  raw_bs=2, padded_bs=4, raw_num_tokens=2, padded_num_tokens=4)
     assert reg.slot("x").buffer[:5].tolist() == [10, 11, 0, 0, 14]  # copied onto itself, tail reset
 
 
@@ -508,7 +526,9 @@ def adopted_alias_registry(mode):
 @pytest.mark.parametrize("mode", MODES)
 def test_strict_accepts_a_source_next_to_a_buffer_in_the_same_storage(mode, view):
     reg, arena = adopted_alias_registry(mode)
-    reg.fill_from(with_fields(alias_batch(reg), x=view(arena)), raw_bs=2, padded_bs=4, raw_num_tokens=2, padded_num_tokens=4)  # right after z's bytes: no overlap
+    # right after z's bytes: no overlap
+    reg.fill_from(with_fields(alias_batch(reg), x=view(arena)),
+                  raw_bs=2, padded_bs=4, raw_num_tokens=2, padded_num_tokens=4)
     assert reg.slot("x").buffer[:4].tolist() == [24, 25, 0, 0]
 
 
@@ -575,9 +595,11 @@ def test_counts_are_checked_on_the_first_step_of_a_size_without_strict_mode(mode
     with pytest.raises(gs.SlotError, match="got raw=3, padded=2, capacity=4$"):
         reg.fill_from(good_batch(3), raw_bs=3, padded_bs=2, raw_num_tokens=3, padded_num_tokens=5)
     reg.fill_from(good_batch(), raw_bs=2, padded_bs=3, raw_num_tokens=3, padded_num_tokens=5)
-    reg.fill_from(good_batch(), raw_bs=2.0, padded_bs=3, raw_num_tokens=3, padded_num_tokens=5)  # equal to a size already checked: not checked again
+    # equal to a size already checked: not checked again
+    reg.fill_from(good_batch(), raw_bs=2.0, padded_bs=3, raw_num_tokens=3, padded_num_tokens=5)
     with pytest.raises(gs.SlotError, match="must be an int, got float 2.0$"):
-        build(mode, strict=True).fill_from(good_batch(), raw_bs=2.0, padded_bs=3, raw_num_tokens=3, padded_num_tokens=5)  # strict: every call
+        # strict: every call
+        build(mode, strict=True).fill_from(good_batch(), raw_bs=2.0, padded_bs=3, raw_num_tokens=3, padded_num_tokens=5)
 
 
 BATCH_FIELDS = [("ids", torch.Tensor), ("lens", torch.Tensor), ("lens_cpu", torch.Tensor), ("table", torch.Tensor),

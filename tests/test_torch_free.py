@@ -21,7 +21,8 @@ import pytest
 import torch
 
 import graphslot as gs
-from graphslot.spec.dtypes import TORCH_MISSING, DTYPES, DTypeName, dtype_name, parse_dtype, torch_dtype, value_fits_dtype
+from graphslot.spec.dtypes import (TORCH_MISSING, DTYPES, DTypeName, dtype_name, parse_dtype, torch_dtype,
+                                   value_fits_dtype)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -55,7 +56,8 @@ TOOLCHAIN_MODULES = [
     "graphslot", "graphslot.env", "graphslot.cli", "graphslot.cli.app", "graphslot.cli.common",
     "graphslot.codegen.generator", "graphslot.codegen.emitter", "graphslot.cli.aot", "graphslot.cli.pyproject_edit",
     *(f"graphslot.cli.{name}" for name in CLI_COMMAND_MODULES),
-    *sorted(f"graphslot.spec.{p.stem}" for p in (Path(__file__).resolve().parent.parent / "graphslot" / "spec").glob("*.py")
+    *sorted(f"graphslot.spec.{p.stem}"
+            for p in (Path(__file__).resolve().parent.parent / "graphslot" / "spec").glob("*.py")
             if p.stem != "__init__"),
 ]
 
@@ -218,7 +220,8 @@ def test_import_graphslot_and_build_registry_in_a_fresh_interpreter():
 @pytest.mark.parametrize("value", [torch.int32, "int32", "torch.int32", "int"])
 def test_dtype_params_accept_torch_dtypes_and_names(value):
     for mode in ("generated", "interpreted"):
-        reg = gs.build_registry("decode", max_bs=4, max_num_tokens=4, params={"cache_loc_dtype": value}, impl=mode, device="cpu")
+        reg = gs.build_registry("decode", max_bs=4, max_num_tokens=4, params={"cache_loc_dtype": value}, impl=mode,
+                                device="cpu")
         assert reg.params["cache_loc_dtype"] is torch.int32
         assert reg.slot("out_cache_loc").buffer.dtype is torch.int32
         assert reg.slot("out_cache_loc").resolved.dtype is torch.int32

@@ -282,8 +282,8 @@ def _must_not_build(*args, **kwargs):
     (["--seed", "-1"], "argument --seed: expected an integer from 0 to 2**64-1 (what torch.manual_seed takes), "
                        "got '-1'"),
     (["--spec", "prefill"], "argument --spec: spec 'prefill' (graphslot/slot_specs/prefill.yaml) is not a decode "
-                            "spec: it declares no param 'seq_len_fill_value', which the reference model's decode runner "
-                            "sets; give a decode spec (the shipped 'decode', or a copy of it)"),
+                            "spec: it declares no param 'seq_len_fill_value', which the reference model's decode "
+                            "runner sets; give a decode spec (the shipped 'decode', or a copy of it)"),
 ])
 def test_cli_verify_refuses_a_reference_option_it_cannot_use_before_building_anything(monkeypatch, capsys, argv,
                                                                                         message):

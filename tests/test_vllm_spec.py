@@ -404,4 +404,5 @@ def test_a_poisoned_tail_that_leaks_makes_the_slot_unsafe_naming_the_first_leak(
                                                      "requests [1, 3]" + fix)
     safe = leaks_verdict(slot, [])
     assert (safe.verdict, safe.leaks) == ("safe", [])
-    assert safe.detail == "tail poisoned (stale, other seen values) after every step's fill: the tokens equal the clean run's"
+    assert safe.detail == ("tail poisoned (stale, other seen values) after every step's fill: "
+                           "the tokens equal the clean run's")
