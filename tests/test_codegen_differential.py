@@ -871,6 +871,34 @@ def test_a_user_hook_may_not_shadow_a_builtin_hook():
             "built-in hook; rename yours (e.g. 'my_global_num_tokens') and use that name in the spec")
 
 
+HOOKED_AND_PLAIN = """
+    name: r
+    slots:
+      - {name: ids, shape: [max_bs], dtype: int64, axis: bs, padding: zero, source: feed}
+      - {name: pos, shape: [max_bs], dtype: int64, axis: bs, padding: zero}
+"""
+
+
+def refuse(fb, ctx):
+    raise LookupError("the engine's feed failed")
+
+
+@pytest.mark.parametrize("feed, error, message", [
+    (lambda fb, ctx: [1, 2], gs.SlotError, r"^spec 'r', slot 'ids': expected a torch.Tensor, got list \[1, 2\]$"),
+    (refuse, LookupError, r"^the engine's feed failed$"),
+], ids=["a source that is no tensor", "a source hook that raises"])
+def test_a_source_hook_s_failure_comes_before_a_plain_field_s_aliasing(feed, error, message):
+    """Every source is read and checked (the fields, then the source hooks) before anything is copied, and only a
+    copy that fails looks for the source aliasing a buffer. Generated code caught a source hook's failure in its
+    copy's except branch, and raised the aliasing of a plain field instead (found by the property test)."""
+    spec = gs.parse_spec(textwrap.dedent(HOOKED_AND_PLAIN), path="r.yaml")
+    for reg in build_pair(spec, 4, 8, hooks={"feed": feed}):
+        pos = reg.slot("pos").buffer
+        fb = types.SimpleNamespace(pos=pos[1:3])  # its own buffer, shifted: overlaps the rows it would be copied into
+        with pytest.raises(error, match=message):
+            reg.fill_from(fb, raw_bs=2, padded_bs=2, raw_num_tokens=2, padded_num_tokens=2)
+
+
 # --- the shipped specs ----------------------------------------------------------------------
 
 SHIPPED = {

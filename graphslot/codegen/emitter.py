@@ -297,9 +297,17 @@ def _shape_checks(copied: List[SlotNames], shapes: Shapes) -> List[str]:
     return lines
 
 
+def _diagnosed(body: List[str]) -> List[str]:
+    """``body`` in a try block whose except branch raises what the interpreter would (``StepChecker.diagnose``)."""
+    pad = " " * FILL
+    diagnose = [pad + "except Exception as exc:", pad + "    __gs_check.diagnose(fb, raw_bs, raw_num_tokens, exc)"]
+    return [pad + "try:"] + body + diagnose
+
+
 def fill_lines(em: Emitter, copies: Copies, shapes: Shapes) -> List[str]:
-    """``fill_from``'s body after the plan lookup: read and check every field, then copy; a failure is diagnosed
-    in the except branch, as interpreted."""
+    """``fill_from``'s body after the plan lookup: read and check every field, check the source hooks' results,
+    then copy, as interpreted; a field's or a copy's failure is diagnosed in an except branch, a source hook's is
+    its own."""
     pad = " " * FILL
     fields = tuple_of([name for name, _ in plan_fields(copies, shapes)])
     lines = layout(fields, FILL, "", " = plan") if fields.items else []
@@ -308,19 +316,23 @@ def fill_lines(em: Emitter, copies: Copies, shapes: Shapes) -> List[str]:
     hooked = [n for n in copies.source_copies if "source" in em.hooks[n.slot.name]]
     copied = copies.copied(em.fill_names)
     at = COPY if copied else FILL  # no field read (tails and computed values only): no try block
-    body = [line for n in copied for line in n.read_source(COPY)] + _shape_checks(copied, shapes)
-    for n in hooked:  # after the fields, as the interpreter reads them
+    reads = [line for n in copied for line in n.read_source(COPY)] + _shape_checks(copied, shapes)
+    hook_reads = []
+    for n in hooked:  # after the fields, as the interpreter reads them; outside the try: its failure is its own
         read = call("__gs_check.hook_source", py_str(n.slot.name), call(f"hook_source_{n.ident}", "fb", "ctx"))
-        body += assign(n.src, read, at)
+        hook_reads += assign(n.src, read, FILL)
+    writes = []
     for g in copies.groups:
-        body += g.fill_lines(at)
+        writes += g.fill_lines(at)
     for n in copies.separate_copies:
         guard = [f"{' ' * COPY}if {n.src} is not None:"] if n.slot.optional else []
-        body += guard + layout(call(f"head_{n.ident}.copy_", n.src), COPY + 4 if guard else COPY)
-    if copied:
-        diagnose = [pad + "except Exception as exc:", pad + "    __gs_check.diagnose(fb, raw_bs, raw_num_tokens, exc)"]
-        body = [pad + "try:"] + body + diagnose
-    lines += body
+        writes += guard + layout(call(f"head_{n.ident}.copy_", n.src), COPY + 4 if guard else COPY)
+    if copied and hook_reads:  # read the fields, run the source hooks, copy: a field's failure is diagnosed
+        lines += _diagnosed(reads) + hook_reads + _diagnosed(writes)
+    elif copied:
+        lines += _diagnosed(reads + writes)
+    else:
+        lines += hook_reads + writes
     for n in copies.separate_resets:
         zero = n.slot.padding == "zero"
         reset = call(f"tail_{n.ident}.zero_") if zero else call(f"tail_{n.ident}.fill_", f"padval_{n.ident}")

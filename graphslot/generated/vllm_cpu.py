@@ -328,15 +328,18 @@ def bind(
                     or src_discard_request_mask.shape != shape_bs
                 ):
                     raise __gs_Mismatch
-                src_input_ids = __gs_check.hook_source(
-                    "input_ids", hook_source_input_ids(fb, ctx)
-                )
-                src_positions = __gs_check.hook_source(
-                    "positions", hook_source_positions(fb, ctx)
-                )
-                src_slot_mapping = __gs_check.hook_source(
-                    "slot_mapping", hook_source_slot_mapping(fb, ctx)
-                )
+            except Exception as exc:
+                __gs_check.diagnose(fb, raw_bs, raw_num_tokens, exc)
+            src_input_ids = __gs_check.hook_source(
+                "input_ids", hook_source_input_ids(fb, ctx)
+            )
+            src_positions = __gs_check.hook_source(
+                "positions", hook_source_positions(fb, ctx)
+            )
+            src_slot_mapping = __gs_check.hook_source(
+                "slot_mapping", hook_source_slot_mapping(fb, ctx)
+            )
+            try:
                 srcs = [
                     src_query_start_loc,
                     src_seq_lens,
