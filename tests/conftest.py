@@ -38,7 +38,10 @@ torch.set_num_threads(1)
 # find bugs) is its own command, worth running before pushing a change to the spec layer
 # or the generator: `HYPOTHESIS_PROFILE=explore python -m pytest tests/test_codegen_differential.py`
 # (or the whole suite); new draws every run, and a failure found is kept in .hypothesis/
-# and tried first the next time.
+# and tried first the next time. "The same examples" holds for the same tests in the same
+# order: hypothesis also draws constants from the project's modules already imported, so a
+# subset, or another order, can draw others (tests/test_verify.py run first drew the example
+# behind test_codegen_differential's source-hook test).
 settings.register_profile("ci", derandomize=True, print_blob=True)
 # The database is named: under a CI variable hypothesis's own "ci" defaults (no database)
 # would otherwise carry into "explore".
