@@ -213,7 +213,6 @@ class VllmVerify:
     doc, and the report; the plugin installed for them and restored after."""
 
     def __init__(self, llm: Any, label: str = "vLLM 0.32 plugin", spec: Optional[Path] = None):
-        self.llm = llm
         self.label = label
         self.spec = spec
         self.runs = WorkloadRuns(llm)
@@ -223,7 +222,7 @@ class VllmVerify:
         """The report (``samples`` and ``seed`` do not apply: every step of the workload is checked)."""
         was_installed = patching.installed()
         patching.uninstall()
-        stock = generate(self.llm)
+        stock = generate(self.runs.llm)
         patching.install()
         runner_fill.use_spec(self.spec)
         try:
